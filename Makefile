@@ -1,0 +1,88 @@
+# adtrain build. `make` builds build/adtrain and build/libadtrain.a; `make test` runs the suite.
+#   SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer build in build/san
+#   NATIVE=0     no -march=native (portable binary)
+#   FUZZ=1       libFuzzer targets with clang (make fuzz)
+SANITIZE ?= 0
+NATIVE ?= 1
+CC ?= cc
+ifeq ($(CC),cc)
+  CC := gcc
+endif
+
+ifeq ($(SANITIZE),1)
+  BUILD ?= build/san
+  OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+  LDSAN := -fsanitize=address,undefined
+else
+  BUILD ?= build
+  OPT := -O3 -g
+  LDSAN :=
+endif
+ifeq ($(NATIVE),1)
+  OPT += -march=native
+endif
+
+PKGS := openblas libcjson zlib
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+ifeq ($(PKG_LIBS),)
+  $(error pkg-config found none of: $(PKGS). Run scripts/install-deps.sh first)
+endif
+
+CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+          -Iinclude -Isrc $(OPT) $(PKG_CFLAGS) -MMD -MP
+LDLIBS := $(PKG_LIBS) -lm -lpthread
+
+LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+BENCH_SRC := $(wildcard bench/bench_*.c)
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all test tests bench clean fixtures
+all: $(BUILD)/libadtrain.a $(BUILD)/adtrain
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libadtrain.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/adtrain: $(CLI_OBJ) $(BUILD)/libadtrain.a
+	$(CC) $(LDSAN) -o $@ $(CLI_OBJ) $(BUILD)/libadtrain.a $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/libadtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $< $(BUILD)/libadtrain.a $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libadtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $< $(BUILD)/libadtrain.a $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/adtrain
+bench: $(BENCH_BIN) $(BUILD)/adtrain
+
+# The runner prints one line per test program and closes with "N passed, N failed".
+test: tests
+	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN)
+
+fixtures:
+	/usr/bin/python3 scripts/gen_fixtures.py tests/fixtures
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# CI: the suite in the optimised build and again under ASan+UBSan, one closing line for both.
+.PHONY: test-all
+test-all:
+	$(MAKE) tests
+	$(MAKE) tests SANITIZE=1
+	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%)

@@ -1,0 +1,83 @@
+/*
+ * adtrain/models.h - model builders: each appends a whole model (forward and loss) to a graph,
+ * with parameter names and shapes that match PyTorch's, and layer tags on repeated blocks.
+ */
+#ifndef ADTRAIN_MODELS_H
+#define ADTRAIN_MODELS_H
+
+#include "adtrain/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a builder hands back: the fed values and the outputs. */
+typedef struct adt_model_io {
+    int input;  /* ids [B,T] i32 (gpt), x [B,in] f32 (mlp), ...          */
+    int input2; /* a second input where the model has one, else -1      */
+    int label;  /* targets                                              */
+    int logits; /* the pre-loss output                                  */
+    int loss;   /* scalar mean loss                                     */
+} adt_model_io;
+
+/* GPT-2: learned positions, pre-LayerNorm (eps 1e-5), GELU (tanh), biases everywhere, LM head
+ * tied to wte, final LayerNorm; Hugging Face GPT-2 parameter names (wte.weight, wpe.weight,
+ * h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight [C,3C], ...). GPT-2 initialisation: N(0, 0.02),
+ * residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. */
+typedef struct adt_gpt_cfg {
+    int vocab_size, n_ctx, n_layer, n_embd, n_head;
+    float dropout; /* 0 = none */
+} adt_gpt_cfg;
+int adt_model_gpt(adt_graph *g, const adt_gpt_cfg *c, int batch, adt_model_io *io);
+
+/* Multi-layer perceptron: layers.{i}.weight [out,in], layers.{i}.bias [out] (nn.Linear names
+ * and default initialisation), an activation between layers, softmax cross-entropy. */
+typedef enum adt_activation { ADT_ACT_RELU = 0, ADT_ACT_GELU, ADT_ACT_SIGMOID } adt_activation;
+#define ADT_MLP_MAX_LAYERS 32
+typedef struct adt_mlp_cfg {
+    int n_sizes;
+    int sizes[ADT_MLP_MAX_LAYERS + 1];
+    adt_activation activation;
+} adt_mlp_cfg;
+int adt_model_mlp(adt_graph *g, const adt_mlp_cfg *c, int batch, adt_model_io *io);
+
+/* A linear layer y = x W^T + b with nn.Linear's names "<prefix>.weight" [out,in] and
+ * "<prefix>.bias" [out] and its default init U(-1/sqrt(in), 1/sqrt(in)). */
+int adt_layer_linear(adt_graph *g, int x, const char *prefix, int in, int out);
+
+
+/* =============================================================================================
+ * Model configs from JSON (src/models/config.c)
+ *
+ *   {"type":"gpt","vocab_size":V,"n_ctx":T,"n_layer":L,"n_embd":C,"n_head":H[,"dropout":p]}
+ *   {"type":"mlp","sizes":[784,1024,1024,10],"activation":"relu"|"gelu"|"sigmoid"}
+ *
+ * Parsing is strict: a missing field, a value of the wrong JSON type or out of range, and an
+ * unknown field (a typo would otherwise silently fall back to a default) are each an error whose
+ * message names the file, the field and what was expected.
+ */
+typedef enum adt_model_type { ADT_MODEL_GPT = 0, ADT_MODEL_MLP } adt_model_type;
+
+typedef struct adt_model_cfg {
+    adt_model_type type;
+    adt_gpt_cfg gpt; /* when type == ADT_MODEL_GPT */
+    adt_mlp_cfg mlp; /* when type == ADT_MODEL_MLP */
+} adt_model_cfg;
+
+/* "gpt", "mlp" */
+const char *adt_model_type_name(adt_model_type t);
+/* The built-in default: configs/gpt-tiny.json (vocab 65, n_ctx 64, 2 layers, width 64, 4 heads). */
+void adt_model_cfg_default(adt_model_cfg *c);
+/* Parses a config from JSON text; name_for_errors (usually the file name) starts every message. */
+int adt_model_cfg_parse(adt_model_cfg *c, const char *json_text, const char *name_for_errors);
+/* Reads and parses a config file. */
+int adt_model_cfg_load(adt_model_cfg *c, const char *path);
+/* Checks the ranges of a config built or changed in code (parse runs the same checks). */
+int adt_model_cfg_validate(const adt_model_cfg *c, const char *name_for_errors);
+/* Appends the model (forward and loss) to g; on failure the message is in adt_error_message(). */
+int adt_model_build(adt_graph *g, const adt_model_cfg *c, int batch, adt_model_io *io);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,148 @@
+/*
+ * adtrain/ops.h - the op registry: per op kind its shape rule, CPU kernel, backward rule,
+ * FLOP and byte counts, scratch size and 1-D SBP signatures.
+ *
+ * Adding an op means: an enum entry here, an adt_op_def in src/ops/op_*.c registered in
+ * registry.c, a builder in graph.h, and a case in the op tests (finite differences, and the
+ * virtual-mesh check of each signature).
+ *
+ * Attributes per op (adt_attrs.i[] / .f[]):
+ *   MATMUL          i0 trans_a, i1 trans_b, i2 batched
+ *   SCALE           f0 factor
+ *   REDUCE_SUM      i0 first axis, i1 last axis (inclusive)
+ *   EXPAND          i0 first axis, i1 last axis, i2.. the sizes of those axes; f0 = 1 when
+ *                   the input is the [1] of a reduction over every axis. The inverse of
+ *                   REDUCE_SUM: broadcasts a reduced tensor back
+ *   LAYERNORM       f0 eps                      outputs: y, mean[..], rstd[..]
+ *   ATTENTION       i0 heads                    outputs: y[B,T,C], att[B,H,T,T]
+ *   EMBEDDING       i0 row0 (first vocabulary row held locally; 0 serially)
+ *   SOFTMAX_XENT    f0 denominator (number of label positions in the GLOBAL batch)
+ *                   outputs: loss[1], probs[..,V]
+ *   BCE_LOGITS      f0 denominator (global)
+ *   CONV2D          i0 stride, i1 pad, i2 has_bias
+ *   MAXPOOL2D       i0 window, i1 stride         outputs: y, argmax (i32)
+ *   RESHAPE         the output shape is the value's shape (a view of the input)
+ *   PERMUTE         i0..i5 the permutation
+ *   CONCAT          i0 axis
+ *   SLICE           i0 axis, i1 start, i2 len
+ *   SLICE_GRAD      i0 axis, i1 start, i2 full length (zero-pads a slice back into place)
+ *   DROPOUT         f0 p, i0 stream; input 1 is the step (i32 scalar)
+ *   FILL            f0 value (used for d loss / d loss = 1)
+ *   SGD             f0 momentum, f1 weight decay; inputs w, g, [m], lr, step; outputs w, [m]
+ *   ADAMW           f0 beta1, f1 beta2, f2 eps, f3 weight decay; inputs w, g, m, v, lr, step
+ *                   outputs w, m, v (in place: outputs alias the state)
+ * Backward ops (appended by autodiff only) carry the forward op's attributes.
+ */
+#ifndef ADTRAIN_OPS_H
+#define ADTRAIN_OPS_H
+
+#include <stdint.h>
+
+#include "adtrain/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum adt_op_kind {
+    ADT_OP_MATMUL = 0,
+    ADT_OP_ADD,
+    ADT_OP_SUB,
+    ADT_OP_MUL,
+    ADT_OP_SCALE,
+    ADT_OP_BIAS_ADD,
+    ADT_OP_REDUCE_SUM,
+    ADT_OP_EXPAND,
+    ADT_OP_RELU,
+    ADT_OP_RELU_BWD,
+    ADT_OP_GELU,
+    ADT_OP_GELU_BWD,
+    ADT_OP_SIGMOID,
+    ADT_OP_SIGMOID_BWD,
+    ADT_OP_LAYERNORM,
+    ADT_OP_LAYERNORM_BWD,
+    ADT_OP_SOFTMAX,
+    ADT_OP_SOFTMAX_BWD,
+    ADT_OP_ATTENTION,
+    ADT_OP_ATTENTION_BWD,
+    ADT_OP_EMBEDDING,
+    ADT_OP_EMBEDDING_BWD,
+    ADT_OP_SOFTMAX_XENT,
+    ADT_OP_SOFTMAX_XENT_BWD,
+    ADT_OP_BCE_LOGITS,
+    ADT_OP_BCE_LOGITS_BWD,
+    ADT_OP_CONV2D,
+    ADT_OP_CONV2D_BWD_DATA,
+    ADT_OP_CONV2D_BWD_WEIGHT,
+    ADT_OP_MAXPOOL2D,
+    ADT_OP_MAXPOOL2D_BWD,
+    ADT_OP_RESHAPE,
+    ADT_OP_PERMUTE,
+    ADT_OP_CONCAT,
+    ADT_OP_SLICE,
+    ADT_OP_SLICE_GRAD,
+    ADT_OP_INTERACTION,
+    ADT_OP_INTERACTION_BWD,
+    ADT_OP_DROPOUT,
+    ADT_OP_DROPOUT_BWD,
+    ADT_OP_FILL,
+    ADT_OP_SGD,
+    ADT_OP_ADAMW,
+    ADT_OP_COUNT
+} adt_op_kind;
+
+/* What a kernel sees: the node, its values, and the buffers the executor assigned. */
+typedef struct adt_kctx {
+    const adt_graph *g;
+    const adt_node *n;
+    void *const *in;  /* [n->n_in]  */
+    void *const *out; /* [n->n_out] */
+    float *scratch;   /* adt_op_def.scratch floats, 64-byte aligned */
+    uint64_t seed;    /* the run's seed (dropout) */
+} adt_kctx;
+
+/* A concrete 1-D SBP signature of one node: an SBP for each input and each output. */
+typedef struct adt_sbp_sig {
+    adt_sbp in[ADT_MAX_INPUTS];
+    adt_sbp out[ADT_MAX_OUTPUTS];
+} adt_sbp_sig;
+
+typedef struct adt_op_def {
+    const char *name;
+    int n_in_min, n_in_max; /* inputs accepted                                    */
+    int n_out;              /* outputs created                                     */
+    int (*count_out)(const adt_node *n); /* overrides n_out when set (optional state) */
+    int view_of;            /* output 0 is a view of this input (reshape), or -1   */
+    int inplace;            /* outputs alias inputs (optimizer updates)            */
+    /* Shape rule: fill the output shapes and dtypes, or return adt_graph_fail(...) naming the
+     * input and the expected shape. */
+    int (*infer)(adt_graph *g, const adt_node *n, adt_shape *out_shape, adt_dtype *out_dtype);
+    void (*forward)(const adt_kctx *k);
+    /* Backward rule: given the gradient value of each output (-1 if none) and which inputs need
+     * a gradient, build backward nodes and set din[i] (or leave -1). NULL: not differentiable. */
+    int (*backward)(adt_graph *g, int node, const int *dout, const int *need, int *din);
+    double (*flops)(const adt_graph *g, const adt_node *n);
+    int64_t (*scratch)(const adt_graph *g, const adt_node *n); /* floats; NULL: none */
+    /* Emits the node's valid 1-D SBP signatures (the all-B one included), up to max; returns
+     * the count. Written as format templates over the node's axes (registry.c). */
+    int (*sbp)(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max);
+    int is_matmul; /* counts toward the GEMM-bound floor */
+} adt_op_def;
+
+const adt_op_def *adt_op_get(int kind);
+const char *adt_op_name(int kind);
+int adt_op_find(const char *name); /* -1 if unknown */
+
+/* Generic node creation used by every builder: checks the inputs, runs the shape rule, creates
+ * the outputs (role ACT, or GRAD inside autodiff) and returns the node id, or -1. */
+int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_attrs *a);
+/* FLOPs and bytes moved of one node. */
+double adt_node_flops(const adt_graph *g, const adt_node *n);
+double adt_node_bytes(const adt_graph *g, const adt_node *n);
+/* The node's 1-D SBP signatures (the all-B signature always first). */
+int adt_node_sbp_signatures(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,38 @@
+/*
+ * main.c - the `adtrain` command: dispatches to subcommands.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: adtrain <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  train     train a model (adtrain train --help)\n"
+            "  graph     build a model's training graph and dump it as JSON or DOT\n"
+            "  version   print the version\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("adtrain %s\n", ADT_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "train")) return cli_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "graph")) return cli_graph(argc - 1, argv + 1);
+    fprintf(stderr, "adtrain: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

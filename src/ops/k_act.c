@@ -1,0 +1,130 @@
+/*
+ * k_act.c - pointwise activation kernels (ReLU, GELU, sigmoid), the exported fast exp/tanh, and
+ * dropout with a mask drawn from the counter-based RNG by global element index.
+ *
+ * Every loop here is a flat pass over n elements with no calls out of line, so -O3
+ * -march=native vectorises it (the exp/tanh bodies come from k_math.h and inline).
+ */
+#include "ops/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "ops/k_math.h"
+
+float adt_k_expf(float x) { return adt_k_expf_inl(x); }
+float adt_k_tanhf(float x) { return adt_k_tanhf_inl(x); }
+
+void adt_k_relu_forward(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+/* The subgradient at 0 is taken as 0, like PyTorch. */
+void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * Evaluated through the identity 0.5 (1 + tanh(u)) = sigmoid(2u): the same function, but for
+ * negative x the tanh form loses most of its digits to the cancellation in 1 + tanh(u) (at
+ * x = -5 only ~4 are left), while the sigmoid form, taken as in adt_k_sigmoidf_inl with
+ * e = exp(-2|u|) <= 1, keeps full relative accuracy in both tails, for one exp and one divide. */
+#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K1 0.044715f
+
+/* Beyond |x| = 12, e = exp(-2|u|) is 0 in float, so clamping x inside u changes nothing and
+ * keeps x^3 from overflowing on absurd inputs. */
+static inline float gelu_clamp(float x) {
+    x = x > 12.0f ? 12.0f : x;
+    return x < -12.0f ? -12.0f : x;
+}
+
+void adt_k_gelu_forward(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float xc = gelu_clamp(xi);
+        float u = GELU_K0 * xc * (1.0f + GELU_K1 * xc * xc);
+        float e = adt_k_expf_inl(-2.0f * fabsf(u));
+        float inv = 1.0f / (1.0f + e);
+        out[i] = xi * (u >= 0.0f ? inv : e * inv);
+    }
+}
+
+/* d/dx [x s(2u)] = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2);
+ * this is PyTorch's 0.5 (1 + t) + 0.5 x (1 - t^2) u' with t = 2s - 1. With e = exp(-2|u|),
+ * s (1 - s) = e / (1 + e)^2 for either sign of u, with no cancellation. */
+void adt_k_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float xc = gelu_clamp(xi);
+        float x2 = xc * xc;
+        float u = GELU_K0 * xc * (1.0f + GELU_K1 * x2);
+        float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x2);
+        float e = adt_k_expf_inl(-2.0f * fabsf(u));
+        float inv = 1.0f / (1.0f + e);
+        float s = u >= 0.0f ? inv : e * inv;
+        /* e first: for huge |x| it is 0 and must zero the term before x can overflow it */
+        float t = 2.0f * (e * inv * inv) * du;
+        dx[i] = dout[i] * (s + xi * t);
+    }
+}
+
+void adt_k_sigmoid_forward(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = adt_k_sigmoidf_inl(x[i]);
+}
+
+void adt_k_sigmoid_backward(float *dx, const float *dout, const float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] = dout[i] * out[i] * (1.0f - out[i]);
+}
+
+/* ---- dropout ------------------------------------------------------------------------------
+ * The mask is a pure function of (key, global index), so every rank holding a box of the tensor
+ * draws its part of the one serial mask, and backward regenerates it instead of storing it.
+ * The box is walked one row of the last axis at a time: inside a row the global index runs
+ * contiguously, so only the row's starting index needs the div/mod walk over the outer axes. */
+static void dropout_apply(float *out, const float *in, float p, uint64_t key, int ndim,
+                          const int64_t *ldim, const int64_t *gdim, const int64_t *off) {
+    ADT_ASSERT(p >= 0.0f && p < 1.0f);
+    ADT_ASSERT(ndim >= 0);
+    int64_t n = 1;
+    for (int a = 0; a < ndim; a++) n *= ldim[a];
+    if (p == 0.0f) {
+        if (out != in) memmove(out, in, (size_t)n * sizeof *out);
+        return;
+    }
+    if (n == 0) return;
+    const float scale = 1.0f / (1.0f - p);
+    /* A 0-d tensor is one row of one element at global index 0. */
+    int64_t inner = ndim > 0 ? ldim[ndim - 1] : 1;
+    int64_t inner_off = ndim > 0 ? off[ndim - 1] : 0;
+    int64_t rows = n / inner;
+    for (int64_t r = 0; r < rows; r++) {
+        /* global index of (r's outer coordinates, inner_off) */
+        int64_t g = 0, rest = r, gstride = ndim > 0 ? gdim[ndim - 1] : 1;
+        for (int a = ndim - 2; a >= 0; a--) {
+            int64_t coord = rest % ldim[a];
+            rest /= ldim[a];
+            g += (coord + off[a]) * gstride;
+            gstride *= gdim[a];
+        }
+        g += inner_off;
+        const float *src = in + r * inner;
+        float *dst = out + r * inner;
+        for (int64_t j = 0; j < inner; j++) {
+            float keep = adt_rng_uniform(key, (uint64_t)(g + j)) >= p ? scale : 0.0f;
+            dst[j] = src[j] * keep;
+        }
+    }
+}
+
+void adt_k_dropout_forward(float *out, const float *x, float p, uint64_t key, int ndim,
+                           const int64_t *ldim, const int64_t *gdim, const int64_t *off) {
+    dropout_apply(out, x, p, key, ndim, ldim, gdim, off);
+}
+
+/* Same mask and scale as forward: dx = dout * mask / (1 - p). */
+void adt_k_dropout_backward(float *dx, const float *dout, float p, uint64_t key, int ndim,
+                            const int64_t *ldim, const int64_t *gdim, const int64_t *off) {
+    dropout_apply(dx, dout, p, key, ndim, ldim, gdim, off);
+}

@@ -1,0 +1,37 @@
+/*
+ * k_matmul.c - dense matrix products: the single and batched C = op(A) op(B) kernels that
+ * linear layers, attention-free bmm ops and their gradients lower to. Everything of useful size
+ * goes to OpenBLAS cblas_sgemm (row-major); only degenerate shapes are handled here.
+ */
+#include <cblas.h>
+#include <string.h>
+
+#include "ops/kernels.h"
+
+/* C[M,N] = op(A) op(B). A row-major [M,K] has leading dimension K; stored transposed ([K,M])
+ * its leading dimension is M. Likewise B: [K,N] -> N, [N,K] -> K. */
+static void matmul_one(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
+                       int transA, int transB) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        /* An empty sum is zero; BLAS would reject the zero leading dimensions. */
+        memset(C, 0, (size_t)(M * N) * sizeof(float));
+        return;
+    }
+    /* beta = 0: OpenBLAS then never reads C, so a dirty (even NaN-filled) buffer is fine. */
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                transB ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
+                (blasint)(transA ? M : K), B, (blasint)(transB ? K : N), 0.0f, C, (blasint)N);
+}
+
+void adt_k_matmul(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
+                  int transA, int transB) {
+    matmul_one(C, A, B, M, N, K, transA, transB);
+}
+
+void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batch, int64_t M,
+                          int64_t N, int64_t K, int transA, int transB, int64_t sA, int64_t sB,
+                          int64_t sC) {
+    for (int64_t i = 0; i < batch; i++)
+        matmul_one(C + i * sC, A + i * sA, B + i * sB, M, N, K, transA, transB);
+}

@@ -1,0 +1,482 @@
+/*
+ * op_math.c - linear algebra and elementwise arithmetic ops: matmul, add, sub, mul, scale,
+ * bias-add, reduce-sum and its inverse expand, and fill.
+ */
+#include "op_util.h"
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+/* The matrix view of an operand in a non-batched product: [prod(leading), last]. */
+static void mat_view(const adt_shape *s, int64_t *rows, int64_t *cols) {
+    *rows = adt_shape_prod(s, 0, s->ndim - 1);
+    *cols = s->dim[s->ndim - 1];
+}
+
+/* M, N, K and batch count of a matmul node from its input shapes. */
+static void matmul_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N, int64_t *K,
+                        int64_t *Kb, int64_t *batch) {
+    const adt_shape *a = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
+    int ta = (int)n->a.i[0], tb = (int)n->a.i[1], batched = (int)n->a.i[2];
+    int64_t ar, ac, br, bc;
+    if (batched) {
+        *batch = adt_shape_prod(a, 0, a->ndim - 2);
+        ar = a->dim[a->ndim - 2], ac = a->dim[a->ndim - 1];
+        br = b->dim[b->ndim - 2], bc = b->dim[b->ndim - 1];
+    } else {
+        *batch = 1;
+        mat_view(a, &ar, &ac);
+        mat_view(b, &br, &bc);
+    }
+    *M = ta ? ac : ar;
+    *K = ta ? ar : ac;
+    *Kb = tb ? bc : br;
+    *N = tb ? br : bc;
+}
+
+static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
+    const adt_shape *a = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
+    int ta = (int)n->a.i[0], batched = (int)n->a.i[2];
+    if (a->ndim < 2 && !batched && !ta) { /* a vector is fine as [1,K] only via reshape */
+        return op_fail_shape(g, n, 0, "a tensor of rank >= 2");
+    }
+    if (b->ndim < 2) return op_fail_shape(g, n, 1, "a tensor of rank >= 2");
+    if (batched) {
+        if (a->ndim < 3 || a->ndim != b->ndim)
+            return op_fail_shape(g, n, 1, "the same rank (>= 3) as input 0 for a batched matmul");
+        for (int i = 0; i < a->ndim - 2; i++)
+            if (a->dim[i] != b->dim[i])
+                return op_fail_shape(g, n, 1, "the same leading (batch) dims as input 0");
+    }
+    int64_t M, N, K, Kb, batch;
+    matmul_dims(g, n, &M, &N, &K, &Kb, &batch);
+    if (K != Kb) {
+        char exp[96];
+        snprintf(exp, sizeof exp, "an inner dimension of %lld to match input 0", (long long)K);
+        return op_fail_shape(g, n, 1, exp);
+    }
+    adt_shape o = *a;
+    if (batched) {
+        o.dim[o.ndim - 2] = M;
+        o.dim[o.ndim - 1] = N;
+    } else if (!ta && a->ndim > 2) {
+        o.dim[o.ndim - 1] = N; /* X[..,K] @ W[K,N] keeps X's leading dims */
+    } else {
+        o = adt_shape_2d(M, N);
+    }
+    os[0] = o;
+    od[0] = ADT_F32;
+    return 0;
+}
+
+static void matmul_forward(const adt_kctx *k) {
+    int64_t M, N, K, Kb, batch;
+    matmul_dims(k->g, k->n, &M, &N, &K, &Kb, &batch);
+    int ta = (int)k->n->a.i[0], tb = (int)k->n->a.i[1];
+    if (batch == 1)
+        adt_k_matmul(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), M, N, K, ta, tb);
+    else
+        adt_k_matmul_batched(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), batch, M, N, K, ta, tb, M * K,
+                             K * N, M * N);
+}
+
+/* A product of the right size but maybe another view of the target: reshape it. */
+static int fit_shape(adt_graph *g, int v, int like) {
+    if (v < 0) return -1;
+    if (adt_shape_equal(&g->values[v].shape, &g->values[like].shape)) return v;
+    return adt_reshape(g, v, g->values[like].shape);
+}
+
+static int matmul_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    const adt_node n = g->nodes[node];
+    int A = n.in[0], B = n.in[1], dC = dout[0];
+    int ta = (int)n.a.i[0], tb = (int)n.a.i[1], bt = (int)n.a.i[2];
+    /* d(op(A) op(B)): each case is again one matmul with transposes */
+    if (need[0]) {
+        int r;
+        if (!ta) r = tb ? adt_matmul(g, dC, B, 0, 0, bt) : adt_matmul(g, dC, B, 0, 1, bt);
+        else r = tb ? adt_matmul(g, B, dC, 1, 1, bt) : adt_matmul(g, B, dC, 0, 1, bt);
+        din[0] = fit_shape(g, r, A);
+    }
+    if (need[1]) {
+        int r;
+        if (!tb) r = ta ? adt_matmul(g, A, dC, 0, 0, bt) : adt_matmul(g, A, dC, 1, 0, bt);
+        else r = ta ? adt_matmul(g, dC, A, 1, 1, bt) : adt_matmul(g, dC, A, 1, 0, bt);
+        din[1] = fit_shape(g, r, B);
+    }
+    return 0;
+}
+
+static double matmul_flops(const adt_graph *g, const adt_node *n) {
+    int64_t M, N, K, Kb, batch;
+    matmul_dims(g, n, &M, &N, &K, &Kb, &batch);
+    return 2.0 * (double)batch * (double)M * (double)N * (double)K;
+}
+
+static int matmul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0;
+    int ta = (int)n->a.i[0], tb = (int)n->a.i[1], bt = (int)n->a.i[2];
+    int ra = OP_IN(g, n, 0)->shape.ndim, rb = OP_IN(g, n, 1)->shape.ndim;
+    if (bt) {
+        for (int ax = 0; ax < ra - 2; ax++) op_sig(g, n, out, &c, max, "S%d S%d -> S%d", ax, ax, ax);
+        /* m, n and k splits on the matrix axes */
+        op_sig(g, n, out, &c, max, "S%d B -> S-2", ta ? -1 : -2);
+        op_sig(g, n, out, &c, max, "B S%d -> S-1", tb ? -2 : -1);
+        op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? -2 : -1, tb ? -1 : -2);
+    } else {
+        /* m split: rows of op(A) */
+        if (!ta)
+            for (int ax = 0; ax < ra - 1; ax++)
+                op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ra > 2 ? ax : 0);
+        else
+            op_sig(g, n, out, &c, max, "S-1 B -> S0");
+        /* n split: columns of op(B) (only when op(B)'s column axis is a real axis) */
+        if (!tb) op_sig(g, n, out, &c, max, "B S-1 -> S-1");
+        else if (rb == 2) op_sig(g, n, out, &c, max, "B S0 -> S-1");
+        /* k split: partial sums */
+        op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? 0 : -1, tb ? -1 : 0);
+    }
+    op_sig(g, n, out, &c, max, "P B -> P");
+    op_sig(g, n, out, &c, max, "B P -> P");
+    return c;
+}
+
+const adt_op_def adt_opdef_matmul = {
+    .name = "matmul", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
+    .infer = matmul_infer, .forward = matmul_forward, .backward = matmul_backward,
+    .flops = matmul_flops, .sbp = matmul_sbp, .is_matmul = 1,
+};
+
+int adt_matmul(adt_graph *g, int a, int b, int trans_a, int trans_b, int batched) {
+    adt_attrs at = {.i = {trans_a ? 1 : 0, trans_b ? 1 : 0, batched ? 1 : 0}};
+    return op_node_out(g, ADT_OP_MATMUL, (int[]){a, b}, 2, &at, 0);
+}
+
+/* ---- add (n-ary), sub, mul, scale --------------------------------------------------------- */
+
+static int same_shape_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    for (int i = 0; i < n->n_in; i++) {
+        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
+        if (!adt_shape_equal(&OP_IN(g, n, i)->shape, &OP_IN(g, n, 0)->shape)) {
+            char exp[96], buf[64];
+            snprintf(exp, sizeof exp, "the shape of input 0, %s",
+                     adt_shape_str(&OP_IN(g, n, 0)->shape, buf, sizeof buf));
+            return op_fail_shape(g, n, i, exp);
+        }
+    }
+    os[0] = OP_IN(g, n, 0)->shape;
+    od[0] = ADT_F32;
+    return 0;
+}
+
+static void add_forward(const adt_kctx *k) {
+    int64_t n = K_NUMEL_OUT(k, 0);
+    float *o = K_OUT(k, 0);
+    const float *a = K_IN(k, 0), *b = K_IN(k, 1);
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i];
+    for (int j = 2; j < k->n->n_in; j++) {
+        const float *c = K_IN(k, j);
+        for (int64_t i = 0; i < n; i++) o[i] += c[i];
+    }
+}
+
+static int add_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    for (int i = 0; i < g->nodes[node].n_in; i++)
+        if (need[i]) din[i] = dout[0];
+    return 0;
+}
+
+static double add_flops(const adt_graph *g, const adt_node *n) {
+    return (double)(n->n_in - 1) * (double)OP_NUMEL(g, n->out[0]);
+}
+
+static int elementwise_linear_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0;
+    op_sig_each_axis(g, n, out, &c, max, OP_OUT(g, n, 0)->shape.ndim);
+    op_sig_partial(g, n, out, &c, max);
+    return c;
+}
+
+const adt_op_def adt_opdef_add = {
+    .name = "add", .n_in_min = 2, .n_in_max = ADT_MAX_INPUTS, .n_out = 1, .view_of = -1,
+    .infer = same_shape_infer, .forward = add_forward, .backward = add_backward,
+    .flops = add_flops, .sbp = elementwise_linear_sbp,
+};
+
+int adt_add(adt_graph *g, int a, int b) {
+    return op_node_out(g, ADT_OP_ADD, (int[]){a, b}, 2, NULL, 0);
+}
+
+int adt_add_n(adt_graph *g, const int *xs, int n) {
+    if (n == 1) return xs[0];
+    return op_node_out(g, ADT_OP_ADD, xs, n, NULL, 0);
+}
+
+static void sub_forward(const adt_kctx *k) {
+    int64_t n = K_NUMEL_OUT(k, 0);
+    float *o = K_OUT(k, 0);
+    const float *a = K_IN(k, 0), *b = K_IN(k, 1);
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i];
+}
+
+static int sub_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    if (need[0]) din[0] = dout[0];
+    if (need[1]) din[1] = adt_scale(g, dout[0], -1.0f);
+    return 0;
+}
+
+const adt_op_def adt_opdef_sub = {
+    .name = "sub", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
+    .infer = same_shape_infer, .forward = sub_forward, .backward = sub_backward,
+    .flops = op_flops_per_out, .sbp = elementwise_linear_sbp,
+};
+
+int adt_sub(adt_graph *g, int a, int b) {
+    return op_node_out(g, ADT_OP_SUB, (int[]){a, b}, 2, NULL, 0);
+}
+
+static void mul_forward(const adt_kctx *k) {
+    int64_t n = K_NUMEL_OUT(k, 0);
+    float *o = K_OUT(k, 0);
+    const float *a = K_IN(k, 0), *b = K_IN(k, 1);
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i];
+}
+
+static int mul_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    int a = g->nodes[node].in[0], b = g->nodes[node].in[1];
+    if (need[0]) din[0] = adt_mul(g, dout[0], b);
+    if (need[1]) din[1] = adt_mul(g, dout[0], a);
+    return 0;
+}
+
+static int mul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0;
+    op_sig_each_axis(g, n, out, &c, max, OP_OUT(g, n, 0)->shape.ndim);
+    op_sig(g, n, out, &c, max, "P B -> P");
+    op_sig(g, n, out, &c, max, "B P -> P");
+    return c;
+}
+
+const adt_op_def adt_opdef_mul = {
+    .name = "mul", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
+    .infer = same_shape_infer, .forward = mul_forward, .backward = mul_backward,
+    .flops = op_flops_per_out, .sbp = mul_sbp,
+};
+
+int adt_mul(adt_graph *g, int a, int b) {
+    return op_node_out(g, ADT_OP_MUL, (int[]){a, b}, 2, NULL, 0);
+}
+
+static void scale_forward(const adt_kctx *k) {
+    int64_t n = K_NUMEL_OUT(k, 0);
+    float *o = K_OUT(k, 0);
+    const float *x = K_IN(k, 0);
+    float s = k->n->a.f[0];
+    for (int64_t i = 0; i < n; i++) o[i] = s * x[i];
+}
+
+static int scale_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    if (need[0]) din[0] = adt_scale(g, dout[0], g->nodes[node].a.f[0]);
+    return 0;
+}
+
+const adt_op_def adt_opdef_scale = {
+    .name = "scale", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
+    .infer = same_shape_infer, .forward = scale_forward, .backward = scale_backward,
+    .flops = op_flops_per_out, .sbp = elementwise_linear_sbp,
+};
+
+int adt_scale(adt_graph *g, int x, float s) {
+    adt_attrs at = {.f = {s}};
+    return op_node_out(g, ADT_OP_SCALE, (int[]){x}, 1, &at, 0);
+}
+
+/* ---- bias add ----------------------------------------------------------------------------- */
+
+static int bias_add_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
+    const adt_shape *x = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
+    if (b->ndim != 1 || b->dim[0] != x->dim[x->ndim - 1]) {
+        char exp[64];
+        snprintf(exp, sizeof exp, "[%lld] (the last dim of input 0)", (long long)x->dim[x->ndim - 1]);
+        return op_fail_shape(g, n, 1, exp);
+    }
+    os[0] = *x;
+    od[0] = ADT_F32;
+    return 0;
+}
+
+static void bias_add_forward(const adt_kctx *k) {
+    const adt_shape *x = K_SHAPE_IN(k, 0);
+    int64_t C = x->dim[x->ndim - 1], R = adt_shape_numel(x) / C;
+    const float *in = K_IN(k, 0), *b = K_IN(k, 1);
+    float *o = K_OUT(k, 0);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) o[r * C + c] = in[r * C + c] + b[c];
+}
+
+static int bias_add_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    int x = g->nodes[node].in[0];
+    int nd = g->values[x].shape.ndim;
+    if (need[0]) din[0] = dout[0];
+    if (need[1]) din[1] = nd > 1 ? adt_reduce_sum(g, dout[0], 0, nd - 2) : dout[0];
+    return 0;
+}
+
+static int bias_add_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0, r = OP_IN(g, n, 0)->shape.ndim;
+    for (int ax = 0; ax < r - 1; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
+    op_sig(g, n, out, &c, max, "S-1 S0 -> S-1");
+    op_sig(g, n, out, &c, max, "P P -> P");
+    return c;
+}
+
+const adt_op_def adt_opdef_bias_add = {
+    .name = "bias_add", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
+    .infer = bias_add_infer, .forward = bias_add_forward, .backward = bias_add_backward,
+    .flops = op_flops_per_out, .sbp = bias_add_sbp,
+};
+
+int adt_bias_add(adt_graph *g, int x, int b) {
+    return op_node_out(g, ADT_OP_BIAS_ADD, (int[]){x, b}, 2, NULL, 0);
+}
+
+/* ---- reduce-sum over a range of axes, and expand (its inverse) ----------------------------- */
+
+static int reduce_sum_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32)) return -1;
+    const adt_shape *x = &OP_IN(g, n, 0)->shape;
+    int f = (int)n->a.i[0], l = (int)n->a.i[1];
+    if (f < 0 || l < f || l >= x->ndim)
+        return adt_graph_fail(g, ADT_ERR_ARG, "node %s: axes %d..%d are not a range of a rank-%d tensor",
+                              n->name, f, l, x->ndim);
+    adt_shape o = {0};
+    for (int i = 0; i < x->ndim; i++)
+        if (i < f || i > l) o.dim[o.ndim++] = x->dim[i];
+    if (o.ndim == 0) o = adt_shape_1d(1);
+    os[0] = o;
+    od[0] = ADT_F32;
+    return 0;
+}
+
+/* x viewed as [outer, red, inner] */
+static void reduce_view(const adt_shape *x, int f, int l, int64_t *outer, int64_t *red, int64_t *inner) {
+    *outer = adt_shape_prod(x, 0, f);
+    *red = adt_shape_prod(x, f, l + 1);
+    *inner = adt_shape_prod(x, l + 1, x->ndim);
+}
+
+static void reduce_sum_forward(const adt_kctx *k) {
+    int64_t outer, red, inner;
+    reduce_view(K_SHAPE_IN(k, 0), (int)k->n->a.i[0], (int)k->n->a.i[1], &outer, &red, &inner);
+    const float *x = K_IN(k, 0);
+    float *o = K_OUT(k, 0);
+    for (int64_t a = 0; a < outer; a++) {
+        float *dst = o + a * inner;
+        for (int64_t c = 0; c < inner; c++) dst[c] = 0.0f;
+        for (int64_t r = 0; r < red; r++) {
+            const float *src = x + (a * red + r) * inner;
+            for (int64_t c = 0; c < inner; c++) dst[c] += src[c];
+        }
+    }
+}
+
+static int reduce_sum_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    if (!need[0]) return 0;
+    const adt_node *n = &g->nodes[node];
+    const adt_shape *x = &g->values[n->in[0]].shape;
+    adt_attrs at = {.i = {n->a.i[0], n->a.i[1]}};
+    at.f[0] = (n->a.i[0] == 0 && n->a.i[1] == x->ndim - 1) ? 1.0f : 0.0f;
+    for (int i = (int)n->a.i[0]; i <= n->a.i[1]; i++) at.i[2 + i - n->a.i[0]] = x->dim[i];
+    din[0] = op_node_out(g, ADT_OP_EXPAND, (int[]){dout[0]}, 1, &at, 0);
+    return 0;
+}
+
+static int reduce_sum_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0, r = OP_IN(g, n, 0)->shape.ndim, f = (int)n->a.i[0], l = (int)n->a.i[1];
+    for (int ax = 0; ax < r; ax++) {
+        if (ax < f) op_sig(g, n, out, &c, max, "S%d -> S%d", ax, ax);
+        else if (ax > l) op_sig(g, n, out, &c, max, "S%d -> S%d", ax, ax - (l - f + 1));
+        else op_sig(g, n, out, &c, max, "S%d -> P", ax);
+    }
+    op_sig_partial(g, n, out, &c, max);
+    return c;
+}
+
+static double reduce_sum_flops(const adt_graph *g, const adt_node *n) {
+    return (double)OP_NUMEL(g, n->in[0]);
+}
+
+const adt_op_def adt_opdef_reduce_sum = {
+    .name = "reduce_sum", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
+    .infer = reduce_sum_infer, .forward = reduce_sum_forward, .backward = reduce_sum_backward,
+    .flops = reduce_sum_flops, .sbp = reduce_sum_sbp,
+};
+
+int adt_reduce_sum(adt_graph *g, int x, int first_axis, int last_axis) {
+    adt_attrs at = {.i = {first_axis, last_axis}};
+    return op_node_out(g, ADT_OP_REDUCE_SUM, (int[]){x}, 1, &at, 0);
+}
+
+static int expand_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32)) return -1;
+    const adt_shape *x = &OP_IN(g, n, 0)->shape;
+    int f = (int)n->a.i[0], l = (int)n->a.i[1], nr = l - f + 1;
+    /* the input is the output with axes [f, l] removed, or [1] when every axis was reduced */
+    int kept = n->a.f[0] != 0.0f ? 0 : x->ndim; /* f0 marks a reduction over every axis */
+    if (f < 0 || nr < 1 || kept + nr > ADT_MAX_DIMS || f > kept)
+        return op_fail_shape(g, n, 0, "a tensor that a reduce-sum over the given axes produced");
+    adt_shape o = {0};
+    int src = 0;
+    for (int i = 0; i < kept + nr; i++)
+        o.dim[o.ndim++] = (i >= f && i <= l) ? n->a.i[2 + i - f] : x->dim[src++];
+    os[0] = o;
+    od[0] = ADT_F32;
+    return 0;
+}
+
+static void expand_forward(const adt_kctx *k) {
+    int64_t outer, red, inner;
+    reduce_view(K_SHAPE_OUT(k, 0), (int)k->n->a.i[0], (int)k->n->a.i[1], &outer, &red, &inner);
+    const float *x = K_IN(k, 0);
+    float *o = K_OUT(k, 0);
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t r = 0; r < red; r++) memcpy(o + (a * red + r) * inner, x + a * inner, (size_t)inner * sizeof(float));
+}
+
+static int expand_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
+    if (need[0]) din[0] = adt_reduce_sum(g, dout[0], (int)g->nodes[node].a.i[0], (int)g->nodes[node].a.i[1]);
+    return 0;
+}
+
+static int expand_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = 0, r = OP_OUT(g, n, 0)->shape.ndim, f = (int)n->a.i[0], l = (int)n->a.i[1];
+    int all = n->a.f[0] != 0.0f;
+    for (int ax = 0; ax < r && !all; ax++) {
+        if (ax < f) op_sig(g, n, out, &c, max, "S%d -> S%d", ax, ax);
+        else if (ax > l) op_sig(g, n, out, &c, max, "S%d -> S%d", ax - (l - f + 1), ax);
+    }
+    op_sig_partial(g, n, out, &c, max);
+    return c;
+}
+
+const adt_op_def adt_opdef_expand = {
+    .name = "expand", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
+    .infer = expand_infer, .forward = expand_forward, .backward = expand_backward,
+    .flops = op_flops_per_out, .sbp = expand_sbp,
+};
+
+/* ---- fill: a constant scalar (the seed gradient d loss / d loss) --------------------------- */
+
+static int fill_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    os[0] = adt_shape_1d(1);
+    od[0] = ADT_F32;
+    return 0;
+}
+
+static void fill_forward(const adt_kctx *k) { K_OUT(k, 0)[0] = k->n->a.f[0]; }
+
+const adt_op_def adt_opdef_fill = {
+    .name = "fill", .n_in_min = 0, .n_in_max = 0, .n_out = 1, .view_of = -1,
+    .infer = fill_infer, .forward = fill_forward,
+};

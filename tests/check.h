@@ -1,0 +1,70 @@
+/*
+ * check.h - the tiny test harness every tests/test_*.c uses.
+ *
+ * A test program is a list of RUN(test_fn) calls in main(); a CHECK that fails prints
+ * file:line and a message and marks the current test failed, but the program goes on so one run
+ * shows every failure. The last line is "RESULT passed=N failed=M"; tests/run.sh adds them up.
+ */
+#ifndef ADTRAIN_TESTS_CHECK_H
+#define ADTRAIN_TESTS_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_cur_failed;
+static int check_n_passed, check_n_failed;
+static const char *check_cur_name;
+
+#define CHECK(cond, ...)                                                                       \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            fprintf(stderr, "  FAIL %s:%d [%s]: %s: ", __FILE__, __LINE__, check_cur_name,     \
+                    #cond);                                                                    \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fprintf(stderr, "\n");                                                             \
+            check_cur_failed = 1;                                                              \
+        }                                                                                      \
+    } while (0)
+
+/* |a-b| <= atol + rtol |b| */
+#define CHECK_CLOSE(a, b, rtol, atol)                                                          \
+    do {                                                                                       \
+        double ca_ = (double)(a), cb_ = (double)(b);                                           \
+        CHECK(fabs(ca_ - cb_) <= (atol) + (rtol)*fabs(cb_), "%s=%.9g %s=%.9g", #a, ca_, #b,   \
+              cb_);                                                                            \
+    } while (0)
+
+#define RUN(fn)                                                                                \
+    do {                                                                                       \
+        check_cur_failed = 0;                                                                  \
+        check_cur_name = #fn;                                                                  \
+        fn();                                                                                  \
+        if (check_cur_failed) {                                                                \
+            check_n_failed++;                                                                  \
+            fprintf(stderr, "FAILED %s\n", #fn);                                               \
+        } else {                                                                               \
+            check_n_passed++;                                                                  \
+            if (getenv("CHECK_VERBOSE")) fprintf(stderr, "ok %s\n", #fn);                      \
+        }                                                                                      \
+    } while (0)
+
+static inline int check_finish(void) {
+    printf("RESULT passed=%d failed=%d\n", check_n_passed, check_n_failed);
+    return check_n_failed ? 1 : 0;
+}
+
+/* Relative error with a floor, max over elements: scale-free, and an all-zero pair counts 0. */
+static inline double check_max_rel_err(const float *a, const float *b, long n, double floor_) {
+    double worst = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        double s = fabs((double)b[i]);
+        if (s < floor_) s = floor_;
+        if (d / s > worst || d != d) worst = d != d ? INFINITY : d / s;
+    }
+    return worst;
+}
+
+#endif

@@ -1,0 +1,583 @@
+/*
+ * test_graph.c - every op with a backward rule, checked through the graph, autodiff and the
+ * executor against finite differences; optimizer steps against closed forms; the memory plan
+ * against overlap of live buffers; shape errors against their messages.
+ *
+ * Gradient check: for a graph out = op(params...), the test builds L = sum(out * R) with R
+ * random, runs autodiff, and compares the analytic directional derivative grad . d with the
+ * central difference (L(p + e d) - L(p - e d)) / 2e along several random directions d, per
+ * parameter. The metric |fd - an| / max(|fd|, |an|) is scale-free. Shapes and values are fresh
+ * each run (ADT_TEST_SEED fixes them; the seed is printed on failure).
+ */
+#include <stdint.h>
+#include <time.h>
+
+#include "adtrain/adtrain.h"
+#include "check.h"
+
+static uint64_t g_seed;
+static uint64_t g_ctr;
+
+static float urand(float lo, float hi) { return lo + (hi - lo) * adt_rng_uniform(g_seed, g_ctr++); }
+static int irand(int lo, int hi) { return lo + (int)(adt_rng_u32(g_seed, g_ctr++) % (uint32_t)(hi - lo + 1)); }
+
+/* How a test wants a parameter filled (default uniform [-1, 1]). */
+typedef void (*fill_fn)(const char *name, float *p, int64_t n);
+
+static void fill_default(const char *name, float *p, int64_t n) {
+    (void)name;
+    for (int64_t i = 0; i < n; i++) p[i] = urand(-1.0f, 1.0f);
+}
+
+/* away from relu's kink at 0: |x| in [0.1, 1] */
+static void fill_away_from_zero(const char *name, float *p, int64_t n) {
+    (void)name;
+    for (int64_t i = 0; i < n; i++) {
+        float v = urand(0.1f, 1.0f);
+        p[i] = irand(0, 1) ? v : -v;
+    }
+}
+
+/* distinct values at least 0.01 apart (max-pool ties are not differentiable) */
+static void fill_distinct(const char *name, float *p, int64_t n) {
+    (void)name;
+    for (int64_t i = 0; i < n; i++) p[i] = 0.01f * (float)i;
+    for (int64_t i = n - 1; i > 0; i--) { /* shuffle */
+        int64_t j = (int64_t)(adt_rng_u32(g_seed, g_ctr++) % (uint32_t)(i + 1));
+        float t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+/* Fills fed int inputs (ids, labels) with values in [0, hi). */
+typedef struct feed_spec {
+    const char *name;
+    int hi;       /* i32: ids in [0, hi); f32: ignored */
+    int is_prob;  /* f32 values in [0, 1] */
+} feed_spec;
+
+/* sum(out * R) in double from the op's own output, so the check sees the op's rounding only */
+static double loss_value(adt_exec *ex, const adt_graph *g, int out, int R) {
+    adt_exec_run_forward(ex);
+    const float *o = adt_exec_data(ex, out), *r = adt_exec_data(ex, R);
+    double s = 0;
+    for (int64_t i = 0; i < adt_value_numel(g, out); i++) s += (double)o[i] * (double)r[i];
+    return s;
+}
+
+/* Builds L = sum(out * R), differentiates, and checks every parameter's gradient. */
+static void grad_check(const char *what, adt_graph *g, int out, fill_fn fill, const feed_spec *feeds, int nfeeds,
+                       double tol) {
+    if (adt_graph_error(g)) {
+        CHECK(0, "%s: building failed: %s (seed %llu)", what, adt_graph_error_message(g), (unsigned long long)g_seed);
+        return;
+    }
+    int R = adt_input(g, "R", ADT_F32, g->values[out].shape);
+    int prod = adt_mul(g, out, R);
+    int L = adt_reduce_sum(g, prod, 0, g->values[prod].shape.ndim - 1);
+    adt_graph_mark_output(g, L);
+    adt_graph_mark_output(g, out);
+    int rc = adt_graph_backward(g, L);
+    CHECK(rc == ADT_OK, "%s: backward failed: %s", what, adt_graph_error_message(g));
+    if (rc) return;
+    for (int v = 0; v < g->n_values; v++) /* keep the gradients readable after the step */
+        if (g->values[v].role == ADT_ROLE_PARAM && g->values[v].grad >= 0) adt_graph_mark_output(g, g->values[v].grad);
+    adt_exec *ex;
+    adt_exec_opts opts = {.threads = 1, .seed = g_seed};
+    CHECK(adt_exec_create(&ex, g, &opts) == ADT_OK, "%s: executor", what);
+    adt_exec_set_lr_step(ex, 0.0f, 1);
+    for (int v = 0; v < g->n_values; v++) {
+        adt_value *val = &g->values[v];
+        int64_t n = adt_shape_numel(&val->shape);
+        if (val->role == ADT_ROLE_PARAM) (fill ? fill : fill_default)(val->name, adt_exec_data(ex, v), n);
+        if (v == R) fill_default("R", adt_exec_data(ex, v), n);
+        for (int f = 0; f < nfeeds; f++) {
+            if (strcmp(val->name, feeds[f].name)) continue;
+            if (val->dtype == ADT_I32) {
+                int32_t *p = adt_exec_data(ex, v);
+                for (int64_t i = 0; i < n; i++) p[i] = irand(0, feeds[f].hi - 1);
+            } else {
+                float *p = adt_exec_data(ex, v);
+                for (int64_t i = 0; i < n; i++) p[i] = feeds[f].is_prob ? urand(0, 1) : urand(-1, 1);
+            }
+        }
+    }
+    adt_exec_run(ex); /* no optimizer in these graphs: parameters stay put */
+    /* copy every gradient out first: the forward runs below reuse the arena */
+    float **grads = calloc((size_t)g->n_values, sizeof *grads);
+    for (int v = 0; v < g->n_values; v++) {
+        adt_value *val = &g->values[v];
+        if (val->role != ADT_ROLE_PARAM || val->grad < 0) continue;
+        size_t bytes = (size_t)adt_value_bytes(g, v);
+        grads[v] = malloc(bytes);
+        memcpy(grads[v], adt_exec_data(ex, val->grad), bytes);
+    }
+    int checked = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        adt_value *val = &g->values[v];
+        if (val->role != ADT_ROLE_PARAM) continue;
+        CHECK(val->grad >= 0, "%s: parameter %s got no gradient", what, val->name);
+        if (val->grad < 0) continue;
+        int64_t n = adt_shape_numel(&val->shape);
+        float *p = adt_exec_data(ex, v);
+        float *an = malloc((size_t)n * sizeof *an), *p0 = malloc((size_t)n * sizeof *p0), *d = malloc((size_t)n * sizeof *d);
+        memcpy(an, grads[v], (size_t)n * sizeof *an);
+        free(grads[v]);
+        memcpy(p0, p, (size_t)n * sizeof *p0);
+        double pmax = 0;
+        for (int64_t i = 0; i < n; i++) pmax = fmax(pmax, fabs(p0[i]));
+        double an_norm = 0;
+        for (int64_t i = 0; i < n; i++) an_norm += (double)an[i] * an[i];
+        an_norm = sqrt(an_norm);
+        for (int dir = 0; dir < 4; dir++) {
+            double an_dot = 0, d_norm = 0;
+            for (int64_t i = 0; i < n; i++) {
+                d[i] = urand(-1, 1);
+                an_dot += (double)an[i] * d[i];
+                d_norm += (double)d[i] * d[i];
+            }
+            d_norm = sqrt(d_norm);
+            double e = 1e-2 * fmax(pmax, 0.1);
+            if (fill == fill_away_from_zero || fill == fill_distinct) e = 1e-3; /* stay off the kinks */
+            for (int64_t i = 0; i < n; i++) p[i] = p0[i] + (float)e * d[i];
+            double lp = loss_value(ex, g, out, R);
+            for (int64_t i = 0; i < n; i++) p[i] = p0[i] - (float)e * d[i];
+            double lm = loss_value(ex, g, out, R);
+            memcpy(p, p0, (size_t)n * sizeof *p);
+            double fd = (lp - lm) / (2 * e);
+            /* typical |g.d| is |g||d|/sqrt(n): the floor keeps a lucky near-orthogonal direction
+             * from turning rounding noise into a large relative error */
+            double scale = fmax(fmax(fabs(fd), fabs(an_dot)), an_norm * d_norm / sqrt((double)n));
+            double err = fabs(fd - an_dot) / fmax(scale, 1e-12);
+            CHECK(err < tol, "%s: d/d %s along direction %d: analytic %.6g, finite difference %.6g, rel err %.2e (seed %llu)",
+                  what, val->name, dir, an_dot, fd, err, (unsigned long long)g_seed);
+            checked++;
+        }
+        free(an);
+        free(p0);
+        free(d);
+    }
+    free(grads);
+    CHECK(checked > 0, "%s: nothing was checked", what);
+    adt_exec_free(ex);
+}
+
+#define P(g, name, ...) adt_param(g, name, adt_shape_make(sizeof((int64_t[]){__VA_ARGS__}) / 8, (int64_t[]){__VA_ARGS__}), (adt_init){0})
+
+static void test_grad_matmul(void) {
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t M = irand(1, 9), N = irand(1, 9), K = irand(1, 9);
+            adt_graph *g = adt_graph_create();
+            int a = ta ? P(g, "a", K, M) : P(g, "a", M, K);
+            int b = tb ? P(g, "b", N, K) : P(g, "b", K, N);
+            grad_check("matmul", g, adt_matmul(g, a, b, ta, tb, 0), NULL, NULL, 0, 1e-2);
+            adt_graph_free(g);
+        }
+    /* linear layer over a 3-D activation, and the weight-gradient form X^T dY */
+    {
+        adt_graph *g = adt_graph_create();
+        int64_t B = irand(1, 4), T = irand(1, 5), K = irand(1, 7), N = irand(1, 7);
+        int x = P(g, "x", B, T, K), w = P(g, "w", K, N);
+        grad_check("matmul 3-D x 2-D", g, adt_matmul(g, x, w, 0, 0, 0), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+        g = adt_graph_create();
+        x = P(g, "x", B, T, K);
+        int y = P(g, "y", B, T, N);
+        grad_check("matmul X^T Y over 3-D", g, adt_matmul(g, x, y, 1, 0, 0), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            adt_graph *g = adt_graph_create();
+            int64_t B = irand(1, 3), H = irand(1, 3), M = irand(1, 6), N = irand(1, 6), K = irand(1, 6);
+            int a = ta ? P(g, "a", B, H, K, M) : P(g, "a", B, H, M, K);
+            int b = tb ? P(g, "b", B, H, N, K) : P(g, "b", B, H, K, N);
+            grad_check("batched matmul", g, adt_matmul(g, a, b, ta, tb, 1), NULL, NULL, 0, 1e-2);
+            adt_graph_free(g);
+        }
+}
+
+static void test_grad_elementwise(void) {
+    int64_t A = irand(1, 6), B = irand(1, 6), C = irand(1, 6);
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", A, B, C), y = P(g, "y", A, B, C), z = P(g, "z", A, B, C);
+    grad_check("add3", g, adt_add_n(g, (int[]){x, y, z}, 3), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B), y = P(g, "y", A, B);
+    grad_check("sub", g, adt_sub(g, x, y), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B), y = P(g, "y", A, B);
+    grad_check("mul", g, adt_mul(g, x, y), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B);
+    grad_check("scale", g, adt_scale(g, x, urand(-3, 3)), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B, C), y = P(g, "b", C);
+    grad_check("bias_add", g, adt_bias_add(g, x, y), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    /* a value used twice: gradients from both uses add up */
+    g = adt_graph_create();
+    x = P(g, "x", A, B);
+    grad_check("x*x + x", g, adt_add(g, adt_mul(g, x, x), x), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_reduce_expand(void) {
+    int64_t d[4] = {irand(1, 4), irand(1, 4), irand(1, 4), irand(1, 4)};
+    for (int f = 0; f < 4; f++)
+        for (int l = f; l < 4; l++) {
+            adt_graph *g = adt_graph_create();
+            int x = P(g, "x", d[0], d[1], d[2], d[3]);
+            grad_check("reduce_sum", g, adt_reduce_sum(g, x, f, l), NULL, NULL, 0, 1e-2);
+            adt_graph_free(g);
+        }
+    /* expand: reduce then expand back, so the expand node's own backward runs */
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", d[0], d[1], d[2]);
+    int r = adt_reduce_sum(g, x, 1, 1);
+    adt_attrs at = {.i = {1, 1, d[1]}};
+    int e = adt_graph_add_node(g, ADT_OP_EXPAND, (int[]){r}, 1, &at);
+    int y = e >= 0 ? adt_mul(g, g->nodes[e].out[0], x) : -1;
+    grad_check("expand", g, y, NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_activations(void) {
+    int64_t A = irand(1, 8), B = irand(1, 8);
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", A, B);
+    grad_check("relu", g, adt_relu(g, x), fill_away_from_zero, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B);
+    grad_check("gelu", g, adt_gelu(g, adt_scale(g, x, 3.0f)), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B);
+    grad_check("sigmoid", g, adt_sigmoid(g, adt_scale(g, x, 3.0f)), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B);
+    grad_check("softmax", g, adt_softmax(g, x), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    int64_t N = irand(1, 5), C = irand(2, 12);
+    x = P(g, "x", N, 2, C);
+    int w = P(g, "w", C), b = P(g, "b", C);
+    grad_check("layernorm", g, adt_layernorm(g, x, w, b, 1e-5f), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_dropout(void) {
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", irand(2, 9), irand(2, 9));
+    feed_spec step = {"step", 1000, 0};
+    grad_check("dropout", g, adt_dropout(g, x, 0.3f, 7), NULL, &step, 1, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_attention(void) {
+    int64_t B = irand(1, 2), T = irand(1, 6), H = irand(1, 3), D = irand(1, 4), C = H * D;
+    adt_graph *g = adt_graph_create();
+    int qkv = P(g, "qkv", B, T, 3 * C);
+    grad_check("attention", g, adt_attention(g, qkv, (int)H), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_embedding_losses(void) {
+    int64_t V = irand(2, 10), C = irand(1, 6), B = irand(1, 3), T = irand(1, 5);
+    adt_graph *g = adt_graph_create();
+    int ids = adt_input(g, "ids", ADT_I32, adt_shape_2d(B, T));
+    int table = P(g, "table", V, C);
+    feed_spec f = {"ids", (int)V, 0};
+    grad_check("embedding", g, adt_embedding(g, ids, table), NULL, &f, 1, 1e-2);
+    adt_graph_free(g);
+
+    g = adt_graph_create();
+    int logits = P(g, "logits", B, T, V);
+    int labels = adt_label(g, "labels", ADT_I32, adt_shape_2d(B, T));
+    f = (feed_spec){"labels", (int)V, 0};
+    grad_check("softmax_xent", g, adt_softmax_xent(g, adt_scale(g, logits, 2.0f), labels), NULL, &f, 1, 1e-2);
+    adt_graph_free(g);
+
+    g = adt_graph_create();
+    int64_t N = irand(1, 12);
+    int x = P(g, "x", N);
+    int y = adt_label(g, "y", ADT_F32, adt_shape_1d(N));
+    f = (feed_spec){"y", 0, 1};
+    grad_check("bce_logits", g, adt_bce_logits(g, adt_scale(g, x, 3.0f), y), NULL, &f, 1, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_conv_pool(void) {
+    for (int rep = 0; rep < 3; rep++) {
+        int64_t N = irand(1, 2), C = irand(1, 3), H = irand(3, 7), W = irand(3, 7), K = irand(1, 3);
+        int64_t R = irand(1, 3), stride = irand(1, 2), pad = irand(0, 1);
+        adt_graph *g = adt_graph_create();
+        int x = P(g, "x", N, C, H, W), w = P(g, "w", K, C, R, R);
+        int b = rep == 1 ? -1 : P(g, "b", K);
+        grad_check("conv2d", g, adt_conv2d(g, x, w, b, (int)stride, (int)pad), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+    int64_t N = irand(1, 2), C = irand(1, 3), H = irand(2, 7), W = irand(2, 7);
+    int k = irand(1, 2), s = irand(1, 2);
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", N, C, H, W);
+    grad_check("maxpool2d", g, adt_maxpool2d(g, x, k, s), fill_distinct, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+static void test_grad_shape_ops(void) {
+    int64_t A = irand(1, 4), B = irand(1, 4), C = irand(1, 4);
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", A, B, C);
+    /* reshape is a view: follow it by a nonlinear op so the view's gradient matters */
+    grad_check("reshape", g, adt_mul(g, adt_reshape(g, x, adt_shape_2d(A * B, C)), adt_reshape(g, x, adt_shape_2d(A * B, C))),
+               NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = P(g, "x", A, B, C);
+    grad_check("flatten", g, adt_flatten(g, x), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    int perms[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    for (int p = 0; p < 6; p++) {
+        g = adt_graph_create();
+        x = P(g, "x", A, B, C);
+        grad_check("permute", g, adt_permute(g, x, perms[p]), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+    for (int ax = 0; ax < 3; ax++) {
+        g = adt_graph_create();
+        int a = P(g, "a", A, B, C);
+        int64_t d[3] = {A, B, C};
+        d[ax] = irand(1, 3);
+        int b = adt_param(g, "b", adt_shape_3d(d[0], d[1], d[2]), (adt_init){0});
+        grad_check("concat", g, adt_concat(g, (int[]){a, b, a}, 3, ax), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+        g = adt_graph_create();
+        int64_t full = irand(2, 6);
+        int64_t e[3] = {A, B, C};
+        e[ax] = full;
+        x = adt_param(g, "x", adt_shape_3d(e[0], e[1], e[2]), (adt_init){0});
+        int64_t start = irand(0, (int)full - 1), len = irand(1, (int)(full - start));
+        grad_check("slice", g, adt_slice(g, x, ax, start, len), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+    g = adt_graph_create();
+    x = P(g, "x", irand(1, 3), irand(2, 6), irand(1, 5));
+    grad_check("interaction", g, adt_interaction(g, x), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+}
+
+/* Every op kind with a backward rule appears above; this guards against a new op without a
+ * gradient check. */
+static void test_every_op_covered(void) {
+    static const int checked[] = {ADT_OP_MATMUL, ADT_OP_ADD, ADT_OP_SUB, ADT_OP_MUL, ADT_OP_SCALE, ADT_OP_BIAS_ADD,
+                                  ADT_OP_REDUCE_SUM, ADT_OP_EXPAND, ADT_OP_RELU, ADT_OP_GELU, ADT_OP_SIGMOID,
+                                  ADT_OP_LAYERNORM, ADT_OP_SOFTMAX, ADT_OP_ATTENTION, ADT_OP_EMBEDDING,
+                                  ADT_OP_SOFTMAX_XENT, ADT_OP_BCE_LOGITS, ADT_OP_CONV2D, ADT_OP_MAXPOOL2D,
+                                  ADT_OP_RESHAPE, ADT_OP_PERMUTE, ADT_OP_CONCAT, ADT_OP_SLICE, ADT_OP_INTERACTION,
+                                  ADT_OP_DROPOUT};
+    for (int k = 0; k < ADT_OP_COUNT; k++) {
+        const adt_op_def *d = adt_op_get(k);
+        CHECK(d != NULL, "op %d has no definition", k);
+        if (!d || !d->backward) continue;
+        int found = 0;
+        for (size_t i = 0; i < sizeof checked / sizeof checked[0]; i++) found |= checked[i] == k;
+        CHECK(found, "op %s has a backward rule but no gradient check", d->name);
+    }
+}
+
+/* ---- optimizers against closed forms ------------------------------------------------------ */
+
+/* loss = sum(w * c): the gradient is exactly c, so the trajectory has a closed form. */
+static void optim_closed_form(adt_optim_cfg cfg, const char *what) {
+    int64_t n = irand(1, 20);
+    adt_graph *g = adt_graph_create();
+    int w = adt_param(g, "w", adt_shape_1d(n), (adt_init){0});
+    int c = adt_input(g, "c", ADT_F32, adt_shape_1d(n));
+    int L = adt_reduce_sum(g, adt_mul(g, w, c), 0, 0);
+    adt_graph_backward(g, L);
+    adt_graph_optimizer(g, &cfg);
+    CHECK(!adt_graph_error(g), "%s: %s", what, adt_graph_error_message(g));
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1});
+    adt_exec_init_params(ex);
+    float *pw = adt_exec_data(ex, w), *pc = adt_exec_data(ex, c);
+    double *ew = malloc((size_t)n * sizeof *ew), *em = calloc((size_t)n, sizeof *em), *ev = calloc((size_t)n, sizeof *ev);
+    for (int64_t i = 0; i < n; i++) {
+        pw[i] = urand(-1, 1);
+        pc[i] = urand(-1, 1);
+        ew[i] = pw[i];
+    }
+    float lr = urand(0.01f, 0.2f);
+    for (int t = 1; t <= 6; t++) {
+        adt_exec_set_lr_step(ex, lr, t);
+        adt_exec_run(ex);
+        for (int64_t i = 0; i < n; i++) {
+            double gr = pc[i];
+            if (cfg.kind == ADT_OPTIM_SGD) {
+                gr += cfg.weight_decay * ew[i];
+                if (cfg.momentum > 0) {
+                    em[i] = t == 1 ? gr : cfg.momentum * em[i] + gr;
+                    gr = em[i];
+                }
+                ew[i] -= lr * gr;
+            } else {
+                ew[i] *= 1.0 - lr * cfg.weight_decay;
+                em[i] = cfg.beta1 * em[i] + (1 - cfg.beta1) * gr;
+                ev[i] = cfg.beta2 * ev[i] + (1 - cfg.beta2) * gr * gr;
+                double mh = em[i] / (1 - pow(cfg.beta1, t)), vh = ev[i] / (1 - pow(cfg.beta2, t));
+                ew[i] -= lr * mh / (sqrt(vh) + cfg.eps);
+            }
+        }
+        for (int64_t i = 0; i < n; i++) CHECK_CLOSE(pw[i], ew[i], 1e-5, 1e-6);
+    }
+    free(ew);
+    free(em);
+    free(ev);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+}
+
+static void test_optimizers(void) {
+    optim_closed_form(adt_optim_sgd(0.0f, 0.0f), "sgd");
+    optim_closed_form(adt_optim_sgd(0.9f, 0.0f), "sgd momentum");
+    optim_closed_form(adt_optim_sgd(0.9f, 0.01f), "sgd momentum wd");
+    optim_closed_form(adt_optim_adamw(0.9f, 0.999f, 1e-8f, 0.0f), "adamw");
+    optim_closed_form(adt_optim_adamw(0.8f, 0.95f, 1e-6f, 0.1f), "adamw wd");
+}
+
+/* ---- memory plan ------------------------------------------------------------------------ */
+
+static void check_plan(const adt_graph *g, const char *what) {
+    adt_memplan mp;
+    adt_memplan_build(&mp, g, NULL, g->n_nodes, 0);
+    int overlaps = 0, live = 0;
+    for (int a = 0; a < g->n_values; a++) {
+        if (mp.offset[a] < 0) continue;
+        live++;
+        for (int b = a + 1; b < g->n_values; b++) {
+            if (mp.offset[b] < 0) continue;
+            int t_overlap = mp.first[a] <= mp.last[b] && mp.first[b] <= mp.last[a];
+            int64_t ea = mp.offset[a] + adt_value_bytes(g, a), eb = mp.offset[b] + adt_value_bytes(g, b);
+            int m_overlap = mp.offset[a] < eb && mp.offset[b] < ea;
+            if (t_overlap && m_overlap) overlaps++;
+        }
+        CHECK(mp.offset[a] + adt_value_bytes(g, a) <= mp.arena_bytes, "%s: value past the arena", what);
+    }
+    CHECK(live > 10, "%s: only %d planned values", what, live);
+    CHECK(overlaps == 0, "%s: %d pairs of simultaneously live buffers overlap", what, overlaps);
+    CHECK(mp.arena_bytes < mp.noreuse_bytes, "%s: peak %lld not below the no-reuse sum %lld", what,
+          (long long)mp.arena_bytes, (long long)mp.noreuse_bytes);
+    printf("memplan %s: peak %.2f MB, no-reuse %.2f MB (%.0f%%)\n", what, mp.arena_bytes / 1e6, mp.noreuse_bytes / 1e6,
+           100.0 * (double)mp.arena_bytes / (double)mp.noreuse_bytes);
+    adt_memplan_free(&mp);
+}
+
+static void test_memplan(void) {
+    adt_graph *g = adt_graph_create();
+    adt_gpt_cfg c = {.vocab_size = 65, .n_ctx = 32, .n_layer = 3, .n_embd = 48, .n_head = 4};
+    adt_model_io io;
+    adt_model_gpt(g, &c, 4, &io);
+    adt_graph_backward(g, io.loss);
+    adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    check_plan(g, "gpt");
+    adt_graph_free(g);
+    g = adt_graph_create();
+    adt_mlp_cfg m = {.n_sizes = 4, .sizes = {784, 256, 256, 10}};
+    adt_model_mlp(g, &m, 32, &io);
+    adt_graph_backward(g, io.loss);
+    oc = adt_optim_sgd(0.9f, 0);
+    adt_graph_optimizer(g, &oc);
+    check_plan(g, "mlp");
+    adt_graph_free(g);
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void test_shape_errors(void) {
+    adt_graph *g = adt_graph_create();
+    int a = adt_param(g, "a", adt_shape_2d(3, 4), (adt_init){0});
+    int b = adt_param(g, "b", adt_shape_2d(5, 6), (adt_init){0});
+    int c = adt_matmul(g, a, b, 0, 0, 0);
+    CHECK(c < 0 && adt_graph_error(g) == ADT_ERR_SHAPE, "mismatched matmul accepted");
+    const char *msg = adt_graph_error_message(g);
+    CHECK(strstr(msg, "input 1") && strstr(msg, "'b'") && strstr(msg, "[5,6]") && strstr(msg, "4"),
+          "message does not name the input, its shape and the expected size: %s", msg);
+    /* sticky: later calls fail at once and keep the first message */
+    CHECK(adt_relu(g, a) < 0, "builder after an error returned a value");
+    CHECK(strstr(adt_graph_error_message(g), "[5,6]") != NULL, "first error was overwritten");
+    adt_graph_free(g);
+    g = adt_graph_create();
+    a = adt_param(g, "x", adt_shape_2d(3, 4), (adt_init){0});
+    CHECK(adt_param(g, "x", adt_shape_1d(2), (adt_init){0}) < 0, "duplicate name accepted");
+    CHECK(strstr(adt_graph_error_message(g), "already used") != NULL, "%s", adt_graph_error_message(g));
+    adt_graph_free(g);
+    g = adt_graph_create();
+    a = adt_param(g, "q", adt_shape_3d(2, 3, 30), (adt_init){0});
+    CHECK(adt_attention(g, a, 4) < 0, "heads not dividing the width accepted");
+    CHECK(strstr(adt_graph_error_message(g), "heads") != NULL, "%s", adt_graph_error_message(g));
+    adt_graph_free(g);
+}
+
+static void test_sbp_signatures(void) {
+    /* every op's signatures parse, fit the node's arity and start with all-B */
+    adt_graph *g = adt_graph_create();
+    adt_gpt_cfg c = {.vocab_size = 17, .n_ctx = 8, .n_layer = 1, .n_embd = 16, .n_head = 2};
+    adt_model_io io;
+    adt_model_gpt(g, &c, 2, &io);
+    adt_graph_backward(g, io.loss);
+    adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
+    adt_graph_optimizer(g, &oc);
+    adt_sbp_sig sigs[64];
+    int total = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        int k = adt_node_sbp_signatures(g, n, sigs, 64);
+        CHECK(k >= 1, "node %s has no signature", n->name);
+        for (int j = 0; j < n->n_in; j++) CHECK(sigs[0].in[j].kind == ADT_SBP_B, "first signature is not all-B");
+        for (int s = 1; s < k; s++) {
+            for (int j = 0; j < n->n_in; j++)
+                if (sigs[s].in[j].kind == ADT_SBP_S)
+                    CHECK(sigs[s].in[j].axis >= 0 && sigs[s].in[j].axis < g->values[n->in[j]].shape.ndim,
+                          "node %s signature %d: split axis out of range", n->name, s);
+            for (int j = 0; j < n->n_out; j++)
+                if (sigs[s].out[j].kind == ADT_SBP_S)
+                    CHECK(sigs[s].out[j].axis >= 0 && sigs[s].out[j].axis < g->values[n->out[j]].shape.ndim,
+                          "node %s signature %d: output split axis out of range", n->name, s);
+        }
+        total += k;
+    }
+    CHECK(total > 2 * g->n_nodes, "suspiciously few signatures: %d for %d nodes", total, g->n_nodes);
+    adt_graph_free(g);
+}
+
+int main(void) {
+    const char *s = getenv("ADT_TEST_SEED");
+    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu\n", (unsigned long long)g_seed);
+    RUN(test_grad_matmul);
+    RUN(test_grad_elementwise);
+    RUN(test_grad_reduce_expand);
+    RUN(test_grad_activations);
+    RUN(test_grad_dropout);
+    RUN(test_grad_attention);
+    RUN(test_grad_embedding_losses);
+    RUN(test_grad_conv_pool);
+    RUN(test_grad_shape_ops);
+    RUN(test_every_op_covered);
+    RUN(test_optimizers);
+    RUN(test_memplan);
+    RUN(test_shape_errors);
+    RUN(test_sbp_signatures);
+    return check_finish();
+}
