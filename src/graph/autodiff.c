@@ -101,8 +101,11 @@ int adt_graph_backward(adt_graph *g, int loss) {
         g->cur_layer_tag = g->values[v].layer_tag;
         int gv = contrib_sum(g, &cl[v]);
         g->values[v].grad = gv;
-        if (gv >= 0 && !strncmp(g->values[gv].name, "bwd.", 4))
-            snprintf(g->values[gv].name, sizeof g->values[gv].name, "grad.%.*s", ADT_NAME_LEN - 6, g->values[v].name);
+        if (gv >= 0 && gv != v && !strncmp(g->values[gv].name, "bwd.", 4)) {
+            char name[ADT_NAME_LEN];
+            snprintf(name, sizeof name, "grad.%.*s", ADT_NAME_LEN - 6, g->values[v].name);
+            memcpy(g->values[gv].name, name, sizeof name);
+        }
     }
     g->in_backward = 0;
     g->cur_fwd_node = -1;

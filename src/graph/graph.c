@@ -146,7 +146,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     memset(n, 0, sizeof *n);
     n->op = op;
     n->n_in = n_in;
-    memcpy(n->in, in, (size_t)n_in * sizeof *in);
+    if (n_in) memcpy(n->in, in, (size_t)n_in * sizeof *in);
     if (a) n->a = *a;
     n->layer_tag = g->cur_layer_tag;
     n->stage = g->cur_stage;
@@ -166,7 +166,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     for (int i = 0; i < n_in; i++) rg |= g->values[in[i]].requires_grad;
     for (int k = 0; k < n->n_out; k++) {
         char name[ADT_NAME_LEN];
-        snprintf(name, sizeof name, "%.*s:%d", ADT_NAME_LEN - 8, n->name, k);
+        snprintf(name, sizeof name, "%.*s:%d", ADT_NAME_LEN - 13, n->name, k);
         adt_role role = g->in_backward ? ADT_ROLE_GRAD : ADT_ROLE_ACT;
         int v = new_value(g, name, dts[k], shapes[k], role);
         n = &g->nodes[id]; /* values realloc does not move nodes, but keep it obvious */

@@ -1,0 +1,543 @@
+/*
+ * bench_core.c - the core engine's training-step benchmark, the adtrain side of
+ * bench/torch_peer.py.
+ *
+ *   build/bench/bench_core --model gpt-s|mlp|all --threads 1 --warmup 3 --steps 20
+ *                          [--gemm-reps 9] [--seed 0] [--profile]
+ *
+ * Builds the same two models as the PyTorch peer (same sizes, batch, initialisation scheme,
+ * optimizer and hyperparameters), feeds one batch of random data drawn once, and times whole
+ * training steps: adt_exec_set_lr_step followed by adt_exec_run (forward, loss, backward and
+ * the optimizer update). Prints one JSON line per model on stdout with the peer's fields
+ * (framework "adtrain").
+ *
+ * In the same process it then replays every GEMM the step performs - each matmul node's exact
+ * M, N, K and transposes, and the per-(batch, head) products of the fused attention ops at the
+ * full T x T size that the FLOP count assumes - through cblas_sgemm on private buffers. The
+ * replay's FLOP rate (median over --gemm-reps repetitions) gives a GEMM-bound floor for the
+ * step, matmul_flops_per_step / rate: the time the step would take if it did nothing but its
+ * matrix products, at the speed OpenBLAS reaches on those shapes on this machine right now.
+ * step_ms_median / floor then says how far the step is from being GEMM-bound.
+ *
+ * --profile turns on the executor's per-node timers and prints to stderr the top ops by time
+ * per step (aggregated by op name and phase), the phase totals, and the matmul nodes grouped
+ * by shape next to the replay rate of the same shape. Timer overhead is two clock reads per
+ * node (a few hundred nodes), well below the run-to-run noise, so the JSON line stays valid.
+ */
+#include <cJSON.h>
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/adtrain.h"
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+typedef struct opts {
+    const char *model; /* "gpt-s", "mlp" or "all" */
+    int threads, warmup, steps, gemm_reps, profile;
+    uint64_t seed;
+} opts;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: bench_core [--model gpt-s|mlp|all] [--threads N] [--warmup N] [--steps N]\n"
+               "                  [--gemm-reps N] [--seed N] [--profile]\n"
+               "  defaults: --model all --threads 1 --warmup 3 --steps 20 --gemm-reps 9 --seed 0\n");
+}
+
+static int parse_int(const char *flag, const char *s, int min, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > 1000000) {
+        fprintf(stderr, "bench_core: %s expects an integer >= %d, got '%s'\n", flag, min, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, opts *o) {
+    *o = (opts){.model = "all", .threads = 1, .warmup = 3, .steps = 20, .gemm_reps = 9};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--profile")) {
+            o->profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_core: %s needs a value\n", a);
+            usage(stderr);
+            return -1;
+        }
+        const char *v = argv[++i];
+        int rc = 0, seed = 0;
+        if (!strcmp(a, "--model")) {
+            if (strcmp(v, "gpt-s") && strcmp(v, "mlp") && strcmp(v, "all")) {
+                fprintf(stderr, "bench_core: --model expects gpt-s, mlp or all, got '%s'\n", v);
+                return -1;
+            }
+            o->model = v;
+        } else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &o->threads);
+        else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &o->warmup);
+        else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &o->steps);
+        else if (!strcmp(a, "--gemm-reps")) rc = parse_int(a, v, 1, &o->gemm_reps);
+        else if (!strcmp(a, "--seed")) {
+            rc = parse_int(a, v, 0, &seed);
+            o->seed = (uint64_t)seed;
+        } else {
+            fprintf(stderr, "bench_core: unknown option '%s'\n", a);
+            usage(stderr);
+            return -1;
+        }
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Linear interpolation between order statistics (numpy's default, as the peer computes it). */
+static double percentile(const double *sorted, int n, double q) {
+    double pos = (n - 1) * q / 100.0;
+    int lo = (int)floor(pos);
+    int hi = lo + 1 < n ? lo + 1 : n - 1;
+    return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return percentile(v, n, 50);
+}
+
+/* The peer prints times rounded to 4 decimals; so do we, so the lines read alike. */
+static double round4(double x) { return round(x * 1e4) / 1e4; }
+
+/* ---- models ------------------------------------------------------------------------------- */
+
+/* A model as the peer defines it, plus what the step needs fed. */
+typedef struct model_spec {
+    const char *name;
+    int batch;
+    float lr;
+    const char *optimizer; /* the peer's type(opt).__name__ */
+    double peer_flops;     /* the peer's matmul_flops_per_step formula, for the cross-check */
+} model_spec;
+
+enum { GPT_V = 65, GPT_T = 128, GPT_L = 4, GPT_C = 256, GPT_H = 4, GPT_B = 8 };
+static const int mlp_sizes[] = {784, 1024, 1024, 10};
+enum { MLP_B = 128, MLP_N = (int)(sizeof mlp_sizes / sizeof mlp_sizes[0]) };
+
+/* torch_peer.py gpt_matmul_flops: 3 * (L * (24 N C^2 + 4 B T^2 C) + 2 N C V), N = B T. */
+static double peer_gpt_flops(void) {
+    double B = GPT_B, T = GPT_T, C = GPT_C, V = GPT_V, N = B * T;
+    return 3.0 * (GPT_L * (24.0 * N * C * C + 4.0 * B * T * T * C) + 2.0 * N * C * V);
+}
+
+/* torch_peer.py mlp_matmul_flops: forward and weight gradient for every layer, the input
+ * gradient for every layer but the first (its input is data). */
+static double peer_mlp_flops(void) {
+    double f = 0;
+    for (int i = 0; i + 1 < MLP_N; i++) f += 2.0 * MLP_B * mlp_sizes[i] * mlp_sizes[i + 1] * (i > 0 ? 3 : 2);
+    return f;
+}
+
+/* Appends model, loss, backward pass and optimizer to g. */
+static int build_model(adt_graph *g, const char *name, model_spec *spec, adt_model_io *io) {
+    if (!strcmp(name, "gpt-s")) {
+        adt_gpt_cfg c = {.vocab_size = GPT_V, .n_ctx = GPT_T, .n_layer = GPT_L, .n_embd = GPT_C,
+                         .n_head = GPT_H, .dropout = 0.0f};
+        *spec = (model_spec){name, GPT_B, 3e-4f, "AdamW", peer_gpt_flops()};
+        adt_model_gpt(g, &c, GPT_B, io);
+        adt_graph_backward(g, io->loss);
+        /* torch.optim.AdamW(model.parameters(), ...) is one group: every parameter decays. */
+        adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
+        oc.decay_1d = 1;
+        adt_graph_optimizer(g, &oc);
+    } else {
+        adt_mlp_cfg c = {.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
+        for (int i = 0; i < MLP_N; i++) c.sizes[i] = mlp_sizes[i];
+        *spec = (model_spec){name, MLP_B, 0.01f, "SGD", peer_mlp_flops()};
+        adt_model_mlp(g, &c, MLP_B, io);
+        adt_graph_backward(g, io->loss);
+        adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.0f);
+        adt_graph_optimizer(g, &oc);
+    }
+    if (adt_graph_error(g)) {
+        fprintf(stderr, "bench_core: building %s: %s\n", name, adt_graph_error_message(g));
+        return -1;
+    }
+    return 0;
+}
+
+/* One batch of random data, drawn once and reused every step as the peer does. The GPT's
+ * targets are its inputs shifted by one position (idx[:, :-1], idx[:, 1:]). */
+static void feed_data(adt_exec *ex, const adt_graph *g, const adt_model_io *io, uint64_t seed) {
+    if (g->values[io->input].dtype == ADT_I32) {
+        uint64_t key = adt_rng_key(seed, "bench.gpt.idx");
+        int32_t *x = adt_exec_data(ex, io->input), *y = adt_exec_data(ex, io->label);
+        for (int b = 0; b < GPT_B; b++)
+            for (int t = 0; t < GPT_T; t++) {
+                uint64_t i = (uint64_t)b * (GPT_T + 1) + (uint64_t)t;
+                x[b * GPT_T + t] = (int32_t)(adt_rng_u32(key, i) % GPT_V);
+                y[b * GPT_T + t] = (int32_t)(adt_rng_u32(key, i + 1) % GPT_V);
+            }
+    } else {
+        uint64_t kx = adt_rng_key(seed, "bench.mlp.x"), ky = adt_rng_key(seed, "bench.mlp.y");
+        float *x = adt_exec_data(ex, io->input);
+        int32_t *y = adt_exec_data(ex, io->label);
+        int64_t nx = adt_value_numel(g, io->input), ny = adt_value_numel(g, io->label);
+        for (int64_t i = 0; i < nx; i++) x[i] = adt_rng_normal(kx, (uint64_t)i);
+        for (int64_t i = 0; i < ny; i++) y[i] = (int32_t)(adt_rng_u32(ky, (uint64_t)i) % (uint32_t)mlp_sizes[MLP_N - 1]);
+    }
+}
+
+/* ---- the step's GEMMs --------------------------------------------------------------------- */
+
+/* One GEMM shape of the step: C[M,N] = op(A) op(B) over K, performed `count` times per step. */
+typedef struct gemm_shape {
+    int64_t M, N, K;
+    int ta, tb;
+    int phase; /* 0 forward, 1 backward (for the profile's shape table) */
+    int64_t count;
+    double med_s; /* replay: median seconds for all `count` calls */
+} gemm_shape;
+
+typedef struct gemm_list {
+    gemm_shape *s;
+    int n, cap;
+} gemm_list;
+
+static void gemm_add(gemm_list *l, int64_t M, int64_t N, int64_t K, int ta, int tb, int phase,
+                     int64_t count) {
+    for (int i = 0; i < l->n; i++) {
+        gemm_shape *s = &l->s[i];
+        if (s->M == M && s->N == N && s->K == K && s->ta == ta && s->tb == tb && s->phase == phase) {
+            s->count += count;
+            return;
+        }
+    }
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->s = realloc(l->s, (size_t)l->cap * sizeof *l->s);
+        if (!l->s) abort();
+    }
+    l->s[l->n++] = (gemm_shape){M, N, K, ta, tb, phase, count, 0};
+}
+
+/* M, N, K, batch count of a matmul node, by the rule of op_math.c: non-batched operands are
+ * viewed as [prod(leading), last]. */
+static void matmul_node_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N,
+                             int64_t *K, int64_t *batch) {
+    const adt_shape *a = &g->values[n->in[0]].shape, *b = &g->values[n->in[1]].shape;
+    int ta = (int)n->a.i[0], tb = (int)n->a.i[1];
+    int64_t ar, ac, br, bc;
+    if (n->a.i[2]) {
+        *batch = adt_shape_prod(a, 0, a->ndim - 2);
+        ar = a->dim[a->ndim - 2], ac = a->dim[a->ndim - 1];
+        br = b->dim[b->ndim - 2], bc = b->dim[b->ndim - 1];
+    } else {
+        *batch = 1;
+        ar = adt_shape_prod(a, 0, a->ndim - 1), ac = a->dim[a->ndim - 1];
+        br = adt_shape_prod(b, 0, b->ndim - 1), bc = b->dim[b->ndim - 1];
+    }
+    *M = ta ? ac : ar;
+    *K = ta ? ar : ac;
+    *N = tb ? br : bc;
+}
+
+/* Collects every GEMM of the step. The fused attention ops become their per-(batch, head)
+ * products at the full T x T size, which is what their FLOP count (and the peer's) assumes;
+ * the kernel itself skips the masked blocks, so it does somewhat less work than that. Returns
+ * the FLOPs of the collected GEMMs, which should equal adt_graph_matmul_flops. */
+static double collect_gemms(const adt_graph *g, gemm_list *l) {
+    double flops = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        int phase = n->is_backward ? 1 : 0;
+        if (n->op == ADT_OP_MATMUL) {
+            int64_t M, N, K, batch;
+            matmul_node_dims(g, n, &M, &N, &K, &batch);
+            gemm_add(l, M, N, K, (int)n->a.i[0], (int)n->a.i[1], phase, batch);
+            flops += 2.0 * (double)(batch * M * N * K);
+        } else if (n->op == ADT_OP_ATTENTION || n->op == ADT_OP_ATTENTION_BWD) {
+            const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
+            int64_t B = q->dim[0], T = q->dim[1], C = q->dim[2] / 3, H = n->a.i[0], D = C / H;
+            int64_t bh = B * H;
+            gemm_add(l, T, T, D, 0, 1, phase, bh); /* q k^T, or dout v^T */
+            gemm_add(l, T, D, T, 0, 0, phase, bh); /* P v, or dS k        */
+            if (n->op == ADT_OP_ATTENTION_BWD) gemm_add(l, T, D, T, 1, 0, phase, 2 * bh); /* dS^T q, P^T dout */
+            flops += (n->op == ADT_OP_ATTENTION ? 4.0 : 8.0) * (double)(bh * T * T * D);
+        } else if (adt_op_get(n->op)->is_matmul) {
+            fprintf(stderr, "bench_core: note: GEMM op %s (node %s) is not replayed\n", adt_op_name(n->op), n->name);
+        }
+    }
+    return flops;
+}
+
+static void fill_small(float *p, int64_t n, uint64_t key) {
+    /* values of order 1: no denormals or overflow to slow the replay down */
+    for (int64_t i = 0; i < n; i++) p[i] = adt_rng_uniform(key, (uint64_t)i) - 0.5f;
+}
+
+/* Replays the list `reps` times (after one untimed pass that warms caches and OpenBLAS's
+ * buffers) and returns the median rate in GFLOP/s; each shape's median time lands in med_s. */
+static double replay_gemms(gemm_list *l, int reps) {
+    int64_t ma = 1, mb = 1, mc = 1;
+    for (int i = 0; i < l->n; i++) {
+        const gemm_shape *s = &l->s[i];
+        if (s->M * s->K > ma) ma = s->M * s->K;
+        if (s->K * s->N > mb) mb = s->K * s->N;
+        if (s->M * s->N > mc) mc = s->M * s->N;
+    }
+    float *A = adt_alloc_aligned((size_t)ma * sizeof(float));
+    float *B = adt_alloc_aligned((size_t)mb * sizeof(float));
+    float *Cm = adt_alloc_aligned((size_t)mc * sizeof(float));
+    fill_small(A, ma, 1);
+    fill_small(B, mb, 2);
+    double *per = calloc((size_t)(l->n * reps), sizeof *per); /* [shape][rep] seconds */
+    double *total = calloc((size_t)reps, sizeof *total);
+    double flops = 0;
+    if (!per || !total) abort();
+    for (int r = -1; r < reps; r++) {
+        for (int i = 0; i < l->n; i++) {
+            const gemm_shape *s = &l->s[i];
+            double t0 = adt_now_s();
+            for (int64_t c = 0; c < s->count; c++)
+                cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
+                            (blasint)s->M, (blasint)s->N, (blasint)s->K, 1.0f, A, (blasint)(s->ta ? s->M : s->K), B,
+                            (blasint)(s->tb ? s->K : s->N), 0.0f, Cm, (blasint)s->N);
+            double dt = adt_now_s() - t0;
+            if (r >= 0) {
+                per[i * reps + r] = dt;
+                total[r] += dt;
+            }
+        }
+    }
+    for (int i = 0; i < l->n; i++) {
+        gemm_shape *s = &l->s[i];
+        s->med_s = median_of(per + i * reps, reps);
+        flops += 2.0 * (double)(s->count * s->M * s->N * s->K);
+    }
+    double rate = flops / median_of(total, reps) / 1e9;
+    free(per);
+    free(total);
+    adt_free_aligned(A);
+    adt_free_aligned(B);
+    adt_free_aligned(Cm);
+    return rate;
+}
+
+/* ---- profile ------------------------------------------------------------------------------ */
+
+static const char *phase_name(const adt_node *n) {
+    return n->is_optimizer ? "optimizer" : n->is_backward ? "backward" : "forward";
+}
+
+typedef struct prof_row {
+    const char *op, *phase;
+    int nodes;
+    double s, flops;
+} prof_row;
+
+static int cmp_prof(const void *a, const void *b) {
+    double x = ((const prof_row *)a)->s, y = ((const prof_row *)b)->s;
+    return (x < y) - (x > y); /* descending */
+}
+
+/* `sec` holds each node's seconds over the timed steps only (warmup subtracted). */
+static void print_profile(const adt_graph *g, const model_spec *spec, const double *sec, int steps,
+                          double step_ms, const gemm_list *gl) {
+    prof_row *rows = calloc((size_t)g->n_nodes + 1, sizeof *rows);
+    if (!rows) abort();
+    int nr = 0;
+    double node_total = 0, phase_s[3] = {0, 0, 0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        const char *op = adt_op_name(n->op), *ph = phase_name(n);
+        int r = 0;
+        while (r < nr && (strcmp(rows[r].op, op) || strcmp(rows[r].phase, ph))) r++;
+        if (r == nr) rows[nr++] = (prof_row){op, ph, 0, 0, 0};
+        rows[r].nodes++;
+        rows[r].s += sec[i];
+        rows[r].flops += adt_node_flops(g, n);
+        node_total += sec[i];
+        phase_s[n->is_optimizer ? 2 : n->is_backward ? 1 : 0] += sec[i];
+    }
+    qsort(rows, (size_t)nr, sizeof *rows, cmp_prof);
+    double per = 1e3 / steps; /* seconds over all steps -> ms per step */
+    fprintf(stderr, "\n%s: time per step by op (%d timed steps; step median %.2f ms, sum of node times %.2f ms)\n",
+            spec->name, steps, step_ms, node_total * per);
+    fprintf(stderr, "  %-4s %-18s %-9s %5s %9s %6s %9s\n", "rank", "op", "phase", "nodes", "ms/step", "%step",
+            "GFLOP/s");
+    for (int r = 0; r < nr && r < 15; r++) {
+        double ms = rows[r].s * per;
+        double gf = rows[r].s > 0 ? rows[r].flops * steps / rows[r].s / 1e9 : 0;
+        fprintf(stderr, "  %-4d %-18s %-9s %5d %9.3f %5.1f%% %9.2f\n", r + 1, rows[r].op, rows[r].phase,
+                rows[r].nodes, ms, 100.0 * ms / step_ms, gf);
+    }
+    fprintf(stderr, "  phases: forward %.2f ms, backward %.2f ms, optimizer %.2f ms; outside nodes %.2f ms\n",
+            phase_s[0] * per, phase_s[1] * per, phase_s[2] * per, step_ms - node_total * per);
+
+    /* matmul nodes by shape, next to the rate the replay reached on the same shape: a node much
+     * slower than its replay points at layout or cache effects rather than at OpenBLAS */
+    fprintf(stderr, "  matmul nodes by shape (C[M,N] = op(A) op(B), K inner):\n");
+    fprintf(stderr, "    %-9s %6s %6s %6s %-2s %5s %9s %9s %9s\n", "phase", "M", "N", "K", "tr", "nodes", "ms/step",
+            "GFLOP/s", "replay");
+    for (int si = 0; si < gl->n; si++) {
+        const gemm_shape *s = &gl->s[si];
+        double t = 0;
+        int cnt = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const adt_node *n = &g->nodes[i];
+            if (n->op != ADT_OP_MATMUL || (n->is_backward ? 1 : 0) != s->phase) continue;
+            int64_t M, N, K, batch;
+            matmul_node_dims(g, n, &M, &N, &K, &batch);
+            if (M != s->M || N != s->N || K != s->K || n->a.i[0] != s->ta || n->a.i[1] != s->tb) continue;
+            t += sec[i];
+            cnt++;
+        }
+        if (!cnt) continue; /* attention-internal shapes have no matmul node of their own */
+        double fl = 2.0 * (double)(s->count * s->M * s->N * s->K);
+        fprintf(stderr, "    %-9s %6lld %6lld %6lld %c%c %5d %9.3f %9.2f %9.2f\n", s->phase ? "backward" : "forward",
+                (long long)s->M, (long long)s->N, (long long)s->K, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', cnt,
+                t * per, t > 0 ? fl * steps / t / 1e9 : 0, s->med_s > 0 ? fl / s->med_s / 1e9 : 0);
+    }
+    free(rows);
+}
+
+/* ---- one model ---------------------------------------------------------------------------- */
+
+static int bench_model(const char *name, const opts *o) {
+    adt_graph *g = adt_graph_create();
+    adt_model_io io;
+    model_spec spec;
+    adt_exec *ex = NULL;
+    gemm_list gl = {0};
+    double *times = NULL, *sec0 = NULL, *sec = NULL;
+    int rc = -1;
+    if (build_model(g, name, &spec, &io)) goto out;
+
+    adt_exec_opts eo = {.threads = o->threads, .seed = o->seed, .profile = o->profile};
+    if (adt_exec_create(&ex, g, &eo)) {
+        fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
+        goto out;
+    }
+    adt_exec_init_params(ex);
+    feed_data(ex, g, &io, o->seed);
+
+    times = calloc((size_t)o->steps, sizeof *times);
+    sec0 = calloc((size_t)g->n_nodes + 1, sizeof *sec0);
+    sec = calloc((size_t)g->n_nodes + 1, sizeof *sec);
+    if (!times || !sec0 || !sec) abort();
+    const float *loss = adt_exec_data(ex, io.loss);
+    float loss_first = NAN, loss_last = NAN;
+    for (int i = 0; i < o->warmup + o->steps; i++) {
+        if (i == o->warmup && o->profile) /* the timers run from creation: drop the warmup */
+            memcpy(sec0, adt_exec_node_seconds(ex), (size_t)g->n_nodes * sizeof *sec0);
+        double t0 = adt_now_s();
+        adt_exec_set_lr_step(ex, spec.lr, (int32_t)(i + 1));
+        if (adt_exec_run(ex)) {
+            fprintf(stderr, "bench_core: %s: step %d: %s\n", name, i + 1, adt_error_message());
+            goto out;
+        }
+        double ms = (adt_now_s() - t0) * 1e3;
+        if (i >= o->warmup) times[i - o->warmup] = ms;
+        if (i == 0) loss_first = *loss;
+        loss_last = *loss;
+    }
+    if (!isfinite(loss_first) || !isfinite(loss_last)) {
+        fprintf(stderr, "bench_core: %s: the loss is not finite (%g, then %g)\n", name, loss_first, loss_last);
+        goto out;
+    }
+    qsort(times, (size_t)o->steps, sizeof *times, cmp_double);
+    double med = percentile(times, o->steps, 50);
+
+    /* The FLOP count the step is judged by, checked against an independent tally (the GEMMs
+     * collected from the nodes) and against the peer's closed form. */
+    double mm_flops = adt_graph_matmul_flops(g);
+    double replay_flops = collect_gemms(g, &gl);
+    if (fabs(replay_flops - mm_flops) > 1e-9 * mm_flops)
+        fprintf(stderr, "bench_core: %s: note: replayed GEMMs hold %.0f FLOPs, adt_graph_matmul_flops %.0f\n", name,
+                replay_flops, mm_flops);
+    if (fabs(spec.peer_flops - mm_flops) > 1e-9 * mm_flops)
+        fprintf(stderr, "bench_core: %s: note: matmul FLOPs %.0f differ from the peer's formula %.0f\n", name,
+                mm_flops, spec.peer_flops);
+    if (o->threads > 0) openblas_set_num_threads(o->threads);
+    double gflops = replay_gemms(&gl, o->gemm_reps);
+    double floor_ms = mm_flops / (gflops * 1e9) * 1e3;
+
+    if (o->profile) {
+        const double *s = adt_exec_node_seconds(ex);
+        for (int i = 0; i < g->n_nodes; i++) sec[i] = s[i] - sec0[i];
+        print_profile(g, &spec, sec, o->steps, med, &gl);
+    }
+
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", name);
+    cJSON_AddStringToObject(j, "framework", "adtrain");
+    cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "batch", spec.batch);
+    cJSON_AddNumberToObject(j, "params", (double)adt_graph_param_count(g));
+    cJSON_AddNumberToObject(j, "step_ms_median", round4(med));
+    cJSON_AddNumberToObject(j, "step_ms_p10", round4(percentile(times, o->steps, 10)));
+    cJSON_AddNumberToObject(j, "step_ms_p90", round4(percentile(times, o->steps, 90)));
+    cJSON_AddNumberToObject(j, "step_ms_min", round4(times[0]));
+    cJSON_AddNumberToObject(j, "steps", o->steps);
+    cJSON_AddNumberToObject(j, "matmul_flops_per_step", mm_flops);
+    cJSON_AddNumberToObject(j, "warmup", o->warmup);
+    cJSON_AddStringToObject(j, "blas", "openblas");
+    cJSON_AddNumberToObject(j, "blas_threads", openblas_get_num_threads());
+    cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
+    cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
+    cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
+    cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
+    cJSON_AddNumberToObject(j, "gemm_floor_ms", round4(floor_ms));
+    cJSON_AddNumberToObject(j, "step_over_floor", round4(med / floor_ms));
+    cJSON_AddNumberToObject(j, "loss_first", loss_first);
+    cJSON_AddNumberToObject(j, "loss_last", loss_last);
+    cJSON_AddBoolToObject(j, "profiled", o->profile);
+    char *txt = cJSON_PrintUnformatted(j);
+    if (txt) {
+        printf("%s\n", txt);
+        fflush(stdout);
+    }
+    cJSON_free(txt);
+    cJSON_Delete(j);
+    rc = 0;
+out:
+    free(gl.s);
+    free(times);
+    free(sec0);
+    free(sec);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    if (parse_args(argc, argv, &o)) return 2;
+    /* The thread count is fixed before any BLAS call, as the peer does before any tensor work. */
+    openblas_set_num_threads(o.threads);
+    const char *all[] = {"gpt-s", "mlp"};
+    int first = 0, last = 1;
+    if (!strcmp(o.model, "gpt-s")) last = 0;
+    else if (!strcmp(o.model, "mlp")) first = 1;
+    for (int m = first; m <= last; m++)
+        if (bench_model(all[m], &o)) return 1;
+    return 0;
+}

@@ -1,0 +1,161 @@
+#!/bin/sh
+# run_core.sh - the core engine's training-step benchmark: adtrain (bench/bench_core.c) and
+# PyTorch (bench/torch_peer.py) side by side, in one invocation, on the same machine.
+#
+#   sh bench/run_core.sh [rounds]
+#
+# Builds bench_core, then runs ROUNDS rounds of: for each model, one adtrain run and one
+# PyTorch run (each WARMUP + STEPS whole training steps, median reported). The runs are
+# interleaved so that whatever else the machine is doing hits both frameworks alike, and the
+# order within a pair alternates from round to round (adtrain first in odd rounds, PyTorch
+# first in even ones) so that neither always runs in the other's wake. Every JSON line goes to
+# bench/results/core-<UTC date-time>.jsonl with a "round" field added, after one "meta" line
+# describing the machine; the summary table goes to stdout, progress to stderr.
+#
+# Environment (all optional):
+#   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp"  PYTHON=/usr/bin/python3
+#   OPENBLAS_CORETYPE  passed through to both frameworks (they load the same libopenblas):
+#                      see docs/BENCHMARKS.md for why it matters on CPUs newer than the library.
+set -eu
+
+cd "$(dirname "$0")/.."
+
+ROUNDS=${1:-${ROUNDS:-3}}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-3}
+THREADS=${THREADS:-1}
+MODELS=${MODELS:-gpt-s mlp}
+# Debian's torch is installed for the system interpreter, not for a virtual environment.
+PYTHON=${PYTHON:-/usr/bin/python3}
+BIN=build/bench/bench_core
+
+# Counted before OMP_NUM_THREADS is set: nproc honours it.
+NCPU=$(nproc 2>/dev/null || echo '?')
+
+# Both frameworks' BLAS and OpenMP pools at the thread count under test. The programs also set
+# it themselves; the environment makes sure no pool starts wider before they get to.
+OPENBLAS_NUM_THREADS=$THREADS
+OMP_NUM_THREADS=$THREADS
+export OPENBLAS_NUM_THREADS OMP_NUM_THREADS
+
+# Only the benchmark binary is built: it needs libadtrain.a and nothing else of `make bench`,
+# so a half-edited CLI elsewhere in the tree cannot stop a measurement.
+${MAKE:-make} --no-print-directory "$BIN" >&2
+
+mkdir -p bench/results
+[ -f bench/results/.gitignore ] || printf '*\n!.gitignore\n' > bench/results/.gitignore
+OUT=bench/results/core-$(date -u +%Y%m%d-%H%M%S).jsonl
+TMP=$(mktemp)
+trap 'rm -f "$TMP"' EXIT INT TERM
+
+# One line about the machine, for the record.
+CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
+OBLAS=$(dpkg-query -W -f '${Version}' libopenblas0-pthread 2>/dev/null || echo unknown)
+TORCHPKG=$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)
+LOAD=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo unknown)
+"$PYTHON" - "$CPU" "$NCPU" "$OBLAS" "$LOAD" "$TORCHPKG" "${OPENBLAS_CORETYPE-}" "$ROUNDS" "$STEPS" "$WARMUP" "$THREADS" > "$OUT" <<'EOF'
+import datetime, json, sys
+a = sys.argv[1:]
+print(json.dumps({"meta": {
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "cpu": a[0], "cpus": a[1], "openblas_package": a[2], "loadavg_at_start": a[3],
+    "torch_package": a[4], "openblas_coretype_env": a[5] or None, "rounds": int(a[6]),
+    "steps": int(a[7]), "warmup": int(a[8]), "threads": int(a[9])}}))
+EOF
+
+# run ROUND FRAMEWORK MODEL: one run, its JSON line tagged with the round and appended.
+run() {
+    if [ "$2" = adtrain ]; then
+        "$BIN" --model "$3" --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" > "$TMP"
+    else
+        "$PYTHON" bench/torch_peer.py --model "$3" --threads "$THREADS" --warmup "$WARMUP" \
+            --steps "$STEPS" > "$TMP"
+    fi
+    sed -n "s/^{/{\"round\": $1, /p" "$TMP" >> "$OUT"
+    printf 'round %s/%s  %-7s %-5s  median %s ms\n' "$1" "$ROUNDS" "$2" "$3" \
+        "$(sed -n 's/.*"step_ms_median": *\([0-9.]*\).*/\1/p' "$TMP")" >&2
+}
+
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+    for m in $MODELS; do
+        if [ $((r % 2)) -eq 1 ]; then
+            run "$r" adtrain "$m"
+            run "$r" pytorch "$m"
+        else
+            run "$r" pytorch "$m"
+            run "$r" adtrain "$m"
+        fi
+    done
+    r=$((r + 1))
+done
+
+echo "raw results: $OUT" >&2
+
+"$PYTHON" - "$OUT" <<'EOF'
+"""Summary of one run_core.sh results file: per model and framework, the median of the
+per-round medians and their spread, the ratio adtrain/pytorch (of those medians, and per round),
+the in-process sgemm rate and the GEMM-bound floor."""
+import json, statistics, sys
+
+path = sys.argv[1]
+meta, rows = {}, []
+with open(path) as f:
+    for line in f:
+        d = json.loads(line)
+        if "meta" in d:
+            meta = d["meta"]
+        else:
+            rows.append(d)
+
+TARGET = {"gpt-s": 0.7, "mlp": 0.8}  # adtrain step time / PyTorch step time at 1 thread
+
+
+def pick(model, fw):
+    return sorted((r for r in rows if r["model"] == model and r["framework"] == fw),
+                  key=lambda r: r["round"])
+
+
+models = [m for m in ("gpt-s", "mlp") if any(r["model"] == m for r in rows)]
+torch_v = next((r.get("torch_version") for r in rows if r["framework"] == "pytorch"), "?")
+blas_cfg = next((r.get("blas_config") for r in rows if r["framework"] == "adtrain"), "?")
+print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)  "
+      f"load at start {meta.get('loadavg_at_start')}")
+print(f"OpenBLAS package {meta.get('openblas_package')}: {blas_cfg}  "
+      f"OPENBLAS_CORETYPE={meta.get('openblas_coretype_env') or '(unset)'}")
+print(f"PyTorch {torch_v} (package {meta.get('torch_package')}); threads {meta.get('threads')}; {meta.get('rounds')} rounds x "
+      f"({meta.get('warmup')} warmup + {meta.get('steps')} timed steps) per run")
+if "Prescott" in blas_cfg:
+    print("note: OpenBLAS fell back to its generic Prescott (SSE3) kernels: it does not know this "
+          "CPU model; OPENBLAS_CORETYPE selects a core by name (docs/BENCHMARKS.md)")
+print()
+print("| model | adtrain ms | (spread) | pytorch ms | (spread) | adtrain/pytorch | (per round) "
+      "| target | sgemm GFLOP/s | floor ms | adtrain/floor | pytorch/floor |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for m in models:
+    a, t = pick(m, "adtrain"), pick(m, "pytorch")
+    if not a or not t:
+        continue
+    am = [r["step_ms_median"] for r in a]
+    tm = [r["step_ms_median"] for r in t]
+    a_med, t_med = statistics.median(am), statistics.median(tm)
+    ratio = a_med / t_med
+    by_round = {r["round"]: r["step_ms_median"] for r in t}
+    paired = [r["step_ms_median"] / by_round[r["round"]] for r in a if r["round"] in by_round]
+    gflops = statistics.median(r["sgemm_gflops"] for r in a)
+    flops = a[0]["matmul_flops_per_step"]
+    floor = flops / (gflops * 1e9) * 1e3
+    met = "met" if ratio <= TARGET[m] else "not met"
+    print(f"| {m} | {a_med:.2f} | {min(am):.2f}..{max(am):.2f} | {t_med:.2f} | "
+          f"{min(tm):.2f}..{max(tm):.2f} | {ratio:.3f} | {min(paired):.3f}..{max(paired):.3f} | "
+          f"<= {TARGET[m]:.2f} {met} | {gflops:.1f} | {floor:.2f} | {a_med / floor:.2f} | "
+          f"{t_med / floor:.2f} |")
+    if t[0]["matmul_flops_per_step"] != flops:
+        print(f"  note: {m}: matmul FLOPs per step differ: adtrain {flops}, "
+              f"pytorch {t[0]['matmul_flops_per_step']}")
+print()
+print("ms: median over rounds of each run's median step time; spread: min..max of those "
+      "round medians;")
+print("sgemm: adtrain's in-process replay of the step's GEMM shapes (median over rounds); "
+      "floor = matmul FLOPs per step / sgemm rate.")
+EOF

@@ -1,0 +1,203 @@
+/*
+ * test_cli_train.c - `adtrain train` and `adtrain graph` end to end, through the binary: a short
+ * run on synthetic text must lower the logged loss clearly, an MLP run on synthetic:mlp too, and
+ * every bad flag, config or dataset must exit 2 with a message naming the flag.
+ *
+ * The binary is $ADT_BIN, else $BUILD/adtrain (the Makefile's test target sets BUILD), else
+ * build/adtrain; tests run from the repository root.
+ */
+#include "check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char g_tmpdir[256];
+static char g_bin[512];
+
+static const char *tmp_path(const char *leaf) {
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/%s", g_tmpdir, leaf);
+    return p;
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) return -1;
+    fputs(text, fp);
+    return fclose(fp);
+}
+
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* Runs `adtrain <args>` with stdout and stderr captured into out; returns the exit status, or
+ * -1 if it did not exit normally. */
+static int run_adtrain(const char *args, char *out, size_t n) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", g_bin, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t k = 0, got;
+    while (k + 1 < n && (got = fread(out + k, 1, n - 1 - k, p)) > 0) k += got;
+    out[k] = 0;
+    char sink[4096]; /* drain what did not fit so the child never blocks on a full pipe */
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Reads the "loss" of every step line of a JSONL log (eval lines have val_loss instead). */
+static int read_losses(const char *path, double *loss, int cap, int *n_eval) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    *n_eval = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *l = strstr(line, "\"loss\":");
+        if (strstr(line, "\"val_loss\":")) (*n_eval)++;
+        else if (l && n < cap) loss[n++] = atof(l + 7);
+    }
+    fclose(f);
+    return n;
+}
+
+static double mean(const double *x, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    return s / n;
+}
+
+static void test_binary_exists(void) {
+    CHECK(access(g_bin, X_OK) == 0, "%s is not an executable (build it with make, or set ADT_BIN)", g_bin);
+}
+
+static void test_train_synthetic_text(void) {
+    const char *cfg = tmp_path("tiny.json"), *log = tmp_path("text.jsonl");
+    write_text(cfg, "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":32,\"n_layer\":1,\"n_embd\":32,\"n_head\":4}\n");
+    char args[1024], out[16384];
+    snprintf(args, sizeof args,
+             "train --model '%s' --data synthetic:text --steps 30 --batch 16 --lr 3e-3 --eval-every 15 "
+             "--eval-batches 2 --log '%s'",
+             cfg, log);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "exit %d; output:\n%s", rc, out);
+    double loss[64];
+    int n_eval, n = read_losses(log, loss, 64, &n_eval);
+    CHECK(n == 30, "%d step lines in %s", n, log);
+    CHECK(n_eval == 2, "%d eval lines (expected steps 15 and 30)", n_eval);
+    if (n < 30) return;
+    double first = mean(loss, 3), last = mean(loss + n - 3, 3);
+    CHECK(fabs(loss[0] - 4.1744) < 0.3, "initial loss %.3f, expected about ln 65 = 4.17", loss[0]);
+    CHECK(last < first - 0.5, "loss went from %.3f to %.3f, expected a clear drop", first, last);
+    CHECK(contains(out, "step 30/30") && contains(out, "val_loss"), "progress lines:\n%s", out);
+    unlink(log);
+}
+
+static void test_train_synthetic_mlp(void) {
+    const char *cfg = tmp_path("mlp.json"), *log = tmp_path("mlp.jsonl");
+    write_text(cfg, "{\"type\":\"mlp\",\"sizes\":[16,32,4],\"activation\":\"relu\"}\n");
+    char args[1024], out[16384];
+    snprintf(args, sizeof args,
+             "train --model '%s' --data synthetic:mlp --steps 60 --batch 32 --optimizer sgd --lr 0.5 --log '%s'", cfg,
+             log);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "exit %d; output:\n%s", rc, out);
+    double loss[64];
+    int n_eval, n = read_losses(log, loss, 64, &n_eval);
+    CHECK(n == 60, "%d step lines", n);
+    if (n == 60) CHECK(mean(loss + 50, 10) < mean(loss, 10) - 0.3, "mlp loss %.3f -> %.3f", mean(loss, 10), mean(loss + 50, 10));
+    unlink(log);
+}
+
+/* Each bad invocation exits 2 and its message names what is wrong. */
+static void test_bad_flags(void) {
+    const char *cfg = tmp_path("tiny.json"), *v50 = tmp_path("v50.json");
+    write_text(v50, "{\"type\":\"gpt\",\"vocab_size\":50,\"n_ctx\":32,\"n_layer\":1,\"n_embd\":32,\"n_head\":4}\n");
+    char a[24][600];
+    const char *frag[24];
+    int n = 0;
+#define BAD(f, ...) (snprintf(a[n], sizeof a[n], __VA_ARGS__), frag[n++] = (f))
+    BAD("--steps", "train --steps abc");
+    BAD("--steps", "train --steps 0");
+    BAD("--steps", "train --steps");
+    BAD("--batch", "train --batch -4");
+    BAD("--bogus", "train --bogus 3");
+    BAD("stray", "train stray");
+    BAD("--optimizer", "train --optimizer rmsprop");
+    BAD("--schedule", "train --schedule linear");
+    BAD("--shuffle", "train --shuffle maybe");
+    BAD("--lr", "train --lr -1");
+    BAD("--lr", "train --lr=nan");
+    BAD("--momentum", "train --momentum 0.9");
+    BAD("--warmup", "train --warmup 500 --steps 100");
+    BAD("--seed", "train --seed -1");
+    BAD("--threads", "train --threads 0");
+    BAD("--model", "train --model '%s'", tmp_path("no-such.json"));
+    BAD("--data", "train --data csv:foo");
+    BAD("--data", "train --model '%s' --data text:'%s'", cfg, tmp_path("no-such.txt"));
+    BAD("--data", "train --model '%s' --data synthetic:mlp", cfg);
+    BAD("vocab_size 50", "train --model '%s' --data synthetic:text", v50);
+    BAD("--log", "train --model '%s' --data synthetic:text --log '%s/no/such/dir/x.jsonl'", cfg, g_tmpdir);
+    BAD("--format", "graph --format svg");
+#undef BAD
+    for (int i = 0; i < n; i++) {
+        char out[8192];
+        int rc = run_adtrain(a[i], out, sizeof out);
+        CHECK(rc == 2, "'%s' exited %d, expected 2; output:\n%s", a[i], rc, out);
+        CHECK(contains(out, frag[i]), "'%s': '%s' not in:\n%s", a[i], frag[i], out);
+    }
+    char out[8192];
+    int rc = run_adtrain("train --model '/dev/null' --steps 1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--model") && contains(out, "/dev/null"), "%d %s", rc, out);
+    rc = run_adtrain("train --model configs/gpt-tiny.json --data synthetic:text --steps 1 --batch 4 --eval-every 1 "
+                     "--val text:configs/gpt-tiny.json",
+                     out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--val") && contains(out, "not in the training vocabulary"), "%d %s", rc, out);
+    unlink(v50);
+}
+
+static void test_help_and_graph(void) {
+    char out[16384];
+    int rc = run_adtrain("train --help", out, sizeof out);
+    CHECK(rc == 0 && contains(out, "--steps") && contains(out, "--eval-every") && contains(out, "synthetic:text"),
+          "%d %s", rc, out);
+    const char *dump = tmp_path("g.json");
+    char args[1024];
+    snprintf(args, sizeof args, "graph --model configs/gpt-tiny.json --batch 2 -o '%s'", dump);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && contains(out, "parameters") && contains(out, "FLOPs/step") && contains(out, "peak"), "%d %s", rc,
+          out);
+    FILE *f = fopen(dump, "r");
+    CHECK(f != NULL, "no %s", dump);
+    if (f) {
+        CHECK(fgetc(f) == '{', "JSON dump");
+        fclose(f);
+    }
+    unlink(dump);
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR"), *bin = getenv("ADT_BIN"), *build = getenv("BUILD");
+    if (bin && *bin) snprintf(g_bin, sizeof g_bin, "%s", bin);
+    else snprintf(g_bin, sizeof g_bin, "%s/adtrain", build && *build ? build : "build");
+    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/adt_test_cli_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(g_tmpdir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    RUN(test_binary_exists);
+    RUN(test_train_synthetic_text);
+    RUN(test_train_synthetic_mlp);
+    RUN(test_bad_flags);
+    RUN(test_help_and_graph);
+    unlink(tmp_path("tiny.json"));
+    unlink(tmp_path("mlp.json"));
+    rmdir(g_tmpdir);
+    return check_finish();
+}

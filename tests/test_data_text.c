@@ -1,0 +1,421 @@
+/*
+ * test_data_text.c - the character-level text dataset (vocabulary, windows, shifted targets,
+ * validation vocabulary, bad files), the seeded sample order, the synthetic text, and the JSON
+ * model-config parser (good configs, and one clear error naming the field for each bad input).
+ */
+#include "adtrain/base.h"
+#include "adtrain/data.h"
+#include "adtrain/models.h"
+
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char g_tmpdir[256];
+
+static const char *tmp_path(const char *leaf) {
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 512, "%s/%s", g_tmpdir, leaf);
+    return p;
+}
+
+static int write_bytes(const char *path, const void *buf, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return -1;
+    size_t w = fwrite(buf, 1, n, fp);
+    return fclose(fp) == 0 && w == n ? 0 : -1;
+}
+
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* ==== text dataset ========================================================================== */
+
+static void test_vocab_sorted_complete(void) {
+    const char *text = "hello world\nzebra!";
+    const char *path = tmp_path("vocab.txt");
+    CHECK(write_bytes(path, text, strlen(text)) == 0, "write %s", path);
+    adt_text_dataset *ds = NULL;
+    CHECK(adt_text_dataset_open(&ds, path, NULL) == ADT_OK, "%s", adt_error_message());
+    if (!ds) return;
+    const adt_text_vocab *v = adt_text_dataset_vocab(ds);
+    const char *expect = "\n !abdehlorwz"; /* sorted distinct bytes */
+    CHECK(v->size == (int)strlen(expect), "vocab size %d", v->size);
+    for (int i = 0; i < v->size && expect[i]; i++) CHECK(v->byte[i] == (uint8_t)expect[i], "byte[%d] = %d", i, v->byte[i]);
+    for (int b = 0; b < 256; b++) {
+        int present = strchr(text, b) != NULL && b != 0;
+        CHECK((v->id[b] >= 0) == present, "byte %d present=%d id=%d", b, present, v->id[b]);
+        if (v->id[b] >= 0) CHECK(v->byte[v->id[b]] == b, "round trip of byte %d", b);
+    }
+    CHECK(adt_text_dataset_tokens(ds) == (int64_t)strlen(text), "tokens %lld", (long long)adt_text_dataset_tokens(ds));
+    adt_text_dataset_free(ds);
+}
+
+/* Windows of T+1 tokens at i*T, targets shifted by one, (n-1)/T samples. */
+static void test_sample_windows(void) {
+    enum { N = 1001, T = 8 };
+    uint8_t text[N];
+    for (int i = 0; i < N; i++) text[i] = (uint8_t)('a' + (i * 7 + i / 13) % 26);
+    adt_text_dataset *ds = NULL;
+    CHECK(adt_text_dataset_from_bytes(&ds, text, N, NULL, "mem") == ADT_OK, "%s", adt_error_message());
+    if (!ds) return;
+    const adt_text_vocab *v = adt_text_dataset_vocab(ds);
+    int64_t ns = adt_text_dataset_samples(ds, T);
+    CHECK(ns == (N - 1) / T, "samples %lld", (long long)ns);
+    int64_t ids_in[3] = {0, 17, ns - 1};
+    int32_t ids[3 * T], tg[3 * T];
+    CHECK(adt_text_dataset_fill(ds, ids_in, 3, T, ids, tg) == ADT_OK, "%s", adt_error_message());
+    for (int k = 0; k < 3; k++)
+        for (int t = 0; t < T; t++) {
+            int64_t pos = ids_in[k] * T + t;
+            CHECK(ids[k * T + t] == v->id[text[pos]], "sample %lld t %d input", (long long)ids_in[k], t);
+            CHECK(tg[k * T + t] == v->id[text[pos + 1]], "sample %lld t %d target", (long long)ids_in[k], t);
+            if (t + 1 < T) CHECK(tg[k * T + t] == ids[k * T + t + 1], "target is the next input");
+        }
+    /* the last window ends exactly on the last token */
+    CHECK((ns - 1) * T + T == N - 1, "last target is the last token");
+    int64_t bad = ns;
+    CHECK(adt_text_dataset_fill(ds, &bad, 1, T, ids, tg) == ADT_ERR_ARG && contains(adt_error_message(), "out of range"),
+          "%s", adt_error_message());
+    adt_text_dataset_free(ds);
+
+    /* n = k*T tokens: the k-th window would need one more token */
+    CHECK(adt_text_dataset_from_bytes(&ds, text, 4 * T, NULL, "mem") == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_text_dataset_samples(ds, T) == 3, "%lld", (long long)adt_text_dataset_samples(ds, T));
+    adt_text_dataset_free(ds);
+    CHECK(adt_text_dataset_from_bytes(&ds, text, 4 * T + 1, NULL, "mem") == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_text_dataset_samples(ds, T) == 4, "%lld", (long long)adt_text_dataset_samples(ds, T));
+    adt_text_dataset_free(ds);
+}
+
+static void test_val_vocabulary(void) {
+    const char *train = "abcabc ab\n", *val_ok = "cab ba\n", *val_bad = "cab\nbaz!";
+    const char *pt = tmp_path("train.txt"), *pv = tmp_path("val_ok.txt"), *pb = tmp_path("val_bad.txt");
+    write_bytes(pt, train, strlen(train));
+    write_bytes(pv, val_ok, strlen(val_ok));
+    write_bytes(pb, val_bad, strlen(val_bad));
+    adt_text_dataset *tr = NULL, *va = NULL;
+    CHECK(adt_text_dataset_open(&tr, pt, NULL) == ADT_OK, "%s", adt_error_message());
+    if (!tr) return;
+    const adt_text_vocab *v = adt_text_dataset_vocab(tr);
+    CHECK(adt_text_dataset_open(&va, pv, v) == ADT_OK, "%s", adt_error_message());
+    if (va) {
+        /* the validation set uses the training ids, not its own */
+        CHECK(adt_text_dataset_vocab(va)->size == v->size, "val vocab is the training one");
+        int64_t s0 = 0;
+        int32_t ids[3], tg[3];
+        adt_text_dataset_fill(va, &s0, 1, 3, ids, tg);
+        CHECK(ids[0] == v->id['c'] && ids[1] == v->id['a'] && ids[2] == v->id['b'], "ids %d %d %d", ids[0], ids[1], ids[2]);
+    }
+    adt_text_dataset_free(va);
+    va = NULL;
+    int rc = adt_text_dataset_open(&va, pb, v);
+    const char *m = adt_error_message();
+    CHECK(rc == ADT_ERR_FORMAT && va == NULL, "rc %d", rc);
+    CHECK(contains(m, pb) && contains(m, "0x7a") && contains(m, "'z'") && contains(m, "offset 6") &&
+              contains(m, "vocabulary"),
+          "%s", m);
+    adt_text_dataset_free(tr);
+}
+
+static void test_bad_files(void) {
+    adt_text_dataset *ds = NULL;
+    const char *empty = tmp_path("empty.txt");
+    write_bytes(empty, "", 0);
+    int rc = adt_text_dataset_open(&ds, empty, NULL);
+    CHECK(rc == ADT_ERR_FORMAT && !ds && contains(adt_error_message(), empty) && contains(adt_error_message(), "empty"),
+          "%d %s", rc, adt_error_message());
+
+    const char *missing = tmp_path("no-such-file.txt");
+    rc = adt_text_dataset_open(&ds, missing, NULL);
+    CHECK(rc == ADT_ERR_IO && !ds && contains(adt_error_message(), missing) &&
+              contains(adt_error_message(), "No such file"),
+          "%d %s", rc, adt_error_message());
+
+    rc = adt_text_dataset_open(&ds, g_tmpdir, NULL);
+    CHECK(rc == ADT_ERR_IO && !ds && contains(adt_error_message(), "directory"), "%d %s", rc, adt_error_message());
+
+    const char *shortf = tmp_path("short.txt");
+    write_bytes(shortf, "to be", 5);
+    CHECK(adt_text_dataset_open(&ds, shortf, NULL) == ADT_OK, "%s", adt_error_message());
+    if (!ds) return;
+    CHECK(adt_text_dataset_check_window(ds, 4) == ADT_OK, "5 tokens hold one window of 4+1");
+    rc = adt_text_dataset_check_window(ds, 8);
+    CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), shortf) &&
+              contains(adt_error_message(), "shorter than one window") && contains(adt_error_message(), "9"),
+          "%d %s", rc, adt_error_message());
+    CHECK(adt_text_dataset_samples(ds, 8) == 0, "no samples");
+    adt_text_dataset_free(ds);
+}
+
+/* ==== sample order ========================================================================== */
+
+static int is_permutation(const int64_t *p, int64_t n) {
+    char *seen = calloc((size_t)n + 1, 1);
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (p[i] < 0 || p[i] >= n || seen[p[i]]) ok = 0;
+        else seen[p[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_permutation(void) {
+    enum { N = 1000 };
+    static int64_t a[N], b[N], c[N], d[N];
+    adt_sample_permutation(a, N, 1337, 0);
+    adt_sample_permutation(b, N, 1337, 0);
+    adt_sample_permutation(c, N, 1337, 1);
+    adt_sample_permutation(d, N, 1338, 0);
+    CHECK(is_permutation(a, N) && is_permutation(c, N) && is_permutation(d, N), "permutations");
+    CHECK(!memcmp(a, b, sizeof a), "same seed and epoch, same order");
+    CHECK(memcmp(a, c, sizeof a), "another epoch, another order");
+    CHECK(memcmp(a, d, sizeof a), "another seed, another order");
+    int fixed = 0;
+    for (int i = 0; i < N; i++) fixed += a[i] == i;
+    CHECK(fixed < 20, "%d fixed points: not shuffled", fixed);
+    /* a shorter permutation is not a prefix of a longer one's: n is part of the draw, which is
+     * fine; but n = 0 and n = 1 must work */
+    adt_sample_permutation(a, 1, 5, 3);
+    CHECK(a[0] == 0, "n = 1");
+    adt_sample_permutation(a, 0, 5, 3);
+}
+
+/* The order depends on (seed, epoch) only: not on the batch size, nor on which steps were asked
+ * for before (a resumed or re-sharded run sees the same samples). */
+static void test_sampler(void) {
+    enum { N = 120 };
+    int64_t perm0[N], perm1[N];
+    adt_sample_permutation(perm0, N, 7, 0);
+    adt_sample_permutation(perm1, N, 7, 1);
+    int batches[] = {1, 4, 10, 40};
+    for (int bi = 0; bi < 4; bi++) {
+        int B = batches[bi];
+        adt_sampler s;
+        CHECK(adt_sampler_init(&s, N, B, 1, 7) == ADT_OK, "%s", adt_error_message());
+        int64_t spe = adt_sampler_steps_per_epoch(&s), ids[40];
+        CHECK(spe == N / B, "steps per epoch %lld", (long long)spe);
+        /* random access: epoch 1 first, then epoch 0 */
+        for (int64_t k = 2 * spe - 1; k >= 0; k--) {
+            adt_sampler_batch(&s, k, ids);
+            const int64_t *want = k < spe ? perm0 : perm1;
+            for (int j = 0; j < B; j++) CHECK(ids[j] == want[(k % spe) * B + j], "B %d step %lld j %d", B, (long long)k, j);
+        }
+        adt_sampler_free(&s);
+    }
+    adt_sampler s;
+    int64_t ids[7];
+    CHECK(adt_sampler_init(&s, 20, 7, 0, 7) == ADT_OK, "%s", adt_error_message());
+    adt_sampler_batch(&s, 0, ids);
+    CHECK(ids[0] == 0 && ids[6] == 6, "sequential");
+    adt_sampler_batch(&s, 1, ids);
+    CHECK(ids[0] == 7 && ids[6] == 13, "sequential step 1");
+    adt_sampler_batch(&s, 2, ids); /* 20 / 7 = 2 steps per epoch: the partial batch is dropped */
+    CHECK(ids[0] == 0, "next epoch starts over");
+    adt_sampler_free(&s);
+    int rc = adt_sampler_init(&s, 5, 8, 1, 1);
+    CHECK(rc == ADT_ERR_ARG && contains(adt_error_message(), "5 samples") && contains(adt_error_message(), "8"), "%s",
+          adt_error_message());
+    adt_sampler_free(&s);
+}
+
+/* ==== synthetic text ======================================================================== */
+
+static void test_synthetic_text(void) {
+    enum { N = 200000 };
+    adt_text_dataset *a = NULL, *b = NULL, *c = NULL;
+    CHECK(adt_text_dataset_synthetic(&a, N, 0) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_text_dataset_synthetic(&b, N, 0) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_text_dataset_synthetic(&c, N, 1) == ADT_OK, "%s", adt_error_message());
+    if (!a || !b || !c) return;
+    CHECK(adt_text_dataset_tokens(a) == N, "tokens");
+    CHECK(adt_text_dataset_vocab(a)->size == 65, "the Tiny Shakespeare alphabet: %d", adt_text_dataset_vocab(a)->size);
+    enum { T = 1000 };
+    static int32_t xa[T], ya[T], xb[T], yb[T], xc[T], yc[T];
+    int64_t s = 50;
+    adt_text_dataset_fill(a, &s, 1, T, xa, ya);
+    adt_text_dataset_fill(b, &s, 1, T, xb, yb);
+    adt_text_dataset_fill(c, &s, 1, T, xc, yc);
+    CHECK(!memcmp(xa, xb, sizeof xa), "deterministic");
+    CHECK(memcmp(xa, xc, sizeof xa), "streams differ");
+    /* learnable: the next symbol given the previous two has little entropy */
+    int64_t ns = adt_text_dataset_samples(a, T);
+    static int32_t counts[65][65][65];
+    static int32_t ctx[65][65];
+    for (int64_t k = 0; k < ns; k++) {
+        adt_text_dataset_fill(a, &k, 1, T, xa, ya);
+        for (int t = 1; t < T; t++) counts[xa[t - 1]][xa[t]][ya[t]]++, ctx[xa[t - 1]][xa[t]]++;
+    }
+    double h = 0, total = 0;
+    for (int i = 0; i < 65; i++)
+        for (int j = 0; j < 65; j++)
+            for (int k = 0; k < 65; k++)
+                if (counts[i][j][k]) h -= counts[i][j][k] * log2((double)counts[i][j][k] / ctx[i][j]), total += counts[i][j][k];
+    h /= total;
+    CHECK(h < 1.5, "order-2 conditional entropy %.3f bits, expected well below log2(65) = 6.0", h);
+    adt_text_dataset_free(a);
+    adt_text_dataset_free(b);
+    adt_text_dataset_free(c);
+}
+
+/* ==== model configs ========================================================================= */
+
+static void test_cfg_shipped(void) {
+    adt_model_cfg c, d;
+    CHECK(adt_model_cfg_load(&c, "configs/gpt-tiny.json") == ADT_OK, "%s", adt_error_message());
+    adt_model_cfg_default(&d);
+    CHECK(c.type == ADT_MODEL_GPT && !memcmp(&c.gpt, &d.gpt, sizeof c.gpt), "gpt-tiny.json is the built-in default");
+    CHECK(adt_model_cfg_load(&c, "configs/gpt-s.json") == ADT_OK, "%s", adt_error_message());
+    CHECK(c.type == ADT_MODEL_GPT && c.gpt.vocab_size == 65 && c.gpt.n_ctx == 128 && c.gpt.n_layer == 4 &&
+              c.gpt.n_embd == 256 && c.gpt.n_head == 4 && c.gpt.dropout == 0.0f,
+          "gpt-s");
+    CHECK(adt_model_cfg_load(&c, "configs/mlp-mnist.json") == ADT_OK, "%s", adt_error_message());
+    CHECK(c.type == ADT_MODEL_MLP && c.mlp.n_sizes == 4 && c.mlp.sizes[0] == 784 && c.mlp.sizes[1] == 1024 &&
+              c.mlp.sizes[2] == 1024 && c.mlp.sizes[3] == 10 && c.mlp.activation == ADT_ACT_RELU,
+          "mlp-mnist");
+}
+
+static void test_cfg_good_and_build(void) {
+    adt_model_cfg c;
+    const char *gpt = "{\n  \"type\": \"gpt\", \"vocab_size\": 50, \"n_ctx\": 16, \"n_layer\": 2,\n"
+                      "  \"n_embd\": 24, \"n_head\": 3, \"dropout\": 0.1\n}\n";
+    CHECK(adt_model_cfg_parse(&c, gpt, "g.json") == ADT_OK, "%s", adt_error_message());
+    CHECK(c.gpt.vocab_size == 50 && c.gpt.n_head == 3 && fabsf(c.gpt.dropout - 0.1f) < 1e-7f, "gpt fields");
+    adt_graph *g = adt_graph_create();
+    adt_model_io io;
+    CHECK(adt_model_build(g, &c, 4, &io) == ADT_OK, "%s", adt_error_message());
+    /* wte + wpe + per layer (2 LN + attn + proj + fc + proj) + ln_f */
+    int64_t C = 24, V = 50, T = 16, L = 2;
+    int64_t expect = V * C + T * C + L * (4 * C + C * 3 * C + 3 * C + C * C + C + C * 4 * C + 4 * C + 4 * C * C + C) + 2 * C;
+    CHECK(adt_graph_param_count(g) == expect, "params %lld want %lld", (long long)adt_graph_param_count(g),
+          (long long)expect);
+    CHECK(io.input >= 0 && io.label >= 0 && io.loss >= 0, "io");
+    adt_graph_free(g);
+
+    CHECK(adt_model_cfg_parse(&c, "{\"type\":\"mlp\",\"sizes\":[8,5,3],\"activation\":\"gelu\"}", "m.json") == ADT_OK,
+          "%s", adt_error_message());
+    CHECK(c.mlp.n_sizes == 3 && c.mlp.activation == ADT_ACT_GELU, "mlp fields");
+    g = adt_graph_create();
+    CHECK(adt_model_build(g, &c, 2, &io) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_graph_param_count(g) == 8 * 5 + 5 + 5 * 3 + 3, "mlp params %lld", (long long)adt_graph_param_count(g));
+    adt_graph_free(g);
+
+    c.gpt = (adt_gpt_cfg){65, 8, 1, 10, 4, 0}; /* built in code: 10 % 4 != 0 */
+    c.type = ADT_MODEL_GPT;
+    g = adt_graph_create();
+    CHECK(adt_model_build(g, &c, 2, &io) == ADT_ERR_ARG && contains(adt_error_message(), "divisible"), "%s",
+          adt_error_message());
+    adt_graph_free(g);
+}
+
+/* Each bad config: parse fails with ADT_ERR_ARG or ADT_ERR_FORMAT and the message holds every
+ * listed fragment. */
+typedef struct bad_cfg {
+    const char *json;
+    const char *frag[4];
+} bad_cfg;
+
+static void test_cfg_bad(void) {
+    static const bad_cfg cases[] = {
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64}", {"missing", "\"n_head\""}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":\"2\",\"n_embd\":64,\"n_head\":4}",
+         {"\"n_layer\"", "a string", "integer"}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2.5,\"n_embd\":64,\"n_head\":4}",
+         {"\"n_layer\"", "2.5", "integer"}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":0,\"n_layer\":2,\"n_embd\":64,\"n_head\":4}",
+         {"\"n_ctx\"", "is 0", "[1, "}},
+        {"{\"type\":\"gpt\",\"vocab_size\":-3,\"n_ctx\":8,\"n_layer\":2,\"n_embd\":64,\"n_head\":4}", {"\"vocab_size\"", "-3"}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":250,\"n_head\":4}",
+         {"\"n_embd\" (250)", "divisible", "\"n_head\" (4)"}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embed\":64,\"n_head\":4}",
+         {"unknown field \"n_embed\"", "did you mean \"n_embd\"", "\"gpt\""}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"lr\":1}",
+         {"unknown field \"lr\""}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"dropout\":1}",
+         {"\"dropout\"", "[0, 1)"}},
+        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"n_head\":4}",
+         {"\"n_head\"", "more than once"}},
+        {"{\"type\":\"vgg\"}", {"\"type\"", "\"vgg\"", "\"gpt\"", "\"mlp\""}},
+        {"{\"vocab_size\":65}", {"missing field \"type\"", "\"gpt\""}},
+        {"{\"type\":3}", {"\"type\"", "a number"}},
+        {"[1,2]", {"JSON object", "an array"}},
+        {"{\"type\":\"mlp\",\"sizes\":[784],\"activation\":\"relu\"}", {"\"sizes\"", "1 entries", "2 to"}},
+        {"{\"type\":\"mlp\",\"sizes\":[784,0,10],\"activation\":\"relu\"}", {"\"sizes[1]\"", "is 0"}},
+        {"{\"type\":\"mlp\",\"sizes\":[784,\"x\",10],\"activation\":\"relu\"}", {"\"sizes[1]\"", "a string"}},
+        {"{\"type\":\"mlp\",\"sizes\":784,\"activation\":\"relu\"}", {"\"sizes\"", "a number", "array"}},
+        {"{\"type\":\"mlp\",\"sizes\":[784,10],\"activation\":\"tanh\"}", {"\"activation\"", "\"tanh\"", "\"relu\""}},
+        {"{\"type\":\"mlp\",\"sizes\":[784,10]}", {"missing field \"activation\""}},
+        {"{\"type\":\"mlp\",\"sizes\":[784,10],\"activation\":\"relu\",\"n_head\":4}",
+         {"unknown field \"n_head\"", "\"mlp\""}},
+        {"{\"type\":\"gpt\",\n \"vocab_size\": 65,\n \"n_ctx\" 64}", {"invalid JSON", "line 3, column 10"}},
+        {"{\"type\":\"gpt\", \"vocab_size\": 65", {"invalid JSON", "end"}},
+        {"  \n ", {"empty"}},
+        {"{\"type\":\"gpt\"} trailing", {"invalid JSON", "line 1"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        adt_model_cfg c;
+        adt_error_clear();
+        int rc = adt_model_cfg_parse(&c, cases[i].json, "bad.json");
+        const char *m = adt_error_message();
+        CHECK(rc == ADT_ERR_ARG || rc == ADT_ERR_FORMAT, "case %zu: rc %d for %s", i, rc, cases[i].json);
+        CHECK(!strncmp(m, "bad.json: ", 10), "case %zu: message does not start with the name: %s", i, m);
+        for (int k = 0; k < 4 && cases[i].frag[k]; k++)
+            CHECK(contains(m, cases[i].frag[k]), "case %zu: '%s' not in: %s", i, cases[i].frag[k], m);
+    }
+}
+
+static void test_cfg_files(void) {
+    adt_model_cfg c;
+    const char *missing = tmp_path("missing.json");
+    int rc = adt_model_cfg_load(&c, missing);
+    CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), missing) && contains(adt_error_message(), "No such file"),
+          "%d %s", rc, adt_error_message());
+    rc = adt_model_cfg_load(&c, g_tmpdir);
+    CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "not a regular file"), "%d %s", rc, adt_error_message());
+    const char *nul = tmp_path("nul.json");
+    write_bytes(nul, "{\"type\":\0\"gpt\"}", 15);
+    rc = adt_model_cfg_load(&c, nul);
+    CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), "NUL") && contains(adt_error_message(), nul), "%d %s", rc,
+          adt_error_message());
+    const char *bad = tmp_path("bad.json");
+    const char *text = "{\"type\": \"gpt\",\n\"vocab_size\": 65,, \"n_ctx\": 64}";
+    write_bytes(bad, text, strlen(text));
+    rc = adt_model_cfg_load(&c, bad);
+    CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), bad) && contains(adt_error_message(), "line 2"), "%d %s",
+          rc, adt_error_message());
+    unlink(nul);
+    unlink(bad);
+}
+
+static void cleanup(void) {
+    const char *leaves[] = {"vocab.txt", "train.txt", "val_ok.txt", "val_bad.txt", "empty.txt", "short.txt"};
+    for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) unlink(tmp_path(leaves[i]));
+    rmdir(g_tmpdir);
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/adt_test_text_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(g_tmpdir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    RUN(test_vocab_sorted_complete);
+    RUN(test_sample_windows);
+    RUN(test_val_vocabulary);
+    RUN(test_bad_files);
+    RUN(test_permutation);
+    RUN(test_sampler);
+    RUN(test_synthetic_text);
+    RUN(test_cfg_shipped);
+    RUN(test_cfg_good_and_build);
+    RUN(test_cfg_bad);
+    RUN(test_cfg_files);
+    cleanup();
+    return check_finish();
+}
