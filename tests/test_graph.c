@@ -59,7 +59,7 @@ typedef struct feed_spec {
 
 /* sum(out * R) in double from the op's own output, so the check sees the op's rounding only */
 static double loss_value(adt_exec *ex, const adt_graph *g, int out, int R) {
-    adt_exec_run_forward(ex);
+    adt_exec_run_forward_mode(ex, 1);
     const float *o = adt_exec_data(ex, out), *r = adt_exec_data(ex, R);
     double s = 0;
     for (int64_t i = 0; i < adt_value_numel(g, out); i++) s += (double)o[i] * (double)r[i];
@@ -279,6 +279,26 @@ static void test_grad_dropout(void) {
     int x = P(g, "x", irand(2, 9), irand(2, 9));
     feed_spec step = {"step", 1000, 0};
     grad_check("dropout", g, adt_dropout(g, x, 0.3f, 7), NULL, &step, 1, 1e-2);
+    adt_graph_free(g);
+    /* evaluation runs are deterministic and keep every element */
+    g = adt_graph_create();
+    x = adt_input(g, "x", ADT_F32, adt_shape_1d(1000));
+    int y = adt_dropout(g, x, 0.5f, 1);
+    adt_graph_mark_output(g, y);
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .seed = 5});
+    float *px = adt_exec_data(ex, x);
+    for (int i = 0; i < 1000; i++) px[i] = 1.0f;
+    *(int32_t *)adt_exec_data(ex, g->step_input) = 3;
+    adt_exec_run_forward(ex);
+    const float *py = adt_exec_data(ex, y);
+    int same = 0, zeros = 0;
+    for (int i = 0; i < 1000; i++) same += py[i] == 1.0f;
+    CHECK(same == 1000, "evaluation dropout changed %d of 1000 elements", 1000 - same);
+    adt_exec_run_forward_mode(ex, 1);
+    for (int i = 0; i < 1000; i++) zeros += py[i] == 0.0f;
+    CHECK(zeros > 400 && zeros < 600, "training dropout p=0.5 zeroed %d of 1000", zeros);
+    adt_exec_free(ex);
     adt_graph_free(g);
 }
 

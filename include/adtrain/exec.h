@@ -65,9 +65,12 @@ int adt_exec_init_params(adt_exec *ex);
 void adt_exec_set_lr_step(adt_exec *ex, float lr, int32_t step);
 
 /* Runs the whole step (forward, backward, update), or the forward nodes only (evaluation: no
- * parameter changes). */
+ * parameter changes, dropout off). A forward-only run reuses the arena: gradients of the last
+ * step are overwritten. */
 int adt_exec_run(adt_exec *ex);
 int adt_exec_run_forward(adt_exec *ex);
+/* The forward nodes with dropout as in training (gradient checks need the training function). */
+int adt_exec_run_forward_mode(adt_exec *ex, int training);
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex);
 /* Per-node accumulated seconds when opts.profile was set (indexed by node id). */

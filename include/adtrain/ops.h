@@ -99,6 +99,7 @@ typedef struct adt_kctx {
     void *const *out; /* [n->n_out] */
     float *scratch;   /* adt_op_def.scratch floats, 64-byte aligned */
     uint64_t seed;    /* the run's seed (dropout) */
+    int training;     /* 0 in evaluation runs: dropout is the identity */
 } adt_kctx;
 
 /* A concrete 1-D SBP signature of one node: an SBP for each input and each output. */

@@ -321,9 +321,11 @@ static int open_source(train_source *s, const char *flag, const char *spec, cons
     if (kind == 0) rc = adt_text_dataset_open(&s->text, path, vocab);
     else rc = adt_text_dataset_synthetic(&s->text, is_val ? SYN_TEXT_VAL_TOKENS : SYN_TEXT_TOKENS, (uint64_t)is_val);
     if (rc) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    if (vocab && kind == 1 && adt_text_dataset_vocab(s->text)->size != vocab->size)
-        return train_fail(EXIT_USAGE, "%s: synthetic:text has %d symbols but the training data has %d", flag,
-                          adt_text_dataset_vocab(s->text)->size, vocab->size);
+    const adt_text_vocab *own = adt_text_dataset_vocab(s->text);
+    if (vocab && kind == 1 && (own->size != vocab->size || memcmp(own->byte, vocab->byte, (size_t)own->size)))
+        return train_fail(EXIT_USAGE, "%s: synthetic:text has its own %d-symbol vocabulary, which differs from the "
+                          "training data's (%d symbols); expected --data synthetic:text too", flag, own->size,
+                          vocab->size);
     if (adt_text_dataset_check_window(s->text, m->gpt.n_ctx))
         return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
     s->count = adt_text_dataset_samples(s->text, m->gpt.n_ctx);
@@ -414,6 +416,23 @@ static int check_batches(trainer *t) {
     return 0;
 }
 
+/* The executor allocates everything up front and aborts when memory runs out; a model or batch
+ * too big for the machine is better refused with its size before that. */
+static int check_memory(const trainer *t) {
+    adt_memplan mp;
+    if (adt_memplan_build(&mp, t->g, NULL, t->g->n_nodes, 0))
+        return train_fail(EXIT_RUNTIME, "memory plan: %s", adt_error_message());
+    double need = (double)(mp.arena_bytes + mp.state_bytes + mp.scratch_bytes);
+    adt_memplan_free(&mp);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    if (have > 0 && need > have)
+        return train_fail(EXIT_USAGE, "--model %s with --batch %ld needs %.1f GiB, this machine has %.1f GiB; "
+                          "expected a smaller --batch or model", t->model_label, t->o.batch, need / 1073741824.0,
+                          have / 1073741824.0);
+    return 0;
+}
+
 static int build_graph(trainer *t) {
     t->g = adt_graph_create();
     if (adt_model_build(t->g, &t->model, (int)t->o.batch, &t->io))
@@ -425,6 +444,8 @@ static int build_graph(trainer *t) {
     adt_graph_optimizer(t->g, &oc);
     if (adt_graph_error(t->g))
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
+    int rc = check_memory(t);
+    if (rc) return rc;
     adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed};
     if (adt_exec_create(&t->ex, t->g, &eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
     adt_exec_init_params(t->ex);

@@ -116,13 +116,14 @@ void adt_exec_set_lr_step(adt_exec *ex, float lr, int32_t step) {
     if (ex->g->step_input >= 0) *(int32_t *)ex->ptr[ex->g->step_input] = step;
 }
 
-static void run_node(adt_exec *ex, int id) {
+static void run_node(adt_exec *ex, int id, int training) {
     const adt_graph *g = ex->g;
     const adt_node *n = &g->nodes[id];
     void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
     for (int i = 0; i < n->n_in; i++) in[i] = ex->ptr[n->in[i]];
     for (int k = 0; k < n->n_out; k++) outp[k] = ex->ptr[n->out[k]];
-    adt_kctx k = {.g = g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed};
+    adt_kctx k = {.g = g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed,
+                 .training = training};
     if (ex->o.profile) {
         double t0 = adt_now_s();
         adt_op_get(n->op)->forward(&k);
@@ -133,17 +134,19 @@ static void run_node(adt_exec *ex, int id) {
 }
 
 int adt_exec_run(adt_exec *ex) {
-    for (int i = 0; i < ex->g->n_nodes; i++) run_node(ex, i);
+    for (int i = 0; i < ex->g->n_nodes; i++) run_node(ex, i, 1);
     return ADT_OK;
 }
 
-int adt_exec_run_forward(adt_exec *ex) {
+int adt_exec_run_forward_mode(adt_exec *ex, int training) {
     for (int i = 0; i < ex->g->n_nodes; i++) {
         const adt_node *n = &ex->g->nodes[i];
-        if (!n->is_backward && !n->is_optimizer) run_node(ex, i);
+        if (!n->is_backward && !n->is_optimizer) run_node(ex, i, training);
     }
     return ADT_OK;
 }
+
+int adt_exec_run_forward(adt_exec *ex) { return adt_exec_run_forward_mode(ex, 0); }
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex) { return &ex->mp; }
 const double *adt_exec_node_seconds(const adt_exec *ex) { return ex->node_s; }

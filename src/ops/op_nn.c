@@ -312,6 +312,10 @@ static uint64_t dropout_key(const adt_kctx *k) {
 
 static void dropout_forward(const adt_kctx *k) {
     const adt_value *x = &k->g->values[k->n->in[0]];
+    if (!k->training) {
+        memcpy(K_OUT(k, 0), K_IN(k, 0), (size_t)adt_shape_numel(&x->shape) * sizeof(float));
+        return;
+    }
     adt_k_dropout_forward(K_OUT(k, 0), K_IN(k, 0), k->n->a.f[0], dropout_key(k), x->shape.ndim,
                           x->shape.dim, x->global_shape.dim, x->offset);
 }
