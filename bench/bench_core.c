@@ -9,7 +9,10 @@
  * optimizer and hyperparameters), feeds one batch of random data drawn once, and times whole
  * training steps: adt_exec_set_lr_step followed by adt_exec_run (forward, loss, backward and
  * the optimizer update). Prints one JSON line per model on stdout with the peer's fields
- * (framework "adtrain").
+ * (framework "adtrain"), plus: blas_config and blas_core (the kernel set OpenBLAS picked at
+ * load time), sgemm_gflops, gemm_floor_ms and step_over_floor (below), cpu_ms_median (process
+ * CPU time per step: next to the wall time it shows how much of a step went to other
+ * processes on a shared machine), and the loss after the first and the last step.
  *
  * In the same process it then replays every GEMM the step performs - each matmul node's exact
  * M, N, K and transposes, and the per-(batch, head) products of the fused attention ops at the
@@ -32,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "adtrain/adtrain.h"
 
@@ -121,6 +125,14 @@ static double percentile(const double *sorted, int n, double q) {
 static double median_of(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return percentile(v, n, 50);
+}
+
+/* CPU seconds of the whole process. At one thread this is the step's own work without the
+ * time the scheduler gave to other processes, so wall / CPU shows how loaded the machine was. */
+static double cpu_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The peer prints times rounded to 4 decimals; so do we, so the lines read alike. */
@@ -358,7 +370,8 @@ static int cmp_prof(const void *a, const void *b) {
     return (x < y) - (x > y); /* descending */
 }
 
-/* `sec` holds each node's seconds over the timed steps only (warmup subtracted). */
+/* `sec` holds each node's seconds over the timed steps only (warmup subtracted); step_ms is the
+ * mean step time, so that node times and step time add up over the same steps. */
 static void print_profile(const adt_graph *g, const model_spec *spec, const double *sec, int steps,
                           double step_ms, const gemm_list *gl) {
     prof_row *rows = calloc((size_t)g->n_nodes + 1, sizeof *rows);
@@ -379,7 +392,7 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
     }
     qsort(rows, (size_t)nr, sizeof *rows, cmp_prof);
     double per = 1e3 / steps; /* seconds over all steps -> ms per step */
-    fprintf(stderr, "\n%s: time per step by op (%d timed steps; step median %.2f ms, sum of node times %.2f ms)\n",
+    fprintf(stderr, "\n%s: time per step by op (%d timed steps; mean step %.2f ms, sum of node times %.2f ms)\n",
             spec->name, steps, step_ms, node_total * per);
     fprintf(stderr, "  %-4s %-18s %-9s %5s %9s %6s %9s\n", "rank", "op", "phase", "nodes", "ms/step", "%step",
             "GFLOP/s");
@@ -427,7 +440,7 @@ static int bench_model(const char *name, const opts *o) {
     model_spec spec;
     adt_exec *ex = NULL;
     gemm_list gl = {0};
-    double *times = NULL, *sec0 = NULL, *sec = NULL;
+    double *times = NULL, *cpu = NULL, *sec0 = NULL, *sec = NULL;
     int rc = -1;
     if (build_model(g, name, &spec, &io)) goto out;
 
@@ -440,22 +453,26 @@ static int bench_model(const char *name, const opts *o) {
     feed_data(ex, g, &io, o->seed);
 
     times = calloc((size_t)o->steps, sizeof *times);
+    cpu = calloc((size_t)o->steps, sizeof *cpu);
     sec0 = calloc((size_t)g->n_nodes + 1, sizeof *sec0);
     sec = calloc((size_t)g->n_nodes + 1, sizeof *sec);
-    if (!times || !sec0 || !sec) abort();
+    if (!times || !cpu || !sec0 || !sec) abort();
     const float *loss = adt_exec_data(ex, io.loss);
     float loss_first = NAN, loss_last = NAN;
     for (int i = 0; i < o->warmup + o->steps; i++) {
         if (i == o->warmup && o->profile) /* the timers run from creation: drop the warmup */
             memcpy(sec0, adt_exec_node_seconds(ex), (size_t)g->n_nodes * sizeof *sec0);
-        double t0 = adt_now_s();
+        double t0 = adt_now_s(), c0 = cpu_now_s();
         adt_exec_set_lr_step(ex, spec.lr, (int32_t)(i + 1));
         if (adt_exec_run(ex)) {
             fprintf(stderr, "bench_core: %s: step %d: %s\n", name, i + 1, adt_error_message());
             goto out;
         }
-        double ms = (adt_now_s() - t0) * 1e3;
-        if (i >= o->warmup) times[i - o->warmup] = ms;
+        double ms = (adt_now_s() - t0) * 1e3, cms = (cpu_now_s() - c0) * 1e3;
+        if (i >= o->warmup) {
+            times[i - o->warmup] = ms;
+            cpu[i - o->warmup] = cms;
+        }
         if (i == 0) loss_first = *loss;
         loss_last = *loss;
     }
@@ -463,8 +480,11 @@ static int bench_model(const char *name, const opts *o) {
         fprintf(stderr, "bench_core: %s: the loss is not finite (%g, then %g)\n", name, loss_first, loss_last);
         goto out;
     }
+    double mean = 0;
+    for (int i = 0; i < o->steps; i++) mean += times[i] / o->steps;
     qsort(times, (size_t)o->steps, sizeof *times, cmp_double);
     double med = percentile(times, o->steps, 50);
+    double cpu_med = median_of(cpu, o->steps);
 
     /* The FLOP count the step is judged by, checked against an independent tally (the GEMMs
      * collected from the nodes) and against the peer's closed form. */
@@ -476,14 +496,14 @@ static int bench_model(const char *name, const opts *o) {
     if (fabs(spec.peer_flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_core: %s: note: matmul FLOPs %.0f differ from the peer's formula %.0f\n", name,
                 mm_flops, spec.peer_flops);
-    if (o->threads > 0) openblas_set_num_threads(o->threads);
+    openblas_set_num_threads(o->threads);
     double gflops = replay_gemms(&gl, o->gemm_reps);
     double floor_ms = mm_flops / (gflops * 1e9) * 1e3;
 
     if (o->profile) {
         const double *s = adt_exec_node_seconds(ex);
         for (int i = 0; i < g->n_nodes; i++) sec[i] = s[i] - sec0[i];
-        print_profile(g, &spec, sec, o->steps, med, &gl);
+        print_profile(g, &spec, sec, o->steps, mean, &gl);
     }
 
     cJSON *j = cJSON_CreateObject();
@@ -502,11 +522,13 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddStringToObject(j, "blas", "openblas");
     cJSON_AddNumberToObject(j, "blas_threads", openblas_get_num_threads());
     cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
+    cJSON_AddStringToObject(j, "blas_core", openblas_get_corename());
     cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
     cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
     cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
     cJSON_AddNumberToObject(j, "gemm_floor_ms", round4(floor_ms));
     cJSON_AddNumberToObject(j, "step_over_floor", round4(med / floor_ms));
+    cJSON_AddNumberToObject(j, "cpu_ms_median", round4(cpu_med));
     cJSON_AddNumberToObject(j, "loss_first", loss_first);
     cJSON_AddNumberToObject(j, "loss_last", loss_last);
     cJSON_AddBoolToObject(j, "profiled", o->profile);
@@ -521,6 +543,7 @@ static int bench_model(const char *name, const opts *o) {
 out:
     free(gl.s);
     free(times);
+    free(cpu);
     free(sec0);
     free(sec);
     adt_exec_free(ex);

@@ -158,4 +158,19 @@ print("ms: median over rounds of each run's median step time; spread: min..max o
       "round medians;")
 print("sgemm: adtrain's in-process replay of the step's GEMM shapes (median over rounds); "
       "floor = matmul FLOPs per step / sgemm rate.")
+print()
+# Less exposed to bursts of load from other processes: the fastest single step of all rounds,
+# and adtrain's CPU time per step (wall / CPU above 1 is time the scheduler gave to others).
+print("| model | adtrain best step ms | pytorch best step ms | adtrain/pytorch (best) "
+      "| adtrain cpu ms | adtrain wall/cpu |")
+print("|---|---|---|---|---|---|")
+for m in models:
+    a, t = pick(m, "adtrain"), pick(m, "pytorch")
+    if not a or not t:
+        continue
+    ab = min(r["step_ms_min"] for r in a)
+    tb = min(r["step_ms_min"] for r in t)
+    cpu = statistics.median(r["cpu_ms_median"] for r in a)
+    wall = statistics.median(r["step_ms_median"] for r in a)
+    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {wall / cpu:.2f} |")
 EOF

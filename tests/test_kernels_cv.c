@@ -470,6 +470,11 @@ static void test_maxpool_ties(void) {
     adt_k_maxpool2d_forward(o2, a2, y, 1, 1, 3, 4, 3, 1);
     adt_k_maxpool2d_backward(dy, d2, a2, 1, 1, 3, 4, 3, 1);
     CHECK(a2[0] == 5 && a2[1] == 5 && dy[5] == 3.5f, "a2=%d,%d dy[5]=%g", a2[0], a2[1], dy[5]);
+    /* a NaN in a window propagates (so divergence stays visible) */
+    x[12] = NAN;
+    adt_k_maxpool2d_forward(out, am, x, 1, 1, 4, 5, 2, 2);
+    CHECK(isnan(out[3]) && am[3] == 12 && !isnan(out[2]), "NaN: out[3]=%g am[3]=%d", out[3],
+          am[3]);
 }
 
 /* ---- permute, concat, slice ---------------------------------------------------------------- */

@@ -240,7 +240,7 @@ static void check_pointwise(const char *name, void (*fwd)(float *, const float *
 }
 
 static void test_gelu(void) {
-    check_pointwise("gelu", adt_k_gelu_forward, gelu_ref, 0, adt_k_gelu_backward, 5e-7, 2e-6);
+    check_pointwise("gelu", adt_k_gelu_forward, gelu_ref, 0, adt_k_gelu_backward, 5e-7, 4e-6);
     /* the reference written the PyTorch way agrees where that form is accurate */
     for (double x = -3; x <= 3; x += 0.01) {
         double t = 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
@@ -249,8 +249,9 @@ static void test_gelu(void) {
 }
 
 static void test_sigmoid(void) {
+    /* backward gets out, not x: out (1 - out) cancels near out = 1, so a looser bound */
     check_pointwise("sigmoid", adt_k_sigmoid_forward, sigmoid_ref, 1, adt_k_sigmoid_backward,
-                    5e-7, 2e-6);
+                    5e-7, 2e-5);
 }
 
 /* ---- expf / tanhf over the whole float range ------------------------------------------------- */

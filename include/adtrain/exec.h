@@ -76,6 +76,13 @@ const adt_memplan *adt_exec_memplan(const adt_exec *ex);
 /* Per-node accumulated seconds when opts.profile was set (indexed by node id). */
 const double *adt_exec_node_seconds(const adt_exec *ex);
 
+/* OpenBLAS picks its kernels when it loads, from the CPU model; on a CPU newer than the
+ * library it falls back to SSE3 kernels. Call first thing in main(): if that happened, the
+ * process re-executes itself with OPENBLAS_CORETYPE set to the best family the CPU runs (once;
+ * a user's own OPENBLAS_CORETYPE always wins). */
+void adt_blas_fix_coretype(char **argv);
+const char *adt_blas_core_name(void); /* the kernel family OpenBLAS is running */
+
 #ifdef __cplusplus
 }
 #endif

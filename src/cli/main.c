@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "adtrain/exec.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    adt_blas_fix_coretype(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -247,6 +247,7 @@ void adt_k_maxpool2d_forward(float *out, int32_t *argmax, const float *x, int64_
  * can win several and collects the sum. */
 void adt_k_maxpool2d_backward(float *dx, const float *dout, const int32_t *argmax, int64_t N,
                               int64_t C, int64_t H, int64_t W, int64_t k, int64_t s) {
+    if (N * C * H * W <= 0) return;
     memset(dx, 0, (size_t)(N * C * H * W) * sizeof(float));
     if (H < k || W < k) return;
     const int64_t PQ = ((H - k) / s + 1) * ((W - k) / s + 1);
