@@ -331,7 +331,7 @@ static void test_conv_backward_data(void) {
         adt_k_conv2d_backward_data(dx, t.rw, t.w, t.scratch, c.N, c.C, c.H, c.W, c.K, c.R, c.S,
                                    c.stride, c.pad);
         fd_all(fd, t.x, t.nx, 0.5, conv_loss, &t);
-        /* a pixel collects up to K (R/stride) (S/stride) terms */
+        /* an input pixel collects about K (R/stride) (S/stride) terms */
         double typ = typ_dot((double)(c.K * c.R * c.S)) / (double)c.stride;
         double e = err_vs_double(dx, fd, t.nx, typ);
         CHECK(e < 1e-3, "%s err=%.3g", cfg_str(&c), e);
@@ -347,7 +347,8 @@ static void test_conv_backward_weight(void) {
         int with_bias = trial % 4 != 3;
         conv_case t = conv_case_new(c, with_bias);
         float *dw = falloc(t.nw), *db = falloc(c.K);
-        double *fd = malloc((size_t)t.nw * sizeof(double)), fdb[8];
+        double *fd = malloc((size_t)t.nw * sizeof(double));
+        double *fdb = malloc((size_t)c.K * sizeof(double));
         fill_nan(dw, t.nw);
         fill_nan(db, c.K);
         adt_k_conv2d_backward_weight(dw, with_bias ? db : NULL, t.rw, t.x, t.scratch, c.N, c.C,
@@ -360,12 +361,11 @@ static void test_conv_backward_weight(void) {
             fd_all(fdb, t.bias, c.K, 0.5, conv_loss, &t);
             double eb = err_vs_double(db, fdb, c.K, sqrt(npq / 3.0));
             CHECK(eb < 1e-3, "%s dbias err=%.3g", cfg_str(&c), eb);
-        } else {
-            for (int64_t k = 0; k < c.K; k++) CHECK(isnan(db[k]), "dbias NULL was touched");
         }
         free(dw);
         free(db);
         free(fd);
+        free(fdb);
         conv_case_free(&t);
     }
 }
@@ -462,7 +462,7 @@ static void test_maxpool_ties(void) {
     adt_k_maxpool2d_forward(out, am, x, 1, 1, 4, 5, 2, 2);
     CHECK(am[0] == 1 && out[0] == 3.0f, "am[0]=%d", am[0]);
     CHECK(am[1] == 7 && out[1] == 2.0f, "am[1]=%d", am[1]);
-    /* overlapping windows (k=3, s=1) on a 1x4 row of 3 rows: a pixel winning twice collects
+    /* overlapping windows (k=3, s=1) on a 3x4 plane: the pixel that wins both collects
      * both gradients */
     float y[12] = {0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0};
     float o2[2], d2[2] = {1.5f, 2.0f}, dy[12];
@@ -631,6 +631,7 @@ static void test_interaction(void) {
     for (int trial = 0; trial < 30; trial++) {
         inter_case t = {rnd_int(1, 3), rnd_int(1, 8), rnd_int(1, 40), NULL, NULL, NULL};
         if (trial == 0) t.F = 2, t.D = 1;
+        if (trial == 1) t.B = 1, t.F = 27, t.D = 64; /* a DLRM-sized sample */
         int64_t nx = t.B * t.F * t.D, np = t.F * (t.F - 1) / 2, nout = t.B * np;
         t.x = falloc(nx);
         t.out = falloc(nout);
@@ -825,21 +826,7 @@ static const float torch_want[3][TORCH_N] = {
         -0x1.157ed6p+0f, 0x1.e869fp-4f, -0x1.2a5b46p-2f, -0x1.cd1972p-4f},
 };
 
-static int64_t ulp_diff(float a, float b) {
-    int32_t ia, ib;
-    memcpy(&ia, &a, 4);
-    memcpy(&ib, &b, 4);
-    if (a == b) return 0;
-    if ((ia < 0) != (ib < 0)) return INT32_MAX;
-    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
-}
-
 static void test_optim_vs_torch(void) {
-#ifdef __FMA__
-    const int64_t tol = 0;
-#else
-    const int64_t tol = 8;
-#endif
     for (int c = 0; c < 3; c++) {
         float w[TORCH_N], m[TORCH_N], v[TORCH_N];
         memcpy(w, torch_w0, sizeof w);
@@ -853,12 +840,21 @@ static void test_optim_vs_torch(void) {
                 adt_k_adamw_update(w, m, v, g, TORCH_N, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
             if (c == 2) adt_k_sgd_update(w, m, g, TORCH_N, 0.01f, 0.9f, 1e-4f, step);
         }
-        int64_t worst = 0;
-        for (int i = 0; i < TORCH_N; i++) {
-            int64_t d = ulp_diff(w[i], torch_want[c][i]);
-            if (d > worst) worst = d;
-        }
-        CHECK(worst <= tol, "case %d: %" PRId64 " ulp from PyTorch", c, worst);
+#ifdef __FMA__
+        int n_diff = 0, first = -1;
+        for (int i = 0; i < TORCH_N; i++)
+            if (w[i] != torch_want[c][i]) n_diff++, first = first < 0 ? i : first;
+        CHECK(n_diff == 0, "case %d: %d of %d differ from PyTorch, first [%d] %a vs %a", c,
+              n_diff, TORCH_N, first, first < 0 ? 0.0 : (double)w[first],
+              first < 0 ? 0.0 : (double)torch_want[c][first]);
+#else
+        /* a few roundings apart, measured against the array's scale (cancellation in
+         * w - lr m makes per-element ulp counts meaningless) */
+        double want[TORCH_N];
+        for (int i = 0; i < TORCH_N; i++) want[i] = torch_want[c][i];
+        double e = err_vs_double(w, want, TORCH_N, 0.0);
+        CHECK(e < 1e-5, "case %d: err %.3g from PyTorch", c, e);
+#endif
     }
 }
 
