@@ -4,13 +4,14 @@
  *
  *   build/bench/bench_core --model gpt-s|mlp|all --threads 1 --warmup 3 --steps 20
  *                          [--gemm-reps 9] [--seed 0] [--profile]
+ *   build/bench/bench_core --blas-core
  *
  * Builds the same two models as the PyTorch peer (same sizes, batch, initialisation scheme,
  * optimizer and hyperparameters), feeds one batch of random data drawn once, and times whole
  * training steps: adt_exec_set_lr_step followed by adt_exec_run (forward, loss, backward and
  * the optimizer update). Prints one JSON line per model on stdout with the peer's fields
- * (framework "adtrain"), plus: blas_config and blas_core (the kernel set OpenBLAS picked at
- * load time), sgemm_gflops, gemm_floor_ms and step_over_floor (below), cpu_ms_median (process
+ * (framework "adtrain"), plus: blas_config and blas_core (the kernel family OpenBLAS runs),
+ * sgemm_gflops, gemm_floor_ms and step_over_floor (below), cpu_ms_median (process
  * CPU time per step: next to the wall time it shows how much of a step went to other
  * processes on a shared machine), and the loss after the first and the last step.
  *
@@ -21,6 +22,11 @@
  * step, matmul_flops_per_step / rate: the time the step would take if it did nothing but its
  * matrix products, at the speed OpenBLAS reaches on those shapes on this machine right now.
  * step_ms_median / floor then says how far the step is from being GEMM-bound.
+ *
+ * Like the CLI, the program first lets adt_blas_fix_coretype correct OpenBLAS's fallback to its
+ * SSE3 kernels on CPUs newer than the library, so it measures adtrain as it runs. --blas-core
+ * prints the kernel family OpenBLAS runs after that correction and exits: bench/run_core.sh
+ * hands it to PyTorch too, so that both frameworks run the same GEMM kernels.
  *
  * --profile turns on the executor's per-node timers and prints to stderr the top ops by time
  * per step (aggregated by op name and phase), the phase totals, and the matmul nodes grouped
@@ -50,6 +56,7 @@ typedef struct opts {
 static void usage(FILE *f) {
     fprintf(f, "usage: bench_core [--model gpt-s|mlp|all] [--threads N] [--warmup N] [--steps N]\n"
                "                  [--gemm-reps N] [--seed N] [--profile]\n"
+               "       bench_core --blas-core   (print the OpenBLAS kernel family in use)\n"
                "  defaults: --model all --threads 1 --warmup 3 --steps 20 --gemm-reps 9 --seed 0\n");
 }
 
@@ -72,6 +79,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (!strcmp(a, "--profile")) {
             o->profile = 1;
             continue;
+        }
+        if (!strcmp(a, "--blas-core")) {
+            printf("%s\n", adt_blas_core_name());
+            exit(0);
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -522,7 +533,7 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddStringToObject(j, "blas", "openblas");
     cJSON_AddNumberToObject(j, "blas_threads", openblas_get_num_threads());
     cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
-    cJSON_AddStringToObject(j, "blas_core", openblas_get_corename());
+    cJSON_AddStringToObject(j, "blas_core", adt_blas_core_name());
     cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
     cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
     cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
@@ -552,6 +563,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+    adt_blas_fix_coretype(argv); /* may re-execute this program once, before any BLAS call */
     opts o;
     if (parse_args(argc, argv, &o)) return 2;
     /* The thread count is fixed before any BLAS call, as the peer does before any tensor work. */

@@ -14,8 +14,8 @@
 #
 # Environment (all optional):
 #   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp"  PYTHON=/usr/bin/python3
-#   OPENBLAS_CORETYPE  passed through to both frameworks (they load the same libopenblas):
-#                      see docs/BENCHMARKS.md for why it matters on CPUs newer than the library.
+#   OPENBLAS_CORETYPE  the OpenBLAS kernel family for both frameworks (they load the same
+#                      libopenblas); unset: the family adtrain itself runs (see below)
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -42,25 +42,38 @@ export OPENBLAS_NUM_THREADS OMP_NUM_THREADS
 # so a half-edited CLI elsewhere in the tree cannot stop a measurement.
 ${MAKE:-make} --no-print-directory "$BIN" >&2
 
+# OpenBLAS picks its kernels from the CPU model when it loads, and a release older than the CPU
+# falls back to its SSE3 ones. adtrain corrects that itself (adt_blas_fix_coretype); PyTorch does
+# not. So that both run the same GEMM kernels, the family adtrain ends up with is set for both,
+# unless the caller chose one (OPENBLAS_CORETYPE=Prescott reproduces the uncorrected library).
+if [ -n "${OPENBLAS_CORETYPE-}" ]; then
+    CORE_FROM=caller
+else
+    OPENBLAS_CORETYPE=$("$BIN" --blas-core)
+    CORE_FROM=bench_core
+fi
+export OPENBLAS_CORETYPE
+
 mkdir -p bench/results
 [ -f bench/results/.gitignore ] || printf '*\n!.gitignore\n' > bench/results/.gitignore
 OUT=bench/results/core-$(date -u +%Y%m%d-%H%M%S).jsonl
 TMP=$(mktemp)
-trap 'rm -f "$TMP"' EXIT INT TERM
+trap 'rm -f "$TMP"' EXIT
+trap 'exit 130' INT TERM
 
 # One line about the machine, for the record.
 CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 OBLAS=$(dpkg-query -W -f '${Version}' libopenblas0-pthread 2>/dev/null || echo unknown)
 TORCHPKG=$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)
 LOAD=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo unknown)
-"$PYTHON" - "$CPU" "$NCPU" "$OBLAS" "$LOAD" "$TORCHPKG" "${OPENBLAS_CORETYPE-}" "$ROUNDS" "$STEPS" "$WARMUP" "$THREADS" > "$OUT" <<'EOF'
+"$PYTHON" - "$CPU" "$NCPU" "$OBLAS" "$LOAD" "$TORCHPKG" "$OPENBLAS_CORETYPE" "$CORE_FROM" "$ROUNDS" "$STEPS" "$WARMUP" "$THREADS" > "$OUT" <<'EOF'
 import datetime, json, sys
 a = sys.argv[1:]
 print(json.dumps({"meta": {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "cpu": a[0], "cpus": a[1], "openblas_package": a[2], "loadavg_at_start": a[3],
-    "torch_package": a[4], "openblas_coretype_env": a[5] or None, "rounds": int(a[6]),
-    "steps": int(a[7]), "warmup": int(a[8]), "threads": int(a[9])}}))
+    "torch_package": a[4], "openblas_coretype": a[5], "openblas_coretype_from": a[6],
+    "rounds": int(a[7]), "steps": int(a[8]), "warmup": int(a[9]), "threads": int(a[10])}}))
 EOF
 
 # run ROUND FRAMEWORK MODEL: one run, its JSON line tagged with the round and appended.
@@ -122,12 +135,12 @@ blas_cfg = next((r.get("blas_config") for r in rows if r["framework"] == "adtrai
 print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)  "
       f"load at start {meta.get('loadavg_at_start')}")
 print(f"OpenBLAS package {meta.get('openblas_package')}: {blas_cfg}  "
-      f"OPENBLAS_CORETYPE={meta.get('openblas_coretype_env') or '(unset)'}")
+      f"OPENBLAS_CORETYPE={meta.get('openblas_coretype')} (from {meta.get('openblas_coretype_from')})")
 print(f"PyTorch {torch_v} (package {meta.get('torch_package')}); threads {meta.get('threads')}; {meta.get('rounds')} rounds x "
       f"({meta.get('warmup')} warmup + {meta.get('steps')} timed steps) per run")
 if "Prescott" in blas_cfg:
-    print("note: OpenBLAS fell back to its generic Prescott (SSE3) kernels: it does not know this "
-          "CPU model; OPENBLAS_CORETYPE selects a core by name (docs/BENCHMARKS.md)")
+    print("note: both frameworks ran OpenBLAS's generic Prescott (SSE3) kernels "
+          "(docs/BENCHMARKS.md)")
 print()
 print("| model | adtrain ms | (spread) | pytorch ms | (spread) | adtrain/pytorch | (per round) "
       "| target | sgemm GFLOP/s | floor ms | adtrain/floor | pytorch/floor |")
