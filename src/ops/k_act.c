@@ -22,7 +22,11 @@ void adt_k_relu_forward(float *out, const float *x, int64_t n) {
 
 /* The subgradient at 0 is taken as 0, like PyTorch. */
 void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float d = dout[i]; /* loaded unconditionally: a load inside the select could trap,
+                            * which keeps pre-AVX-512 targets from vectorising the loop */
+        dx[i] = x[i] > 0.0f ? d : 0.0f;
+    }
 }
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -33,21 +37,25 @@ void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f
 
-/* Beyond |x| = 12, e = exp(-2|u|) is 0 in float, so clamping x inside u changes nothing and
- * keeps x^3 from overflowing on absurd inputs. */
-static inline float gelu_clamp(float x) {
-    x = x > 12.0f ? 12.0f : x;
-    return x < -12.0f ? -12.0f : x;
+/* x^2 is capped at 144 (|x| = 12): beyond that e = exp(-2|u|) is 0 in float anyway, and the cap
+ * keeps x^2 and u' finite for absurd |x|, where e u' would otherwise be 0 * inf. The cap is an
+ * integer min on the bits (for x^2 >= 0 their order is the order of the values): a float select
+ * "x2 > 144 ? 144 : x2" is a branch to the compiler (NaN semantics keep it from being a min),
+ * it folds the constant side and leaves arithmetic on one side only, and that stops
+ * if-conversion and vectorisation below AVX-512. A NaN x still gives NaN through u. */
+static inline float gelu_sq(float x) {
+    const uint32_t cap = 0x43100000u; /* 144.0f */
+    uint32_t b = adt_k_float_to_bits(x * x);
+    return adt_k_bits_to_float(b < cap ? b : cap);
 }
 
 void adt_k_gelu_forward(float *out, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        float xc = gelu_clamp(xi);
-        float u = GELU_K0 * xc * (1.0f + GELU_K1 * xc * xc);
+        float u = GELU_K0 * xi * (1.0f + GELU_K1 * gelu_sq(xi));
         float e = adt_k_expf_inl(-2.0f * fabsf(u));
-        float inv = 1.0f / (1.0f + e);
-        out[i] = xi * (u >= 0.0f ? inv : e * inv);
+        float num = u >= 0.0f ? 1.0f : e; /* a select of values, not of operations */
+        out[i] = xi * (num / (1.0f + e));
     }
 }
 
@@ -57,13 +65,12 @@ void adt_k_gelu_forward(float *out, const float *x, int64_t n) {
 void adt_k_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        float xc = gelu_clamp(xi);
-        float x2 = xc * xc;
-        float u = GELU_K0 * xc * (1.0f + GELU_K1 * x2);
+        float x2 = gelu_sq(xi);
+        float u = GELU_K0 * xi * (1.0f + GELU_K1 * x2);
         float du = GELU_K0 * (1.0f + 3.0f * GELU_K1 * x2);
         float e = adt_k_expf_inl(-2.0f * fabsf(u));
         float inv = 1.0f / (1.0f + e);
-        float s = u >= 0.0f ? inv : e * inv;
+        float s = (u >= 0.0f ? 1.0f : e) * inv;
         /* e first: for huge |x| it is 0 and must zero the term before x can overflow it */
         float t = 2.0f * (e * inv * inv) * du;
         dx[i] = dout[i] * (s + xi * t);

@@ -1,6 +1,6 @@
 /*
- * k_math.h - private inline exp and tanh for the CPU kernels (k_act.c, k_norm.c, k_attn.c,
- * k_loss.c).
+ * k_math.h - private inline exp, tanh and row reductions for the CPU kernels (k_act.c,
+ * k_norm.c, k_attn.c, k_loss.c).
  *
  * glibc's expf/tanhf are opaque calls with special-case branches, so a loop that calls them
  * stays scalar. These versions are straight-line float arithmetic: clamps and selects are
@@ -8,6 +8,7 @@
  * integer arithmetic on the exponent bits, and so a loop that calls them vectorises at -O3.
  * Accuracy is a couple of ulp over the whole float range (tests/test_kernels_nn.c sweeps it).
  * The exported adt_k_expf / adt_k_tanhf (k_act.c) are thin wrappers around these.
+ * Also here: the row reductions (max, sum, dot) the softmax-like kernels share.
  */
 #ifndef ADTRAIN_OPS_K_MATH_H
 #define ADTRAIN_OPS_K_MATH_H
@@ -22,49 +23,6 @@
 #define ADT_K_FMA(a, b, c) fmaf((a), (b), (c))
 #else
 #define ADT_K_FMA(a, b, c) ((a) * (b) + (c))
-/* ---- row reductions ------------------------------------------------------------------------
- * A plain "s += x[i]" loop is not vectorised without -ffast-math: the compiler may not reorder
- * float additions. Writing the reorder out, as ADT_K_LANES independent partial sums combined at
- * the end, lets it use full vectors, and is also more accurate than one running sum (each
- * partial sum sees only n / ADT_K_LANES terms). Plain multiply-add here, not ADT_K_FMA: gcc
- * does not vectorise fmaf inside these lane groups. The max stays scalar (a float max is not a
- * reduction gcc will reorder), but its 16 independent chains still run at full issue rate. */
-#define ADT_K_LANES 16
-
-static inline float adt_k_max_inl(const float *x, int64_t n) {
-    float m[ADT_K_LANES];
-    for (int l = 0; l < ADT_K_LANES; l++) m[l] = -INFINITY;
-    int64_t i = 0;
-    for (; i + ADT_K_LANES <= n; i += ADT_K_LANES)
-        for (int l = 0; l < ADT_K_LANES; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-    float r = -INFINITY;
-    for (int l = 0; l < ADT_K_LANES; l++) r = m[l] > r ? m[l] : r;
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    return r;
-}
-
-static inline float adt_k_sum_inl(const float *x, int64_t n) {
-    float s[ADT_K_LANES] = {0};
-    int64_t i = 0;
-    for (; i + ADT_K_LANES <= n; i += ADT_K_LANES)
-        for (int l = 0; l < ADT_K_LANES; l++) s[l] += x[i + l];
-    double r = 0.0;
-    for (int l = 0; l < ADT_K_LANES; l++) r += s[l];
-    for (; i < n; i++) r += x[i];
-    return (float)r;
-}
-
-static inline float adt_k_dot_inl(const float *a, const float *b, int64_t n) {
-    float s[ADT_K_LANES] = {0};
-    int64_t i = 0;
-    for (; i + ADT_K_LANES <= n; i += ADT_K_LANES)
-        for (int l = 0; l < ADT_K_LANES; l++) s[l] += a[i + l] * b[i + l];
-    double r = 0.0;
-    for (int l = 0; l < ADT_K_LANES; l++) r += s[l];
-    for (; i < n; i++) r += (double)a[i] * b[i];
-    return (float)r;
-}
-
 #endif
 
 /* Bit casts through memcpy (no aliasing trouble; compiles to nothing). Unsigned, so that the
@@ -133,8 +91,10 @@ static inline float adt_k_tanhf_inl(float x) {
  * sigmoid(-|x|) = e/(1+e), neither of which cancels. */
 static inline float adt_k_sigmoidf_inl(float x) {
     float e = adt_k_expf_inl(-fabsf(x));
-    float s = 1.0f / (1.0f + e);
-    return x >= 0.0f ? s : e * s;
+    /* select the numerator, then multiply: "x >= 0 ? s : e * s" would leave the multiply on
+     * one side of a branch, which blocks if-conversion (and vectorisation) below AVX-512 */
+    float num = x >= 0.0f ? 1.0f : e;
+    return num / (1.0f + e);
 }
 
 /* ---- row reductions ------------------------------------------------------------------------

@@ -31,7 +31,8 @@ void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batc
 void adt_k_relu_forward(float *out, const float *x, int64_t n);
 void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n); /* dx=0 at x<=0 */
 /* GELU, tanh approximation (PyTorch approximate='tanh'):
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Uses adt_k_tanhf, which vectorises. */
+ * 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u), which is the
+ * same function without the cancellation of 1 + tanh(u) for negative x; vectorises. */
 void adt_k_gelu_forward(float *out, const float *x, int64_t n);
 void adt_k_gelu_backward(float *dx, const float *dout, const float *x, int64_t n);
 void adt_k_sigmoid_forward(float *out, const float *x, int64_t n);
