@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int check_cur_failed;
 static int check_n_passed, check_n_failed;
@@ -53,6 +54,36 @@ static const char *check_cur_name;
 static inline int check_finish(void) {
     printf("RESULT passed=%d failed=%d\n", check_n_passed, check_n_failed);
     return check_n_failed ? 1 : 0;
+}
+
+/* A private temporary directory for tests that write files: check_tmpdir_make("text") creates
+ * $TMPDIR/adt_test_text_XXXXXX, check_tmp_path("a.txt") names a file in it (four rotating
+ * buffers, so a few paths can be live at once), check_tmpdir_remove() deletes the listed files
+ * and the directory. */
+static inline char *check_tmpdir(void) {
+    static char dir[256];
+    return dir;
+}
+
+static inline int check_tmpdir_make(const char *tag) {
+    const char *base = getenv("TMPDIR");
+    snprintf(check_tmpdir(), 256, "%s/adt_test_%s_XXXXXX", base && *base ? base : "/tmp", tag);
+    if (mkdtemp(check_tmpdir())) return 0;
+    perror("mkdtemp");
+    return -1;
+}
+
+static inline const char *check_tmp_path(const char *leaf) {
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s", check_tmpdir(), leaf);
+    return p;
+}
+
+static inline void check_tmpdir_remove(const char *const *leaves, size_t n) {
+    for (size_t i = 0; i < n; i++) unlink(check_tmp_path(leaves[i]));
+    rmdir(check_tmpdir());
 }
 
 /* Relative error with a floor, max over elements: scale-free, and an all-zero pair counts 0. */

@@ -14,16 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char g_tmpdir[256];
 static char g_bin[512];
-
-static const char *tmp_path(const char *leaf) {
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", g_tmpdir, leaf);
-    return p;
-}
 
 static int write_text(const char *path, const char *text) {
     FILE *fp = fopen(path, "w");
@@ -78,7 +69,7 @@ static void test_binary_exists(void) {
 }
 
 static void test_train_synthetic_text(void) {
-    const char *cfg = tmp_path("tiny.json"), *log = tmp_path("text.jsonl");
+    const char *cfg = check_tmp_path("tiny.json"), *log = check_tmp_path("text.jsonl");
     write_text(cfg, "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":32,\"n_layer\":1,\"n_embd\":32,\"n_head\":4}\n");
     char args[1024], out[16384];
     snprintf(args, sizeof args,
@@ -100,7 +91,7 @@ static void test_train_synthetic_text(void) {
 }
 
 static void test_train_synthetic_mlp(void) {
-    const char *cfg = tmp_path("mlp.json"), *log = tmp_path("mlp.jsonl");
+    const char *cfg = check_tmp_path("mlp.json"), *log = check_tmp_path("mlp.jsonl");
     write_text(cfg, "{\"type\":\"mlp\",\"sizes\":[16,32,4],\"activation\":\"relu\"}\n");
     char args[1024], out[16384];
     snprintf(args, sizeof args,
@@ -117,7 +108,7 @@ static void test_train_synthetic_mlp(void) {
 
 /* Each bad invocation exits 2 and its message names what is wrong. */
 static void test_bad_flags(void) {
-    const char *cfg = tmp_path("tiny.json"), *v50 = tmp_path("v50.json");
+    const char *cfg = check_tmp_path("tiny.json"), *v50 = check_tmp_path("v50.json");
     write_text(v50, "{\"type\":\"gpt\",\"vocab_size\":50,\"n_ctx\":32,\"n_layer\":1,\"n_embd\":32,\"n_head\":4}\n");
     char a[24][600];
     const char *frag[24];
@@ -138,12 +129,12 @@ static void test_bad_flags(void) {
     BAD("--warmup", "train --warmup 500 --steps 100");
     BAD("--seed", "train --seed -1");
     BAD("--threads", "train --threads 0");
-    BAD("--model", "train --model '%s'", tmp_path("no-such.json"));
+    BAD("--model", "train --model '%s'", check_tmp_path("no-such.json"));
     BAD("--data", "train --data csv:foo");
-    BAD("--data", "train --model '%s' --data text:'%s'", cfg, tmp_path("no-such.txt"));
+    BAD("--data", "train --model '%s' --data text:'%s'", cfg, check_tmp_path("no-such.txt"));
     BAD("--data", "train --model '%s' --data synthetic:mlp", cfg);
     BAD("vocab_size 50", "train --model '%s' --data synthetic:text", v50);
-    BAD("--log", "train --model '%s' --data synthetic:text --log '%s/no/such/dir/x.jsonl'", cfg, g_tmpdir);
+    BAD("--log", "train --model '%s' --data synthetic:text --log '%s/no/such/dir/x.jsonl'", cfg, check_tmpdir());
     BAD("--format", "graph --format svg");
 #undef BAD
     for (int i = 0; i < n; i++) {
@@ -167,7 +158,7 @@ static void test_help_and_graph(void) {
     int rc = run_adtrain("train --help", out, sizeof out);
     CHECK(rc == 0 && contains(out, "--steps") && contains(out, "--eval-every") && contains(out, "synthetic:text"),
           "%d %s", rc, out);
-    const char *dump = tmp_path("g.json");
+    const char *dump = check_tmp_path("g.json");
     char args[1024];
     snprintf(args, sizeof args, "graph --model configs/gpt-tiny.json --batch 2 -o '%s'", dump);
     rc = run_adtrain(args, out, sizeof out);
@@ -183,21 +174,16 @@ static void test_help_and_graph(void) {
 }
 
 int main(void) {
-    const char *base = getenv("TMPDIR"), *bin = getenv("ADT_BIN"), *build = getenv("BUILD");
+    const char *bin = getenv("ADT_BIN"), *build = getenv("BUILD");
     if (bin && *bin) snprintf(g_bin, sizeof g_bin, "%s", bin);
     else snprintf(g_bin, sizeof g_bin, "%s/adtrain", build && *build ? build : "build");
-    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/adt_test_cli_XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(g_tmpdir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    if (check_tmpdir_make("cli")) return 2;
     RUN(test_binary_exists);
     RUN(test_train_synthetic_text);
     RUN(test_train_synthetic_mlp);
     RUN(test_bad_flags);
     RUN(test_help_and_graph);
-    unlink(tmp_path("tiny.json"));
-    unlink(tmp_path("mlp.json"));
-    rmdir(g_tmpdir);
+    const char *leaves[] = {"tiny.json", "mlp.json"};
+    check_tmpdir_remove(leaves, 2);
     return check_finish();
 }

@@ -14,15 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_tmpdir[256];
-
-static const char *tmp_path(const char *leaf) {
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", g_tmpdir, leaf);
-    return p;
-}
 
 static int write_bytes(const char *path, const void *buf, size_t n) {
     FILE *fp = fopen(path, "wb");
@@ -37,7 +28,7 @@ static int contains(const char *hay, const char *needle) { return strstr(hay, ne
 
 static void test_vocab_sorted_complete(void) {
     const char *text = "hello world\nzebra!";
-    const char *path = tmp_path("vocab.txt");
+    const char *path = check_tmp_path("vocab.txt");
     CHECK(write_bytes(path, text, strlen(text)) == 0, "write %s", path);
     adt_text_dataset *ds = NULL;
     CHECK(adt_text_dataset_open(&ds, path, NULL) == ADT_OK, "%s", adt_error_message());
@@ -94,7 +85,7 @@ static void test_sample_windows(void) {
 
 static void test_val_vocabulary(void) {
     const char *train = "abcabc ab\n", *val_ok = "cab ba\n", *val_bad = "cab\nbaz!";
-    const char *pt = tmp_path("train.txt"), *pv = tmp_path("val_ok.txt"), *pb = tmp_path("val_bad.txt");
+    const char *pt = check_tmp_path("train.txt"), *pv = check_tmp_path("val_ok.txt"), *pb = check_tmp_path("val_bad.txt");
     write_bytes(pt, train, strlen(train));
     write_bytes(pv, val_ok, strlen(val_ok));
     write_bytes(pb, val_bad, strlen(val_bad));
@@ -124,22 +115,22 @@ static void test_val_vocabulary(void) {
 
 static void test_bad_files(void) {
     adt_text_dataset *ds = NULL;
-    const char *empty = tmp_path("empty.txt");
+    const char *empty = check_tmp_path("empty.txt");
     write_bytes(empty, "", 0);
     int rc = adt_text_dataset_open(&ds, empty, NULL);
     CHECK(rc == ADT_ERR_FORMAT && !ds && contains(adt_error_message(), empty) && contains(adt_error_message(), "empty"),
           "%d %s", rc, adt_error_message());
 
-    const char *missing = tmp_path("no-such-file.txt");
+    const char *missing = check_tmp_path("no-such-file.txt");
     rc = adt_text_dataset_open(&ds, missing, NULL);
     CHECK(rc == ADT_ERR_IO && !ds && contains(adt_error_message(), missing) &&
               contains(adt_error_message(), "No such file"),
           "%d %s", rc, adt_error_message());
 
-    rc = adt_text_dataset_open(&ds, g_tmpdir, NULL);
+    rc = adt_text_dataset_open(&ds, check_tmpdir(), NULL);
     CHECK(rc == ADT_ERR_IO && !ds && contains(adt_error_message(), "directory"), "%d %s", rc, adt_error_message());
 
-    const char *shortf = tmp_path("short.txt");
+    const char *shortf = check_tmp_path("short.txt");
     write_bytes(shortf, "to be", 5);
     CHECK(adt_text_dataset_open(&ds, shortf, NULL) == ADT_OK, "%s", adt_error_message());
     if (!ds) return;
@@ -371,18 +362,18 @@ static void test_cfg_bad(void) {
 
 static void test_cfg_files(void) {
     adt_model_cfg c;
-    const char *missing = tmp_path("missing.json");
+    const char *missing = check_tmp_path("missing.json");
     int rc = adt_model_cfg_load(&c, missing);
     CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), missing) && contains(adt_error_message(), "No such file"),
           "%d %s", rc, adt_error_message());
-    rc = adt_model_cfg_load(&c, g_tmpdir);
+    rc = adt_model_cfg_load(&c, check_tmpdir());
     CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "not a regular file"), "%d %s", rc, adt_error_message());
-    const char *nul = tmp_path("nul.json");
+    const char *nul = check_tmp_path("nul.json");
     write_bytes(nul, "{\"type\":\0\"gpt\"}", 15);
     rc = adt_model_cfg_load(&c, nul);
     CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), "NUL") && contains(adt_error_message(), nul), "%d %s", rc,
           adt_error_message());
-    const char *bad = tmp_path("bad.json");
+    const char *bad = check_tmp_path("bad.json");
     const char *text = "{\"type\": \"gpt\",\n\"vocab_size\": 65,, \"n_ctx\": 64}";
     write_bytes(bad, text, strlen(text));
     rc = adt_model_cfg_load(&c, bad);
@@ -394,17 +385,11 @@ static void test_cfg_files(void) {
 
 static void cleanup(void) {
     const char *leaves[] = {"vocab.txt", "train.txt", "val_ok.txt", "val_bad.txt", "empty.txt", "short.txt"};
-    for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) unlink(tmp_path(leaves[i]));
-    rmdir(g_tmpdir);
+    check_tmpdir_remove(leaves, sizeof leaves / sizeof leaves[0]);
 }
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/adt_test_text_XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(g_tmpdir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    if (check_tmpdir_make("text")) return 2;
     RUN(test_vocab_sorted_complete);
     RUN(test_sample_windows);
     RUN(test_val_vocabulary);

@@ -12,16 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char g_tmpdir[256];
-
-/* A fresh path inside the test's temporary directory. */
-static const char *tmp_path(const char *leaf) {
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 512, "%s/%s", g_tmpdir, leaf);
-    return p;
-}
 
 static int file_exists(const char *path) {
     struct stat st;
@@ -104,9 +94,9 @@ static void test_round_trip(void) {
     CHECK(adt_st_writer_set_metadata(w, "step", "1") == ADT_OK, "meta");
     CHECK(adt_st_writer_set_metadata(w, "step", "1200") == ADT_OK, "meta replace");
 
-    const char *path = tmp_path("round.safetensors");
+    const char *path = check_tmp_path("round.safetensors");
     CHECK(adt_st_writer_save(w, path) == ADT_OK, "%s", adt_error_message());
-    CHECK(!file_exists(tmp_path("round.safetensors.tmp")), "temporary file left behind");
+    CHECK(!file_exists(check_tmp_path("round.safetensors.tmp")), "temporary file left behind");
     void *mem;
     size_t mem_n;
     CHECK(adt_st_writer_serialize(w, &mem, &mem_n) == ADT_OK, "serialize");
@@ -244,7 +234,7 @@ static void test_read_helpers(void) {
     adt_st_writer_add(wr, "hf", ADT_ST_F16, 1, s6, hf);
     adt_st_writer_add(wr, "ids64", ADT_ST_I64, 1, s3, ids64);
     adt_st_writer_add(wr, "ids32", ADT_ST_I32, 1, s3, ids32);
-    const char *path = tmp_path("ckpt.safetensors");
+    const char *path = check_tmp_path("ckpt.safetensors");
     CHECK(adt_st_writer_save(wr, path) == ADT_OK, "%s", adt_error_message());
     adt_st_writer_free(wr);
     adt_st_file *f;
@@ -359,7 +349,7 @@ static void expect_bad(const char *hdr, size_t data_len, int code, const char *f
                        const char *frag2) {
     size_t n;
     unsigned char *b = make_raw(hdr, data_len, &n);
-    const char *path = tmp_path("bad.safetensors");
+    const char *path = check_tmp_path("bad.safetensors");
     write_bytes(path, b, n);
     for (int pass = 0; pass < 2; pass++) {
         adt_st_file *f = (adt_st_file *)1;
@@ -515,7 +505,7 @@ static void test_truncated(void) {
     CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), "exceeds the 12 bytes"), "%s",
           adt_error_message());
     /* the same through a real, truncated file */
-    const char *path = tmp_path("cut.safetensors");
+    const char *path = check_tmp_path("cut.safetensors");
     write_bytes(path, mem, n - 1);
     rc = adt_st_open(&f, path);
     CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), path), "%s",
@@ -542,15 +532,15 @@ static void test_truncated(void) {
     free(mem);
 
     /* a plain text file, and a missing file */
-    const char *txt = tmp_path("notes.txt");
+    const char *txt = check_tmp_path("notes.txt");
     write_bytes(txt, "hello, this is not a checkpoint\n", 32);
     rc = adt_st_open(&f, txt);
     CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), "not a safetensors file"), "%s",
           adt_error_message());
-    rc = adt_st_open(&f, tmp_path("missing.safetensors"));
+    rc = adt_st_open(&f, check_tmp_path("missing.safetensors"));
     CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "missing.safetensors: cannot open"),
           "%s", adt_error_message());
-    rc = adt_st_open(&f, g_tmpdir);
+    rc = adt_st_open(&f, check_tmpdir());
     CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "not a regular file"), "%s",
           adt_error_message());
     unlink(txt);
@@ -580,7 +570,7 @@ static void test_writer_errors(void) {
     CHECK(adt_st_writer_set_metadata(w, "k", NULL) == ADT_ERR_ARG, "NULL metadata");
 
     /* save into a directory that does not exist: IO error naming the path, nothing left */
-    const char *bad = tmp_path("no/such/dir/x.safetensors");
+    const char *bad = check_tmp_path("no/such/dir/x.safetensors");
     int rc = adt_st_writer_save(w, bad);
     CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "no/such/dir/x.safetensors.tmp"),
           "%s", adt_error_message());
@@ -592,7 +582,7 @@ static void test_writer_errors(void) {
 
 /* Saving over an existing file replaces it whole. */
 static void test_atomic_replace(void) {
-    const char *path = tmp_path("replace.safetensors");
+    const char *path = check_tmp_path("replace.safetensors");
     int64_t s1[] = {1}, s3[] = {3};
     float a = 1.0f, b[3] = {2, 3, 4};
     adt_st_writer *w = adt_st_writer_create();
@@ -610,23 +600,17 @@ static void test_atomic_replace(void) {
     }
     CHECK(adt_st_count(f) == 1 && adt_st_find(f, "b") && !adt_st_find(f, "a"), "replaced");
     adt_st_close(f);
-    CHECK(!file_exists(tmp_path("replace.safetensors.tmp")), "no temporary file");
+    CHECK(!file_exists(check_tmp_path("replace.safetensors.tmp")), "no temporary file");
 }
 
 static void remove_tmpdir(void) {
     const char *leaves[] = {"round.safetensors", "ckpt.safetensors", "bad.safetensors",
                             "cut.safetensors", "replace.safetensors"};
-    for (size_t i = 0; i < sizeof leaves / sizeof leaves[0]; i++) unlink(tmp_path(leaves[i]));
-    rmdir(g_tmpdir);
+    check_tmpdir_remove(leaves, sizeof leaves / sizeof leaves[0]);
 }
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/adt_test_st_XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(g_tmpdir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    if (check_tmpdir_make("st")) return 2;
     RUN(test_dtype_table);
     RUN(test_round_trip);
     RUN(test_empty_file);

@@ -25,6 +25,8 @@ extern "C" {
 typedef struct adt_memplan {
     int n_values;
     int64_t *offset;   /* [n_values] byte offset in the arena, or -1 (state or alias)      */
+    int64_t *state_offset; /* [n_values] byte offset in the state block of a persistent or
+                              fed root, or -1                                               */
     int *first, *last; /* [n_values] live interval in order positions (inclusive), -1 if none */
     int *root;         /* [n_values] the value that owns the storage (itself unless a view) */
     int64_t arena_bytes;   /* peak: the arena size                                          */

@@ -34,16 +34,7 @@ static void graph_usage(FILE *f) {
                "exit status: 0 done, 1 failure writing the file, 2 bad flag or config\n");
 }
 
-static int graph_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int graph_fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "adtrain graph: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    return code;
-}
+#define graph_fail(...) cli_fail("graph", __VA_ARGS__)
 
 static int graph_apply(graph_opts *o, const char *f, const char *v) {
     if (!strcmp(f, "--model")) o->model_path = v;

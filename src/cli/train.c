@@ -81,17 +81,7 @@ static void train_usage(FILE *f) {
             "exit status: 0 done, 1 failure while training, 2 bad flag, config or data\n");
 }
 
-/* Prints "adtrain train: <message>" and returns the exit code, for `return usage_error(...)`. */
-static int train_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int train_fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "adtrain train: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    return code;
-}
+#define train_fail(...) cli_fail("train", __VA_ARGS__)
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;

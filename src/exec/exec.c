@@ -21,8 +21,6 @@ struct adt_exec {
     double *node_s;
 };
 
-static int64_t align_up(int64_t x) { return (x + 63) & ~(int64_t)63; }
-
 int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
     *out = NULL;
     if (g->status) return adt_error(g->status, "%s", g->err);
@@ -36,19 +34,11 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);
     ex->ptr = adt_calloc((size_t)g->n_values, sizeof *ex->ptr);
     ex->node_s = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->node_s);
-    int64_t soff = 0;
-    for (int v = 0; v < g->n_values; v++) { /* roots first, views after */
-        if (ex->mp.root[v] != v) continue;
-        const adt_value *val = &g->values[v];
-        if (adt_role_is_persistent(val->role) || adt_role_is_fed(val->role)) {
-            ex->ptr[v] = ex->state + soff;
-            soff += align_up(adt_value_bytes(g, v));
-        } else if (ex->mp.offset[v] >= 0) {
-            ex->ptr[v] = ex->arena + ex->mp.offset[v];
-        }
+    for (int v = 0; v < g->n_values; v++) { /* a view shares its root's storage */
+        int r = ex->mp.root[v];
+        if (ex->mp.state_offset[r] >= 0) ex->ptr[v] = ex->state + ex->mp.state_offset[r];
+        else if (ex->mp.offset[r] >= 0) ex->ptr[v] = ex->arena + ex->mp.offset[r];
     }
-    for (int v = 0; v < g->n_values; v++)
-        if (ex->mp.root[v] != v) ex->ptr[v] = ex->ptr[ex->mp.root[v]];
     *out = ex;
     return ADT_OK;
 }

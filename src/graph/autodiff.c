@@ -75,7 +75,6 @@ int adt_graph_backward(adt_graph *g, int loss) {
         const adt_node n = g->nodes[i]; /* a copy: adding nodes may move the array */
         const adt_op_def *def = adt_op_get(n.op);
         int dout[ADT_MAX_OUTPUTS], need[ADT_MAX_INPUTS], din[ADT_MAX_INPUTS], any_need = 0;
-        for (int k = 0; k < n.n_out; k++) dout[k] = -1;
         g->cur_fwd_node = i;
         g->cur_layer_tag = n.layer_tag;
         g->cur_stage = n.stage;

@@ -169,7 +169,6 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
         snprintf(name, sizeof name, "%.*s:%d", ADT_NAME_LEN - 13, n->name, k);
         adt_role role = g->in_backward ? ADT_ROLE_GRAD : ADT_ROLE_ACT;
         int v = new_value(g, name, dts[k], shapes[k], role);
-        n = &g->nodes[id]; /* values realloc does not move nodes, but keep it obvious */
         n->out[k] = v;
         g->values[v].producer = id;
         g->values[v].out_index = k;

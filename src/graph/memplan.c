@@ -32,14 +32,17 @@ typedef struct placed {
     int first, last;
 } placed;
 
-static const adt_graph *sort_g;
-static const adt_memplan *sort_mp;
+/* Placement order: largest first, then earliest, then by id (a total order: reproducible). */
+typedef struct root_key {
+    int64_t size;
+    int first, v;
+} root_key;
+
 static int cmp_size_desc(const void *a, const void *b) {
-    int va = *(const int *)a, vb = *(const int *)b;
-    int64_t sa = adt_value_bytes(sort_g, va), sb = adt_value_bytes(sort_g, vb);
-    if (sa != sb) return sa > sb ? -1 : 1;
-    if (sort_mp->first[va] != sort_mp->first[vb]) return sort_mp->first[va] - sort_mp->first[vb];
-    return va - vb;
+    const root_key *ka = a, *kb = b;
+    if (ka->size != kb->size) return ka->size > kb->size ? -1 : 1;
+    if (ka->first != kb->first) return ka->first - kb->first;
+    return ka->v - kb->v;
 }
 static int cmp_off(const void *a, const void *b) {
     const placed *pa = a, *pb = b;
@@ -54,8 +57,10 @@ int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int
     mp->first = adt_malloc((size_t)nv * sizeof *mp->first);
     mp->last = adt_malloc((size_t)nv * sizeof *mp->last);
     mp->root = adt_malloc((size_t)nv * sizeof *mp->root);
+    mp->state_offset = adt_malloc((size_t)nv * sizeof *mp->state_offset);
     for (int v = 0; v < nv; v++) {
         mp->offset[v] = -1;
+        mp->state_offset[v] = -1;
         mp->first[v] = mp->last[v] = -1;
         mp->root[v] = value_root(g, v);
     }
@@ -79,26 +84,27 @@ int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int
     for (int v = 0; v < nv; v++)
         if (g->values[v].is_output && mp->first[mp->root[v]] >= 0) mp->last[mp->root[v]] = n;
 
-    int *roots = adt_malloc((size_t)nv * sizeof *roots), nr = 0;
+    root_key *roots = adt_malloc((size_t)nv * sizeof *roots);
+    int nr = 0;
     for (int v = 0; v < nv; v++) {
+        if (mp->root[v] != v) continue;
         if (is_state(g, v)) {
-            if (mp->root[v] == v) mp->state_bytes += align_up(adt_value_bytes(g, v));
+            mp->state_offset[v] = mp->state_bytes;
+            mp->state_bytes += align_up(adt_value_bytes(g, v));
             continue;
         }
-        if (mp->root[v] != v || mp->first[v] < 0) continue;
-        roots[nr++] = v;
+        if (mp->first[v] < 0) continue;
+        roots[nr++] = (root_key){adt_value_bytes(g, v), mp->first[v], v};
         mp->noreuse_bytes += align_up(adt_value_bytes(g, v));
     }
-    sort_g = g;
-    sort_mp = mp;
     qsort(roots, (size_t)nr, sizeof *roots, cmp_size_desc);
 
     placed *pl = adt_malloc((size_t)(nr + 1) * sizeof *pl), *conf = adt_malloc((size_t)(nr + 1) * sizeof *conf);
     int np = 0;
     int64_t top = 0;
     for (int i = 0; i < nr; i++) {
-        int v = roots[i];
-        int64_t size = align_up(adt_value_bytes(g, v)), off = 0;
+        int v = roots[i].v;
+        int64_t size = align_up(roots[i].size), off = 0;
         if (no_reuse) {
             off = top;
         } else {
@@ -127,5 +133,6 @@ void adt_memplan_free(adt_memplan *mp) {
     free(mp->first);
     free(mp->last);
     free(mp->root);
+    free(mp->state_offset);
     memset(mp, 0, sizeof *mp);
 }

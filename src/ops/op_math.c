@@ -154,21 +154,6 @@ int adt_matmul(adt_graph *g, int a, int b, int trans_a, int trans_b, int batched
 
 /* ---- add (n-ary), sub, mul, scale --------------------------------------------------------- */
 
-static int same_shape_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    for (int i = 0; i < n->n_in; i++) {
-        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
-        if (!adt_shape_equal(&OP_IN(g, n, i)->shape, &OP_IN(g, n, 0)->shape)) {
-            char exp[96], buf[64];
-            snprintf(exp, sizeof exp, "the shape of input 0, %s",
-                     adt_shape_str(&OP_IN(g, n, 0)->shape, buf, sizeof buf));
-            return op_fail_shape(g, n, i, exp);
-        }
-    }
-    os[0] = OP_IN(g, n, 0)->shape;
-    od[0] = ADT_F32;
-    return 0;
-}
-
 static void add_forward(const adt_kctx *k) {
     int64_t n = K_NUMEL_OUT(k, 0);
     float *o = K_OUT(k, 0);
@@ -199,7 +184,7 @@ static int elementwise_linear_sbp(const adt_graph *g, const adt_node *n, adt_sbp
 
 const adt_op_def adt_opdef_add = {
     .name = "add", .n_in_min = 2, .n_in_max = ADT_MAX_INPUTS, .n_out = 1, .view_of = -1,
-    .infer = same_shape_infer, .forward = add_forward, .backward = add_backward,
+    .infer = op_infer_same_shape, .forward = add_forward, .backward = add_backward,
     .flops = add_flops, .sbp = elementwise_linear_sbp,
 };
 
@@ -227,7 +212,7 @@ static int sub_backward(adt_graph *g, int node, const int *dout, const int *need
 
 const adt_op_def adt_opdef_sub = {
     .name = "sub", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
-    .infer = same_shape_infer, .forward = sub_forward, .backward = sub_backward,
+    .infer = op_infer_same_shape, .forward = sub_forward, .backward = sub_backward,
     .flops = op_flops_per_out, .sbp = elementwise_linear_sbp,
 };
 
@@ -259,7 +244,7 @@ static int mul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int 
 
 const adt_op_def adt_opdef_mul = {
     .name = "mul", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
-    .infer = same_shape_infer, .forward = mul_forward, .backward = mul_backward,
+    .infer = op_infer_same_shape, .forward = mul_forward, .backward = mul_backward,
     .flops = op_flops_per_out, .sbp = mul_sbp,
 };
 
@@ -282,7 +267,7 @@ static int scale_backward(adt_graph *g, int node, const int *dout, const int *ne
 
 const adt_op_def adt_opdef_scale = {
     .name = "scale", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
-    .infer = same_shape_infer, .forward = scale_forward, .backward = scale_backward,
+    .infer = op_infer_same_shape, .forward = scale_forward, .backward = scale_backward,
     .flops = op_flops_per_out, .sbp = elementwise_linear_sbp,
 };
 

@@ -6,17 +6,6 @@
 
 /* ---- pointwise activations ---------------------------------------------------------------- */
 
-static int unary_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    for (int i = 0; i < n->n_in; i++) {
-        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
-        if (!adt_shape_equal(&OP_IN(g, n, i)->shape, &OP_IN(g, n, 0)->shape))
-            return op_fail_shape(g, n, i, "the shape of input 0");
-    }
-    os[0] = OP_IN(g, n, 0)->shape;
-    od[0] = ADT_F32;
-    return 0;
-}
-
 /* Non-linear pointwise: any split passes through, partial sums do not. */
 static int pointwise_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
     int c = 0;
@@ -45,12 +34,12 @@ static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (
     }                                                                                          \
     const adt_op_def adt_opdef_##NAME = {                                                      \
         .name = #NAME, .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,                \
-        .infer = unary_infer, .forward = NAME##_forward, .backward = NAME##_backward,          \
+        .infer = op_infer_same_shape, .forward = NAME##_forward, .backward = NAME##_backward,          \
         .flops = FLOPS, .sbp = pointwise_sbp,                                                  \
     };                                                                                         \
     const adt_op_def adt_opdef_##NAME##_bwd = {                                                \
         .name = #NAME "_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,         \
-        .infer = unary_infer, .forward = NAME##_bwd_forward, .flops = FLOPS,                   \
+        .infer = op_infer_same_shape, .forward = NAME##_bwd_forward, .flops = FLOPS,                   \
         .sbp = pointwise_sbp,                                                                  \
     };
 
@@ -187,23 +176,22 @@ static int softmax_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, 
 
 const adt_op_def adt_opdef_softmax = {
     .name = "softmax", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
-    .infer = unary_infer, .forward = softmax_forward, .backward = softmax_backward,
+    .infer = op_infer_same_shape, .forward = softmax_forward, .backward = softmax_backward,
     .flops = flops_x4, .sbp = softmax_sbp,
 };
 const adt_op_def adt_opdef_softmax_bwd = {
     .name = "softmax_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
-    .infer = unary_infer, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_sbp,
+    .infer = op_infer_same_shape, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_sbp,
 };
 
 int adt_softmax(adt_graph *g, int x) { return op_node_out(g, ADT_OP_SOFTMAX, (int[]){x}, 1, NULL, 0); }
 
 /* ---- fused causal self-attention ---------------------------------------------------------- */
 
-static void attn_dims(const adt_shape *qkv, int64_t H, int64_t *B, int64_t *T, int64_t *C) {
+static void attn_dims(const adt_shape *qkv, int64_t *B, int64_t *T, int64_t *C) {
     *B = qkv->dim[0];
     *T = qkv->dim[1];
     *C = qkv->dim[2] / 3;
-    (void)H;
 }
 
 static int attention_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
@@ -217,7 +205,7 @@ static int attention_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_d
         return op_fail_shape(g, n, 0, exp);
     }
     int64_t B, T, C;
-    attn_dims(q, H, &B, &T, &C);
+    attn_dims(q, &B, &T, &C);
     os[0] = adt_shape_3d(B, T, C);
     os[1] = adt_shape_4d(B, H, T, T);
     od[0] = od[1] = ADT_F32;
@@ -227,13 +215,13 @@ static int attention_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_d
 static int64_t attention_scratch(const adt_graph *g, const adt_node *n) {
     const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
     int64_t B, T, C;
-    attn_dims(q, n->a.i[0], &B, &T, &C);
+    attn_dims(q, &B, &T, &C);
     return adt_k_attention_scratch_floats(B, T, C, n->a.i[0]);
 }
 
 static void attention_forward(const adt_kctx *k) {
     int64_t B, T, C;
-    attn_dims(K_SHAPE_IN(k, 0), k->n->a.i[0], &B, &T, &C);
+    attn_dims(K_SHAPE_IN(k, 0), &B, &T, &C);
     adt_k_attention_forward(K_OUT(k, 0), K_OUT(k, 1), K_IN(k, 0), k->scratch, B, T, C, k->n->a.i[0]);
 }
 
@@ -248,7 +236,7 @@ static int attention_backward(adt_graph *g, int node, const int *dout, const int
 static double attention_flops(const adt_graph *g, const adt_node *n) {
     const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
     int64_t B, T, C;
-    attn_dims(q, n->a.i[0], &B, &T, &C);
+    attn_dims(q, &B, &T, &C);
     double f = 4.0 * (double)B * (double)T * (double)T * (double)C; /* q k^T and att v */
     return n->op == ADT_OP_ATTENTION ? f : 2.0 * f;
 }
@@ -275,7 +263,7 @@ static int attention_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, a
 
 static void attention_bwd_forward(const adt_kctx *k) {
     int64_t B, T, C;
-    attn_dims(K_SHAPE_IN(k, 1), k->n->a.i[0], &B, &T, &C);
+    attn_dims(K_SHAPE_IN(k, 1), &B, &T, &C);
     adt_k_attention_backward(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), K_IN(k, 2), k->scratch, B, T, C,
                              k->n->a.i[0]);
 }

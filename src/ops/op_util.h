@@ -43,6 +43,9 @@ void op_sig_each_axis(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
 /* Emits "P ... -> P ..." (a linear op passes partial sums through). */
 void op_sig_partial(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int *count, int max);
 
+/* Shape rule of ops whose inputs are f32 of one shape and whose single output has it too. */
+int op_infer_same_shape(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od);
+
 /* Default FLOP estimate: one per output element. */
 double op_flops_per_out(const adt_graph *g, const adt_node *n);
 

@@ -185,6 +185,21 @@ void op_sig_partial(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int
     out[(*count)++] = sig;
 }
 
+int op_infer_same_shape(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    for (int i = 0; i < n->n_in; i++) {
+        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
+        if (!adt_shape_equal(&OP_IN(g, n, i)->shape, &OP_IN(g, n, 0)->shape)) {
+            char exp[96], buf[64];
+            snprintf(exp, sizeof exp, "the shape of input 0, %s",
+                     adt_shape_str(&OP_IN(g, n, 0)->shape, buf, sizeof buf));
+            return op_fail_shape(g, n, i, exp);
+        }
+    }
+    os[0] = OP_IN(g, n, 0)->shape;
+    od[0] = ADT_F32;
+    return 0;
+}
+
 double op_flops_per_out(const adt_graph *g, const adt_node *n) {
     double f = 0;
     for (int k = 0; k < n->n_out; k++) f += (double)OP_NUMEL(g, n->out[k]);
