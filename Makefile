@@ -22,7 +22,7 @@ ifeq ($(NATIVE),1)
   OPT += -march=native
 endif
 
-PKGS := openblas libcjson zlib
+PKGS := openblas libcjson zlib mpich sqlite3
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 ifeq ($(PKG_LIBS),)
@@ -78,11 +78,35 @@ fixtures:
 clean:
 	rm -rf build
 
+# libFuzzer targets: fuzz/fuzz_*.c, each linked with the library sources built by clang with
+# -fsanitize=fuzzer,address,undefined. `make fuzz` builds them; `make fuzz-smoke` runs each for
+# FUZZ_SECONDS (CI); scripts/fuzz.sh runs them longer.
+FUZZ_SECONDS ?= 10
+FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -Iinclude -Isrc $(PKG_CFLAGS)
+.PHONY: fuzz fuzz-smoke
+fuzz: $(FUZZ_BIN)
+build/fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/adtrain/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS)
+fuzz-smoke: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); n=$${n#fuzz_}; \
+	  mkdir -p build/fuzz/work/$$n; \
+	  echo "fuzz $$n: $(FUZZ_SECONDS) s"; \
+	  ASAN_OPTIONS=detect_leaks=1 $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
+	    $$( [ -f fuzz/$$n.dict ] && echo -dict=fuzz/$$n.dict ) build/fuzz/work/$$n fuzz/corpus/$$n \
+	    >build/fuzz/work/$$n.log 2>&1 || { tail -n 40 build/fuzz/work/$$n.log; exit 1; }; \
+	done; echo "fuzz-smoke: all targets clean"
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-# CI: the suite in the optimised build and again under ASan+UBSan, one closing line for both.
+# CI: the suite in the optimised build and again under ASan+UBSan, each fuzz target briefly, then
+# one closing line for both suites.
 .PHONY: test-all
 test-all:
 	$(MAKE) tests
 	$(MAKE) tests SANITIZE=1
+	$(MAKE) fuzz-smoke
 	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%)

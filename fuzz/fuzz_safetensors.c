@@ -6,12 +6,7 @@
  * crash, leak or read outside the buffer. An input that opens must also survive a round trip:
  * every tensor and metadata entry written back and re-read unchanged.
  */
-// Build and run (from the repository root; new inputs go to the first corpus directory):
-//   clang -g -fsanitize=fuzzer,address,undefined -Iinclude -Isrc $(pkg-config --cflags libcjson)
-//     fuzz/fuzz_safetensors.c src/ckpt/safetensors.c src/base/*.c
-//     $(pkg-config --libs libcjson) -lm -o build/fuzz_safetensors
-//   mkdir -p build/fuzz-corpus && build/fuzz_safetensors -max_total_time=60
-//     -dict=fuzz/safetensors.dict build/fuzz-corpus fuzz/corpus/safetensors
+// Build and run: `make fuzz-smoke` (each target briefly, as CI does) or `sh scripts/fuzz.sh 600`.
 #include "adtrain/base.h"
 #include "adtrain/safetensors.h"
 
