@@ -10,5 +10,8 @@
 #include "adtrain/ops.h"
 #include "adtrain/exec.h"
 #include "adtrain/models.h"
+#include "adtrain/data.h"
+#include "adtrain/safetensors.h"
+#include "adtrain/ckpt.h"
 
 #endif

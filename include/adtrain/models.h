@@ -74,6 +74,8 @@ int adt_model_cfg_parse(adt_model_cfg *c, const char *json_text, const char *nam
 int adt_model_cfg_load(adt_model_cfg *c, const char *path);
 /* Checks the ranges of a config built or changed in code (parse runs the same checks). */
 int adt_model_cfg_validate(const adt_model_cfg *c, const char *name_for_errors);
+/* The config as JSON text that adt_model_cfg_parse reads back to the same config; free() it. */
+char *adt_model_cfg_to_json(const adt_model_cfg *c);
 /* Appends the model (forward and loss) to g; on failure the message is in adt_error_message(). */
 int adt_model_build(adt_graph *g, const adt_model_cfg *c, int batch, adt_model_io *io);
 

@@ -137,6 +137,11 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
         if (in[i] < 0 || in[i] >= g->n_values)
             return adt_graph_fail(g, ADT_ERR_ARG, "%s: input %d is not a value of this graph (id %d)",
                                   def->name, i, in[i]);
+    /* Backward rules pass the forward node's own attributes and inputs: copy them before the
+     * node array may move. */
+    adt_attrs attrs = a ? *a : (adt_attrs){0};
+    int ins[ADT_MAX_INPUTS];
+    if (n_in) memcpy(ins, in, (size_t)n_in * sizeof *in);
     if (g->n_nodes == g->cap_nodes) {
         g->cap_nodes = g->cap_nodes ? 2 * g->cap_nodes : 64;
         g->nodes = adt_realloc(g->nodes, (size_t)g->cap_nodes * sizeof *g->nodes);
@@ -146,8 +151,8 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     memset(n, 0, sizeof *n);
     n->op = op;
     n->n_in = n_in;
-    if (n_in) memcpy(n->in, in, (size_t)n_in * sizeof *in);
-    if (a) n->a = *a;
+    if (n_in) memcpy(n->in, ins, (size_t)n_in * sizeof *ins);
+    n->a = attrs;
     n->layer_tag = g->cur_layer_tag;
     n->stage = g->cur_stage;
     n->is_backward = g->in_backward;

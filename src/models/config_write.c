@@ -1,0 +1,38 @@
+/*
+ * config_write.c - a model config back to JSON, in the form adt_model_cfg_parse reads: stored
+ * with checkpoints so that a file says which model it belongs to, and read by other tools
+ * (scripts/torch_ckpt.py rebuilds the model in PyTorch from it).
+ */
+#include <cJSON.h>
+#include <stdlib.h>
+
+#include "adtrain/base.h"
+#include "adtrain/models.h"
+
+static const char *activation_name(adt_activation a) {
+    static const char *const names[] = {"relu", "gelu", "sigmoid"};
+    return (unsigned)a <= ADT_ACT_SIGMOID ? names[a] : "?";
+}
+
+char *adt_model_cfg_to_json(const adt_model_cfg *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "type", adt_model_type_name(c->type));
+    if (c->type == ADT_MODEL_GPT) {
+        const adt_gpt_cfg *g = &c->gpt;
+        cJSON_AddNumberToObject(j, "vocab_size", g->vocab_size);
+        cJSON_AddNumberToObject(j, "n_ctx", g->n_ctx);
+        cJSON_AddNumberToObject(j, "n_layer", g->n_layer);
+        cJSON_AddNumberToObject(j, "n_embd", g->n_embd);
+        cJSON_AddNumberToObject(j, "n_head", g->n_head);
+        cJSON_AddNumberToObject(j, "dropout", g->dropout);
+    } else if (c->type == ADT_MODEL_MLP) {
+        cJSON_AddItemToObject(j, "sizes", cJSON_CreateIntArray(c->mlp.sizes, c->mlp.n_sizes));
+        cJSON_AddStringToObject(j, "activation", activation_name(c->mlp.activation));
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    ADT_ASSERT(text);
+    char *out = adt_strdup(text); /* released with free(), like everything adtrain allocates */
+    cJSON_free(text);
+    return out;
+}
