@@ -626,15 +626,13 @@ static void test_shape_errors(void) {
     adt_graph_free(g);
 }
 
-static void test_sbp_signatures(void) {
-    /* every op's signatures parse, fit the node's arity and start with all-B */
-    adt_graph *g = adt_graph_create();
-    adt_gpt_cfg c = {.vocab_size = 17, .n_ctx = 8, .n_layer = 1, .n_embd = 16, .n_head = 2};
-    adt_model_io io;
-    adt_model_gpt(g, &c, 2, &io);
+/* Every op's signatures parse, fit the node's arity and start with all-B, over the training
+ * graphs of a GPT, a VGG-style CNN and a DLRM (between them every op kind but dropout's). */
+static void check_sbp_signatures(adt_graph *g, adt_model_io io) {
     adt_graph_backward(g, io.loss);
     adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
     adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
     adt_sbp_sig sigs[64];
     int total = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -656,6 +654,24 @@ static void test_sbp_signatures(void) {
     }
     CHECK(total > 2 * g->n_nodes, "suspiciously few signatures: %d for %d nodes", total, g->n_nodes);
     adt_graph_free(g);
+}
+
+static void test_sbp_signatures(void) {
+    adt_model_io io;
+    adt_graph *g = adt_graph_create();
+    adt_gpt_cfg gc = {.vocab_size = 17, .n_ctx = 8, .n_layer = 1, .n_embd = 16, .n_head = 2};
+    adt_model_gpt(g, &gc, 2, &io);
+    check_sbp_signatures(g, io);
+    g = adt_graph_create();
+    adt_vgg_cfg vc = {.in_channels = 2, .height = 8, .width = 6, .n_blocks = 2, .n_convs = {1, 2},
+                      .channels = {{3}, {4, 5}}, .n_fc = 1, .fc = {7}, .classes = 3};
+    adt_model_vgg(g, &vc, 2, &io);
+    check_sbp_signatures(g, io);
+    g = adt_graph_create();
+    adt_dlrm_cfg dc = {.n_dense = 3, .n_tables = 3, .table_rows = {5, 3, 7}, .emb_dim = 4, .n_bottom = 2,
+                       .bottom = {8, 4}, .n_top = 2, .top = {6, 1}};
+    adt_model_dlrm(g, &dc, 4, &io);
+    check_sbp_signatures(g, io);
 }
 
 int main(void) {
