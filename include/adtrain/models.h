@@ -90,7 +90,7 @@ int adt_layer_linear(adt_graph *g, int x, const char *prefix, int in, int out);
 
 
 /* =============================================================================================
- * Model configs from JSON (src/models/config.c; each family's fields in its own file)
+ * Model configs from JSON (src/models/config.c; the VGG and DLRM fields in vgg.c and dlrm.c)
  *
  *   {"type":"gpt","vocab_size":V,"n_ctx":T,"n_layer":L,"n_embd":C,"n_head":H[,"dropout":p]}
  *   {"type":"mlp","sizes":[784,1024,1024,10],"activation":"relu"|"gelu"|"sigmoid"}
