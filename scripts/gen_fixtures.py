@@ -20,11 +20,28 @@ Files:
                          expect.y, grad.input.x and grad.blk.<param> for L = sum(y * dout).
   torch_small.safetensors F32, F16, BF16, I32, I64 and U8 tensors, a 0-d and an empty tensor and
                          __metadata__, for the safetensors reader test (values listed below).
+  vgg_tiny.safetensors   a VGG-style CNN (2x8x6 images, blocks [[3],[4,5]], fc [7], 3 classes, B=4)
+                         as a torch.nn module whose state_dict names are adtrain's (conv{i}.*,
+                         fc{j}.*): parameters, input.x [B,C,H,W], input.labels (I32 [B]),
+                         expect.logits [B,3], expect.loss [], grad.<param>, traj.sgd.loss [8] (SGD,
+                         lr 0.05, momentum 0.9; loss before each update) and traj.sgd.final.<name>
+                         for conv0.weight and fc1.weight; __metadata__ holds the configuration and
+                         param_count, the module's own parameter count.
+  dlrm_tiny.safetensors  DLRM (3 dense, tables of 5/3/7/4 rows, emb_dim 4, bottom [8,4], top
+                         [6,1], B=6; ids repeat within the batch) with names emb.{t}.weight,
+                         bot.{i}.*, top.{i}.*: parameters, input.dense [B,3], input.ids (I32
+                         [B,4]), input.labels [B] (0/1), expect.logits [B], expect.loss [],
+                         grad.<param>, traj.sgd.loss [8] and traj.sgd.final.<name> for emb.0.weight
+                         and top.0.weight; __metadata__ as above, table_rows comma-separated.
+  dlrm_wide.safetensors  the same layout for 40 tables (emb_dim 2, B=3): more feature vectors than
+                         one concatenation takes, so the grouped join of the interaction input is
+                         checked too.
 
 Parameters and inputs are drawn, rounded to float32, and only then widened to float64 for the
 reference computation: the stored float32 parameters are exactly the ones the reference used, and
 the stored results carry only the final rounding to float32, not float32 accumulation noise.
 """
+import copy
 import json
 import math
 import os
@@ -244,6 +261,168 @@ def gen_gpt_block(out_dir):
     return path, write_safetensors(path, out, meta), y.abs().max().item()
 
 
+# ---------------------------------------------------------------------------------------------
+# VGG-style CNN and DLRM as torch.nn modules whose state_dict names are adtrain's.
+class VGG(torch.nn.Module):
+    def __init__(self, in_channels, height, width, blocks, fc, classes):
+        super().__init__()
+        self.blocks = blocks
+        ci, k = in_channels, 0
+        for block in blocks:
+            for co in block:
+                setattr(self, f"conv{k}", torch.nn.Conv2d(ci, co, 3, stride=1, padding=1))
+                ci, k = co, k + 1
+        n_in = ci * (height >> len(blocks)) * (width >> len(blocks))
+        self.n_fc = len(fc) + 1
+        for j, out in enumerate(fc + [classes]):
+            setattr(self, f"fc{j}", torch.nn.Linear(n_in, out))
+            n_in = out
+
+    def forward(self, x):
+        k = 0
+        for block in self.blocks:
+            for _ in block:
+                x = F.relu(getattr(self, f"conv{k}")(x))
+                k += 1
+            x = F.max_pool2d(x, 2, 2)
+        x = torch.flatten(x, 1)
+        for j in range(self.n_fc):
+            x = getattr(self, f"fc{j}")(x)
+            if j + 1 < self.n_fc:
+                x = F.relu(x)
+        return x
+
+
+class DLRM(torch.nn.Module):
+    """facebookresearch/dlrm's DLRM_Net with the "dot" interaction (no self-interaction): ReLU
+    after every bottom layer, ReLU between top layers, the last sigmoid left to the loss."""
+
+    def __init__(self, n_dense, table_rows, emb_dim, bottom, top):
+        super().__init__()
+        self.bot = torch.nn.ModuleList()
+        n_in = n_dense
+        for w in bottom:
+            self.bot.append(torch.nn.Linear(n_in, w))
+            n_in = w
+        self.emb = torch.nn.ModuleList()
+        for rows in table_rows:  # DLRM's create_emb: U(-sqrt(1/n), sqrt(1/n))
+            e = torch.nn.Embedding(rows, emb_dim)
+            torch.nn.init.uniform_(e.weight, -math.sqrt(1.0 / rows), math.sqrt(1.0 / rows))
+            self.emb.append(e)
+        nf = len(table_rows) + 1
+        n_in = emb_dim + nf * (nf - 1) // 2
+        self.top = torch.nn.ModuleList()
+        for w in top:
+            self.top.append(torch.nn.Linear(n_in, w))
+            n_in = w
+
+    def forward(self, dense, ids):
+        x = dense
+        for layer in self.bot:
+            x = F.relu(layer(x))
+        ly = [e(ids[:, t].long()) for t, e in enumerate(self.emb)]
+        B, d = x.shape
+        T = torch.cat([x] + ly, dim=1).view(B, -1, d)
+        Z = torch.bmm(T, torch.transpose(T, 1, 2))
+        nf = T.shape[1]
+        li = torch.tensor([i for i in range(nf) for j in range(i)])
+        lj = torch.tensor([j for i in range(nf) for j in range(i)])
+        R = torch.cat([x, Z[:, li, lj]], dim=1)
+        for k, layer in enumerate(self.top):
+            R = layer(R)
+            if k + 1 < len(self.top):
+                R = F.relu(R)
+        return R.squeeze(1)
+
+
+def module_fixture(path, model, inputs, labels, loss_fn, finals, meta, steps=8, lr=0.05, momentum=0.9):
+    """model: a float32-initialised module (its values are what the file stores), run in float64.
+    inputs: list of (fixture name, tensor) fed to model(*tensors); labels: (name, tensor), stored.
+    loss_fn(logits, labels) -> mean loss, in the logits' dtype.
+    Writes parameters, inputs, expect.*, grad.* and an SGD trajectory; returns the file size and
+    the worst relative drift of the same trajectory run in float32 (how close float32 can get)."""
+    # Biases made positive: a tiny network at its default init has many ReLUs dead for the whole
+    # batch, whose weights would then be checked only against a zero gradient.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.abs_()
+    names = [n for n, _ in model.named_parameters()]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    meta = dict(meta, param_count=str(sum(p.numel() for p in model.parameters())))
+    args = [t.double() if t.is_floating_point() else t for _, t in inputs]
+
+    def run(dtype):
+        m = copy.deepcopy(model).to(dtype)
+        a = [t.to(dtype) if t.is_floating_point() else t for _, t in inputs]
+        opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum)
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_fn(m(*a), labels[1])
+            losses.append(loss.item())  # before this step's update
+            loss.backward()
+            opt.step()
+        return torch.tensor(losses, dtype=torch.float64), dict(m.named_parameters())
+
+    m = copy.deepcopy(model).double()
+    logits = m(*args)
+    loss = loss_fn(logits, labels[1])
+    loss.backward()
+    traj, final = run(torch.float64)
+    traj32, _ = run(torch.float32)
+    drift = ((traj32 - traj).abs() / traj.abs()).max().item()
+
+    out = [(n, start[n].float()) for n in names]
+    out += list(inputs) + [labels]
+    out += [("expect.logits", logits.detach().float()), ("expect.loss", loss.detach().float())]
+    out += [("grad." + n, p.grad.float()) for n, p in m.named_parameters()]
+    out += [("traj.sgd.loss", traj.float())]
+    out += [("traj.sgd.final." + n, final[n].detach().float()) for n in finals]
+    return write_safetensors(path, out, meta), drift
+
+
+def gen_vgg_tiny(out_dir):
+    C, H, W, blocks, fc, classes, B = 2, 8, 6, [[3], [4, 5]], [7], 3, 4
+    torch.manual_seed(2468)
+    model = VGG(C, H, W, blocks, fc, classes)
+    x = torch.randn(B, C, H, W, dtype=torch.float32)
+    labels = torch.randint(0, classes, (B,), dtype=torch.int32)
+    meta = {"model": "vgg", "in_channels": str(C), "height": str(H), "width": str(W),
+            "blocks": json.dumps(blocks), "fc": json.dumps(fc), "classes": str(classes), "batch": str(B)}
+    path = os.path.join(out_dir, "vgg_tiny.safetensors")
+    size, drift = module_fixture(path, model, [("input.x", x)], ("input.labels", labels),
+                                 lambda z, y: F.cross_entropy(z, y.long()),
+                                 ["conv0.weight", "fc1.weight"], meta)
+    return path, size, drift
+
+
+def dlrm_fixture(out_dir, file, seed, n_dense, table_rows, emb_dim, bottom, top, B, finals):
+    torch.manual_seed(seed)
+    model = DLRM(n_dense, table_rows, emb_dim, bottom, top)
+    dense = torch.randn(B, n_dense, dtype=torch.float32)
+    ids = torch.stack([torch.randint(0, r, (B,), dtype=torch.int32) for r in table_rows], dim=1)
+    labels = torch.randint(0, 2, (B,)).to(torch.float32)
+    meta = {"model": "dlrm", "n_dense": str(n_dense), "table_rows": ",".join(map(str, table_rows)),
+            "emb_dim": str(emb_dim), "bottom": json.dumps(bottom), "top": json.dumps(top),
+            "batch": str(B)}
+    path = os.path.join(out_dir, file)
+    size, drift = module_fixture(
+        path, model, [("input.dense", dense), ("input.ids", ids)], ("input.labels", labels),
+        lambda z, y: F.binary_cross_entropy_with_logits(z, y.to(z.dtype)), finals, meta)
+    return path, size, drift
+
+
+def gen_dlrm_tiny(out_dir):
+    return dlrm_fixture(out_dir, "dlrm_tiny.safetensors", 1357, 3, [5, 3, 7, 4], 4, [8, 4], [6, 1], 6,
+                        ["emb.0.weight", "top.0.weight"])
+
+
+def gen_dlrm_wide(out_dir):
+    return dlrm_fixture(out_dir, "dlrm_wide.safetensors", 9753, 2, [2 + t % 3 for t in range(40)], 2,
+                        [2], [3, 1], 3, ["emb.39.weight", "top.0.weight"])
+
+
 def gen_torch_small(out_dir):
     # Exact values, all representable in their dtypes; tests/test_safetensors.c checks them.
     out = [
@@ -268,6 +447,9 @@ def main():
         path, size, note = gen(out_dir)
         extra = f"  ({note:.6f})" if note is not None else ""
         print(f"wrote {path}: {size} bytes{extra}")
+    for gen in (gen_vgg_tiny, gen_dlrm_tiny, gen_dlrm_wide):
+        path, size, drift = gen(out_dir)
+        print(f"wrote {path}: {size} bytes  (float32 PyTorch trajectory drift {drift:.2e})")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,14 @@ static inline const char *check_tmp_path(const char *leaf) {
     return p;
 }
 
+/* Writes n bytes to path; 0 on success. */
+static inline int check_write_file(const char *path, const void *buf, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return -1;
+    size_t w = fwrite(buf, 1, n, fp);
+    return fclose(fp) == 0 && w == n ? 0 : -1;
+}
+
 static inline void check_tmpdir_remove(const char *const *leaves, size_t n) {
     for (size_t i = 0; i < n; i++) unlink(check_tmp_path(leaves[i]));
     rmdir(check_tmpdir());

@@ -1,11 +1,9 @@
 /*
  * test_data_text.c - the character-level text dataset (vocabulary, windows, shifted targets,
- * validation vocabulary, bad files), the seeded sample order, the synthetic text, and the JSON
- * model-config parser (good configs, and one clear error naming the field for each bad input).
+ * validation vocabulary, bad files), the seeded sample order and the synthetic text.
  */
 #include "adtrain/base.h"
 #include "adtrain/data.h"
-#include "adtrain/models.h"
 
 #include "check.h"
 
@@ -254,135 +252,6 @@ static void test_synthetic_text(void) {
     adt_text_dataset_free(c);
 }
 
-/* ==== model configs ========================================================================= */
-
-static void test_cfg_shipped(void) {
-    adt_model_cfg c, d;
-    CHECK(adt_model_cfg_load(&c, "configs/gpt-tiny.json") == ADT_OK, "%s", adt_error_message());
-    adt_model_cfg_default(&d);
-    CHECK(c.type == ADT_MODEL_GPT && !memcmp(&c.gpt, &d.gpt, sizeof c.gpt), "gpt-tiny.json is the built-in default");
-    CHECK(adt_model_cfg_load(&c, "configs/gpt-s.json") == ADT_OK, "%s", adt_error_message());
-    CHECK(c.type == ADT_MODEL_GPT && c.gpt.vocab_size == 65 && c.gpt.n_ctx == 128 && c.gpt.n_layer == 4 &&
-              c.gpt.n_embd == 256 && c.gpt.n_head == 4 && c.gpt.dropout == 0.0f,
-          "gpt-s");
-    CHECK(adt_model_cfg_load(&c, "configs/mlp-mnist.json") == ADT_OK, "%s", adt_error_message());
-    CHECK(c.type == ADT_MODEL_MLP && c.mlp.n_sizes == 4 && c.mlp.sizes[0] == 784 && c.mlp.sizes[1] == 1024 &&
-              c.mlp.sizes[2] == 1024 && c.mlp.sizes[3] == 10 && c.mlp.activation == ADT_ACT_RELU,
-          "mlp-mnist");
-}
-
-static void test_cfg_good_and_build(void) {
-    adt_model_cfg c;
-    const char *gpt = "{\n  \"type\": \"gpt\", \"vocab_size\": 50, \"n_ctx\": 16, \"n_layer\": 2,\n"
-                      "  \"n_embd\": 24, \"n_head\": 3, \"dropout\": 0.1\n}\n";
-    CHECK(adt_model_cfg_parse(&c, gpt, "g.json") == ADT_OK, "%s", adt_error_message());
-    CHECK(c.gpt.vocab_size == 50 && c.gpt.n_head == 3 && fabsf(c.gpt.dropout - 0.1f) < 1e-7f, "gpt fields");
-    adt_graph *g = adt_graph_create();
-    adt_model_io io;
-    CHECK(adt_model_build(g, &c, 4, &io) == ADT_OK, "%s", adt_error_message());
-    /* wte + wpe + per layer (2 LN + attn + proj + fc + proj) + ln_f */
-    int64_t C = 24, V = 50, T = 16, L = 2;
-    int64_t expect = V * C + T * C + L * (4 * C + C * 3 * C + 3 * C + C * C + C + C * 4 * C + 4 * C + 4 * C * C + C) + 2 * C;
-    CHECK(adt_graph_param_count(g) == expect, "params %lld want %lld", (long long)adt_graph_param_count(g),
-          (long long)expect);
-    CHECK(io.input >= 0 && io.label >= 0 && io.loss >= 0, "io");
-    adt_graph_free(g);
-
-    CHECK(adt_model_cfg_parse(&c, "{\"type\":\"mlp\",\"sizes\":[8,5,3],\"activation\":\"gelu\"}", "m.json") == ADT_OK,
-          "%s", adt_error_message());
-    CHECK(c.mlp.n_sizes == 3 && c.mlp.activation == ADT_ACT_GELU, "mlp fields");
-    g = adt_graph_create();
-    CHECK(adt_model_build(g, &c, 2, &io) == ADT_OK, "%s", adt_error_message());
-    CHECK(adt_graph_param_count(g) == 8 * 5 + 5 + 5 * 3 + 3, "mlp params %lld", (long long)adt_graph_param_count(g));
-    adt_graph_free(g);
-
-    c.gpt = (adt_gpt_cfg){65, 8, 1, 10, 4, 0}; /* built in code: 10 % 4 != 0 */
-    c.type = ADT_MODEL_GPT;
-    g = adt_graph_create();
-    CHECK(adt_model_build(g, &c, 2, &io) == ADT_ERR_ARG && contains(adt_error_message(), "divisible"), "%s",
-          adt_error_message());
-    adt_graph_free(g);
-}
-
-/* Each bad config: parse fails with ADT_ERR_ARG or ADT_ERR_FORMAT and the message holds every
- * listed fragment. */
-typedef struct bad_cfg {
-    const char *json;
-    const char *frag[4];
-} bad_cfg;
-
-static void test_cfg_bad(void) {
-    static const bad_cfg cases[] = {
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64}", {"missing", "\"n_head\""}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":\"2\",\"n_embd\":64,\"n_head\":4}",
-         {"\"n_layer\"", "a string", "integer"}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2.5,\"n_embd\":64,\"n_head\":4}",
-         {"\"n_layer\"", "2.5", "integer"}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":0,\"n_layer\":2,\"n_embd\":64,\"n_head\":4}",
-         {"\"n_ctx\"", "is 0", "[1, "}},
-        {"{\"type\":\"gpt\",\"vocab_size\":-3,\"n_ctx\":8,\"n_layer\":2,\"n_embd\":64,\"n_head\":4}", {"\"vocab_size\"", "-3"}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":250,\"n_head\":4}",
-         {"\"n_embd\" (250)", "divisible", "\"n_head\" (4)"}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embed\":64,\"n_head\":4}",
-         {"unknown field \"n_embed\"", "did you mean \"n_embd\"", "\"gpt\""}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"lr\":1}",
-         {"unknown field \"lr\""}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"dropout\":1}",
-         {"\"dropout\"", "[0, 1)"}},
-        {"{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":64,\"n_layer\":2,\"n_embd\":64,\"n_head\":4,\"n_head\":4}",
-         {"\"n_head\"", "more than once"}},
-        {"{\"type\":\"vgg\"}", {"\"type\"", "\"vgg\"", "\"gpt\"", "\"mlp\""}},
-        {"{\"vocab_size\":65}", {"missing field \"type\"", "\"gpt\""}},
-        {"{\"type\":3}", {"\"type\"", "a number"}},
-        {"[1,2]", {"JSON object", "an array"}},
-        {"{\"type\":\"mlp\",\"sizes\":[784],\"activation\":\"relu\"}", {"\"sizes\"", "1 entries", "2 to"}},
-        {"{\"type\":\"mlp\",\"sizes\":[784,0,10],\"activation\":\"relu\"}", {"\"sizes[1]\"", "is 0"}},
-        {"{\"type\":\"mlp\",\"sizes\":[784,\"x\",10],\"activation\":\"relu\"}", {"\"sizes[1]\"", "a string"}},
-        {"{\"type\":\"mlp\",\"sizes\":784,\"activation\":\"relu\"}", {"\"sizes\"", "a number", "array"}},
-        {"{\"type\":\"mlp\",\"sizes\":[784,10],\"activation\":\"tanh\"}", {"\"activation\"", "\"tanh\"", "\"relu\""}},
-        {"{\"type\":\"mlp\",\"sizes\":[784,10]}", {"missing field \"activation\""}},
-        {"{\"type\":\"mlp\",\"sizes\":[784,10],\"activation\":\"relu\",\"n_head\":4}",
-         {"unknown field \"n_head\"", "\"mlp\""}},
-        {"{\"type\":\"gpt\",\n \"vocab_size\": 65,\n \"n_ctx\" 64}", {"invalid JSON", "line 3, column 10"}},
-        {"{\"type\":\"gpt\", \"vocab_size\": 65", {"invalid JSON", "end"}},
-        {"  \n ", {"empty"}},
-        {"{\"type\":\"gpt\"} trailing", {"invalid JSON", "line 1"}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        adt_model_cfg c;
-        adt_error_clear();
-        int rc = adt_model_cfg_parse(&c, cases[i].json, "bad.json");
-        const char *m = adt_error_message();
-        CHECK(rc == ADT_ERR_ARG || rc == ADT_ERR_FORMAT, "case %zu: rc %d for %s", i, rc, cases[i].json);
-        CHECK(!strncmp(m, "bad.json: ", 10), "case %zu: message does not start with the name: %s", i, m);
-        for (int k = 0; k < 4 && cases[i].frag[k]; k++)
-            CHECK(contains(m, cases[i].frag[k]), "case %zu: '%s' not in: %s", i, cases[i].frag[k], m);
-    }
-}
-
-static void test_cfg_files(void) {
-    adt_model_cfg c;
-    const char *missing = check_tmp_path("missing.json");
-    int rc = adt_model_cfg_load(&c, missing);
-    CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), missing) && contains(adt_error_message(), "No such file"),
-          "%d %s", rc, adt_error_message());
-    rc = adt_model_cfg_load(&c, check_tmpdir());
-    CHECK(rc == ADT_ERR_IO && contains(adt_error_message(), "not a regular file"), "%d %s", rc, adt_error_message());
-    const char *nul = check_tmp_path("nul.json");
-    write_bytes(nul, "{\"type\":\0\"gpt\"}", 15);
-    rc = adt_model_cfg_load(&c, nul);
-    CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), "NUL") && contains(adt_error_message(), nul), "%d %s", rc,
-          adt_error_message());
-    const char *bad = check_tmp_path("bad.json");
-    const char *text = "{\"type\": \"gpt\",\n\"vocab_size\": 65,, \"n_ctx\": 64}";
-    write_bytes(bad, text, strlen(text));
-    rc = adt_model_cfg_load(&c, bad);
-    CHECK(rc == ADT_ERR_FORMAT && contains(adt_error_message(), bad) && contains(adt_error_message(), "line 2"), "%d %s",
-          rc, adt_error_message());
-    unlink(nul);
-    unlink(bad);
-}
-
 static void cleanup(void) {
     const char *leaves[] = {"vocab.txt", "train.txt", "val_ok.txt", "val_bad.txt", "empty.txt", "short.txt"};
     check_tmpdir_remove(leaves, sizeof leaves / sizeof leaves[0]);
@@ -397,10 +266,6 @@ int main(void) {
     RUN(test_permutation);
     RUN(test_sampler);
     RUN(test_synthetic_text);
-    RUN(test_cfg_shipped);
-    RUN(test_cfg_good_and_build);
-    RUN(test_cfg_bad);
-    RUN(test_cfg_files);
     cleanup();
     return check_finish();
 }

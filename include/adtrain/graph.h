@@ -168,7 +168,7 @@ int adt_reshape(adt_graph *g, int x, adt_shape shape); /* a view: no copy */
 int adt_flatten(adt_graph *g, int x);                  /* [N, ...] -> [N, prod(...)] */
 int adt_permute(adt_graph *g, int x, const int *perm);
 int adt_concat(adt_graph *g, const int *xs, int n, int axis);
-int adt_slice(adt_graph *g, int x, int axis, int64_t start, int64_t len);
+int adt_slice(adt_graph *g, int x, int axis, int64_t start, int64_t len); /* f32 or i32 */
 int adt_interaction(adt_graph *g, int x); /* x[B,F,D] -> [B, F(F-1)/2] */
 /* Dropout with probability p. `stream` distinguishes dropout sites; the mask also depends on
  * the step input, so every step draws a fresh mask. p == 0 is the identity (no node). */

@@ -24,7 +24,7 @@
  *   RESHAPE         the output shape is the value's shape (a view of the input)
  *   PERMUTE         i0..i5 the permutation
  *   CONCAT          i0 axis
- *   SLICE           i0 axis, i1 start, i2 len
+ *   SLICE           i0 axis, i1 start, i2 len; f32 or i32 (the output keeps the dtype)
  *   SLICE_GRAD      i0 axis, i1 start, i2 full length (zero-pads a slice back into place)
  *   DROPOUT         f0 p, i0 stream; input 1 is the step (i32 scalar)
  *   FILL            f0 value (used for d loss / d loss = 1)

@@ -1,9 +1,10 @@
 /*
  * config.c - model configs from JSON: a strict parser (every field checked for presence, JSON
- * type and range; unknown fields rejected so a typo cannot silently fall back to a default) and
- * the dispatch from a config to the model builder.
+ * type and range; unknown fields rejected so a typo cannot silently fall back to a default), the
+ * field readers the families share (cfg_internal.h), the GPT and MLP fields, and the dispatch
+ * from a config to its checks, parameter count and model builder. VGG and DLRM parse their
+ * fields next to their builders (vgg.c, dlrm.c).
  */
-#include <cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,16 +14,10 @@
 
 #include "adtrain/base.h"
 #include "adtrain/models.h"
+#include "models/cfg_internal.h"
 
-/* Upper bounds: far above any model that fits on a machine, low enough that products of two of
- * them cannot overflow int64 shape arithmetic. */
-#define CFG_MAX_VOCAB 16777216
-#define CFG_MAX_CTX 1048576
-#define CFG_MAX_LAYER 1024
-#define CFG_MAX_EMBD 65536
-#define CFG_MAX_HEAD 4096
-#define CFG_MAX_WIDTH 16777216
 #define CFG_MAX_FILE_BYTES (1 << 20)
+#define CFG_TYPES "\"gpt\", \"mlp\", \"vgg\" or \"dlrm\""
 
 static const char *const gpt_fields[] = {"type", "vocab_size", "n_ctx", "n_layer", "n_embd", "n_head", "dropout", NULL};
 static const char *const mlp_fields[] = {"type", "sizes", "activation", NULL};
@@ -31,6 +26,8 @@ const char *adt_model_type_name(adt_model_type t) {
     switch (t) {
     case ADT_MODEL_GPT: return "gpt";
     case ADT_MODEL_MLP: return "mlp";
+    case ADT_MODEL_VGG: return "vgg";
+    case ADT_MODEL_DLRM: return "dlrm";
     }
     return "unknown";
 }
@@ -43,8 +40,7 @@ void adt_model_cfg_default(adt_model_cfg *c) {
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
-/* "a string", "an array", ... for "got ..." in messages. */
-static const char *json_kind(const cJSON *j) {
+const char *adt_cfg_json_kind(const cJSON *j) {
     if (cJSON_IsString(j)) return "a string";
     if (cJSON_IsNumber(j)) return "a number";
     if (cJSON_IsBool(j)) return "a boolean";
@@ -81,8 +77,7 @@ static void list_fields(char *buf, size_t n, const char *const *allowed) {
         k += (size_t)snprintf(buf + k, n - k, "%s\"%s\"", i ? ", " : "", allowed[i]);
 }
 
-/* Every key must be in `allowed` and appear once. */
-static int check_fields(const cJSON *obj, const char *const *allowed, const char *type, const char *name) {
+int adt_cfg_check_fields(const cJSON *obj, const char *const *allowed, const char *type, const char *name) {
     for (const cJSON *it = obj->child; it; it = it->next) {
         for (const cJSON *prev = obj->child; prev != it; prev = prev->next)
             if (!strcmp(prev->string, it->string))
@@ -105,11 +100,10 @@ static int check_fields(const cJSON *obj, const char *const *allowed, const char
     return ADT_OK;
 }
 
-/* An integral JSON number in [lo, hi]; `what` names the field in messages ("n_layer", "sizes[2]"). */
-static int json_to_int(const cJSON *j, const char *what, long lo, long hi, const char *name, int *out) {
+int adt_cfg_to_int(const cJSON *j, const char *what, long lo, long hi, const char *name, int *out) {
     if (!cJSON_IsNumber(j))
         return adt_error(ADT_ERR_ARG, "%s: field \"%s\" is %s, expected an integer in [%ld, %ld]", name, what,
-                         json_kind(j), lo, hi);
+                         adt_cfg_json_kind(j), lo, hi);
     double d = j->valuedouble;
     if (!isfinite(d) || d != floor(d))
         return adt_error(ADT_ERR_ARG, "%s: field \"%s\" is %g, expected an integer in [%ld, %ld]", name, what, d, lo,
@@ -121,30 +115,63 @@ static int json_to_int(const cJSON *j, const char *what, long lo, long hi, const
     return ADT_OK;
 }
 
-static int get_int(const cJSON *obj, const char *field, long lo, long hi, const char *name, int *out) {
+int adt_cfg_get_int(const cJSON *obj, const char *field, long lo, long hi, const char *name, int *out) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
     if (!j)
         return adt_error(ADT_ERR_ARG, "%s: missing field \"%s\" (expected an integer in [%ld, %ld])", name, field, lo,
                          hi);
-    return json_to_int(j, field, lo, hi, name, out);
+    return adt_cfg_to_int(j, field, lo, hi, name, out);
+}
+
+int adt_cfg_to_int_array(const cJSON *j, const char *what, int n_min, int n_max, long lo, long hi,
+                         const char *meaning, const char *name, int *out, int *n) {
+    if (!cJSON_IsArray(j))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s\" is %s, expected an array of %d to %d %s", name, what,
+                         adt_cfg_json_kind(j), n_min, n_max, meaning);
+    int len = cJSON_GetArraySize(j);
+    if (len < n_min || len > n_max)
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s\" has %d entries, expected %d to %d %s", name, what, len, n_min,
+                         n_max, meaning);
+    int i = 0, rc;
+    for (const cJSON *it = j->child; it; it = it->next, i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s[%d]", what, i);
+        if ((rc = adt_cfg_to_int(it, at, lo, hi, name, &out[i]))) return rc;
+    }
+    *n = len;
+    return ADT_OK;
+}
+
+int adt_cfg_get_int_array(const cJSON *obj, const char *field, int n_min, int n_max, long lo, long hi,
+                          const char *meaning, const char *name, int *out, int *n) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!j)
+        return adt_error(ADT_ERR_ARG, "%s: missing field \"%s\" (expected an array of %d to %d %s)", name, field,
+                         n_min, n_max, meaning);
+    return adt_cfg_to_int_array(j, field, n_min, n_max, lo, hi, meaning, name, out, n);
+}
+
+int adt_cfg_check_range(long v, const char *what, long lo, long hi, const char *name) {
+    if (v >= lo && v <= hi) return ADT_OK;
+    return adt_error(ADT_ERR_ARG, "%s: field \"%s\" is %ld, expected an integer in [%ld, %ld]", name, what, v, lo, hi);
 }
 
 /* ---- per-type parsers ----------------------------------------------------------------- */
 
 static int parse_gpt(adt_gpt_cfg *c, const cJSON *root, const char *name) {
     int rc;
-    if ((rc = check_fields(root, gpt_fields, "gpt", name))) return rc;
-    if ((rc = get_int(root, "vocab_size", 1, CFG_MAX_VOCAB, name, &c->vocab_size))) return rc;
-    if ((rc = get_int(root, "n_ctx", 1, CFG_MAX_CTX, name, &c->n_ctx))) return rc;
-    if ((rc = get_int(root, "n_layer", 1, CFG_MAX_LAYER, name, &c->n_layer))) return rc;
-    if ((rc = get_int(root, "n_embd", 1, CFG_MAX_EMBD, name, &c->n_embd))) return rc;
-    if ((rc = get_int(root, "n_head", 1, CFG_MAX_HEAD, name, &c->n_head))) return rc;
+    if ((rc = adt_cfg_check_fields(root, gpt_fields, "gpt", name))) return rc;
+    if ((rc = adt_cfg_get_int(root, "vocab_size", 1, CFG_MAX_VOCAB, name, &c->vocab_size))) return rc;
+    if ((rc = adt_cfg_get_int(root, "n_ctx", 1, CFG_MAX_CTX, name, &c->n_ctx))) return rc;
+    if ((rc = adt_cfg_get_int(root, "n_layer", 1, CFG_MAX_LAYER, name, &c->n_layer))) return rc;
+    if ((rc = adt_cfg_get_int(root, "n_embd", 1, CFG_MAX_EMBD, name, &c->n_embd))) return rc;
+    if ((rc = adt_cfg_get_int(root, "n_head", 1, CFG_MAX_HEAD, name, &c->n_head))) return rc;
     c->dropout = 0.0f;
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "dropout");
     if (d) {
         if (!cJSON_IsNumber(d))
             return adt_error(ADT_ERR_ARG, "%s: field \"dropout\" is %s, expected a number in [0, 1)", name,
-                             json_kind(d));
+                             adt_cfg_json_kind(d));
         if (!(d->valuedouble >= 0.0 && d->valuedouble < 1.0))
             return adt_error(ADT_ERR_ARG, "%s: field \"dropout\" is %g, expected a number in [0, 1)", name,
                              d->valuedouble);
@@ -159,7 +186,7 @@ static int parse_activation(adt_activation *a, const cJSON *root, const char *na
     if (!j) return adt_error(ADT_ERR_ARG, "%s: missing field \"activation\" (expected \"relu\", \"gelu\" or \"sigmoid\")", name);
     if (!cJSON_IsString(j))
         return adt_error(ADT_ERR_ARG, "%s: field \"activation\" is %s, expected \"relu\", \"gelu\" or \"sigmoid\"", name,
-                         json_kind(j));
+                         adt_cfg_json_kind(j));
     for (int i = 0; i < 3; i++)
         if (!strcmp(j->valuestring, names[i])) {
             *a = (adt_activation)i;
@@ -171,35 +198,21 @@ static int parse_activation(adt_activation *a, const cJSON *root, const char *na
 
 static int parse_mlp(adt_mlp_cfg *c, const cJSON *root, const char *name) {
     int rc;
-    if ((rc = check_fields(root, mlp_fields, "mlp", name))) return rc;
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "sizes");
-    if (!s)
-        return adt_error(ADT_ERR_ARG, "%s: missing field \"sizes\" (expected an array of 2 to %d layer widths, "
-                         "e.g. [784, 1024, 10])", name, ADT_MLP_MAX_LAYERS + 1);
-    if (!cJSON_IsArray(s))
-        return adt_error(ADT_ERR_ARG, "%s: field \"sizes\" is %s, expected an array of 2 to %d layer widths", name,
-                         json_kind(s), ADT_MLP_MAX_LAYERS + 1);
-    int n = cJSON_GetArraySize(s);
-    if (n < 2 || n > ADT_MLP_MAX_LAYERS + 1)
-        return adt_error(ADT_ERR_ARG, "%s: field \"sizes\" has %d entries, expected 2 to %d (input, hidden..., classes)",
-                         name, n, ADT_MLP_MAX_LAYERS + 1);
-    c->n_sizes = n;
-    int i = 0;
-    for (const cJSON *it = s->child; it; it = it->next, i++) {
-        char what[32];
-        snprintf(what, sizeof what, "sizes[%d]", i);
-        if ((rc = json_to_int(it, what, 1, CFG_MAX_WIDTH, name, &c->sizes[i]))) return rc;
-    }
+    if ((rc = adt_cfg_check_fields(root, mlp_fields, "mlp", name))) return rc;
+    if ((rc = adt_cfg_get_int_array(root, "sizes", 2, ADT_MLP_MAX_LAYERS + 1, 1, CFG_MAX_WIDTH,
+                                    "layer widths (input, hidden..., classes), e.g. [784, 1024, 10]", name, c->sizes,
+                                    &c->n_sizes)))
+        return rc;
     return parse_activation(&c->activation, root, name);
 }
 
 static int parse_root(adt_model_cfg *c, const cJSON *root, const char *name) {
     if (!cJSON_IsObject(root))
-        return adt_error(ADT_ERR_ARG, "%s: expected a JSON object at the top level, got %s", name, json_kind(root));
+        return adt_error(ADT_ERR_ARG, "%s: expected a JSON object at the top level, got %s", name, adt_cfg_json_kind(root));
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "type");
-    if (!t) return adt_error(ADT_ERR_ARG, "%s: missing field \"type\" (expected \"gpt\" or \"mlp\")", name);
+    if (!t) return adt_error(ADT_ERR_ARG, "%s: missing field \"type\" (expected " CFG_TYPES ")", name);
     if (!cJSON_IsString(t))
-        return adt_error(ADT_ERR_ARG, "%s: field \"type\" is %s, expected \"gpt\" or \"mlp\"", name, json_kind(t));
+        return adt_error(ADT_ERR_ARG, "%s: field \"type\" is %s, expected " CFG_TYPES, name, adt_cfg_json_kind(t));
     int rc;
     if (!strcmp(t->valuestring, "gpt")) {
         c->type = ADT_MODEL_GPT;
@@ -207,8 +220,14 @@ static int parse_root(adt_model_cfg *c, const cJSON *root, const char *name) {
     } else if (!strcmp(t->valuestring, "mlp")) {
         c->type = ADT_MODEL_MLP;
         rc = parse_mlp(&c->mlp, root, name);
+    } else if (!strcmp(t->valuestring, "vgg")) {
+        c->type = ADT_MODEL_VGG;
+        rc = adt_cfg_parse_vgg(&c->vgg, root, name);
+    } else if (!strcmp(t->valuestring, "dlrm")) {
+        c->type = ADT_MODEL_DLRM;
+        rc = adt_cfg_parse_dlrm(&c->dlrm, root, name);
     } else {
-        return adt_error(ADT_ERR_ARG, "%s: field \"type\" is \"%s\", expected one of the supported types: \"gpt\", \"mlp\"",
+        return adt_error(ADT_ERR_ARG, "%s: field \"type\" is \"%s\", expected one of the supported types: " CFG_TYPES,
                          name, t->valuestring);
     }
     return rc ? rc : adt_model_cfg_validate(c, name);
@@ -301,9 +320,7 @@ static int validate_gpt(const adt_gpt_cfg *g, const char *name) {
         {"n_head", g->n_head, CFG_MAX_HEAD},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v < 1 || f[i].v > f[i].hi)
-            return adt_error(ADT_ERR_ARG, "%s: field \"%s\" is %d, expected an integer in [1, %ld]", name, f[i].f,
-                             f[i].v, f[i].hi);
+        if (adt_cfg_check_range(f[i].v, f[i].f, 1, f[i].hi, name)) return ADT_ERR_ARG;
     if (g->n_embd % g->n_head)
         return adt_error(ADT_ERR_ARG, "%s: field \"n_embd\" (%d) must be divisible by \"n_head\" (%d)", name, g->n_embd,
                          g->n_head);
@@ -317,10 +334,11 @@ static int validate_mlp(const adt_mlp_cfg *m, const char *name) {
     if (m->n_sizes < 2 || m->n_sizes > ADT_MLP_MAX_LAYERS + 1)
         return adt_error(ADT_ERR_ARG, "%s: field \"sizes\" has %d entries, expected 2 to %d", name, m->n_sizes,
                          ADT_MLP_MAX_LAYERS + 1);
-    for (int i = 0; i < m->n_sizes; i++)
-        if (m->sizes[i] < 1 || m->sizes[i] > CFG_MAX_WIDTH)
-            return adt_error(ADT_ERR_ARG, "%s: field \"sizes[%d]\" is %d, expected an integer in [1, %d]", name, i,
-                             m->sizes[i], CFG_MAX_WIDTH);
+    for (int i = 0; i < m->n_sizes; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "sizes[%d]", i);
+        if (adt_cfg_check_range(m->sizes[i], what, 1, CFG_MAX_WIDTH, name)) return ADT_ERR_ARG;
+    }
     if ((unsigned)m->activation > ADT_ACT_SIGMOID)
         return adt_error(ADT_ERR_ARG, "%s: field \"activation\" is invalid, expected \"relu\", \"gelu\" or \"sigmoid\"",
                          name);
@@ -332,8 +350,30 @@ int adt_model_cfg_validate(const adt_model_cfg *c, const char *name_for_errors) 
     switch (c->type) {
     case ADT_MODEL_GPT: return validate_gpt(&c->gpt, name);
     case ADT_MODEL_MLP: return validate_mlp(&c->mlp, name);
+    case ADT_MODEL_VGG: return adt_cfg_validate_vgg(&c->vgg, name);
+    case ADT_MODEL_DLRM: return adt_cfg_validate_dlrm(&c->dlrm, name);
     }
-    return adt_error(ADT_ERR_ARG, "%s: model type %d, expected gpt or mlp", name, (int)c->type);
+    return adt_error(ADT_ERR_ARG, "%s: model type %d, expected gpt, mlp, vgg or dlrm", name, (int)c->type);
+}
+
+int64_t adt_model_cfg_param_count(const adt_model_cfg *c) {
+    if (adt_model_cfg_validate(c, adt_model_type_name(c->type))) return -1;
+    switch (c->type) {
+    case ADT_MODEL_GPT: {
+        /* wte, wpe, per block 2 LayerNorms (4C), c_attn (3C^2+3C), c_proj (C^2+C), c_fc (4C^2+4C),
+         * mlp c_proj (4C^2+C), and ln_f */
+        int64_t V = c->gpt.vocab_size, T = c->gpt.n_ctx, L = c->gpt.n_layer, C = c->gpt.n_embd;
+        return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    }
+    case ADT_MODEL_MLP: {
+        int64_t n = 0;
+        for (int i = 0; i + 1 < c->mlp.n_sizes; i++) n += ((int64_t)c->mlp.sizes[i] + 1) * c->mlp.sizes[i + 1];
+        return n;
+    }
+    case ADT_MODEL_VGG: return adt_cfg_params_vgg(&c->vgg);
+    case ADT_MODEL_DLRM: return adt_cfg_params_dlrm(&c->dlrm);
+    }
+    return -1;
 }
 
 int adt_model_build(adt_graph *g, const adt_model_cfg *c, int batch, adt_model_io *io) {
@@ -341,7 +381,12 @@ int adt_model_build(adt_graph *g, const adt_model_cfg *c, int batch, adt_model_i
     if (rc) return rc;
     if (batch < 1) return adt_error(ADT_ERR_ARG, "%s model: batch is %d, expected >= 1", adt_model_type_name(c->type), batch);
     memset(io, 0, sizeof *io);
-    rc = c->type == ADT_MODEL_GPT ? adt_model_gpt(g, &c->gpt, batch, io) : adt_model_mlp(g, &c->mlp, batch, io);
+    switch (c->type) {
+    case ADT_MODEL_GPT: rc = adt_model_gpt(g, &c->gpt, batch, io); break;
+    case ADT_MODEL_MLP: rc = adt_model_mlp(g, &c->mlp, batch, io); break;
+    case ADT_MODEL_VGG: rc = adt_model_vgg(g, &c->vgg, batch, io); break;
+    case ADT_MODEL_DLRM: rc = adt_model_dlrm(g, &c->dlrm, batch, io); break;
+    }
     if (rc || adt_graph_error(g)) return adt_error(rc ? rc : adt_graph_error(g), "%s", adt_graph_error_message(g));
     return ADT_OK;
 }

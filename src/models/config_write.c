@@ -28,6 +28,23 @@ char *adt_model_cfg_to_json(const adt_model_cfg *c) {
     } else if (c->type == ADT_MODEL_MLP) {
         cJSON_AddItemToObject(j, "sizes", cJSON_CreateIntArray(c->mlp.sizes, c->mlp.n_sizes));
         cJSON_AddStringToObject(j, "activation", activation_name(c->mlp.activation));
+    } else if (c->type == ADT_MODEL_VGG) {
+        const adt_vgg_cfg *v = &c->vgg;
+        cJSON_AddNumberToObject(j, "in_channels", v->in_channels);
+        cJSON_AddNumberToObject(j, "height", v->height);
+        cJSON_AddNumberToObject(j, "width", v->width);
+        cJSON *blocks = cJSON_AddArrayToObject(j, "blocks");
+        for (int b = 0; b < v->n_blocks; b++) cJSON_AddItemToArray(blocks, cJSON_CreateIntArray(v->channels[b], v->n_convs[b]));
+        cJSON_AddItemToObject(j, "fc", cJSON_CreateIntArray(v->fc, v->n_fc));
+        cJSON_AddNumberToObject(j, "classes", v->classes);
+    } else if (c->type == ADT_MODEL_DLRM) {
+        const adt_dlrm_cfg *d = &c->dlrm;
+        cJSON_AddNumberToObject(j, "n_dense", d->n_dense);
+        cJSON_AddNumberToObject(j, "n_tables", d->n_tables);
+        cJSON_AddItemToObject(j, "table_rows", cJSON_CreateIntArray(d->table_rows, d->n_tables));
+        cJSON_AddNumberToObject(j, "emb_dim", d->emb_dim);
+        cJSON_AddItemToObject(j, "bottom", cJSON_CreateIntArray(d->bottom, d->n_bottom));
+        cJSON_AddItemToObject(j, "top", cJSON_CreateIntArray(d->top, d->n_top));
     }
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);

@@ -126,7 +126,8 @@ void adt_k_maxpool2d_backward(float *dx, const float *dout, const int32_t *argma
 /* ---- data movement (k_move.c) --------------------------------------------------------------
  * permute: out has dims in[perm[0]], in[perm[1]], ...; ndim <= 6. */
 void adt_k_permute(float *out, const float *x, int ndim, const int64_t *dims, const int *perm);
-/* concat / slice along an axis: view a tensor as [outer, axis, inner]. */
+/* concat / slice along an axis: view a tensor as [outer, axis, inner]. slice only copies: it
+ * serves i32 tensors (ids) as well, whose 4-byte elements it moves unread. */
 void adt_k_concat(float *out, const float *const *xs, const int64_t *axis_sizes, int n,
                   int64_t outer, int64_t inner);
 void adt_k_slice(float *out, const float *x, int64_t outer, int64_t axis_total, int64_t start,

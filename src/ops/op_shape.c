@@ -199,9 +199,14 @@ int adt_concat(adt_graph *g, const int *xs, int n, int axis) {
 
 /* ---- slice: i0 axis, i1 start, i2 len; slice_grad pads back to i2 = full length ------------ */
 
+/* Slicing moves 4-byte elements without looking at them, so it takes i32 as well as f32: DLRM
+ * cuts the id column of each embedding table out of one [B, tables] id input. An i32 slice has
+ * no gradient (ids never depend on a parameter), so slice_grad stays f32. */
 static int slice_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    if (op_need_dtype(g, n, 0, ADT_F32)) return -1;
-    const adt_shape *x = &OP_IN(g, n, 0)->shape;
+    const adt_value *xv = OP_IN(g, n, 0);
+    if (n->op == ADT_OP_SLICE_GRAD || xv->dtype != ADT_I32)
+        if (op_need_dtype(g, n, 0, ADT_F32)) return -1;
+    const adt_shape *x = &xv->shape;
     int ax = (int)n->a.i[0];
     int64_t start = n->a.i[1], len = n->a.i[2];
     if (ax < 0 || ax >= x->ndim)
@@ -216,7 +221,7 @@ static int slice_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype
         o.dim[ax] = len; /* the full length */
     }
     os[0] = o;
-    od[0] = ADT_F32;
+    od[0] = xv->dtype;
     return 0;
 }
 
