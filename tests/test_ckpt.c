@@ -163,10 +163,11 @@ static void test_load_refusals(void) {
 
 /* ---- through the binary ------------------------------------------------------------------- */
 
-/* A small text with some structure (vocabulary 27 symbols). */
-static const char *write_corpus(const char *leaf, int bytes) {
+/* A small text with some structure (vocabulary 27 symbols), written to the temp dir; the path
+ * goes into path[512] (check_tmp_path's own buffers rotate). */
+static const char *write_corpus(char *path, const char *leaf, int bytes) {
     static const char *words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dogs ", "and ", "cats "};
-    const char *path = check_tmp_path(leaf);
+    snprintf(path, 512, "%s", check_tmp_path(leaf));
     FILE *f = fopen(path, "w");
     uint32_t s = 12345;
     for (int n = 0; n < bytes;) {
@@ -204,14 +205,15 @@ static int read_step_lines(const char *path, char lines[][128], int cap) {
 }
 
 static void test_resume_bit_exact(void) {
-    const char *text = write_corpus("corpus.txt", 3000);
+    char text[512];
+    write_corpus(text, "corpus.txt", 3000);
     char cfg[512];
     snprintf(cfg, sizeof cfg, "%s", check_tmp_path("gpt.json"));
     char json[256];
     snprintf(json, sizeof json, "{\"type\":\"gpt\",\"vocab_size\":%d,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":32,"
              "\"n_head\":4,\"dropout\":0.1}\n", distinct_bytes(text));
     write_text(cfg, json);
-    char common[1024], args[2048], out[16384];
+    char common[2048], args[4096], out[16384];
     /* 3000 bytes / 16 = 187 samples, 168 after the holdout: 21 steps an epoch at batch 8, so the
      * resumed half crosses into the second epoch's shuffled order. */
     snprintf(common, sizeof common, "train --model '%s' --data 'text:%s' --steps 30 --batch 8 --lr 3e-3 --warmup 5 "
@@ -234,7 +236,8 @@ static void test_resume_bit_exact(void) {
         CHECK(!strcmp(full[12 + i], resumed[i]), "step %d differs:\n  %s\n  %s", 13 + i, full[12 + i], resumed[i]);
 
     /* Resuming under other flags is refused, naming the flag. */
-    const char *ck = check_tmp_path("ck-12.safetensors");
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s", check_tmp_path("ck-12.safetensors"));
     snprintf(args, sizeof args, "train --model '%s' --data 'text:%s' --steps 30 --batch 4 --seed 7 --resume '%s'", cfg, text,
              ck);
     rc = run_adtrain(args, out, sizeof out);
@@ -337,7 +340,8 @@ static void check_torch_logits(const char *label, const char *train_args, const 
 }
 
 static void test_torch_loads_checkpoint(void) {
-    const char *text = write_corpus("t.txt", 4000);
+    char text[512];
+    write_corpus(text, "t.txt", 4000);
     char cfg[256], json[256], args[1024];
     snprintf(json, sizeof json, "{\"type\":\"gpt\",\"vocab_size\":%d,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":32,"
              "\"n_head\":4}", distinct_bytes(text));
@@ -353,13 +357,14 @@ static void test_torch_loads_checkpoint(void) {
 }
 
 static void test_torch_init_trajectory(void) {
-    const char *text = write_corpus("traj.txt", 6000);
+    char text[512], init[512];
+    write_corpus(text, "traj.txt", 6000);
     char cfg[256], json[256], cmd[2048], out[16384];
     snprintf(json, sizeof json, "{\"type\":\"gpt\",\"vocab_size\":%d,\"n_ctx\":32,\"n_layer\":2,\"n_embd\":48,"
              "\"n_head\":4}", distinct_bytes(text));
     snprintf(cfg, sizeof cfg, "%s", check_tmp_path("traj.json"));
     write_text(cfg, json);
-    const char *init = check_tmp_path("hf_init.safetensors");
+    snprintf(init, sizeof init, "%s", check_tmp_path("hf_init.safetensors"));
     snprintf(cmd, sizeof cmd, PYTHON " scripts/torch_ckpt.py init-traj '%s' '%s' '%s' --batch 4 --steps 10 --lr 0.1",
              cfg, text, init);
     int rc = run_cmd(cmd, out, sizeof out);

@@ -223,8 +223,8 @@ static int train_loop(trainer *t) {
         char loss_json[32]; /* JSON has no NaN: a diverged step logs null */
         if (isfinite(st.loss)) snprintf(loss_json, sizeof loss_json, "%.9g", st.loss);
         else snprintf(loss_json, sizeof loss_json, "null");
-        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f}\n", s,
-                      loss_json, st.lr, st.ms, st.per_s);
+        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"time_s\":%.3f}\n",
+                      s, loss_json, st.lr, st.ms, st.per_s, st.total_s);
         if (rc) return rc;
         if (!isfinite(st.loss)) {
             if (t->tty) fprintf(stderr, "\n");
