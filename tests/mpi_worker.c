@@ -63,11 +63,12 @@ static int run_allreduce(const char *dir, double t_main) {
     MPI_Allreduce(&mine, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&rank, &maxr, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     char path[4096];
-    snprintf(path, sizeof path, "%s/rank%d.txt", dir, env_int("RANK"));
+    snprintf(path, sizeof path, "%s/rank%d.txt", dir, rank);
     FILE *f = fopen(path, "w");
     if (!f) return 2;
-    fprintf(f, "mpi_rank=%d\nmpi_size=%d\nsum=%lld\nmax=%d\nt_main=%.6f\nt_init=%.6f\npid=%d\n",
-            rank, size, (long long)sum, maxr, t_main, t_init, (int)getpid());
+    fprintf(f, "mpi_rank=%d\nmpi_size=%d\nsum=%lld\nmax=%d\nt_main=%.6f\nt_init=%.6f\npid=%d\nsid=%d\n"
+            "pgid=%d\nstdin_null=%d\n", rank, size, (long long)sum, maxr, t_main, t_init, (int)getpid(),
+            (int)getsid(0), (int)getpgid(0), read(0, path, 1) == 0);
     for (int i = 0; k_env[i]; i++)
         if (getenv(k_env[i])) fprintf(f, "%s=%s\n", k_env[i], getenv(k_env[i]));
     cpu_set_t set;

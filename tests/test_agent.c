@@ -391,7 +391,9 @@ static void test_pmi_malformed(void) {
 static const char *const k_extra_env[] = {"ADT_TEST_EXTRA=hello world", NULL};
 
 /* Starts `n` ranks of `mpi_worker allreduce`, checks success and what each rank saw; returns the
- * launch-to-MPI_Init-done time (max over ranks), or -1. */
+ * launch-to-MPI_Init-done time (max over ranks), or -1. g_init_only: the longest MPI_Init alone
+ * (from the worker's main), without fork/exec and loading. */
+static double g_init_only;
 static double allreduce_world(int n, adt_pmi_mode mode) {
     if (check_tmpdir_make("agent")) return -1;
     const char *argv[] = {g_worker, "allreduce", check_tmpdir(), NULL};
@@ -427,6 +429,9 @@ static double allreduce_world(int n, adt_pmi_mode mode) {
         CHECK(field_long("sum") == (long)n * (n + 1) / 2, "rank %d: sum %ld", r, field_long("sum"));
         CHECK(field_long("max") == n - 1, "rank %d: max %ld", r, field_long("max"));
         CHECK(field_long("pid") == ri->pid, "rank %d: pid %ld vs %d", r, field_long("pid"), (int)ri->pid);
+        CHECK(field_long("sid") == ri->pid && field_long("pgid") == ri->pid && field_long("stdin_null") == 1,
+              "rank %d: own session %ld and group %ld, stdin from /dev/null %ld", r, field_long("sid"),
+              field_long("pgid"), field_long("stdin_null"));
         /* the torchrun contract */
         CHECK(field_long("RANK") == r && field_long("LOCAL_RANK") == r && field_long("ROLE_RANK") == r, "rank %d", r);
         CHECK(field_long("WORLD_SIZE") == n && field_long("LOCAL_WORLD_SIZE") == n &&
@@ -449,9 +454,10 @@ static double allreduce_world(int n, adt_pmi_mode mode) {
                       field_long("PMI_ID") == r, "rank %d PMI tcp vars", r);
             CHECK(!field("PMI_FD") && !field("PMI_RANK"), "no fd-mode vars in TCP mode");
         }
-        double t = atof(field("t_init")) - t_launch;
-        CHECK(t > 0 && t < 60, "rank %d init at %.3f s", r, t);
+        double t = atof(field("t_init")) - t_launch, t_only = atof(field("t_init")) - atof(field("t_main"));
+        CHECK(t > 0 && t < 60 && t_only > 0 && t_only <= t, "rank %d init at %.3f s (%.3f s)", r, t, t_only);
         if (t > t_init_max) t_init_max = t;
+        if (r == 0 || t_only > g_init_only) g_init_only = t_only;
     }
     adt_world_free(w);
     CHECK(reap_leftovers() == 0, "orphans after a clean world");
@@ -472,11 +478,11 @@ static void test_world_tcp(void) { allreduce_world(3, ADT_PMI_TCP); }
 
 static void test_measure_launch(void) {
     for (int n = 2; n <= 4; n += 2) {
-        double t[5];
+        double t[5], only[5];
         int k = 0;
         for (int i = 0; i < 5; i++) {
             double x = allreduce_world(n, ADT_PMI_FD);
-            if (x > 0) t[k++] = x;
+            if (x > 0) only[k] = g_init_only, t[k++] = x;
         }
         CHECK(k == 5, "n=%d: %d of 5 runs measured", n, k);
         if (k) {
@@ -484,6 +490,7 @@ static void test_measure_launch(void) {
             for (int i = 1; i < k; i++) lo = t[i] < lo ? t[i] : lo, hi = t[i] > hi ? t[i] : hi;
             printf("MEASURE launch_to_all_mpi_init n=%d median=%.3f s min=%.3f max=%.3f (%d runs)\n", n,
                    median(t, k), lo, hi, k);
+            printf("MEASURE mpi_init_alone n=%d median=%.3f s (%d runs)\n", n, median(only, k), k);
         }
     }
 }
@@ -718,25 +725,25 @@ static int wait_ready(adt_world *w, int n, evlog *lg) {
     return -1;
 }
 
-static void test_kill_rank(void) {
+static void kill_rank_runs(int n) {
     double det[5], down[5];
-    int k = 0;
+    int k = 0, victim_rank = n / 2;
     for (int run = 0; run < 5; run++) {
         if (check_tmpdir_make("kill")) return;
         const char *argv[] = {g_worker, "loop", check_tmpdir(), "30", NULL};
-        adt_world_config cfg = {.argv = argv, .local_size = 4, .kill_grace_s = 2.0};
+        adt_world_config cfg = {.argv = argv, .local_size = n, .kill_grace_s = 2.0};
         adt_world *w;
         if (adt_world_start(&w, &cfg)) {
             CHECK(0, "%s", adt_error_message());
             return;
         }
         evlog lg = {.n = 0};
-        if (wait_ready(w, 4, &lg) == 0) {
-            pid_t victim = adt_world_rank_info(w, 2)->pid;
+        if (wait_ready(w, n, &lg) == 0) {
+            pid_t victim = adt_world_rank_info(w, victim_rank)->pid;
             double t_kill = adt_now_s();
             kill(victim, SIGKILL);
             run_until_done(w, &lg, 20);
-            expect_failure(w, &lg, 2, ADT_FAIL_SIGNAL, SIGKILL);
+            expect_failure(w, &lg, victim_rank, ADT_FAIL_SIGNAL, SIGKILL);
             const adt_world_event *f = find_kind(&lg, ADT_WORLD_EV_RANK_FAILED);
             const adt_world_event *d = find_kind(&lg, ADT_WORLD_EV_DONE);
             CHECK(f && f->pid == victim, "victim pid");
@@ -748,7 +755,7 @@ static void test_kill_rank(void) {
             }
             /* the survivors were stopped, not killed for failing */
             for (int i = 0; i < lg.n; i++)
-                if (lg.ev[i].kind == ADT_WORLD_EV_RANK_EXITED && lg.ev[i].rank != 2)
+                if (lg.ev[i].kind == ADT_WORLD_EV_RANK_EXITED && lg.ev[i].rank != victim_rank)
                     CHECK(lg.ev[i].reason == ADT_FAIL_NONE, "rank %d counted as failed", lg.ev[i].rank);
         }
         adt_world_free(w);
@@ -758,9 +765,15 @@ static void test_kill_rank(void) {
     if (k) {
         double d2[5];
         memcpy(d2, down, sizeof d2);
-        printf("MEASURE kill_to_detection n=4 median=%.4f s (%d runs)\n", median(det, k), k);
-        printf("MEASURE kill_to_world_down n=4 median=%.4f s (%d runs)\n", median(d2, k), k);
+        printf("MEASURE kill_to_detection n=%d median=%.4f s (%d runs)\n", n, median(det, k), k);
+        printf("MEASURE kill_to_world_down n=%d median=%.4f s (%d runs)\n", n, median(d2, k), k);
     }
+}
+
+/* A rank SIGKILLed from outside mid-allreduce: reported at once, by rank, the rest stopped. */
+static void test_kill_rank(void) {
+    kill_rank_runs(2);
+    kill_rank_runs(4);
 }
 
 /* The agent itself is SIGKILLed: its workers must die with it (PDEATHSIG). */

@@ -30,7 +30,8 @@
  *
  * Or, without other fds: adt_world_step(w, timeout_ms) in a loop.
  *
- * Process rules: every worker is the leader of its own process group, dies with the agent
+ * Process rules: every worker leads its own session and process group (terminal signals go to
+ * the agent, which decides; Hydra does the same), dies with the agent
  * (PR_SET_PDEATHSIG SIGKILL, so start worlds from a thread that lives as long as the agent), gets
  * stdin from /dev/null and inherits no descriptor but its PMI socket and stdio. When a worker
  * exits, whatever it left in its process group is killed with it. Nothing is left behind: every

@@ -32,7 +32,7 @@ typedef struct wk_spawn {
     int cpu;            /* sched_setaffinity to this CPU, or -1 */
 } wk_spawn;
 
-/* Forks and execs one worker: own process group, PDEATHSIG SIGKILL, default signal
+/* Forks and execs one worker: own session and process group, PDEATHSIG SIGKILL, default signal
  * dispositions, every other descriptor closed on exec. Returns once exec has succeeded (or
  * failed: then the child is reaped and the error names the command). All descriptors in `a`
  * must be >= 3. *pidfd is a pollable pidfd for the child (close-on-exec). */

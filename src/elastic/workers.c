@@ -1,7 +1,7 @@
 /*
  * workers.c - starting worker processes: PATH lookup, environment, fork/exec with the process
- * rules of adtrain/agent.h (own process group, die with the agent, nothing inherited but what is
- * meant to be, optional CPU binding).
+ * rules of adtrain/agent.h (own session and process group, die with the agent, nothing
+ * inherited but what is meant to be, optional CPU binding).
  *
  * Everything that allocates happens in the parent before fork(); the child runs only
  * async-signal-safe system calls until execve, so starting workers is safe from a threaded agent.
@@ -116,7 +116,7 @@ int wk_fd_high(int fd) {
 
 /* What the child reports over the exec pipe when it cannot become the worker. */
 typedef struct {
-    int stage; /* 0 affinity, 1 exec, 2 parent gone */
+    int stage; /* 0 affinity, 1 exec, 2 parent gone, 3 setsid */
     int err;
 } child_error;
 
@@ -129,7 +129,10 @@ static void child_fail(int pipe_fd, int stage, int err) {
 
 /* Runs in the forked child: async-signal-safe calls only. */
 static void child_main(const wk_spawn *a, int pipe_fd, pid_t parent) {
-    setpgid(0, 0);
+    /* its own session (so its own process group, and no terminal signals: the agent decides),
+     * as Hydra does; with scheduler autogroups a session is also the unit of CPU fairness, and
+     * ranks that shared the agent's session got about half the CPU of Hydra's on a busy host */
+    if (setsid() < 0) child_fail(pipe_fd, 3, errno);
     /* die with the agent; if it is already gone, the signal would never come */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) child_fail(pipe_fd, 2, 0);
     /* ignored signals and the mask survive exec; a worker starts from the defaults */
@@ -173,8 +176,7 @@ int wk_spawn_one(const wk_spawn *a, pid_t *pid_out, int *pidfd_out) {
     }
     if (pid == 0) child_main(a, ep[1], parent);
     close(ep[1]);
-    /* both sides call setpgid so the group exists before either relies on it */
-    setpgid(pid, pid);
+    /* the group exists once exec has happened: the read below waits for that */
     child_error ce;
     ssize_t n;
     do n = read(ep[0], &ce, sizeof ce);
@@ -183,8 +185,8 @@ int wk_spawn_one(const wk_spawn *a, pid_t *pid_out, int *pidfd_out) {
     if (n == (ssize_t)sizeof ce) {
         int st;
         while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-        static const char *const what[] = {"binding to a CPU", "exec", "the agent exited"};
-        return adt_error(ADT_ERR_ARG, "starting '%s': %s failed: %s", a->path, what[ce.stage % 3],
+        static const char *const what[] = {"binding to a CPU", "exec", "the agent exited", "setsid"};
+        return adt_error(ADT_ERR_ARG, "starting '%s': %s failed: %s", a->path, what[ce.stage % 4],
                          ce.stage == 2 ? "parent gone" : strerror(ce.err));
     }
     int pfd = pidfd_open(pid, 0);
