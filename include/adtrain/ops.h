@@ -3,8 +3,10 @@
  * FLOP and byte counts, scratch size and 1-D SBP signatures.
  *
  * Adding an op means: an enum entry here, an adt_op_def in src/ops/op_*.c registered in
- * registry.c, a builder in graph.h, and a case in the op tests (finite differences, and the
- * virtual-mesh check of each signature).
+ * registry.c, a builder in graph.h, and a case in the op tests (finite differences in
+ * tests/test_graph.c, and the virtual-mesh check of each signature in tests/test_dist_vmesh.c).
+ * An op whose attributes carry sizes or positions (the output shape of a reshape, the first
+ * row of a vocabulary shard) also gets a `localize` rule that rewrites them for a block.
  *
  * Attributes per op (adt_attrs.i[] / .f[]):
  *   MATMUL          i0 trans_a, i1 trans_b, i2 batched
@@ -127,6 +129,10 @@ typedef struct adt_op_def {
     /* Emits the node's valid 1-D SBP signatures (the all-B one included), up to max; returns
      * the count. Written as format templates over the node's axes (registry.c). */
     int (*sbp)(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max);
+    /* Attributes of a local copy of node n whose inputs and outputs are the blocks in[] and
+     * out[] of the global values (dist/ partitions a graph with it). `a` starts as n->a. NULL:
+     * the attributes hold for any block (shapes come from the inputs). */
+    void (*localize)(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a);
     int is_matmul; /* counts toward the GEMM-bound floor */
 } adt_op_def;
 

@@ -445,10 +445,15 @@ static int expand_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
     return c;
 }
 
+/* the sizes of the expanded axes are those of the output block */
+static void expand_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    for (int ax = (int)n->a.i[0]; ax <= n->a.i[1]; ax++) a->i[2 + ax - n->a.i[0]] = out[0].shape.dim[ax];
+}
+
 const adt_op_def adt_opdef_expand = {
     .name = "expand", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
     .infer = expand_infer, .forward = expand_forward, .backward = expand_backward,
-    .flops = op_flops_per_out, .sbp = expand_sbp,
+    .flops = op_flops_per_out, .sbp = expand_sbp, .localize = expand_localize,
 };
 
 /* ---- fill: a constant scalar (the seed gradient d loss / d loss) --------------------------- */

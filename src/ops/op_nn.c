@@ -114,9 +114,15 @@ const adt_op_def adt_opdef_layernorm = {
     .flops = layernorm_flops, .sbp = layernorm_sbp,
 };
 
+/* inputs dy, x, w, mean, rstd */
 static int layernorm_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    for (int i = 0; i < 5; i++)
+        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
     const adt_shape *x = &OP_IN(g, n, 1)->shape;
-    if (!adt_shape_equal(&OP_IN(g, n, 0)->shape, x)) return op_fail_shape(g, n, 0, "the shape of x");
+    adt_shape c = adt_shape_1d(x->dim[x->ndim - 1]), rows = rows_shape(x);
+    if (op_need_shape(g, n, 0, x, "the shape of x") || op_need_shape(g, n, 2, &c, "the last dim of x") ||
+        op_need_shape(g, n, 3, &rows, "x without its last axis") || op_need_shape(g, n, 4, &rows, "x without its last axis"))
+        return -1;
     os[0] = *x;
     os[1] = os[2] = OP_IN(g, n, 2)->shape;
     od[0] = od[1] = od[2] = ADT_F32;
@@ -255,7 +261,17 @@ const adt_op_def adt_opdef_attention = {
     .flops = attention_flops, .scratch = attention_scratch, .sbp = attention_sbp, .is_matmul = 1,
 };
 
+/* inputs dy[B,T,C], qkv[B,T,3C], att[B,H,T,T]: the forward's rule on qkv, then the others */
 static int attention_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    adt_node fwd = *n;
+    fwd.in[0] = n->in[1];
+    fwd.n_in = 1;
+    adt_shape fo[2];
+    adt_dtype fd[2];
+    if (attention_infer(g, &fwd, fo, fd)) return -1;
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 2, ADT_F32) ||
+        op_need_shape(g, n, 0, &fo[0], "[B,T,C] of qkv") || op_need_shape(g, n, 2, &fo[1], "[B,H,T,T] of qkv"))
+        return -1;
     os[0] = OP_IN(g, n, 1)->shape;
     od[0] = ADT_F32;
     return 0;
@@ -282,7 +298,10 @@ int adt_attention(adt_graph *g, int qkv, int n_head) {
 /* ---- dropout ------------------------------------------------------------------------------- */
 
 static int dropout_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32)) return -1;
+    adt_shape one = adt_shape_1d(1);
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32) ||
+        op_need_shape(g, n, 1, &one, "the step, a scalar"))
+        return -1;
     float p = n->a.f[0];
     if (!(p >= 0.0f && p < 1.0f))
         return adt_graph_fail(g, ADT_ERR_ARG, "node %s: dropout probability %g, expected 0 <= p < 1",

@@ -118,6 +118,13 @@ int op_need_dtype(adt_graph *g, const adt_node *n, int input, adt_dtype dt) {
                           n->name, input, v->name, adt_dtype_name(v->dtype), adt_dtype_name(dt));
 }
 
+int op_need_shape(adt_graph *g, const adt_node *n, int input, const adt_shape *want, const char *what) {
+    if (adt_shape_equal(&OP_IN(g, n, input)->shape, want)) return 0;
+    char exp[160], buf[64];
+    snprintf(exp, sizeof exp, "%s (%s)", adt_shape_str(want, buf, sizeof buf), what);
+    return op_fail_shape(g, n, input, exp);
+}
+
 int op_node(adt_graph *g, int op, const int *in, int n_in, const adt_attrs *a, int *outs) {
     int id = adt_graph_add_node(g, op, in, n_in, a);
     if (id < 0) return -1;
