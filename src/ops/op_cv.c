@@ -82,10 +82,14 @@ static int conv2d_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
         op_sig(g, n, out, &c, max, "S0 B B -> S0");   /* data parallel */
         op_sig(g, n, out, &c, max, "B S0 S0 -> S1");  /* output channels */
         op_sig(g, n, out, &c, max, "S1 S1 P -> P");   /* input channels: partial sums */
+        op_sig(g, n, out, &c, max, "P B P -> P");     /* bilinear, as matmul */
+        op_sig(g, n, out, &c, max, "B P P -> P");
     } else {
         op_sig(g, n, out, &c, max, "S0 B -> S0");
         op_sig(g, n, out, &c, max, "B S0 -> S1");
         op_sig(g, n, out, &c, max, "S1 S1 -> P");
+        op_sig(g, n, out, &c, max, "P B -> P");
+        op_sig(g, n, out, &c, max, "B P -> P");
     }
     return c;
 }
@@ -129,6 +133,8 @@ static int conv2d_bwd_data_sbp(const adt_graph *g, const adt_node *n, adt_sbp_si
     op_sig(g, n, out, &c, max, "S0 B -> S0");
     op_sig(g, n, out, &c, max, "S1 S0 -> P");
     op_sig(g, n, out, &c, max, "B S1 -> S1");
+    op_sig(g, n, out, &c, max, "P B -> P");
+    op_sig(g, n, out, &c, max, "B P -> P");
     return c;
 }
 
@@ -176,6 +182,8 @@ static int conv2d_bwd_weight_sbp(const adt_graph *g, const adt_node *n, adt_sbp_
     op_sig(g, n, out, &c, max, "S0 S0 -> P P");
     op_sig(g, n, out, &c, max, "S1 B -> S0 S0");
     op_sig(g, n, out, &c, max, "B S1 -> S1 B");
+    op_sig(g, n, out, &c, max, "P B -> P P"); /* linear in dy (the bias gradient too) */
+    op_sig(g, n, out, &c, max, "B P -> P B"); /* linear in x; the bias gradient does not read x */
     return c;
 }
 
@@ -242,6 +250,7 @@ static int maxpool_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, 
     } else {
         op_sig(g, n, out, &c, max, "S0 S0 -> S0");
         op_sig(g, n, out, &c, max, "S1 S1 -> S1");
+        op_sig(g, n, out, &c, max, "P B -> P"); /* linear in dy */
     }
     return c;
 }
@@ -347,6 +356,8 @@ static int interaction_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *o
     } else {
         op_sig(g, n, out, &c, max, "S0 S0 -> S0");
         op_sig(g, n, out, &c, max, "B S2 -> S2");
+        op_sig(g, n, out, &c, max, "P B -> P"); /* dx = (dZ + dZ^T) x: linear in each */
+        op_sig(g, n, out, &c, max, "B P -> P");
     }
     return c;
 }

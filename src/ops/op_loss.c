@@ -42,6 +42,7 @@ static int embedding_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     for (int ax = 0; ax < r; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
     op_sig(g, n, out, &c, max, "B S0 -> P");   /* vocabulary-parallel: owner rows, zeros */
     op_sig(g, n, out, &c, max, "B S1 -> S-1"); /* hidden-split table */
+    op_sig(g, n, out, &c, max, "B P -> P");    /* a lookup is linear in the table */
     return c;
 }
 

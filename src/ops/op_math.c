@@ -135,6 +135,11 @@ static int matmul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
         else if (rb == 2) op_sig(g, n, out, &c, max, "B S0 -> S-1");
         /* k split: partial sums */
         op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? 0 : -1, tb ? -1 : 0);
+        /* X^T dY with X[B,T,K], dY[B,T,N] contracts every leading axis: any of them may split */
+        const adt_shape *sa = &OP_IN(g, n, 0)->shape, *sb = &OP_IN(g, n, 1)->shape;
+        if (ta && !tb && ra == rb && adt_shape_prod(sa, 0, ra - 1) == adt_shape_prod(sb, 0, rb - 1))
+            for (int ax = 1; ax < ra - 1; ax++)
+                if (sa->dim[ax] == sb->dim[ax]) op_sig(g, n, out, &c, max, "S%d S%d -> P", ax, ax);
     }
     op_sig(g, n, out, &c, max, "P B -> P");
     op_sig(g, n, out, &c, max, "B P -> P");

@@ -13,6 +13,14 @@ static int pointwise_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     return c;
 }
 
+/* Backward of a pointwise op: linear in the incoming gradient, so a partial sum passes through
+ * when the saved forward value is whole. */
+static int pointwise_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = pointwise_sbp(g, n, out, max);
+    op_sig(g, n, out, &c, max, "P B -> P");
+    return c;
+}
+
 static double flops_x1(const adt_graph *g, const adt_node *n) { return (double)OP_NUMEL(g, n->out[0]); }
 static double flops_x4(const adt_graph *g, const adt_node *n) { return 4.0 * (double)OP_NUMEL(g, n->out[0]); }
 static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (double)OP_NUMEL(g, n->out[0]); }
@@ -40,7 +48,7 @@ static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (
     const adt_op_def adt_opdef_##NAME##_bwd = {                                                \
         .name = #NAME "_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,         \
         .infer = op_infer_same_shape, .forward = NAME##_bwd_forward, .flops = FLOPS,                   \
-        .sbp = pointwise_sbp,                                                                  \
+        .sbp = pointwise_bwd_sbp,                                                              \
     };
 
 /* relu and gelu differentiate from their input; sigmoid from its output */
@@ -140,6 +148,7 @@ static int layernorm_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig 
     int c = 0, r = OP_IN(g, n, 1)->shape.ndim;
     for (int ax = 0; ax < r - 1; ax++)
         op_sig(g, n, out, &c, max, "S%d S%d B S%d S%d -> S%d P P", ax, ax, ax, ax, ax);
+    op_sig(g, n, out, &c, max, "P B B B B -> P P P"); /* linear in dy */
     return c;
 }
 
@@ -185,9 +194,16 @@ const adt_op_def adt_opdef_softmax = {
     .infer = op_infer_same_shape, .forward = softmax_forward, .backward = softmax_backward,
     .flops = flops_x4, .sbp = softmax_sbp,
 };
+/* linear in dy: a partial sum passes through with the softmax output whole */
+static int softmax_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = softmax_sbp(g, n, out, max);
+    op_sig(g, n, out, &c, max, "P B -> P");
+    return c;
+}
+
 const adt_op_def adt_opdef_softmax_bwd = {
     .name = "softmax_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
-    .infer = op_infer_same_shape, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_sbp,
+    .infer = op_infer_same_shape, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_bwd_sbp,
 };
 
 int adt_softmax(adt_graph *g, int x) { return op_node_out(g, ADT_OP_SOFTMAX, (int[]){x}, 1, NULL, 0); }
@@ -251,7 +267,10 @@ static int attention_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     int c = 0;
     /* batch split; a head split needs the q|k|v columns grouped per head (a later layout) */
     if (n->op == ADT_OP_ATTENTION) op_sig(g, n, out, &c, max, "S0 -> S0 S0");
-    else op_sig(g, n, out, &c, max, "S0 S0 S0 -> S0");
+    else {
+        op_sig(g, n, out, &c, max, "S0 S0 S0 -> S0");
+        op_sig(g, n, out, &c, max, "P B B -> P"); /* linear in dy */
+    }
     return c;
 }
 
@@ -342,6 +361,7 @@ static int dropout_backward(adt_graph *g, int node, const int *dout, const int *
 static int dropout_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
     int c = 0, r = OP_OUT(g, n, 0)->shape.ndim;
     for (int ax = 0; ax < r; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
+    op_sig(g, n, out, &c, max, "P B -> P"); /* the mask is fixed: dropout is linear in x */
     return c;
 }
 
