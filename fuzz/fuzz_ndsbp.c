@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FUZZ_ASSERT(adt_mesh_init(&m, mesh_ndim, dims) == ADT_OK);
             adt_comm_cost cc = {{1e-6, 2e-6, 3e-6}, {1e-9, 1e-10, 1e-11}, 1e-12};
             adt_boxing_prog p;
-            FUZZ_ASSERT(adt_boxing_plan(&m, shape, 4, &from, &to, &cc, &p) == ADT_OK);
+            FUZZ_ASSERT(adt_boxing_plan(&m, shape, ADT_F32, &from, &to, &cc, &p) == ADT_OK);
             for (int i = 0; i < p.n_steps; i++)
                 FUZZ_ASSERT(adt_boxing_step_valid(&p.step[i].from, p.step[i].mesh_axis,
                                                   p.step[i].to.s[p.step[i].mesh_axis]));
@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 adt_box b = adt_ndsbp_block(&from, &m, c, shape);
                 bufs[r] = calloc((size_t)adt_shape_numel(&b.shape) + 1, 4);
             }
-            FUZZ_ASSERT(adt_boxing_run_virtual(&p, &m, ADT_F32, bufs) == ADT_OK);
+            FUZZ_ASSERT(adt_boxing_run_virtual(&p, &m, bufs) == ADT_OK);
             for (int r = 0; r < m.nranks; r++) free(bufs[r]);
             free(bufs);
         }

@@ -337,7 +337,7 @@ static void test_boxing_known_paths(void) {
      * against 2 T */
     adt_comm_cost bw = {{1e-9, 1e-9, 1e-9}, {1e-9, 1e-9, 1e-9}, 1e-15};
     adt_ndsbp pp = nd("(P,P)", 2, 1), bb = nd("(B,B)", 2, 1);
-    CHECK(adt_boxing_plan(&m, adt_shape_1d(1 << 20), 4, &pp, &bb, &bw, &p) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_boxing_plan(&m, adt_shape_1d(1 << 20), ADT_F32, &pp, &bb, &bw, &p) == ADT_OK, "%s", adt_error_message());
     kinds_of(&p, k);
     CHECK(p.n_steps == 3 && k[0] == ADT_BOXING_REDUCE_SCATTER * 10 + 1 && k[1] == ADT_BOXING_ALL_REDUCE * 10 + 0 &&
               k[2] == ADT_BOXING_ALL_GATHER * 10 + 1,
@@ -346,32 +346,32 @@ static void test_boxing_known_paths(void) {
     CHECK_CLOSE(p.time, 4e-9 + 1.5 * T * 1e-9, 1e-9, 0);
     /* a slow outer axis: the same path, the outer step priced with the outer link */
     adt_comm_cost skew = {{1e-5, 1e-6, 0}, {1e-8, 1e-10, 0}, 0};
-    adt_boxing_plan(&m, adt_shape_1d(1 << 20), 4, &pp, &bb, &skew, &p);
+    adt_boxing_plan(&m, adt_shape_1d(1 << 20), ADT_F32, &pp, &bb, &skew, &p);
     CHECK(p.n_steps == 3 && p.step[1].mesh_axis == 0, "skewed:\n%s", adt_boxing_prog_str(&p, buf, sizeof buf));
     CHECK_CLOSE(p.time, 2e-6 + 2 * 0.5 * T * 1e-10 + 2e-5 + 0.5 * T * 1e-8, 1e-9, 0);
     /* one axis: P -> B is one all-reduce priced by the formula */
     adt_mesh m4 = mesh(1, 4, 0, 0);
     adt_ndsbp p1 = nd("P", 1, 2), b1 = nd("B", 1, 2), s0 = nd("S0", 1, 2), s1 = nd("S1", 1, 2);
-    adt_boxing_plan(&m4, adt_shape_2d(8, 8), 4, &p1, &b1, &bw, &p);
+    adt_boxing_plan(&m4, adt_shape_2d(8, 8), ADT_F32, &p1, &b1, &bw, &p);
     CHECK(p.n_steps == 1 && p.step[0].kind == ADT_BOXING_ALL_REDUCE && p.step[0].bytes == 1.5 * 256, "P->B:\n%s",
           adt_boxing_prog_str(&p, buf, sizeof buf));
     CHECK_CLOSE(p.time, 6e-9 + 384e-9, 1e-12, 0);
-    adt_boxing_plan(&m4, adt_shape_2d(8, 8), 4, &s0, &s1, &bw, &p);
+    adt_boxing_plan(&m4, adt_shape_2d(8, 8), ADT_F32, &s0, &s1, &bw, &p);
     CHECK(p.n_steps == 1 && p.step[0].kind == ADT_BOXING_ALL_TO_ALL && p.step[0].from_axis == 0 && p.step[0].to_axis == 1,
           "S0->S1:\n%s", adt_boxing_prog_str(&p, buf, sizeof buf));
-    adt_boxing_plan(&m4, adt_shape_2d(8, 8), 4, &s1, &s1, &bw, &p);
+    adt_boxing_plan(&m4, adt_shape_2d(8, 8), ADT_F32, &s1, &s1, &bw, &p);
     CHECK(p.n_steps == 0 && p.time == 0, "identity has steps");
     /* nested: (S0,S0) -> (B,S0) may not gather the outer axis first */
     adt_ndsbp ss = nd("(S0,S0)", 2, 1), bs = nd("(B,S0)", 2, 1);
-    adt_boxing_plan(&m, adt_shape_1d(64), 4, &ss, &bs, &bw, &p);
+    adt_boxing_plan(&m, adt_shape_1d(64), ADT_F32, &ss, &bs, &bw, &p);
     CHECK(p.n_steps == 3 && p.step[0].kind == ADT_BOXING_ALL_GATHER && p.step[0].mesh_axis == 1 &&
               p.step[1].kind == ADT_BOXING_ALL_GATHER && p.step[1].mesh_axis == 0 && p.step[2].kind == ADT_BOXING_SLICE,
           "nested gather order:\n%s", adt_boxing_prog_str(&p, buf, sizeof buf));
     /* bad states */
     adt_ndsbp bad = nd("S1", 1, 2);
-    CHECK(adt_boxing_plan(&m4, adt_shape_1d(8), 4, &bad, &b1, &bw, &p) == ADT_ERR_ARG, "split of a missing axis planned");
+    CHECK(adt_boxing_plan(&m4, adt_shape_1d(8), ADT_F32, &bad, &b1, &bw, &p) == ADT_ERR_ARG, "split of a missing axis planned");
     CHECK(strstr(adt_error_message(), "does not fit a rank-1 tensor"), "%s", adt_error_message());
-    CHECK(adt_boxing_plan(&m, adt_shape_1d(8), 4, &b1, &b1, &bw, &p) == ADT_ERR_ARG, "1-axis state on a 2-axis mesh");
+    CHECK(adt_boxing_plan(&m, adt_shape_1d(8), ADT_F32, &b1, &b1, &bw, &p) == ADT_ERR_ARG, "1-axis state on a 2-axis mesh");
 }
 
 /* Why outer gathers under an inner split of the same axis are excluded: the group's blocks are
@@ -394,17 +394,32 @@ static void test_boxing_nested_rule(void) {
     CHECK(!contiguous || a.offset[0] != want.offset[0] || a.shape.dim[0] + b.shape.dim[0] != want.shape.dim[0],
           "the naive gather would have been right");
     /* the executor refuses such a step */
-    adt_boxing_prog p = {.global = sh, .elem_size = 4, .n_steps = 1};
+    adt_boxing_prog p = {.global = sh, .dtype = ADT_F32, .n_steps = 1};
     p.step[0] = (adt_boxing_step){.mesh_axis = 0, .kind = ADT_BOXING_ALL_GATHER, .from = ss, .to = bs};
     void *bufs[4];
     for (int r = 0; r < 4; r++) bufs[r] = calloc(8, 4);
-    CHECK(adt_boxing_run_virtual(&p, &m, ADT_F32, bufs) == ADT_ERR_ARG, "invalid step run");
+    CHECK(adt_boxing_run_virtual(&p, &m, bufs) == ADT_ERR_ARG, "invalid step run");
     CHECK(strstr(adt_error_message(), "not a valid single-axis step"), "%s", adt_error_message());
     /* and sums of integers */
     adt_ndsbp pb = nd("(P,B)", 2, 1), bb = nd("(B,B)", 2, 1);
     p.step[0] = (adt_boxing_step){.mesh_axis = 0, .kind = ADT_BOXING_ALL_REDUCE, .from = pb, .to = bb};
-    CHECK(adt_boxing_run_virtual(&p, &m, ADT_I32, bufs) == ADT_ERR_ARG, "integer all-reduce run");
+    p.dtype = ADT_I32;
+    CHECK(adt_boxing_run_virtual(&p, &m, bufs) == ADT_ERR_ARG, "integer all-reduce run");
     CHECK(strstr(adt_error_message(), "sums need f32"), "%s", adt_error_message());
+    /* nor does the planner route integers through P, nor accept P ends for them */
+    adt_boxing_prog q;
+    adt_ndsbp s0b = nd("(S0,B)", 2, 2), bs1 = nd("(B,S1)", 2, 2);
+    adt_comm_cost cc = {{1e-6, 1e-6}, {1e-9, 1e-9}, 0};
+    CHECK(adt_boxing_plan(&m, adt_shape_2d(8, 8), ADT_I32, &s0b, &bs1, &cc, &q) == ADT_OK, "%s", adt_error_message());
+    for (int i = 0; i < q.n_steps; i++) CHECK(!adt_ndsbp_partial_mask(&q.step[i].to), "an i32 program passes through P");
+    CHECK(adt_boxing_plan(&m, sh, ADT_I32, &pb, &bb, &cc, &q) == ADT_ERR_ARG && strstr(adt_error_message(), "partial sums"),
+          "%s", adt_error_message());
+    /* a program avoids states with empty blocks when it can: [5] on (2,3) from (S0,B) to (B,S0)
+     * may not pass (S0,S0), whose block at (1,2) is empty */
+    adt_mesh m23 = mesh(2, 2, 3, 0);
+    adt_ndsbp from5 = nd("(S0,B)", 2, 1), to5 = nd("(B,S0)", 2, 1);
+    CHECK(adt_boxing_plan(&m23, adt_shape_1d(5), ADT_F32, &from5, &to5, &cc, &q) == ADT_OK, "%s", adt_error_message());
+    for (int i = 0; i < q.n_steps; i++) CHECK(adt_ndsbp_fits(&q.step[i].to, &m23, adt_shape_1d(5)), "a step into an empty block");
     for (int r = 0; r < 4; r++) free(bufs[r]);
 }
 

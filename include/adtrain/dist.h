@@ -1,7 +1,8 @@
 /*
  * adtrain/dist.h - the distributed algebra: nd-SBP blocks on a device mesh, n-D op signatures,
  * boxing (SBP conversion) programs priced by the alpha-beta model, an in-memory executor of
- * boxing programs over per-rank buffers, and the localisation of a global node for one rank.
+ * boxing programs over per-rank buffers, the localisation of a global node for one rank, and
+ * the partitioner that turns a global training graph and a plan into a rank's local graph.
  *
  * Conventions (DESIGN.md section 2):
  *   - A mesh has 1..ADT_MAX_MESH_DIMS axes, coordinates row-major, axis 0 outermost.
@@ -165,7 +166,7 @@ typedef struct adt_boxing_step {
 
 typedef struct adt_boxing_prog {
     adt_shape global;
-    size_t elem_size;
+    adt_dtype dtype;
     int n_steps;
     adt_boxing_step step[ADT_BOXING_MAX_STEPS];
     double time; /* sum of the steps' times */
@@ -173,20 +174,26 @@ typedef struct adt_boxing_prog {
 
 /* The cheapest program from `from` to `to` (Dijkstra over the nd-SBP states of the tensor,
  * single-axis valid steps as edges, adt_boxing_time as weights; ties go to the state found
- * first, so the result is deterministic). from == to gives zero steps. ADT_OK or ADT_ERR_ARG
- * (an nd-SBP that does not fit the tensor's rank or the mesh). */
-int adt_boxing_plan(const adt_mesh *m, adt_shape global, size_t elem_size, const adt_ndsbp *from,
+ * first, so the result is deterministic). from == to gives zero steps. The states passed
+ * through have non-empty blocks on every rank (unless no such path exists), and hold no P
+ * unless the dtype sums (f32: integer ids are never partial). ADT_OK or ADT_ERR_ARG (an nd-SBP
+ * that does not fit the tensor's rank or the mesh, or P of a dtype that does not sum). */
+int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
                     const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out);
 /* One line per step: "axis 1: all_gather (S(0),S(1)) -> (S(0),B), G 1024 B, sends 512 B". */
 char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n);
 
 /* Runs a program in memory over per-rank buffers: bufs[i] is the block held by mesh position i
- * (contiguous, row-major, in the program's first state); on return it holds the block of the
- * last state (buffers are reallocated with malloc; free them with free()). dtype f32 for
- * programs that reduce (P -> B, P -> S); copies work for any element size. Refuses invalid
- * steps with ADT_ERR_ARG. This is the reference the checker holds the real (comm) executor and
- * the kernels against. */
-int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, adt_dtype dtype, void **bufs);
+ * (contiguous, row-major, elements of p->dtype, in the program's first state); on return it
+ * holds the block of the last state (buffers are reallocated with malloc; free them with
+ * free()). Refuses invalid steps, and sums (P -> B, P -> S) of anything but f32, with
+ * ADT_ERR_ARG. This is the reference the checker holds the comm executor and the kernels to. */
+int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, void **bufs);
+/* One rank's part of one step, the building block of both executors: group[j] is the block held
+ * before the step by the rank whose coordinate on the step's mesh axis is j (the others equal to
+ * coord); out receives this rank's block after the step (sized by the caller). */
+int adt_boxing_step_local(const adt_boxing_step *st, const adt_mesh *m, const int *coord, adt_shape global,
+                          adt_dtype dtype, const void *const *group, void *out);
 
 /* ---- localisation: one global node on one rank --------------------------------------------- */
 
@@ -212,6 +219,40 @@ int adt_dist_add_local_leaf(adt_graph *lg, const adt_graph *g, int value, const 
  * graph's error set when the shape rule disagrees with the expected blocks. */
 int adt_dist_add_local_node(adt_graph *lg, const adt_graph *g, const adt_local_node *ln,
                             const int *in);
+
+/* ---- the partitioner: global graph + plan -> one rank's local graph -------------------------- */
+
+typedef struct adt_dist_plan {
+    adt_mesh mesh;
+    const adt_nd_sig *node_sig; /* [g->n_nodes]: the n-D signature chosen for every node       */
+    /* [g->n_values] or NULL: the layout each leaf (fed input, parameter, optimizer state) is
+     * held in. An entry with ndim 0, or every leaf when NULL, takes the layout that reads it
+     * first: its in-place updater's (the optimizer step: the stored layout is the updated
+     * one) or else its first consumer's, with P read as B. A leaf is never held as P. */
+    const adt_ndsbp *leaf_sbp;
+    adt_comm_cost cost; /* prices the boxing programs: the numbers the planner used */
+} adt_dist_plan;
+
+typedef struct adt_dist_local {
+    adt_graph *g;       /* the rank's local graph: compute and boxing nodes in run order     */
+    int *value;         /* [global n_values]: the local value holding a global value in the
+                           layout its producer wrote (leaves: the held layout), or -1        */
+    adt_ndsbp *layout;  /* [global n_values]: that layout                                    */
+    int n_boxing;       /* boxing nodes (one per step) in g                                  */
+    double boxing_time; /* the predicted time of those steps, summed                         */
+} adt_dist_local;
+
+/* Builds rank `coord`'s local graph: every global node localised under its signature, and on
+ * each edge whose producer's layout differs from the consumer's, the cheapest boxing program
+ * (one BOXING node per step; a value boxed to a layout once is reused by later readers).
+ * Global values marked as outputs stay outputs; parameters keep their names, so initialisation
+ * by global index equals the serial one. Errors name the node or value and the layouts. */
+int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *coord, adt_dist_local *out);
+void adt_dist_local_free(adt_dist_local *l);
+
+/* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
+ * communicator's run() starts from. */
+int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh *m, adt_boxing_step *st);
 
 #ifdef __cplusplus
 }

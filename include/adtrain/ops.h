@@ -30,6 +30,10 @@
  *   SLICE_GRAD      i0 axis, i1 start, i2 full length (zero-pads a slice back into place)
  *   DROPOUT         f0 p, i0 stream; input 1 is the step (i32 scalar)
  *   FILL            f0 value (used for d loss / d loss = 1)
+ *   BOXING          one step of an SBP conversion in a rank's local graph (made by the
+ *                   partitioner, run by the executor's communicator): i0 kind | mesh axis << 8,
+ *                   i1 the nd-SBP before | after << 32 (packed by dist/), i2..i7 the output's
+ *                   local shape (rank of the input)
  *   SGD             f0 momentum, f1 weight decay; inputs w, g, [m], lr, step; outputs w, [m]
  *   ADAMW           f0 beta1, f1 beta2, f2 eps, f3 weight decay; inputs w, g, m, v, lr, step
  *                   outputs w, m, v (in place: outputs alias the state)
@@ -90,8 +94,19 @@ typedef enum adt_op_kind {
     ADT_OP_FILL,
     ADT_OP_SGD,
     ADT_OP_ADAMW,
+    ADT_OP_BOXING,
     ADT_OP_COUNT
 } adt_op_kind;
+
+struct adt_kctx;
+
+/* How a communication op (BOXING) reaches the ranks' communicator: the executor hands every
+ * kernel the hook it was given (adt_exec_opts.comm). run() performs node k->n on k->in / k->out
+ * with the other ranks and returns ADT_OK or an error code (left in ctx for the caller). */
+typedef struct adt_comm_hook {
+    int (*run)(void *ctx, const struct adt_kctx *k);
+    void *ctx;
+} adt_comm_hook;
 
 /* What a kernel sees: the node, its values, and the buffers the executor assigned. */
 typedef struct adt_kctx {
@@ -102,6 +117,7 @@ typedef struct adt_kctx {
     float *scratch;   /* adt_op_def.scratch floats, 64-byte aligned */
     uint64_t seed;    /* the run's seed (dropout) */
     int training;     /* 0 in evaluation runs: dropout is the identity */
+    const adt_comm_hook *comm; /* communication ops only; NULL otherwise */
 } adt_kctx;
 
 /* A concrete 1-D SBP signature of one node: an SBP for each input and each output. */
@@ -134,6 +150,7 @@ typedef struct adt_op_def {
      * the attributes hold for any block (shapes come from the inputs). */
     void (*localize)(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a);
     int is_matmul; /* counts toward the GEMM-bound floor */
+    int is_comm;   /* communicates: runs through adt_kctx.comm, exists only in local graphs */
 } adt_op_def;
 
 const adt_op_def *adt_op_get(int kind);

@@ -140,20 +140,17 @@ static int check_state(const char *what, const adt_ndsbp *s, const adt_mesh *m, 
 
 #define MAX_STATES 512 /* (ADT_MAX_DIMS + 2) ^ ADT_MAX_MESH_DIMS */
 
-int adt_boxing_plan(const adt_mesh *m, adt_shape global, size_t elem_size, const adt_ndsbp *from,
-                    const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out) {
-    memset(out, 0, sizeof *out);
-    out->global = global;
-    out->elem_size = elem_size;
-    int rc = check_state("source", from, m, global);
-    if (!rc) rc = check_state("target", to, m, global);
-    if (rc) return rc;
+/* Only f32 partial sums exist (the virtual and the comm executors reduce f32). */
+static int dtype_sums(adt_dtype dt) { return dt == ADT_F32; }
+
+/* Dijkstra from src; intermediate states must have non-empty blocks unless allow_empty. */
+static void search(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_comm_cost *cost, int src, int dst,
+                   int allow_empty, double *dist, int *prev, int *prev_axis) {
     int d = m->ndim, base = global.ndim + 2, n = 1;
+    size_t elem_size = adt_dtype_size(dtype);
     for (int a = 0; a < d; a++) n *= base;
-    double dist[MAX_STATES];
-    int prev[MAX_STATES], prev_axis[MAX_STATES], done[MAX_STATES];
+    int done[MAX_STATES];
     for (int i = 0; i < n; i++) dist[i] = INFINITY, prev[i] = -1, prev_axis[i] = -1, done[i] = 0;
-    int src = state_id(from, base), dst = state_id(to, base);
     dist[src] = 0;
     for (;;) {
         int u = -1;
@@ -166,17 +163,39 @@ int adt_boxing_plan(const adt_mesh *m, adt_shape global, size_t elem_size, const
             for (int c = 0; c < base; c++) {
                 adt_sbp t = code_sbp(c);
                 if (!adt_boxing_step_valid(&su, a, t)) continue;
+                if (t.kind == ADT_SBP_P && !dtype_sums(dtype)) continue;
                 adt_boxing_step st;
                 make_step(m, global, elem_size, &su, a, t, cost, &st);
                 int v = state_id(&st.to, base);
                 if (done[v] || !(dist[u] + st.time < dist[v])) continue;
+                if (v != dst && !allow_empty && !adt_ndsbp_fits(&st.to, m, global)) continue;
                 dist[v] = dist[u] + st.time;
                 prev[v] = u;
                 prev_axis[v] = a;
             }
     }
+}
+
+int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
+                    const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out) {
+    memset(out, 0, sizeof *out);
+    out->global = global;
+    out->dtype = dtype;
+    int rc = check_state("source", from, m, global);
+    if (!rc) rc = check_state("target", to, m, global);
+    if (rc) return rc;
+    char a[64], b[64];
+    if (!dtype_sums(dtype) && (adt_ndsbp_partial_mask(from) || adt_ndsbp_partial_mask(to)))
+        return adt_error(ADT_ERR_ARG, "boxing: %s -> %s of %s data: only f32 is held as partial sums",
+                         adt_ndsbp_str(from, a, sizeof a), adt_ndsbp_str(to, b, sizeof b), adt_dtype_name(dtype));
+    int d = m->ndim, base = global.ndim + 2;
+    size_t elem_size = adt_dtype_size(dtype);
+    double dist[MAX_STATES];
+    int prev[MAX_STATES], prev_axis[MAX_STATES];
+    int src = state_id(from, base), dst = state_id(to, base);
+    search(m, global, dtype, cost, src, dst, 0, dist, prev, prev_axis);
+    if (!(dist[dst] < INFINITY)) search(m, global, dtype, cost, src, dst, 1, dist, prev, prev_axis);
     if (!(dist[dst] < INFINITY)) { /* cannot happen: all-B is reachable from and reaches every state */
-        char a[64], b[64];
         return adt_error(ADT_ERR_ARG, "boxing: no path from %s to %s", adt_ndsbp_str(from, a, sizeof a),
                          adt_ndsbp_str(to, b, sizeof b));
     }
@@ -187,9 +206,9 @@ int adt_boxing_plan(const adt_mesh *m, adt_shape global, size_t elem_size, const
     for (int i = len - 1; i >= 0; i--) {
         int v = path[i];
         adt_ndsbp su = state_ndsbp(prev[v], base, d), sv = state_ndsbp(v, base, d);
-        int a = prev_axis[v];
+        int ax = prev_axis[v];
         adt_boxing_step *st = &out->step[out->n_steps++];
-        make_step(m, global, elem_size, &su, a, sv.s[a], cost, st);
+        make_step(m, global, elem_size, &su, ax, sv.s[ax], cost, st);
         out->time += st->time;
     }
     return ADT_OK;

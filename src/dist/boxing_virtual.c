@@ -69,11 +69,45 @@ static int check_step(const adt_boxing_step *st, int i) {
     return ADT_OK;
 }
 
-int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, adt_dtype dtype, void **bufs) {
+int adt_boxing_step_local(const adt_boxing_step *st, const adt_mesh *m, const int *coord, adt_shape global,
+                          adt_dtype dtype, const void *const *group, void *out) {
     size_t es = adt_dtype_size(dtype);
-    if (es != p->elem_size)
-        return adt_error(ADT_ERR_ARG, "boxing: buffers of %s for a program over %zu-byte elements",
-                         adt_dtype_name(dtype), p->elem_size);
+    int ax = st->mesh_axis;
+    if (ax < 0 || ax >= m->ndim) return adt_error(ADT_ERR_ARG, "boxing step on mesh axis %d of a %d-axis mesh", ax, m->ndim);
+    int reduce = st->kind == ADT_BOXING_ALL_REDUCE || st->kind == ADT_BOXING_REDUCE_SCATTER;
+    if (reduce && dtype != ADT_F32)
+        return adt_error(ADT_ERR_ARG, "boxing step: %s of %s data (sums need f32)", adt_boxing_kind_name(st->kind),
+                         adt_dtype_name(dtype));
+    adt_box db = adt_ndsbp_block(&st->to, m, coord, global);
+    memset(out, 0, (size_t)adt_shape_numel(&db.shape) * es); /* what KEEP_ONE / ZERO_FILL leave */
+    int c[ADT_MAX_MESH_DIMS];
+    memcpy(c, coord, sizeof c);
+    switch (st->kind) {
+    case ADT_BOXING_ALL_REDUCE:
+    case ADT_BOXING_REDUCE_SCATTER:
+    case ADT_BOXING_ALL_GATHER:
+    case ADT_BOXING_ALL_TO_ALL:
+        for (int j = 0; j < m->dim[ax]; j++) { /* the group: my coordinate with axis ax = j */
+            c[ax] = j;
+            adt_box sb = adt_ndsbp_block(&st->from, m, c, global);
+            box_transfer(out, &db, group[j], &sb, es, reduce);
+        }
+        break;
+    default: /* SLICE, ZERO_FILL, KEEP_ONE: my own data cut, or placed into zeros (coordinate 0
+              * keeps its data on KEEP_ONE, the others leave zeros) */
+        if (st->kind != ADT_BOXING_KEEP_ONE || coord[ax] == 0) {
+            adt_box sb = adt_ndsbp_block(&st->from, m, coord, global);
+            box_transfer(out, &db, group[coord[ax]], &sb, es, 0);
+        }
+        break;
+    }
+    return ADT_OK;
+}
+
+int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, void **bufs) {
+    adt_dtype dtype = p->dtype;
+    size_t es = adt_dtype_size(dtype);
+    if (!es) return adt_error(ADT_ERR_ARG, "boxing: a program over elements of unknown dtype %d", (int)dtype);
     for (int i = 0; i < p->n_steps; i++) {
         int rc = check_step(&p->step[i], i);
         if (rc) return rc;
@@ -84,44 +118,24 @@ int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, adt_dtyp
     }
     int nr = m->nranks;
     void **next = adt_calloc((size_t)nr, sizeof *next);
-    adt_box *sb = adt_calloc((size_t)nr, sizeof *sb);
     for (int i = 0; i < p->n_steps; i++) {
         const adt_boxing_step *st = &p->step[i];
         int ax = st->mesh_axis;
+        const void **group = adt_calloc((size_t)m->dim[ax], sizeof *group);
         for (int r = 0; r < nr; r++) {
-            int c[ADT_MAX_MESH_DIMS];
+            int c[ADT_MAX_MESH_DIMS], cj[ADT_MAX_MESH_DIMS];
             adt_mesh_coord(m, r, c);
-            sb[r] = adt_ndsbp_block(&st->from, m, c, p->global);
-        }
-        for (int r = 0; r < nr; r++) {
-            int c[ADT_MAX_MESH_DIMS];
-            adt_mesh_coord(m, r, c);
+            memcpy(cj, c, sizeof cj);
+            for (int j = 0; j < m->dim[ax]; j++) {
+                cj[ax] = j;
+                group[j] = bufs[adt_mesh_index(m, cj)];
+            }
             adt_box db = adt_ndsbp_block(&st->to, m, c, p->global);
             int64_t n = adt_shape_numel(&db.shape);
-            next[r] = adt_calloc((size_t)(n > 0 ? n : 1), es); /* zeros: what KEEP_ONE / ZERO_FILL leave */
-            switch (st->kind) {
-            case ADT_BOXING_ALL_REDUCE:
-            case ADT_BOXING_REDUCE_SCATTER:
-            case ADT_BOXING_ALL_GATHER:
-            case ADT_BOXING_ALL_TO_ALL: {
-                int add = st->kind == ADT_BOXING_ALL_REDUCE || st->kind == ADT_BOXING_REDUCE_SCATTER;
-                for (int j = 0; j < m->dim[ax]; j++) { /* the group: my coordinate with axis ax = j */
-                    int cj[ADT_MAX_MESH_DIMS];
-                    memcpy(cj, c, sizeof cj);
-                    cj[ax] = j;
-                    int q = adt_mesh_index(m, cj);
-                    box_transfer(next[r], &db, bufs[q], &sb[q], es, add);
-                }
-                break;
-            }
-            case ADT_BOXING_KEEP_ONE:
-                if (c[ax] == 0) box_transfer(next[r], &db, bufs[r], &sb[r], es, 0);
-                break;
-            default: /* SLICE, ZERO_FILL: my own data, cut or placed into zeros */
-                box_transfer(next[r], &db, bufs[r], &sb[r], es, 0);
-                break;
-            }
+            next[r] = adt_malloc((size_t)(n > 0 ? n : 1) * es);
+            adt_boxing_step_local(st, m, c, p->global, dtype, group, next[r]);
         }
+        free(group);
         for (int r = 0; r < nr; r++) {
             free(bufs[r]);
             bufs[r] = next[r];
@@ -129,6 +143,5 @@ int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, adt_dtyp
         }
     }
     free(next);
-    free(sb);
     return ADT_OK;
 }
