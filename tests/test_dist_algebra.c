@@ -9,6 +9,7 @@
 
 #include "adtrain/adtrain.h"
 #include "check.h"
+#include "dist_check.h"
 
 static adt_mesh mesh(int nd, int a, int b, int c) {
     adt_mesh m;
@@ -115,15 +116,7 @@ static void test_blocks_partition(void) {
                         if (b.shape.dim[d] > thi.dim[d]) thi.dim[d] = b.shape.dim[d];
                         nonempty &= b.shape.dim[d] > 0;
                     }
-                    for (int64_t e = 0; e < adt_shape_numel(&b.shape); e++) {
-                        int64_t rest = e, gi = 0, stride = 1;
-                        for (int d = sh.ndim - 1; d >= 0; d--) {
-                            gi += (rest % b.shape.dim[d] + b.offset[d]) * stride;
-                            rest /= b.shape.dim[d];
-                            stride *= sh.dim[d];
-                        }
-                        cover[gi]++;
-                    }
+                    for (int64_t e = 0; e < adt_shape_numel(&b.shape); e++) cover[dc_global_index(&b, e)]++;
                 }
                 int bad = 0;
                 for (int64_t e = 0; e < numel; e++) bad += cover[e] != repl;

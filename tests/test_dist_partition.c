@@ -15,6 +15,7 @@
 
 #include "adtrain/adtrain.h"
 #include "check.h"
+#include "dist_check.h"
 
 static uint64_t g_seed;
 static uint64_t g_ctr;
@@ -124,20 +125,6 @@ static void make_feed(const model *m, void **feed) {
     }
 }
 
-/* Copies block b of a global array into dst. */
-static void copy_block(void *dst, const void *src, const adt_box *b, size_t es) {
-    int64_t n = adt_shape_numel(&b->shape);
-    for (int64_t li = 0; li < n; li++) {
-        int64_t rest = li, gi = 0, stride = 1;
-        for (int d = b->shape.ndim - 1; d >= 0; d--) {
-            gi += (rest % b->shape.dim[d] + b->offset[d]) * stride;
-            rest /= b->shape.dim[d];
-            stride *= b->global.dim[d];
-        }
-        memcpy((char *)dst + li * es, (const char *)src + gi * es, es);
-    }
-}
-
 /* Largest |local - serial| / (|serial| + max|serial|) of global value v over all ranks, P
  * groups summed first. */
 static double value_err(const adt_graph *g, int v, const float *ref, const adt_mesh *m, adt_dist_local *loc, vrank *rk) {
@@ -149,23 +136,21 @@ static double value_err(const adt_graph *g, int v, const float *ref, const adt_m
     for (int64_t i = 0; i < gn; i++) scale = fmax(scale, fabs(ref[i]));
     if (scale == 0) scale = 1;
     for (int r = 0; r < m->nranks; r++) {
-        int c[ADT_MAX_MESH_DIMS], lead = 1;
+        int c[ADT_MAX_MESH_DIMS];
         adt_mesh_coord(m, r, c);
-        for (int a = 0; a < m->ndim; a++) lead &= !(pm >> a & 1) || c[a] == 0;
-        if (!lead) continue;
+        if (!dc_group_leader(m, pm, c)) continue;
         adt_box b = adt_ndsbp_block(s, m, c, val->shape);
         int64_t n = adt_shape_numel(&b.shape);
         double *acc = calloc((size_t)n, sizeof *acc);
         for (int q = 0; q < m->nranks; q++) {
-            int cq[ADT_MAX_MESH_DIMS], same = 1;
+            int cq[ADT_MAX_MESH_DIMS];
             adt_mesh_coord(m, q, cq);
-            for (int a = 0; a < m->ndim; a++) same &= (pm >> a & 1) ? 1 : cq[a] == c[a];
-            if (!same) continue;
+            if (!dc_same_group(m, pm, c, cq)) continue;
             const float *x = adt_exec_data(rk[q].ex, loc[q].value[v]);
             for (int64_t e = 0; e < n; e++) acc[e] += x[e];
         }
         float *want = malloc((size_t)n * sizeof *want);
-        copy_block(want, ref, &b, 4);
+        dc_copy_block(want, ref, &b, 4);
         for (int64_t e = 0; e < n; e++) {
             double err = fabs(acc[e] - want[e]) / (fabs(want[e]) + scale);
             if (!(err <= worst)) worst = err;
@@ -251,7 +236,7 @@ static void run_plan(const model *md, const adt_mesh *m, const adt_nd_sig *sig, 
             for (int v = 0; v < g->n_values; v++) {
                 if (!feed[v]) continue;
                 adt_box b = adt_ndsbp_block(&loc[r].layout[v], m, rk[r].coord, g->values[v].shape);
-                copy_block(adt_exec_data(rk[r].ex, loc[r].value[v]), feed[v], &b, 4);
+                dc_copy_block(adt_exec_data(rk[r].ex, loc[r].value[v]), feed[v], &b, 4);
             }
         }
         pthread_t th[64];

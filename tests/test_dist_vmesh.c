@@ -31,6 +31,7 @@
 
 #include "adtrain/adtrain.h"
 #include "check.h"
+#include "dist_check.h"
 
 static uint64_t g_seed;
 static uint64_t g_ctr;
@@ -305,35 +306,9 @@ static void fill_leaf(tensor *t, fill_kind f, int hi) {
     }
 }
 
-/* Row-major walk of a block inside the global tensor: calls fn(global flat, local flat). The
- * test's own index arithmetic, independent of the library's. */
-static void walk_block(const adt_box *b, void (*fn)(int64_t gi, int64_t li, void *ctx), void *ctx) {
-    int64_t n = adt_shape_numel(&b->shape);
-    for (int64_t li = 0; li < n; li++) {
-        int64_t rest = li, gi = 0, stride = 1;
-        for (int d = b->shape.ndim - 1; d >= 0; d--) {
-            int64_t c = rest % b->shape.dim[d];
-            rest /= b->shape.dim[d];
-            gi += (c + b->offset[d]) * stride;
-            stride *= b->global.dim[d];
-        }
-        fn(gi, li, ctx);
-    }
-}
-
-typedef struct copy_ctx {
-    const char *src;
-    char *dst;
-    size_t es;
-} copy_ctx;
-static void copy_in(int64_t gi, int64_t li, void *c) {
-    copy_ctx *x = c;
-    memcpy(x->dst + (size_t)li * x->es, x->src + (size_t)gi * x->es, x->es);
-}
 static tensor extract(const tensor *g, const adt_box *b) {
     tensor t = tensor_new(b->shape, g->dt);
-    copy_ctx c = {g->data, t.data, adt_dtype_size(g->dt)};
-    walk_block(b, copy_in, &c);
+    dc_copy_block(t.data, g->data, b, adt_dtype_size(g->dt));
     return t;
 }
 
@@ -360,13 +335,7 @@ static void scatter(const tensor *g, const adt_ndsbp *s, const adt_mesh *m, tens
         int64_t n = adt_shape_numel(&b.shape);
         float *x = local[r].data;
         for (int64_t e = 0; e < n; e++) {
-            /* the global index of local element e */
-            int64_t rest = e, gi = 0, stride = 1;
-            for (int d = b.shape.ndim - 1; d >= 0; d--) {
-                gi += (rest % b.shape.dim[d] + b.offset[d]) * stride;
-                rest /= b.shape.dim[d];
-                stride *= b.global.dim[d];
-            }
+            int64_t gi = dc_global_index(&b, e);
             float v = x[e], acc = 0, part = 0;
             for (int t = 0; t < nparts; t++) {
                 /* a random grid value in [-1, 1], the last part what is left */
@@ -463,10 +432,9 @@ static double output_err(const tensor *ref, const adt_ndsbp *o, const adt_mesh *
     unsigned pm = adt_ndsbp_partial_mask(o);
     double scale = max_abs(ref), worst = 0;
     for (int r = 0; r < m->nranks; r++) {
-        int c[ADT_MAX_MESH_DIMS], lead = 1;
+        int c[ADT_MAX_MESH_DIMS];
         adt_mesh_coord(m, r, c);
-        for (int a = 0; a < m->ndim; a++) lead &= !(pm >> a & 1) || c[a] == 0;
-        if (!lead) continue;
+        if (!dc_group_leader(m, pm, c)) continue;
         adt_box b = adt_ndsbp_block(o, m, c, ref->shape);
         tensor want = extract(ref, &b);
         const tensor *got = &outs[r * ADT_MAX_OUTPUTS + k];
@@ -479,11 +447,10 @@ static double output_err(const tensor *ref, const adt_ndsbp *o, const adt_mesh *
             int64_t ne = adt_shape_numel(&b.shape);
             double *acc = calloc((size_t)ne, sizeof *acc);
             for (int q = 0; q < m->nranks; q++) {
-                int cq[ADT_MAX_MESH_DIMS], same = 1;
+                int cq[ADT_MAX_MESH_DIMS];
                 adt_mesh_coord(m, q, cq);
-                for (int a = 0; a < m->ndim; a++) same &= (pm >> a & 1) || cq[a] == c[a];
                 const tensor *t = &outs[q * ADT_MAX_OUTPUTS + k];
-                if (!same) continue;
+                if (!dc_same_group(m, pm, c, cq)) continue;
                 if (!adt_shape_equal(&t->shape, &b.shape)) {
                     free(acc);
                     free(want.data);
