@@ -355,6 +355,10 @@ static void test_plan_errors(void) {
     CHECK(rc == ADT_OK, "%s", adt_error_message());
     if (!rc) {
         CHECK(loc.n_boxing > 0, "no boxing inserted");
+        /* parameters know their gradients, optimizer states their parameters, in local ids */
+        int lw = loc.value[w], lm = loc.value[adt_graph_find_value(md.g, "opt.m.layers.0.weight")];
+        CHECK(lw >= 0 && loc.g->values[lw].grad == loc.value[md.g->values[w].grad], "local gradient link");
+        CHECK(lm >= 0 && loc.g->values[lm].param == lw, "local parameter link of the optimizer state");
         adt_exec *ex;
         rc = adt_exec_create(&ex, loc.g, &(adt_exec_opts){.threads = 1});
         CHECK(rc == ADT_ERR_ARG && strstr(adt_error_message(), "no communicator"), "%s", adt_error_message());

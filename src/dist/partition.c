@@ -191,6 +191,8 @@ int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *co
             adt_dist_local_free(out);
             return rc;
         }
+        int param = g->values[v].param; /* optimizer state names its parameter (created earlier) */
+        lg->values[out->value[v]].param = param >= 0 ? out->value[param] : -1;
     }
     boxed *cache = NULL;
     int n_cache = 0;
@@ -231,8 +233,12 @@ int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *co
         adt_dist_local_free(out);
         return rc;
     }
-    for (int v = 0; v < g->n_values; v++)
-        if (g->values[v].is_output && out->value[v] >= 0) adt_graph_mark_output(lg, out->value[v]);
+    for (int v = 0; v < g->n_values; v++) {
+        if (out->value[v] < 0) continue;
+        if (g->values[v].is_output) adt_graph_mark_output(lg, out->value[v]);
+        int gr = g->values[v].grad; /* the gradient as produced (its layout may differ from v's) */
+        if (gr >= 0 && out->value[gr] >= 0) lg->values[out->value[v]].grad = out->value[gr];
+    }
     lg->loss = g->loss >= 0 ? out->value[g->loss] : -1;
     return ADT_OK;
 }
