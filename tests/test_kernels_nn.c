@@ -652,7 +652,7 @@ static void test_embedding(void) {
     fill_normal(table, V * C, 1);
     for (int64_t n = 0; n < N; n++) ids[n] = (int32_t)rnd_int(0, V - 1);
     fill_nan(out, N * C);
-    adt_k_embedding_forward(out, ids, table, N, V, C);
+    adt_k_embedding_forward(out, ids, table, N, V, C, 0);
     int64_t bad = 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) bad += out[n * C + c] != table[ids[n] * C + c];
@@ -679,6 +679,17 @@ static void test_embedding(void) {
     CHECK(memcmp(dshard, dtable + row0 * C, (size_t)(Vs * C) * sizeof(float)) == 0,
           "vocab shard row0=%ld V=%ld differs from the full gradient's rows", (long)row0,
           (long)Vs);
+    /* forward on that shard: the owned rows' embeddings, zeros for every other token */
+    float *oshard = falloc(N * C);
+    fill_nan(oshard, N * C);
+    adt_k_embedding_forward(oshard, ids, table + row0 * C, N, Vs, C, row0);
+    bad = 0;
+    for (int64_t n = 0; n < N; n++) {
+        int own = ids[n] >= row0 && ids[n] < row0 + Vs;
+        for (int64_t c = 0; c < C; c++) bad += oshard[n * C + c] != (own ? table[ids[n] * C + c] : 0.0f);
+    }
+    CHECK(bad == 0, "embedding forward on rows [%ld, +%ld): %ld elements differ", (long)row0, (long)Vs, (long)bad);
+    free(oshard);
     free(table), free(out), free(dout), free(dtable), free(want), free(ids), free(dshard);
 }
 

@@ -9,6 +9,7 @@
 #include "adtrain/graph.h"
 #include "adtrain/ops.h"
 #include "adtrain/exec.h"
+#include "adtrain/dist.h"
 #include "adtrain/models.h"
 #include "adtrain/data.h"
 #include "adtrain/safetensors.h"

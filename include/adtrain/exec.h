@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "adtrain/graph.h"
+#include "adtrain/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,6 +46,8 @@ typedef struct adt_exec_opts {
     uint64_t seed; /* parameter initialisation and dropout             */
     int no_reuse;  /* see adt_memplan_build                            */
     int profile;   /* accumulate per-node times                       */
+    const adt_comm_hook *comm; /* runs communication (boxing) nodes; required when the graph
+                                  has any, and must outlive the executor */
 } adt_exec_opts;
 
 typedef struct adt_exec adt_exec;

@@ -3,8 +3,10 @@
  * FLOP and byte counts, scratch size and 1-D SBP signatures.
  *
  * Adding an op means: an enum entry here, an adt_op_def in src/ops/op_*.c registered in
- * registry.c, a builder in graph.h, and a case in the op tests (finite differences, and the
- * virtual-mesh check of each signature).
+ * registry.c, a builder in graph.h, and a case in the op tests (finite differences in
+ * tests/test_graph.c, and the virtual-mesh check of each signature in tests/test_dist_vmesh.c).
+ * An op whose attributes carry sizes or positions (the output shape of a reshape, the first
+ * row of a vocabulary shard) also gets a `localize` rule that rewrites them for a block.
  *
  * Attributes per op (adt_attrs.i[] / .f[]):
  *   MATMUL          i0 trans_a, i1 trans_b, i2 batched
@@ -28,6 +30,10 @@
  *   SLICE_GRAD      i0 axis, i1 start, i2 full length (zero-pads a slice back into place)
  *   DROPOUT         f0 p, i0 stream; input 1 is the step (i32 scalar)
  *   FILL            f0 value (used for d loss / d loss = 1)
+ *   BOXING          one step of an SBP conversion in a rank's local graph (made by the
+ *                   partitioner, run by the executor's communicator): i0 kind | mesh axis << 8,
+ *                   i1 the nd-SBP before | after << 32 (packed by dist/), i2..i7 the output's
+ *                   local shape (rank of the input)
  *   SGD             f0 momentum, f1 weight decay; inputs w, g, [m], lr, step; outputs w, [m]
  *   ADAMW           f0 beta1, f1 beta2, f2 eps, f3 weight decay; inputs w, g, m, v, lr, step
  *                   outputs w, m, v (in place: outputs alias the state)
@@ -88,8 +94,19 @@ typedef enum adt_op_kind {
     ADT_OP_FILL,
     ADT_OP_SGD,
     ADT_OP_ADAMW,
+    ADT_OP_BOXING,
     ADT_OP_COUNT
 } adt_op_kind;
+
+struct adt_kctx;
+
+/* How a communication op (BOXING) reaches the ranks' communicator: the executor hands every
+ * kernel the hook it was given (adt_exec_opts.comm). run() performs node k->n on k->in / k->out
+ * with the other ranks and returns ADT_OK or an error code (left in ctx for the caller). */
+typedef struct adt_comm_hook {
+    int (*run)(void *ctx, const struct adt_kctx *k);
+    void *ctx;
+} adt_comm_hook;
 
 /* What a kernel sees: the node, its values, and the buffers the executor assigned. */
 typedef struct adt_kctx {
@@ -100,6 +117,7 @@ typedef struct adt_kctx {
     float *scratch;   /* adt_op_def.scratch floats, 64-byte aligned */
     uint64_t seed;    /* the run's seed (dropout) */
     int training;     /* 0 in evaluation runs: dropout is the identity */
+    const adt_comm_hook *comm; /* communication ops only; NULL otherwise */
 } adt_kctx;
 
 /* A concrete 1-D SBP signature of one node: an SBP for each input and each output. */
@@ -127,7 +145,12 @@ typedef struct adt_op_def {
     /* Emits the node's valid 1-D SBP signatures (the all-B one included), up to max; returns
      * the count. Written as format templates over the node's axes (registry.c). */
     int (*sbp)(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max);
+    /* Attributes of a local copy of node n whose inputs and outputs are the blocks in[] and
+     * out[] of the global values (dist/ partitions a graph with it). `a` starts as n->a. NULL:
+     * the attributes hold for any block (shapes come from the inputs). */
+    void (*localize)(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a);
     int is_matmul; /* counts toward the GEMM-bound floor */
+    int is_comm;   /* communicates: runs through adt_kctx.comm, exists only in local graphs */
 } adt_op_def;
 
 const adt_op_def *adt_op_get(int kind);

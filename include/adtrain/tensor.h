@@ -80,6 +80,15 @@ char *adt_ndsbp_str(const adt_ndsbp *s, char *buf, size_t n);
  * negative here and resolved against a tensor's rank by the caller. */
 int adt_sbp_parse(const char *s, adt_sbp *out);
 
+/* A block of a logical tensor: the local tensor of shape `shape` sits at `offset` inside the
+ * logical one of shape `global` (what a rank holds of a split tensor; equal to `global` with a
+ * zero offset for B and P). */
+typedef struct adt_box {
+    adt_shape global;
+    adt_shape shape;
+    int64_t offset[ADT_MAX_DIMS];
+} adt_box;
+
 /* Block distribution of n items over p parts: part i gets [start, start+len). The first n % p
  * parts get one extra item. Used for every uneven split. */
 void adt_block_range(int64_t n, int p, int i, int64_t *start, int64_t *len);

@@ -24,6 +24,10 @@ struct adt_exec {
 int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
     *out = NULL;
     if (g->status) return adt_error(g->status, "%s", g->err);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (adt_op_get(g->nodes[i].op)->is_comm && !(opts && opts->comm && opts->comm->run))
+            return adt_error(ADT_ERR_ARG, "node %s communicates, but the executor was given no communicator (adt_exec_opts.comm)",
+                             g->nodes[i].name);
     adt_exec *ex = adt_calloc(1, sizeof *ex);
     ex->g = g;
     if (opts) ex->o = *opts;
@@ -113,7 +117,7 @@ static void run_node(adt_exec *ex, int id, int training) {
     for (int i = 0; i < n->n_in; i++) in[i] = ex->ptr[n->in[i]];
     for (int k = 0; k < n->n_out; k++) outp[k] = ex->ptr[n->out[k]];
     adt_kctx k = {.g = g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed,
-                 .training = training};
+                 .training = training, .comm = ex->o.comm};
     if (ex->o.profile) {
         double t0 = adt_now_s();
         adt_op_get(n->op)->forward(&k);

@@ -14,11 +14,15 @@
 #include "adtrain/base.h"
 #include "ops/k_math.h"
 
+/* A vocabulary-split table holds rows [row0, row0 + V) of the full one: a token whose row lives
+ * on another rank gets zeros here, so the ranks' outputs are partial sums of the serial one. */
 void adt_k_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t N,
-                             int64_t V, int64_t C) {
-    (void)V;
-    for (int64_t n = 0; n < N; n++)
-        memcpy(out + n * C, table + (int64_t)ids[n] * C, (size_t)C * sizeof *out);
+                             int64_t V, int64_t C, int64_t row0) {
+    for (int64_t n = 0; n < N; n++) {
+        int64_t r = (int64_t)ids[n] - row0;
+        if (r >= 0 && r < V) memcpy(out + n * C, table + r * C, (size_t)C * sizeof *out);
+        else memset(out + n * C, 0, (size_t)C * sizeof *out);
+    }
 }
 
 /* A vocabulary-split table holds rows [row0, row0 + V) of the full one; tokens whose row lives

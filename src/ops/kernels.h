@@ -68,9 +68,10 @@ void adt_k_attention_backward(float *dqkv, const float *dout, const float *qkv, 
                               float *scratch, int64_t B, int64_t T, int64_t C, int64_t H);
 
 /* ---- embeddings and losses (k_loss.c) ------------------------------------------------------ */
-/* out[N,C] = table[ids[n], :]; ids out of [0,V) are a caller bug (checked by the loader). */
+/* out[N,C] = table[ids[n] - row0, :] for a table holding rows [row0, row0+V) of the full one
+ * (row0 = 0 serially); tokens outside those rows get zeros (a vocabulary shard's share). */
 void adt_k_embedding_forward(float *out, const int32_t *ids, const float *table, int64_t N,
-                             int64_t V, int64_t C);
+                             int64_t V, int64_t C, int64_t row0);
 /* dtable[V,C] = scatter-add of dout[N,C] by ids (zeroes dtable first). For a vocabulary-split
  * table the rows outside [row0, row0+V) are skipped: pass row0 = 0 in the serial case. */
 void adt_k_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t N,

@@ -82,10 +82,14 @@ static int conv2d_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
         op_sig(g, n, out, &c, max, "S0 B B -> S0");   /* data parallel */
         op_sig(g, n, out, &c, max, "B S0 S0 -> S1");  /* output channels */
         op_sig(g, n, out, &c, max, "S1 S1 P -> P");   /* input channels: partial sums */
+        op_sig(g, n, out, &c, max, "P B P -> P");     /* bilinear, as matmul */
+        op_sig(g, n, out, &c, max, "B P P -> P");
     } else {
         op_sig(g, n, out, &c, max, "S0 B -> S0");
         op_sig(g, n, out, &c, max, "B S0 -> S1");
         op_sig(g, n, out, &c, max, "S1 S1 -> P");
+        op_sig(g, n, out, &c, max, "P B -> P");
+        op_sig(g, n, out, &c, max, "B P -> P");
     }
     return c;
 }
@@ -96,8 +100,22 @@ const adt_op_def adt_opdef_conv2d = {
     .flops = conv2d_flops, .scratch = conv2d_scratch, .sbp = conv2d_sbp, .is_matmul = 1,
 };
 
+/* inputs dy[N,K,P,Q], w[K,C,R,S]; the input plane H, W and channels C come from attributes,
+ * which must agree with w and with P, Q */
 static int conv2d_bwd_data_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
     const adt_shape *d = &OP_IN(g, n, 0)->shape;
+    const int64_t *a = n->a.i;
+    if (d->ndim != 4) return op_fail_shape(g, n, 0, "[N,K,P,Q]");
+    if (a[0] < 1 || a[1] < 0 || a[3] + 2 * a[1] < a[6] || a[4] + 2 * a[1] < a[7])
+        return adt_graph_fail(g, ADT_ERR_ARG, "node %s: stride %lld, padding %lld, plane %lldx%lld and kernel %lldx%lld do not fit",
+                              n->name, (long long)a[0], (long long)a[1], (long long)a[3], (long long)a[4], (long long)a[6],
+                              (long long)a[7]);
+    adt_shape ws = adt_shape_4d(d->dim[1], a[5], a[6], a[7]);
+    adt_shape ds = adt_shape_4d(d->dim[0], d->dim[1], conv_out_dim(a[3], a[6], a[0], a[1]), conv_out_dim(a[4], a[7], a[0], a[1]));
+    if (op_need_shape(g, n, 1, &ws, "[K,C,R,S] from dy and the attributes") ||
+        op_need_shape(g, n, 0, &ds, "the convolution of the input plane"))
+        return -1;
     os[0] = adt_shape_4d(d->dim[0], n->a.i[5], n->a.i[3], n->a.i[4]);
     od[0] = ADT_F32;
     return 0;
@@ -115,17 +133,37 @@ static int conv2d_bwd_data_sbp(const adt_graph *g, const adt_node *n, adt_sbp_si
     op_sig(g, n, out, &c, max, "S0 B -> S0");
     op_sig(g, n, out, &c, max, "S1 S0 -> P");
     op_sig(g, n, out, &c, max, "B S1 -> S1");
+    op_sig(g, n, out, &c, max, "P B -> P");
+    op_sig(g, n, out, &c, max, "B P -> P");
     return c;
+}
+
+/* i3 H, i4 W, i5 C describe the input-gradient block */
+static void conv2d_bwd_data_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    a->i[3] = out[0].shape.dim[2];
+    a->i[4] = out[0].shape.dim[3];
+    a->i[5] = out[0].shape.dim[1];
 }
 
 const adt_op_def adt_opdef_conv2d_bwd_data = {
     .name = "conv2d_bwd_data", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
     .infer = conv2d_bwd_data_infer, .forward = conv2d_bwd_data_forward, .flops = conv2d_flops,
     .scratch = conv2d_scratch, .sbp = conv2d_bwd_data_sbp, .is_matmul = 1,
+    .localize = conv2d_bwd_data_localize,
 };
 
+/* inputs dy[N,K,P,Q], x[N,C,H,W]; i6, i7 the kernel size */
 static int conv2d_bwd_weight_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
     const adt_shape *d = &OP_IN(g, n, 0)->shape, *x = &OP_IN(g, n, 1)->shape;
+    const int64_t *a = n->a.i;
+    if (x->ndim != 4) return op_fail_shape(g, n, 1, "[N,C,H,W]");
+    if (d->ndim != 4) return op_fail_shape(g, n, 0, "[N,K,P,Q]");
+    if (a[0] < 1 || a[1] < 0 || a[6] < 1 || a[7] < 1 || x->dim[2] + 2 * a[1] < a[6] || x->dim[3] + 2 * a[1] < a[7])
+        return op_fail_shape(g, n, 1, "a plane at least as large as the kernel (after padding)");
+    adt_shape ds = adt_shape_4d(x->dim[0], d->dim[1], conv_out_dim(x->dim[2], a[6], a[0], a[1]),
+                                conv_out_dim(x->dim[3], a[7], a[0], a[1]));
+    if (op_need_shape(g, n, 0, &ds, "the convolution of x")) return -1;
     os[0] = adt_shape_4d(d->dim[1], x->dim[1], n->a.i[6], n->a.i[7]);
     os[1] = adt_shape_1d(d->dim[1]);
     od[0] = od[1] = ADT_F32;
@@ -144,13 +182,23 @@ static int conv2d_bwd_weight_sbp(const adt_graph *g, const adt_node *n, adt_sbp_
     op_sig(g, n, out, &c, max, "S0 S0 -> P P");
     op_sig(g, n, out, &c, max, "S1 B -> S0 S0");
     op_sig(g, n, out, &c, max, "B S1 -> S1 B");
+    op_sig(g, n, out, &c, max, "P B -> P P"); /* linear in dy (the bias gradient too) */
+    op_sig(g, n, out, &c, max, "B P -> P B"); /* linear in x; the bias gradient does not read x */
     return c;
+}
+
+/* i3 H, i4 W, i5 C describe the input block x (the scratch size reads them) */
+static void conv2d_bwd_weight_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    a->i[3] = in[1].shape.dim[2];
+    a->i[4] = in[1].shape.dim[3];
+    a->i[5] = in[1].shape.dim[1];
 }
 
 const adt_op_def adt_opdef_conv2d_bwd_weight = {
     .name = "conv2d_bwd_weight", .n_in_min = 2, .n_in_max = 2, .n_out = 2, .view_of = -1,
     .infer = conv2d_bwd_weight_infer, .forward = conv2d_bwd_weight_forward, .flops = conv2d_flops,
     .scratch = conv2d_scratch, .sbp = conv2d_bwd_weight_sbp, .is_matmul = 1,
+    .localize = conv2d_bwd_weight_localize,
 };
 
 int adt_conv2d(adt_graph *g, int x, int w, int bias, int stride, int pad) {
@@ -202,6 +250,7 @@ static int maxpool_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, 
     } else {
         op_sig(g, n, out, &c, max, "S0 S0 -> S0");
         op_sig(g, n, out, &c, max, "S1 S1 -> S1");
+        op_sig(g, n, out, &c, max, "P B -> P"); /* linear in dy */
     }
     return c;
 }
@@ -212,8 +261,17 @@ const adt_op_def adt_opdef_maxpool2d = {
     .flops = op_flops_per_out, .sbp = maxpool_sbp,
 };
 
+/* inputs dy[N,C,P,Q], argmax (i32, same shape); i2 H, i3 W the input plane */
 static int maxpool_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32)) return -1;
     const adt_shape *d = &OP_IN(g, n, 0)->shape;
+    int64_t k = n->a.i[0], s = n->a.i[1], H = n->a.i[2], W = n->a.i[3];
+    if (d->ndim != 4) return op_fail_shape(g, n, 0, "[N,C,P,Q]");
+    if (k < 1 || s < 1 || H < k || W < k)
+        return adt_graph_fail(g, ADT_ERR_ARG, "node %s: window %lld, stride %lld on a %lldx%lld plane do not fit", n->name,
+                              (long long)k, (long long)s, (long long)H, (long long)W);
+    adt_shape ds = adt_shape_4d(d->dim[0], d->dim[1], (H - k) / s + 1, (W - k) / s + 1);
+    if (op_need_shape(g, n, 0, &ds, "the pooled plane") || op_need_shape(g, n, 1, d, "the shape of dy")) return -1;
     os[0] = adt_shape_4d(d->dim[0], d->dim[1], n->a.i[2], n->a.i[3]);
     od[0] = ADT_F32;
     return 0;
@@ -225,10 +283,16 @@ static void maxpool_bwd_forward(const adt_kctx *k) {
                              x->dim[2], x->dim[3], k->n->a.i[0], k->n->a.i[1]);
 }
 
+/* i2 H, i3 W of the input-gradient block */
+static void maxpool_bwd_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    a->i[2] = out[0].shape.dim[2];
+    a->i[3] = out[0].shape.dim[3];
+}
+
 const adt_op_def adt_opdef_maxpool2d_bwd = {
     .name = "maxpool2d_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
     .infer = maxpool_bwd_infer, .forward = maxpool_bwd_forward, .flops = op_flops_per_out,
-    .sbp = maxpool_sbp,
+    .sbp = maxpool_sbp, .localize = maxpool_bwd_localize,
 };
 
 int adt_maxpool2d(adt_graph *g, int x, int k, int stride) {
@@ -258,7 +322,16 @@ static int interaction_backward(adt_graph *g, int node, const int *dout, const i
     return 0;
 }
 
+/* inputs dz[B, F(F-1)/2], x[B,F,D] */
 static int interaction_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    adt_node fwd = *n;
+    fwd.in[0] = n->in[1];
+    fwd.n_in = 1;
+    adt_shape zs;
+    adt_dtype zd;
+    if (interaction_infer(g, &fwd, &zs, &zd) || op_need_dtype(g, n, 0, ADT_F32) ||
+        op_need_shape(g, n, 0, &zs, "the interaction of x"))
+        return -1;
     os[0] = OP_IN(g, n, 1)->shape;
     od[0] = ADT_F32;
     return 0;
@@ -283,6 +356,8 @@ static int interaction_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *o
     } else {
         op_sig(g, n, out, &c, max, "S0 S0 -> S0");
         op_sig(g, n, out, &c, max, "B S2 -> S2");
+        op_sig(g, n, out, &c, max, "P B -> P"); /* dx = (dZ + dZ^T) x: linear in each */
+        op_sig(g, n, out, &c, max, "B P -> P");
     }
     return c;
 }

@@ -25,7 +25,7 @@ static int embedding_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_d
 static void embedding_forward(const adt_kctx *k) {
     const adt_shape *t = K_SHAPE_IN(k, 1);
     adt_k_embedding_forward(K_OUT(k, 0), (const int32_t *)k->in[0], K_IN(k, 1), K_NUMEL_IN(k, 0),
-                            t->dim[0], t->dim[1]);
+                            t->dim[0], t->dim[1], k->n->a.i[0]);
 }
 
 static int embedding_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
@@ -42,17 +42,32 @@ static int embedding_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     for (int ax = 0; ax < r; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
     op_sig(g, n, out, &c, max, "B S0 -> P");   /* vocabulary-parallel: owner rows, zeros */
     op_sig(g, n, out, &c, max, "B S1 -> S-1"); /* hidden-split table */
+    op_sig(g, n, out, &c, max, "B P -> P");    /* a lookup is linear in the table */
     return c;
+}
+
+/* A vocabulary-split table holds rows [row0, row0 + V) of the full one. */
+static void embedding_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    a->i[0] = in[1].offset[0];
 }
 
 const adt_op_def adt_opdef_embedding = {
     .name = "embedding", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
     .infer = embedding_infer, .forward = embedding_forward, .backward = embedding_backward,
-    .flops = op_flops_per_out, .sbp = embedding_sbp,
+    .flops = op_flops_per_out, .sbp = embedding_sbp, .localize = embedding_localize,
 };
 
+/* inputs dy[...,C], ids[...]; i0 row0, i1 rows of the gradient block */
 static int embedding_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    const adt_shape *d = &OP_IN(g, n, 0)->shape;
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32)) return -1;
+    const adt_shape *d = &OP_IN(g, n, 0)->shape, *ids = &OP_IN(g, n, 1)->shape;
+    if (ids->ndim >= ADT_MAX_DIMS) return op_fail_shape(g, n, 1, "a lower rank");
+    adt_shape want = *ids;
+    want.dim[want.ndim++] = d->dim[d->ndim - 1];
+    if (op_need_shape(g, n, 0, &want, "the ids' shape and a last axis C")) return -1;
+    if (n->a.i[0] < 0 || n->a.i[1] < 1)
+        return adt_graph_fail(g, ADT_ERR_ARG, "node %s: rows [%lld, +%lld) of the table, expected row0 >= 0 and >= 1 rows",
+                              n->name, (long long)n->a.i[0], (long long)n->a.i[1]);
     os[0] = adt_shape_2d(n->a.i[1], d->dim[d->ndim - 1]);
     od[0] = ADT_F32;
     return 0;
@@ -73,10 +88,16 @@ static int embedding_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig 
     return c;
 }
 
+/* i0 the first table row this rank's gradient block holds, i1 its row count */
+static void embedding_bwd_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    a->i[0] = out[0].offset[0];
+    a->i[1] = out[0].shape.dim[0];
+}
+
 const adt_op_def adt_opdef_embedding_bwd = {
     .name = "embedding_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
     .infer = embedding_bwd_infer, .forward = embedding_bwd_forward, .flops = op_flops_per_out,
-    .sbp = embedding_bwd_sbp,
+    .sbp = embedding_bwd_sbp, .localize = embedding_bwd_localize,
 };
 
 int adt_embedding(adt_graph *g, int ids, int table) {
@@ -137,7 +158,15 @@ const adt_op_def adt_opdef_softmax_xent = {
     .sbp = xent_sbp,
 };
 
+/* inputs dloss[1], probs[..,V], labels[..] */
 static int xent_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    adt_shape one = adt_shape_1d(1), rows = OP_IN(g, n, 1)->shape;
+    rows.ndim--;
+    if (rows.ndim == 0) rows = one;
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32) || op_need_dtype(g, n, 2, ADT_I32) ||
+        op_need_shape(g, n, 0, &one, "the loss gradient, a scalar") ||
+        op_need_shape(g, n, 2, &rows, "the probabilities' shape without the class axis"))
+        return -1;
     os[0] = OP_IN(g, n, 1)->shape;
     od[0] = ADT_F32;
     return 0;
@@ -204,7 +233,14 @@ const adt_op_def adt_opdef_bce_logits = {
     .sbp = bce_sbp,
 };
 
+/* inputs dloss[1], x, y (as many elements as x) */
 static int bce_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    adt_shape one = adt_shape_1d(1);
+    for (int i = 0; i < 3; i++)
+        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
+    if (op_need_shape(g, n, 0, &one, "the loss gradient, a scalar")) return -1;
+    if (adt_shape_numel(&OP_IN(g, n, 1)->shape) != adt_shape_numel(&OP_IN(g, n, 2)->shape))
+        return op_fail_shape(g, n, 2, "as many elements as the logits");
     os[0] = OP_IN(g, n, 1)->shape;
     od[0] = ADT_F32;
     return 0;

@@ -135,6 +135,11 @@ static int matmul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
         else if (rb == 2) op_sig(g, n, out, &c, max, "B S0 -> S-1");
         /* k split: partial sums */
         op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? 0 : -1, tb ? -1 : 0);
+        /* X^T dY with X[B,T,K], dY[B,T,N] contracts every leading axis: any of them may split */
+        const adt_shape *sa = &OP_IN(g, n, 0)->shape, *sb = &OP_IN(g, n, 1)->shape;
+        if (ta && !tb && ra == rb && adt_shape_prod(sa, 0, ra - 1) == adt_shape_prod(sb, 0, rb - 1))
+            for (int ax = 1; ax < ra - 1; ax++)
+                if (sa->dim[ax] == sb->dim[ax]) op_sig(g, n, out, &c, max, "S%d S%d -> P", ax, ax);
     }
     op_sig(g, n, out, &c, max, "P B -> P");
     op_sig(g, n, out, &c, max, "B P -> P");
@@ -445,10 +450,15 @@ static int expand_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, i
     return c;
 }
 
+/* the sizes of the expanded axes are those of the output block */
+static void expand_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    for (int ax = (int)n->a.i[0]; ax <= n->a.i[1]; ax++) a->i[2 + ax - n->a.i[0]] = out[0].shape.dim[ax];
+}
+
 const adt_op_def adt_opdef_expand = {
     .name = "expand", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
     .infer = expand_infer, .forward = expand_forward, .backward = expand_backward,
-    .flops = op_flops_per_out, .sbp = expand_sbp,
+    .flops = op_flops_per_out, .sbp = expand_sbp, .localize = expand_localize,
 };
 
 /* ---- fill: a constant scalar (the seed gradient d loss / d loss) --------------------------- */

@@ -13,6 +13,14 @@ static int pointwise_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     return c;
 }
 
+/* Backward of a pointwise op: linear in the incoming gradient, so a partial sum passes through
+ * when the saved forward value is whole. */
+static int pointwise_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = pointwise_sbp(g, n, out, max);
+    op_sig(g, n, out, &c, max, "P B -> P");
+    return c;
+}
+
 static double flops_x1(const adt_graph *g, const adt_node *n) { return (double)OP_NUMEL(g, n->out[0]); }
 static double flops_x4(const adt_graph *g, const adt_node *n) { return 4.0 * (double)OP_NUMEL(g, n->out[0]); }
 static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (double)OP_NUMEL(g, n->out[0]); }
@@ -40,7 +48,7 @@ static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (
     const adt_op_def adt_opdef_##NAME##_bwd = {                                                \
         .name = #NAME "_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,         \
         .infer = op_infer_same_shape, .forward = NAME##_bwd_forward, .flops = FLOPS,                   \
-        .sbp = pointwise_sbp,                                                                  \
+        .sbp = pointwise_bwd_sbp,                                                              \
     };
 
 /* relu and gelu differentiate from their input; sigmoid from its output */
@@ -114,9 +122,15 @@ const adt_op_def adt_opdef_layernorm = {
     .flops = layernorm_flops, .sbp = layernorm_sbp,
 };
 
+/* inputs dy, x, w, mean, rstd */
 static int layernorm_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    for (int i = 0; i < 5; i++)
+        if (op_need_dtype(g, n, i, ADT_F32)) return -1;
     const adt_shape *x = &OP_IN(g, n, 1)->shape;
-    if (!adt_shape_equal(&OP_IN(g, n, 0)->shape, x)) return op_fail_shape(g, n, 0, "the shape of x");
+    adt_shape c = adt_shape_1d(x->dim[x->ndim - 1]), rows = rows_shape(x);
+    if (op_need_shape(g, n, 0, x, "the shape of x") || op_need_shape(g, n, 2, &c, "the last dim of x") ||
+        op_need_shape(g, n, 3, &rows, "x without its last axis") || op_need_shape(g, n, 4, &rows, "x without its last axis"))
+        return -1;
     os[0] = *x;
     os[1] = os[2] = OP_IN(g, n, 2)->shape;
     od[0] = od[1] = od[2] = ADT_F32;
@@ -134,6 +148,7 @@ static int layernorm_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig 
     int c = 0, r = OP_IN(g, n, 1)->shape.ndim;
     for (int ax = 0; ax < r - 1; ax++)
         op_sig(g, n, out, &c, max, "S%d S%d B S%d S%d -> S%d P P", ax, ax, ax, ax, ax);
+    op_sig(g, n, out, &c, max, "P B B B B -> P P P"); /* linear in dy */
     return c;
 }
 
@@ -179,9 +194,16 @@ const adt_op_def adt_opdef_softmax = {
     .infer = op_infer_same_shape, .forward = softmax_forward, .backward = softmax_backward,
     .flops = flops_x4, .sbp = softmax_sbp,
 };
+/* linear in dy: a partial sum passes through with the softmax output whole */
+static int softmax_bwd_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
+    int c = softmax_sbp(g, n, out, max);
+    op_sig(g, n, out, &c, max, "P B -> P");
+    return c;
+}
+
 const adt_op_def adt_opdef_softmax_bwd = {
     .name = "softmax_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
-    .infer = op_infer_same_shape, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_sbp,
+    .infer = op_infer_same_shape, .forward = softmax_bwd_forward, .flops = flops_x4, .sbp = softmax_bwd_sbp,
 };
 
 int adt_softmax(adt_graph *g, int x) { return op_node_out(g, ADT_OP_SOFTMAX, (int[]){x}, 1, NULL, 0); }
@@ -245,7 +267,10 @@ static int attention_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out
     int c = 0;
     /* batch split; a head split needs the q|k|v columns grouped per head (a later layout) */
     if (n->op == ADT_OP_ATTENTION) op_sig(g, n, out, &c, max, "S0 -> S0 S0");
-    else op_sig(g, n, out, &c, max, "S0 S0 S0 -> S0");
+    else {
+        op_sig(g, n, out, &c, max, "S0 S0 S0 -> S0");
+        op_sig(g, n, out, &c, max, "P B B -> P"); /* linear in dy */
+    }
     return c;
 }
 
@@ -255,7 +280,17 @@ const adt_op_def adt_opdef_attention = {
     .flops = attention_flops, .scratch = attention_scratch, .sbp = attention_sbp, .is_matmul = 1,
 };
 
+/* inputs dy[B,T,C], qkv[B,T,3C], att[B,H,T,T]: the forward's rule on qkv, then the others */
 static int attention_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
+    adt_node fwd = *n;
+    fwd.in[0] = n->in[1];
+    fwd.n_in = 1;
+    adt_shape fo[2];
+    adt_dtype fd[2];
+    if (attention_infer(g, &fwd, fo, fd)) return -1;
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 2, ADT_F32) ||
+        op_need_shape(g, n, 0, &fo[0], "[B,T,C] of qkv") || op_need_shape(g, n, 2, &fo[1], "[B,H,T,T] of qkv"))
+        return -1;
     os[0] = OP_IN(g, n, 1)->shape;
     od[0] = ADT_F32;
     return 0;
@@ -282,7 +317,10 @@ int adt_attention(adt_graph *g, int qkv, int n_head) {
 /* ---- dropout ------------------------------------------------------------------------------- */
 
 static int dropout_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
-    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32)) return -1;
+    adt_shape one = adt_shape_1d(1);
+    if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_I32) ||
+        op_need_shape(g, n, 1, &one, "the step, a scalar"))
+        return -1;
     float p = n->a.f[0];
     if (!(p >= 0.0f && p < 1.0f))
         return adt_graph_fail(g, ADT_ERR_ARG, "node %s: dropout probability %g, expected 0 <= p < 1",
@@ -323,6 +361,7 @@ static int dropout_backward(adt_graph *g, int node, const int *dout, const int *
 static int dropout_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
     int c = 0, r = OP_OUT(g, n, 0)->shape.ndim;
     for (int ax = 0; ax < r; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
+    op_sig(g, n, out, &c, max, "P B -> P"); /* the mask is fixed: dropout is linear in x */
     return c;
 }
 

@@ -48,10 +48,16 @@ static int reshape_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, 
     return c;
 }
 
+/* the target shape is the output block (the shape rule then checks the element counts agree) */
+static void reshape_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    for (int i = 0; i < out[0].shape.ndim; i++) a->i[i] = out[0].shape.dim[i];
+    a->i[6] = out[0].shape.ndim;
+}
+
 const adt_op_def adt_opdef_reshape = {
     .name = "reshape", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = 0,
     .infer = reshape_infer, .forward = reshape_forward, .backward = reshape_backward,
-    .sbp = reshape_sbp,
+    .sbp = reshape_sbp, .localize = reshape_localize,
 };
 
 int adt_reshape(adt_graph *g, int x, adt_shape shape) {
@@ -218,6 +224,9 @@ static int slice_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype
                                   n->name, (long long)start, (long long)(start + len), (long long)x->dim[ax]);
         o.dim[ax] = len;
     } else {
+        if (start < 0 || start + x->dim[ax] > len)
+            return adt_graph_fail(g, ADT_ERR_SHAPE, "node %s: a slice of length %lld at %lld does not fit an axis of size %lld",
+                                  n->name, (long long)x->dim[ax], (long long)start, (long long)len);
         o.dim[ax] = len; /* the full length */
     }
     os[0] = o;
@@ -261,14 +270,29 @@ static int slice_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, in
     return c;
 }
 
+/* Positions along the slice axis move with the blocks: the output block's first element is
+ * global input element start + out offset, which sits at that minus the input offset locally. */
+static void slice_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    int ax = (int)n->a.i[0];
+    a->i[1] = n->a.i[1] + out[0].offset[ax] - in[0].offset[ax];
+    a->i[2] = out[0].shape.dim[ax];
+}
+
+static void slice_grad_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    int ax = (int)n->a.i[0];
+    a->i[1] = n->a.i[1] + in[0].offset[ax] - out[0].offset[ax];
+    a->i[2] = out[0].shape.dim[ax];
+}
+
 const adt_op_def adt_opdef_slice = {
     .name = "slice", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
     .infer = slice_infer, .forward = slice_forward, .backward = slice_backward,
-    .flops = op_flops_per_out, .sbp = slice_sbp,
+    .flops = op_flops_per_out, .sbp = slice_sbp, .localize = slice_localize,
 };
 const adt_op_def adt_opdef_slice_grad = {
     .name = "slice_grad", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
     .infer = slice_infer, .forward = slice_grad_forward, .flops = op_flops_per_out, .sbp = slice_sbp,
+    .localize = slice_grad_localize,
 };
 
 int adt_slice(adt_graph *g, int x, int axis, int64_t start, int64_t len) {

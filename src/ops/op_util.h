@@ -27,6 +27,10 @@
 int op_fail_shape(adt_graph *g, const adt_node *n, int input, const char *expected);
 /* Requires an f32 (or i32) input; returns -1 after recording the error. */
 int op_need_dtype(adt_graph *g, const adt_node *n, int input, adt_dtype dt);
+/* Requires input `input` to have exactly shape `want`; `what` says where that shape comes from
+ * ("the shape of dy"). Backward ops check every input this way: a local (sharded) copy of a node
+ * is only as safe as its shape rule, which must refuse blocks the kernel would read past. */
+int op_need_shape(adt_graph *g, const adt_node *n, int input, const adt_shape *want, const char *what);
 
 /* Adds a node and returns its output k (or -1). */
 int op_node_out(adt_graph *g, int op, const int *in, int n_in, const adt_attrs *a, int k);

@@ -16,7 +16,7 @@ extern const adt_op_def adt_opdef_matmul, adt_opdef_add, adt_opdef_sub, adt_opde
     adt_opdef_conv2d_bwd_weight, adt_opdef_maxpool2d, adt_opdef_maxpool2d_bwd, adt_opdef_reshape,
     adt_opdef_permute, adt_opdef_concat, adt_opdef_slice, adt_opdef_slice_grad,
     adt_opdef_interaction, adt_opdef_interaction_bwd, adt_opdef_dropout, adt_opdef_dropout_bwd,
-    adt_opdef_sgd, adt_opdef_adamw;
+    adt_opdef_sgd, adt_opdef_adamw, adt_opdef_boxing;
 
 static const adt_op_def *const table[ADT_OP_COUNT] = {
     [ADT_OP_MATMUL] = &adt_opdef_matmul,
@@ -62,6 +62,7 @@ static const adt_op_def *const table[ADT_OP_COUNT] = {
     [ADT_OP_FILL] = &adt_opdef_fill,
     [ADT_OP_SGD] = &adt_opdef_sgd,
     [ADT_OP_ADAMW] = &adt_opdef_adamw,
+    [ADT_OP_BOXING] = &adt_opdef_boxing,
 };
 
 const adt_op_def *adt_op_get(int kind) {
@@ -116,6 +117,13 @@ int op_need_dtype(adt_graph *g, const adt_node *n, int input, adt_dtype dt) {
     if (v->dtype == dt) return 0;
     return adt_graph_fail(g, ADT_ERR_SHAPE, "node %s: input %d ('%s') has dtype %s, expected %s",
                           n->name, input, v->name, adt_dtype_name(v->dtype), adt_dtype_name(dt));
+}
+
+int op_need_shape(adt_graph *g, const adt_node *n, int input, const adt_shape *want, const char *what) {
+    if (adt_shape_equal(&OP_IN(g, n, input)->shape, want)) return 0;
+    char exp[160], buf[64];
+    snprintf(exp, sizeof exp, "%s (%s)", adt_shape_str(want, buf, sizeof buf), what);
+    return op_fail_shape(g, n, input, exp);
 }
 
 int op_node(adt_graph *g, int op, const int *in, int n_in, const adt_attrs *a, int *outs) {

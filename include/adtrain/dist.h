@@ -1,0 +1,260 @@
+/*
+ * adtrain/dist.h - the distributed algebra: nd-SBP blocks on a device mesh, n-D op signatures,
+ * boxing (SBP conversion) programs priced by the alpha-beta model, an in-memory executor of
+ * boxing programs over per-rank buffers, the localisation of a global node for one rank, and
+ * the partitioner that turns a global training graph and a plan into a rank's local graph.
+ *
+ * Conventions (DESIGN.md section 2):
+ *   - A mesh has 1..ADT_MAX_MESH_DIMS axes, coordinates row-major, axis 0 outermost.
+ *   - An nd-SBP holds one SBP per mesh axis. Splits nest left to right: when mesh axes a < b
+ *     both split tensor axis k, axis a cuts k into blocks first and axis b cuts each of those.
+ *     Every cut is the block distribution of adt_block_range (sizes differ by at most one).
+ *   - P on a set of mesh axes: the ranks that differ only in those coordinates hold full-size
+ *     blocks whose elementwise sum is the logical block.
+ *   - An n-D signature of a node is one 1-D signature (ops.h) per mesh axis: the Cartesian
+ *     product. It is usable on a mesh when every block is non-empty and each rank's local op,
+ *     run on its input blocks, yields exactly its output blocks (adt_nd_sig_check).
+ *
+ * Strings: an nd-SBP is written "(S(0),B)" and parsed from "(S0,B)", "S0,B", "(S(-1), P)"...
+ * (src/dist/README.md has the grammar).
+ */
+#ifndef ADTRAIN_DIST_H
+#define ADTRAIN_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "adtrain/graph.h"
+#include "adtrain/ops.h"
+#include "adtrain/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- meshes -------------------------------------------------------------------------------- */
+
+/* A mesh of the given shape whose coordinate i (row-major) is rank i (ranks = NULL). Checks
+ * 1 <= ndim <= ADT_MAX_MESH_DIMS and dims >= 1; returns ADT_OK or ADT_ERR_ARG. */
+int adt_mesh_init(adt_mesh *m, int ndim, const int *dims);
+/* Row-major position of a coordinate, and back. */
+int adt_mesh_index(const adt_mesh *m, const int *coord);
+void adt_mesh_coord(const adt_mesh *m, int index, int *coord);
+/* The global rank at a coordinate: m->ranks[index], or index when ranks is NULL. */
+int adt_mesh_rank(const adt_mesh *m, const int *coord);
+/* "(2,3)" */
+char *adt_mesh_str(const adt_mesh *m, char *buf, size_t n);
+
+/* ---- nd-SBP -------------------------------------------------------------------------------- */
+
+/* Parses an nd-SBP of exactly mesh_ndim entries for a tensor of rank tensor_rank (negative
+ * split axes count from the end). On failure returns ADT_ERR_ARG with a message quoting the
+ * text and saying what was expected. */
+int adt_ndsbp_parse(const char *s, int mesh_ndim, int tensor_rank, adt_ndsbp *out);
+int adt_ndsbp_equal(const adt_ndsbp *a, const adt_ndsbp *b);
+/* Bit m set when mesh axis m is P. */
+unsigned adt_ndsbp_partial_mask(const adt_ndsbp *s);
+adt_ndsbp adt_ndsbp_all_b(int mesh_ndim);
+/* The block of a tensor of shape `global` held at `coord` (nested block splits, outer first). */
+adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord, adt_shape global);
+/* The smallest and largest block length of each tensor axis over all coordinates. */
+void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
+                            adt_shape *hi);
+/* Whether every split axis exists in a tensor of rank `rank` and every block is non-empty. */
+int adt_ndsbp_fits(const adt_ndsbp *s, const adt_mesh *m, adt_shape global);
+
+/* ---- n-D signatures ------------------------------------------------------------------------ */
+
+typedef struct adt_nd_sig {
+    int ndim; /* mesh axes */
+    adt_ndsbp in[ADT_MAX_INPUTS];
+    adt_ndsbp out[ADT_MAX_OUTPUTS];
+} adt_nd_sig;
+
+/* The product signature: mesh axis m takes sigs1d[choice[m]]. */
+void adt_nd_sig_product(const adt_sbp_sig *sigs1d, const int *choice, int mesh_ndim, int n_in,
+                        int n_out, adt_nd_sig *out);
+/* The all-B n-D signature (always valid). */
+adt_nd_sig adt_nd_sig_all_b(int mesh_ndim, int n_in, int n_out);
+/* Products are numbered 0 .. n1d^mesh_ndim - 1 in mixed radix, mesh axis 0 most significant;
+ * adt_nd_sig_choice decodes a number into the per-axis choice. */
+int64_t adt_nd_sig_count(int n1d, int mesh_ndim);
+void adt_nd_sig_choice(int64_t index, int n1d, int mesh_ndim, int *choice);
+/* Checks an n-D signature of a global node on a mesh: every block of every input and output
+ * non-empty, and the op's shape rule, fed each rank's input blocks and the localised
+ * attributes, gives that rank's output blocks. ADT_OK, or ADT_ERR_SHAPE with a message naming
+ * the node, the value and the coordinate. */
+int adt_nd_sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m);
+/* The usable n-D signatures of a node on a mesh, in product order (all-B first), at most max
+ * of them written to out (out may be NULL with max 0); returns how many are usable in all. */
+int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max);
+/* "(S(0),B) (B,B) -> (S(0),B)": inputs, then outputs. */
+char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n);
+
+/* ---- boxing: converting a tensor from one nd-SBP to another ----------------------------------
+ * A boxing program is a list of steps; each step changes the SBP of one mesh axis and runs one
+ * collective (or a local operation) within every group of ranks that differ only in that
+ * axis' coordinate. On a group of n ranks, with G the bytes of the tensor block the group
+ * shares (the block cut by every other mesh axis):
+ *
+ *   kind            from -> to   per rank sends      time
+ *   ALL_REDUCE      P -> B       2(n-1)/n G          2(n-1) alpha + 2(n-1)/n G beta
+ *   REDUCE_SCATTER  P -> S(k)    (n-1)/n G           (n-1) alpha + (n-1)/n G beta
+ *   ALL_GATHER      S(k) -> B    (n-1)/n G           (n-1) alpha + (n-1)/n G beta
+ *   ALL_TO_ALL      S(i) -> S(j) (n-1)/n^2 G         (n-1) alpha + (n-1)/n^2 G beta
+ *   SLICE           B -> S(k)    0                   local
+ *   KEEP_ONE        B -> P       0                   local: coordinate 0 keeps, others zero
+ *   ZERO_FILL       S(k) -> P    0                   local: own block in place, zeros around
+ *
+ * P -> P on the same mesh axis is no step. (Between meshes of different sizes, "P over n ranks
+ * to P over m ranks" is not a step of one mesh: it is a P -> B on the source group followed by a
+ * B -> P on the destination, or a reduce; cross-mesh transfers are not handled here.)
+ *
+ * Nested splits: a step on mesh axis a is a plain group collective only when no inner mesh
+ * axis b > a splits a tensor axis that the step's from- or to-SBP splits (an inner split of the
+ * same tensor axis is cut from a's block, so changing a's block would move data between inner
+ * blocks across groups). Such steps are left out of the state graph; the shortest path goes
+ * around them (e.g. gather the inner axis first).
+ */
+typedef enum adt_boxing_kind {
+    ADT_BOXING_ALL_REDUCE = 0,
+    ADT_BOXING_REDUCE_SCATTER,
+    ADT_BOXING_ALL_GATHER,
+    ADT_BOXING_ALL_TO_ALL,
+    ADT_BOXING_SLICE,
+    ADT_BOXING_KEEP_ONE,
+    ADT_BOXING_ZERO_FILL,
+    ADT_BOXING_KIND_COUNT
+} adt_boxing_kind;
+
+const char *adt_boxing_kind_name(int kind);
+/* The kind converting one mesh axis from `from` to `to`, or -1 when they are equal. */
+int adt_boxing_kind_of(adt_sbp from, adt_sbp to);
+/* Whether changing mesh axis `axis` of state s to `to` is a valid step (see above). */
+int adt_boxing_step_valid(const adt_ndsbp *s, int axis, adt_sbp to);
+
+/* Link parameters per mesh axis: alpha seconds per message, beta seconds per byte; `local` is
+ * the price of a local step (a small tie-breaker so that shorter programs win). */
+typedef struct adt_comm_cost {
+    double alpha[ADT_MAX_MESH_DIMS];
+    double beta[ADT_MAX_MESH_DIMS];
+    double local;
+} adt_comm_cost;
+
+/* Bytes each rank sends, and the time, of one step kind on a group of n ranks sharing a block
+ * of group_bytes (the table above). These are the formulas the planner prices with. */
+double adt_boxing_bytes(int kind, int n, double group_bytes);
+double adt_boxing_time(int kind, int n, double group_bytes, double alpha, double beta, double local);
+/* G of a step on mesh axis `axis` from state s: the bytes of the largest block cut by every
+ * mesh axis except `axis`. */
+double adt_boxing_group_bytes(const adt_ndsbp *s, int axis, const adt_mesh *m, adt_shape global,
+                              size_t elem_size);
+
+#define ADT_BOXING_MAX_STEPS 16
+
+typedef struct adt_boxing_step {
+    int mesh_axis;
+    int kind;            /* adt_boxing_kind */
+    adt_ndsbp from, to;  /* the whole state before and after the step */
+    int from_axis;       /* tensor axis split on mesh_axis before the step, or -1 */
+    int to_axis;         /* ... and after, or -1 */
+    int group_size;      /* ranks in each group: the mesh axis' size */
+    double group_bytes;  /* G */
+    double bytes;        /* sent per rank */
+    double time;         /* seconds, by adt_boxing_time */
+} adt_boxing_step;
+
+typedef struct adt_boxing_prog {
+    adt_shape global;
+    adt_dtype dtype;
+    int n_steps;
+    adt_boxing_step step[ADT_BOXING_MAX_STEPS];
+    double time; /* sum of the steps' times */
+} adt_boxing_prog;
+
+/* The cheapest program from `from` to `to` (Dijkstra over the nd-SBP states of the tensor,
+ * single-axis valid steps as edges, adt_boxing_time as weights; ties go to the state found
+ * first, so the result is deterministic). from == to gives zero steps. The states passed
+ * through have non-empty blocks on every rank (unless no such path exists), and hold no P
+ * unless the dtype sums (f32: integer ids are never partial). ADT_OK or ADT_ERR_ARG (an nd-SBP
+ * that does not fit the tensor's rank or the mesh, or P of a dtype that does not sum). */
+int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
+                    const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out);
+/* One line per step: "axis 1: all_gather (S(0),S(1)) -> (S(0),B), G 1024 B, sends 512 B". */
+char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n);
+
+/* Runs a program in memory over per-rank buffers: bufs[i] is the block held by mesh position i
+ * (contiguous, row-major, elements of p->dtype, in the program's first state); on return it
+ * holds the block of the last state (buffers are reallocated with malloc; free them with
+ * free()). Refuses invalid steps, and sums (P -> B, P -> S) of anything but f32, with
+ * ADT_ERR_ARG. This is the reference the checker holds the comm executor and the kernels to. */
+int adt_boxing_run_virtual(const adt_boxing_prog *p, const adt_mesh *m, void **bufs);
+/* One rank's part of one step, the building block of both executors: group[j] is the block held
+ * before the step by the rank whose coordinate on the step's mesh axis is j (the others equal to
+ * coord); out receives this rank's block after the step (sized by the caller). */
+int adt_boxing_step_local(const adt_boxing_step *st, const adt_mesh *m, const int *coord, adt_shape global,
+                          adt_dtype dtype, const void *const *group, void *out);
+
+/* ---- localisation: one global node on one rank --------------------------------------------- */
+
+typedef struct adt_local_node {
+    int node;                               /* the global node                              */
+    adt_box in[ADT_MAX_INPUTS];             /* the block of each input this rank holds       */
+    adt_box out[ADT_MAX_OUTPUTS];           /* ... and of each output it computes            */
+    unsigned in_partial[ADT_MAX_INPUTS];    /* mesh axes (bits) on which an input is P       */
+    unsigned out_partial[ADT_MAX_OUTPUTS];
+    adt_attrs a;                            /* the attributes of the local node              */
+} adt_local_node;
+
+/* What rank `coord` runs for global node `node` under n-D signature s: its input and output
+ * blocks and the attributes rewritten for them (the op's localize rule). Does not check the
+ * shape rule: adt_nd_sig_check does, once per signature and mesh. */
+int adt_dist_localize(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m,
+                      const int *coord, adt_local_node *out);
+/* Copies a global value into a local graph as a leaf of the same name, dtype, role and init,
+ * with the block's shape and its global shape and offset. Returns the local value id or -1. */
+int adt_dist_add_local_leaf(adt_graph *lg, const adt_graph *g, int value, const adt_box *b);
+/* Adds the local node to `lg`, reading local values in[] (their shapes must be ln->in[i].shape);
+ * its outputs get the blocks of ln->out. Returns the local node id, or -1 with the local
+ * graph's error set when the shape rule disagrees with the expected blocks. */
+int adt_dist_add_local_node(adt_graph *lg, const adt_graph *g, const adt_local_node *ln,
+                            const int *in);
+
+/* ---- the partitioner: global graph + plan -> one rank's local graph -------------------------- */
+
+typedef struct adt_dist_plan {
+    adt_mesh mesh;
+    const adt_nd_sig *node_sig; /* [g->n_nodes]: the n-D signature chosen for every node       */
+    /* [g->n_values] or NULL: the layout each leaf (fed input, parameter, optimizer state) is
+     * held in. An entry with ndim 0, or every leaf when NULL, takes the layout that reads it
+     * first: its in-place updater's (the optimizer step: the stored layout is the updated
+     * one) or else its first consumer's, with P read as B. A leaf is never held as P. */
+    const adt_ndsbp *leaf_sbp;
+    adt_comm_cost cost; /* prices the boxing programs: the numbers the planner used */
+} adt_dist_plan;
+
+typedef struct adt_dist_local {
+    adt_graph *g;       /* the rank's local graph: compute and boxing nodes in run order     */
+    int *value;         /* [global n_values]: the local value holding a global value in the
+                           layout its producer wrote (leaves: the held layout), or -1        */
+    adt_ndsbp *layout;  /* [global n_values]: that layout                                    */
+    int n_boxing;       /* boxing nodes (one per step) in g                                  */
+    double boxing_time; /* the predicted time of those steps, summed                         */
+} adt_dist_local;
+
+/* Builds rank `coord`'s local graph: every global node localised under its signature, and on
+ * each edge whose producer's layout differs from the consumer's, the cheapest boxing program
+ * (one BOXING node per step; a value boxed to a layout once is reused by later readers).
+ * Global values marked as outputs stay outputs; parameters keep their names, so initialisation
+ * by global index equals the serial one. Errors name the node or value and the layouts. */
+int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *coord, adt_dist_local *out);
+void adt_dist_local_free(adt_dist_local *l);
+
+/* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
+ * communicator's run() starts from. */
+int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh *m, adt_boxing_step *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,262 @@
+/*
+ * localize.c - n-D signatures (products of the ops' 1-D ones) and the localisation of a global
+ * node for one mesh coordinate: its input and output blocks, the attributes its op's localize
+ * rule rewrites for them, and the local graph pieces built from that.
+ *
+ * The shape check is what makes a product signature usable on a given mesh and shape: a
+ * signature can be right in general and still not fit a particular uneven split (a reshape
+ * that merges axes maps an even split of one onto an uneven split of the other), so every
+ * coordinate's local op must produce exactly the output blocks the signature promises.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/dist.h"
+
+#define MAX_SIGS_1D 64
+
+void adt_nd_sig_product(const adt_sbp_sig *sigs1d, const int *choice, int mesh_ndim, int n_in,
+                        int n_out, adt_nd_sig *out) {
+    memset(out, 0, sizeof *out);
+    out->ndim = mesh_ndim;
+    for (int i = 0; i < n_in; i++) out->in[i].ndim = mesh_ndim;
+    for (int k = 0; k < n_out; k++) out->out[k].ndim = mesh_ndim;
+    for (int m = 0; m < mesh_ndim; m++) {
+        const adt_sbp_sig *s = &sigs1d[choice[m]];
+        for (int i = 0; i < n_in; i++) out->in[i].s[m] = s->in[i];
+        for (int k = 0; k < n_out; k++) out->out[k].s[m] = s->out[k];
+    }
+}
+
+adt_nd_sig adt_nd_sig_all_b(int mesh_ndim, int n_in, int n_out) {
+    adt_nd_sig s;
+    memset(&s, 0, sizeof s);
+    s.ndim = mesh_ndim;
+    for (int i = 0; i < n_in; i++) s.in[i].ndim = mesh_ndim;
+    for (int k = 0; k < n_out; k++) s.out[k].ndim = mesh_ndim;
+    return s;
+}
+
+int64_t adt_nd_sig_count(int n1d, int mesh_ndim) {
+    int64_t c = 1;
+    for (int m = 0; m < mesh_ndim; m++) c *= n1d;
+    return c;
+}
+
+void adt_nd_sig_choice(int64_t index, int n1d, int mesh_ndim, int *choice) {
+    for (int m = mesh_ndim - 1; m >= 0; m--) {
+        choice[m] = (int)(index % n1d);
+        index /= n1d;
+    }
+}
+
+char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n_in + n_out && k < n; i++) {
+        char one[64];
+        const adt_ndsbp *v = i < n_in ? &s->in[i] : &s->out[i - n_in];
+        k += (size_t)snprintf(buf + k, n - k, "%s%s", i == n_in ? (i ? " -> " : "-> ") : (i ? " " : ""),
+                              adt_ndsbp_str(v, one, sizeof one));
+    }
+    return buf;
+}
+
+int adt_dist_localize(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m,
+                      const int *coord, adt_local_node *out) {
+    if (node < 0 || node >= g->n_nodes) return adt_error(ADT_ERR_ARG, "localize: no node %d", node);
+    const adt_node *n = &g->nodes[node];
+    if (s->ndim != m->ndim)
+        return adt_error(ADT_ERR_ARG, "node %s: a signature for %d mesh axes on a %d-axis mesh", n->name,
+                         s->ndim, m->ndim);
+    memset(out, 0, sizeof *out);
+    out->node = node;
+    for (int i = 0; i < n->n_in; i++) {
+        out->in[i] = adt_ndsbp_block(&s->in[i], m, coord, g->values[n->in[i]].shape);
+        out->in_partial[i] = adt_ndsbp_partial_mask(&s->in[i]);
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        out->out[k] = adt_ndsbp_block(&s->out[k], m, coord, g->values[n->out[k]].shape);
+        out->out_partial[k] = adt_ndsbp_partial_mask(&s->out[k]);
+    }
+    out->a = n->a;
+    const adt_op_def *d = adt_op_get(n->op);
+    if (d->localize) d->localize(n, out->in, out->out, &out->a);
+    return ADT_OK;
+}
+
+/* The first value of node n whose nd-SBP does not fit its shape on m, or -1. */
+static int first_misfit(const adt_graph *g, const adt_node *n, const adt_nd_sig *s, const adt_mesh *m,
+                        int *is_out) {
+    for (int i = 0; i < n->n_in; i++)
+        if (!adt_ndsbp_fits(&s->in[i], m, g->values[n->in[i]].shape)) return *is_out = 0, i;
+    for (int k = 0; k < n->n_out; k++)
+        if (!adt_ndsbp_fits(&s->out[k], m, g->values[n->out[k]].shape)) return *is_out = 1, k;
+    return -1;
+}
+
+/* Runs the op's shape rule on scratch graph sg, whose first n_in values stand for the inputs
+ * and get each coordinate's block shapes. */
+static int check_coords(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m, adt_graph *sg) {
+    const adt_node *n = &g->nodes[node];
+    const adt_op_def *d = adt_op_get(n->op);
+    char sigs[512], mbuf[32], cbuf[32], e[64], got[64];
+    for (int idx = 0; idx < m->nranks; idx++) {
+        int coord[ADT_MAX_MESH_DIMS];
+        adt_mesh_coord(m, idx, coord);
+        adt_local_node ln;
+        adt_dist_localize(g, node, s, m, coord, &ln);
+        adt_node local = *n;
+        for (int i = 0; i < n->n_in; i++) {
+            sg->values[i].shape = ln.in[i].shape;
+            local.in[i] = i;
+        }
+        local.a = ln.a;
+        adt_shape os[ADT_MAX_OUTPUTS];
+        adt_dtype od[ADT_MAX_OUTPUTS];
+        sg->status = ADT_OK;
+        int rc = d->infer(sg, &local, os, od);
+        const char *why = NULL;
+        int bad_k = -1;
+        if (rc < 0 || sg->status) why = sg->err;
+        for (int k = 0; !why && k < n->n_out; k++)
+            if (!adt_shape_equal(&os[k], &ln.out[k].shape)) bad_k = k, why = "";
+        if (!why) continue;
+        snprintf(cbuf, sizeof cbuf, "(");
+        for (int a = 0; a < m->ndim; a++)
+            snprintf(cbuf + strlen(cbuf), sizeof cbuf - strlen(cbuf), a ? ",%d" : "%d", coord[a]);
+        strncat(cbuf, ")", sizeof cbuf - strlen(cbuf) - 1);
+        adt_nd_sig_str(s, n->n_in, n->n_out, sigs, sizeof sigs);
+        adt_mesh_str(m, mbuf, sizeof mbuf);
+        if (bad_k >= 0)
+            return adt_error(ADT_ERR_SHAPE,
+                             "node %s: signature %s on mesh %s: at coordinate %s output %d ('%s') comes out %s, "
+                             "expected its block %s",
+                             n->name, sigs, mbuf, cbuf, bad_k, g->values[n->out[bad_k]].name,
+                             adt_shape_str(&os[bad_k], got, sizeof got),
+                             adt_shape_str(&ln.out[bad_k].shape, e, sizeof e));
+        return adt_error(ADT_ERR_SHAPE, "node %s: signature %s on mesh %s: at coordinate %s the local op is refused: %s",
+                         n->name, sigs, mbuf, cbuf, why);
+    }
+    return ADT_OK;
+}
+
+/* A scratch graph with one leaf per input of node n (the shape rule reads dtypes and shapes). */
+static adt_graph *scratch_graph(const adt_graph *g, const adt_node *n) {
+    adt_graph *sg = adt_graph_create();
+    for (int i = 0; i < n->n_in; i++) { /* the global names, so a refusal names the value */
+        const adt_value *v = &g->values[n->in[i]];
+        if (adt_input(sg, v->name, v->dtype, v->shape) != i) {
+            char name[32];
+            snprintf(name, sizeof name, "input %d", i); /* the same value twice */
+            sg->status = ADT_OK;
+            adt_input(sg, name, v->dtype, v->shape);
+        }
+    }
+    return sg;
+}
+
+static int sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m, adt_graph *sg) {
+    const adt_node *n = &g->nodes[node];
+    int is_out, bad = first_misfit(g, n, s, m, &is_out);
+    if (bad >= 0) {
+        char sigs[512], mbuf[32];
+        const adt_value *v = &g->values[is_out ? n->out[bad] : n->in[bad]];
+        char sh[64];
+        return adt_error(ADT_ERR_SHAPE, "node %s: signature %s on mesh %s: %s %d ('%s', %s) would have an empty block",
+                         n->name, adt_nd_sig_str(s, n->n_in, n->n_out, sigs, sizeof sigs),
+                         adt_mesh_str(m, mbuf, sizeof mbuf), is_out ? "output" : "input", bad, v->name,
+                         adt_shape_str(&v->shape, sh, sizeof sh));
+    }
+    return check_coords(g, node, s, m, sg);
+}
+
+int adt_nd_sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m) {
+    if (node < 0 || node >= g->n_nodes) return adt_error(ADT_ERR_ARG, "signature check: no node %d", node);
+    if (s->ndim != m->ndim)
+        return adt_error(ADT_ERR_ARG, "node %s: a signature for %d mesh axes on a %d-axis mesh",
+                         g->nodes[node].name, s->ndim, m->ndim);
+    adt_graph *sg = scratch_graph(g, &g->nodes[node]);
+    int rc = sig_check(g, node, s, m, sg);
+    adt_graph_free(sg);
+    return rc;
+}
+
+int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max) {
+    const adt_node *n = &g->nodes[node];
+    adt_sbp_sig sigs1d[MAX_SIGS_1D];
+    int n1d = adt_node_sbp_signatures(g, n, sigs1d, MAX_SIGS_1D);
+    int64_t total = adt_nd_sig_count(n1d, m->ndim);
+    adt_graph *sg = scratch_graph(g, n);
+    int usable = 0;
+    for (int64_t idx = 0; idx < total; idx++) {
+        int choice[ADT_MAX_MESH_DIMS];
+        adt_nd_sig s;
+        adt_nd_sig_choice(idx, n1d, m->ndim, choice);
+        adt_nd_sig_product(sigs1d, choice, m->ndim, n->n_in, n->n_out, &s);
+        if (sig_check(g, node, &s, m, sg)) continue;
+        if (usable < max) out[usable] = s;
+        usable++;
+    }
+    adt_graph_free(sg);
+    adt_error_clear();
+    return usable;
+}
+
+/* ---- local graph pieces -------------------------------------------------------------------- */
+
+int adt_dist_add_local_leaf(adt_graph *lg, const adt_graph *g, int value, const adt_box *b) {
+    const adt_value *gv = &g->values[value];
+    int v = adt_input(lg, gv->name, gv->dtype, b->shape);
+    if (v < 0) return -1;
+    adt_value *lv = &lg->values[v];
+    lv->role = gv->role;
+    lv->init = gv->init;
+    lv->layer_tag = gv->layer_tag;
+    lv->requires_grad = gv->requires_grad;
+    lv->global_shape = b->global;
+    memcpy(lv->offset, b->offset, sizeof lv->offset);
+    if (value == g->lr_input) lg->lr_input = v;
+    if (value == g->step_input) lg->step_input = v;
+    return v;
+}
+
+int adt_dist_add_local_node(adt_graph *lg, const adt_graph *g, const adt_local_node *ln, const int *in) {
+    if (lg->status) return -1;
+    const adt_node *gn = &g->nodes[ln->node];
+    for (int i = 0; i < gn->n_in; i++)
+        if (in[i] < 0 || in[i] >= lg->n_values || !adt_shape_equal(&lg->values[in[i]].shape, &ln->in[i].shape)) {
+            char want[64], got[64];
+            return adt_graph_fail(lg, ADT_ERR_SHAPE, "node %s: local input %d is %s, expected the block %s", gn->name,
+                                  i, in[i] < 0 || in[i] >= lg->n_values ? "missing"
+                                                                        : adt_shape_str(&lg->values[in[i]].shape, got, sizeof got),
+                                  adt_shape_str(&ln->in[i].shape, want, sizeof want));
+        }
+    int id = adt_graph_add_node(lg, gn->op, in, gn->n_in, &ln->a);
+    if (id < 0) return -1;
+    adt_node *n = &lg->nodes[id];
+    snprintf(n->name, sizeof n->name, "%s", gn->name);
+    n->layer_tag = gn->layer_tag;
+    n->stage = gn->stage;
+    n->is_backward = gn->is_backward;
+    n->is_optimizer = gn->is_optimizer;
+    n->fwd_node = -1; /* the global id means nothing here */
+    for (int k = 0; k < n->n_out; k++) {
+        adt_value *lv = &lg->values[n->out[k]];
+        const adt_value *gv = &g->values[gn->out[k]];
+        if (!adt_shape_equal(&lv->shape, &ln->out[k].shape)) {
+            char want[64], got[64];
+            return adt_graph_fail(lg, ADT_ERR_SHAPE, "node %s: local output %d comes out %s, expected its block %s",
+                                  gn->name, k, adt_shape_str(&lv->shape, got, sizeof got),
+                                  adt_shape_str(&ln->out[k].shape, want, sizeof want));
+        }
+        snprintf(lv->name, sizeof lv->name, "%s", gv->name);
+        lv->role = gv->role;
+        lv->layer_tag = gv->layer_tag;
+        lv->global_shape = ln->out[k].global;
+        memcpy(lv->offset, ln->out[k].offset, sizeof lv->offset);
+    }
+    return id;
+}

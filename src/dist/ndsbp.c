@@ -1,0 +1,172 @@
+/*
+ * ndsbp.c - meshes and nd-SBP blocks: which part of a logical tensor each mesh coordinate
+ * holds, and the nd-SBP text form.
+ *
+ * Nesting: mesh axes are applied outer (0) to inner; a split of tensor axis k on axis m cuts
+ * the range of k left by the outer axes with adt_block_range. So (S0,S0) on a (2,3) mesh cuts
+ * axis 0 in two, then each half in three, and rank (c0,c1) holds block c1 of block c0.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/dist.h"
+
+/* ---- meshes -------------------------------------------------------------------------------- */
+
+int adt_mesh_init(adt_mesh *m, int ndim, const int *dims) {
+    memset(m, 0, sizeof *m);
+    if (ndim < 1 || ndim > ADT_MAX_MESH_DIMS)
+        return adt_error(ADT_ERR_ARG, "mesh: %d axes, expected 1..%d", ndim, ADT_MAX_MESH_DIMS);
+    m->ndim = ndim;
+    m->nranks = 1;
+    m->intra_axis = -1;
+    for (int a = 0; a < ndim; a++) {
+        if (dims[a] < 1) return adt_error(ADT_ERR_ARG, "mesh: axis %d has size %d, expected >= 1", a, dims[a]);
+        m->dim[a] = dims[a];
+        m->nranks *= dims[a];
+    }
+    return ADT_OK;
+}
+
+int adt_mesh_index(const adt_mesh *m, const int *coord) {
+    int idx = 0;
+    for (int a = 0; a < m->ndim; a++) idx = idx * m->dim[a] + coord[a];
+    return idx;
+}
+
+void adt_mesh_coord(const adt_mesh *m, int index, int *coord) {
+    for (int a = m->ndim - 1; a >= 0; a--) {
+        coord[a] = index % m->dim[a];
+        index /= m->dim[a];
+    }
+}
+
+int adt_mesh_rank(const adt_mesh *m, const int *coord) {
+    int idx = adt_mesh_index(m, coord);
+    return m->ranks ? m->ranks[idx] : idx;
+}
+
+char *adt_mesh_str(const adt_mesh *m, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "(");
+    for (int a = 0; a < m->ndim && k < n; a++) k += (size_t)snprintf(buf + k, n - k, a ? ",%d" : "%d", m->dim[a]);
+    if (k < n) snprintf(buf + k, n - k, ")");
+    return buf;
+}
+
+/* ---- nd-SBP -------------------------------------------------------------------------------- */
+
+int adt_ndsbp_equal(const adt_ndsbp *a, const adt_ndsbp *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->s[i].kind != b->s[i].kind) return 0;
+        if (a->s[i].kind == ADT_SBP_S && a->s[i].axis != b->s[i].axis) return 0;
+    }
+    return 1;
+}
+
+unsigned adt_ndsbp_partial_mask(const adt_ndsbp *s) {
+    unsigned mask = 0;
+    for (int i = 0; i < s->ndim; i++)
+        if (s->s[i].kind == ADT_SBP_P) mask |= 1u << i;
+    return mask;
+}
+
+adt_ndsbp adt_ndsbp_all_b(int mesh_ndim) {
+    adt_ndsbp s;
+    memset(&s, 0, sizeof s);
+    s.ndim = mesh_ndim;
+    return s;
+}
+
+adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord, adt_shape global) {
+    adt_box b;
+    memset(&b, 0, sizeof b);
+    b.global = global;
+    b.shape = global;
+    for (int a = 0; a < s->ndim && a < m->ndim; a++) {
+        if (s->s[a].kind != ADT_SBP_S) continue;
+        int k = s->s[a].axis;
+        int64_t start, len;
+        adt_block_range(b.shape.dim[k], m->dim[a], coord[a], &start, &len);
+        b.offset[k] += start;
+        b.shape.dim[k] = len;
+    }
+    return b;
+}
+
+void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
+                            adt_shape *hi) {
+    *lo = *hi = global;
+    for (int a = 0; a < s->ndim && a < m->ndim; a++) {
+        if (s->s[a].kind != ADT_SBP_S) continue;
+        int k = s->s[a].axis, p = m->dim[a];
+        lo->dim[k] /= p;                      /* the floor of the smallest      */
+        hi->dim[k] = (hi->dim[k] + p - 1) / p; /* the ceiling of the largest     */
+    }
+}
+
+int adt_ndsbp_fits(const adt_ndsbp *s, const adt_mesh *m, adt_shape global) {
+    if (s->ndim != m->ndim) return 0;
+    for (int a = 0; a < s->ndim; a++)
+        if (s->s[a].kind == ADT_SBP_S && (s->s[a].axis < 0 || s->s[a].axis >= global.ndim)) return 0;
+    adt_shape lo, hi;
+    adt_ndsbp_block_bounds(s, m, global, &lo, &hi);
+    for (int k = 0; k < global.ndim; k++)
+        if (lo.dim[k] < 1) return 0;
+    return 1;
+}
+
+/* "(S0, B)", "S(0),B", "(P)": optional parentheses around comma-separated SBPs, blanks
+ * anywhere between tokens. */
+int adt_ndsbp_parse(const char *text, int mesh_ndim, int tensor_rank, adt_ndsbp *out) {
+    memset(out, 0, sizeof *out);
+    if (!text) return adt_error(ADT_ERR_ARG, "nd-SBP: no text given");
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    int paren = *p == '(';
+    if (paren) p++;
+    int n = 0;
+    for (;;) {
+        while (isspace((unsigned char)*p)) p++;
+        char tok[16];
+        size_t k = 0;
+        int open = 0; /* a ')' ends the token unless it closes the token's own "S(1)" */
+        while (*p && *p != ',' && !isspace((unsigned char)*p)) {
+            if (*p == ')' && !open) break;
+            open += *p == '(' ? 1 : *p == ')' ? -1 : 0;
+            if (k + 1 >= sizeof tok) return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': entry %d is too long", text, n);
+            tok[k++] = *p++;
+        }
+        tok[k] = 0;
+        if (n >= ADT_MAX_MESH_DIMS)
+            return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': more than %d entries", text, ADT_MAX_MESH_DIMS);
+        adt_sbp s;
+        if (!k || adt_sbp_parse(tok, &s))
+            return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': entry %d '%s' is not B, P or S(k)", text, n, tok);
+        if (s.kind == ADT_SBP_S) {
+            int ax = s.axis < 0 ? tensor_rank + s.axis : s.axis;
+            if (ax < 0 || ax >= tensor_rank)
+                return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': entry %d splits axis %d of a rank-%d tensor",
+                                 text, n, s.axis, tensor_rank);
+            s.axis = (int8_t)ax;
+        }
+        out->s[n++] = s;
+        while (isspace((unsigned char)*p)) p++;
+        if (*p == ',') { p++; continue; }
+        break;
+    }
+    if (paren) {
+        if (*p != ')') return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': expected ')' after entry %d", text, n - 1);
+        p++;
+    }
+    while (isspace((unsigned char)*p)) p++;
+    if (*p) return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': unexpected text '%.16s' after the entries", text, p);
+    if (n != mesh_ndim)
+        return adt_error(ADT_ERR_ARG, "nd-SBP '%.64s': %d entries, expected one per mesh axis (%d)", text, n,
+                         mesh_ndim);
+    out->ndim = n;
+    return ADT_OK;
+}
