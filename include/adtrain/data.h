@@ -135,6 +135,9 @@ const adt_text_vocab *adt_dataset_vocab(const adt_dataset *ds);
  * kinds without tokens. */
 int adt_dataset_vocab_size(const adt_dataset *ds);
 
+/* Elements per sample in buffer `which`: 0 input, 1 input2, 2 label (0 for an unused buffer);
+ * e.g. 784, 0, 1 for MNIST. A fill of n samples writes n times as many. */
+int64_t adt_dataset_sample_elems(const adt_dataset *ds, int which);
 /* Writes samples ids[0..n) (relative to the selected range) into the buffers adt_dataset_layout
  * names; input2 is used by CTR only (pass NULL otherwise). An id outside [0, samples) is an
  * error. Safe to call from several threads at once. */

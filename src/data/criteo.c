@@ -7,6 +7,7 @@
  * hashed table rows; docs/formats.md gives every rule), so a bad line fails before training
  * starts and a batch costs a copy. Memory: 157 bytes per sample.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +81,18 @@ static const char *field_repr(char *buf, size_t cap, field f) {
 static int parse_number(field f, double *out) {
     char tmp[64];
     if (f.n == 0 || f.n >= sizeof tmp) return -1;
-    for (size_t i = 0; i < f.n; i++)
-        if (!strchr("0123456789+-.eE", f.p[i])) return -1;
+    /* fast path: Criteo's own files hold plain integers */
+    size_t i = f.p[0] == '-';
+    if (f.n > i && f.n - i <= 18) {
+        int64_t v = 0;
+        for (; i < f.n && f.p[i] >= '0' && f.p[i] <= '9'; i++) v = v * 10 + (f.p[i] - '0');
+        if (i == f.n) {
+            *out = f.p[0] == '-' ? -(double)v : (double)v;
+            return 0;
+        }
+    }
+    for (size_t k = 0; k < f.n; k++)
+        if (!strchr("0123456789+-.eE", f.p[k])) return -1;
     memcpy(tmp, f.p, f.n);
     tmp[f.n] = 0;
     char *end;
@@ -94,7 +105,7 @@ static int parse_number(field f, double *out) {
 static int is_hex(field f) {
     if (f.n > 16) return 0;
     for (size_t i = 0; i < f.n; i++)
-        if (!strchr("0123456789abcdefABCDEF", f.p[i])) return 0;
+        if (!isxdigit((unsigned char)f.p[i])) return 0;
     return 1;
 }
 
@@ -245,12 +256,9 @@ int data_criteo_source(data_source *src, const char *name, data_buf *buf, const 
         return rc;
     }
     for (int64_t i = 0; i < n; i++) pos += d->label[i];
-    src->n = n;
-    src->layout = ADT_DATA_CTR;
+    *src = (data_source){.n = n, .layout = ADT_DATA_CTR, .elems = {CRITEO_DENSE, CRITEO_CAT, 1}, .impl = d,
+                         .fill = criteo_fill, .free = criteo_free};
     snprintf(src->what, sizeof src->what, "%lld clicks (%.1f%% positive), 13 dense + 26 hashed categorical, %s%s",
              (long long)n, 100.0 * (double)pos / (double)n, sep == '\t' ? "TSV" : "CSV", header ? " with header" : "");
-    src->impl = d;
-    src->fill = criteo_fill;
-    src->free = criteo_free;
     return ADT_OK;
 }

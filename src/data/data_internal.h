@@ -17,6 +17,7 @@
 typedef struct data_source {
     int64_t n; /* samples before range selection */
     adt_data_layout layout;
+    int64_t elems[3]; /* per sample: input, input2, label elements */
     char what[200]; /* "10000 images 1x28x28, 10 classes" */
     const adt_text_vocab *vocab;
     int vocab_size;

@@ -57,15 +57,10 @@ int data_text_source(data_source *src, adt_text_dataset *ds, const adt_data_shap
     text_src *t = adt_calloc(1, sizeof *t);
     t->ds = ds;
     t->T = shape->n_ctx;
-    src->n = adt_text_dataset_samples(ds, t->T);
-    src->layout = ADT_DATA_SEQ;
+    *src = (data_source){.n = adt_text_dataset_samples(ds, t->T), .layout = ADT_DATA_SEQ, .elems = {t->T, 0, t->T},
+                         .vocab = v, .vocab_size = v->size, .impl = t, .fill = text_fill, .free = text_free};
     snprintf(src->what, sizeof src->what, "%lld characters, vocab %d, windows of %d",
              (long long)adt_text_dataset_tokens(ds), v->size, t->T);
-    src->vocab = v;
-    src->vocab_size = v->size;
-    src->impl = t;
-    src->fill = text_fill;
-    src->free = text_free;
     return ADT_OK;
 }
 
@@ -313,6 +308,9 @@ const char *adt_dataset_kind_name(const adt_dataset *ds) { return ds->kind; }
 const char *adt_dataset_describe(const adt_dataset *ds) { return ds->line; }
 const adt_text_vocab *adt_dataset_vocab(const adt_dataset *ds) { return ds->src.vocab; }
 int adt_dataset_vocab_size(const adt_dataset *ds) { return ds->src.vocab_size; }
+int64_t adt_dataset_sample_elems(const adt_dataset *ds, int which) {
+    return which >= 0 && which < 3 ? ds->src.elems[which] : 0;
+}
 
 static int check_ids(const adt_dataset *ds, const int64_t *ids, int n) {
     if (n < 0) return adt_error(ADT_ERR_ARG, "%s: %d samples requested, expected >= 0", ds->line, n);

@@ -140,12 +140,9 @@ int data_mnist_source(data_source *src, const char *name, data_buf *images, cons
     int max_label = 0;
     for (uint64_t i = 0; i < lb.count; i++)
         if (lb.data[i] > max_label) max_label = lb.data[i];
-    src->n = im.dim[0];
-    src->layout = ADT_DATA_CLASS;
+    *src = (data_source){.n = im.dim[0], .layout = ADT_DATA_CLASS, .elems = {d->features, 0, 1}, .impl = d,
+                         .fill = mnist_fill, .free = mnist_free};
     snprintf(src->what, sizeof src->what, "%u images 1x%ux%u, labels 0..%d", im.dim[0], im.dim[1], im.dim[2],
              max_label);
-    src->impl = d;
-    src->fill = mnist_fill;
-    src->free = mnist_free;
     return ADT_OK;
 }

@@ -127,14 +127,10 @@ int data_tokens_source(data_source *src, const char *name, data_buf *buf, const 
     d->token_bytes = tb;
     d->n_tokens = n;
     d->T = shape->n_ctx;
-    src->n = data_windows(n, d->T);
-    src->layout = ADT_DATA_SEQ;
+    *src = (data_source){.n = data_windows(n, d->T), .layout = ADT_DATA_SEQ, .elems = {d->T, 0, d->T},
+                         .vocab_size = (int)vocab, .impl = d, .fill = tok_fill, .free = tok_free};
     snprintf(src->what, sizeof src->what, "%lld tokens of %d bytes, vocab %u, windows of %d", (long long)n, tb, vocab,
              d->T);
-    src->vocab_size = (int)vocab;
-    src->impl = d;
-    src->fill = tok_fill;
-    src->free = tok_free;
     return ADT_OK;
 fail:
     data_buf_free(buf);
