@@ -19,7 +19,7 @@
 
 #define SHARED "../shared/data"
 
-/* ==== helpers =============================================================================== */
+/* ==== writing files and checking errors ====================================================== */
 
 static int write_bytes(const char *path, const void *buf, size_t n) {
     FILE *fp = fopen(path, "wb");
@@ -818,7 +818,8 @@ static void test_synthetic_vgg(void) {
     }
     CHECK(agree >= N * 95 / 100, "%d of %d images peak at their class's frequency", agree, N);
     for (int a = 0; a < K; a++)
-        for (int b = a + 1; b < K; b++) CHECK(bin_of_class[a] != bin_of_class[b], "classes %d and %d share a frequency", a, b);
+        for (int b = a + 1; b < K; b++)
+            CHECK(bin_of_class[a] != bin_of_class[b], "classes %d and %d share a frequency", a, b);
     /* the class mean images hold no wave: their energy is what averaging n_k noise images leaves
      * (C*H*W/n_k), not the wave's (about 0.1 per pixel, 170 here) */
     static double mean[C * H * W];

@@ -112,7 +112,7 @@ typedef struct adt_dataset adt_dataset;
  * vocab: for a validation text file, the training vocabulary (every byte must be in it); NULL
  * otherwise. is_val selects the validation stream of the synthetic kinds (independent samples
  * under the same planted model); file kinds ignore it. The shape must fit the data, else the
- * error names the spec and what was expected. */
+ * error names the spec and what was expected (shape NULL: all fields 0). */
 int adt_dataset_open(adt_dataset **out, const char *spec, const adt_data_shape *shape, const adt_text_vocab *vocab,
                      int is_val);
 /* The same from memory (copied), for tests and fuzzing: kind is "text", "tokens", "criteo" or

@@ -28,7 +28,8 @@ int adt_auc(const float *scores, const float *labels, int64_t n, double *out) {
         if (labels[i] != 0.0f && labels[i] != 1.0f)
             return adt_error(ADT_ERR_ARG, "AUC: label %g of sample %lld, expected 0 or 1", (double)labels[i],
                              (long long)i);
-        if (isnan(scores[i])) return adt_error(ADT_ERR_ARG, "AUC: score of sample %lld is NaN, expected a number", (long long)i);
+        if (isnan(scores[i]))
+            return adt_error(ADT_ERR_ARG, "AUC: score of sample %lld is NaN, expected a number", (long long)i);
         pos += labels[i] == 1.0f;
     }
     int64_t neg = n - pos;

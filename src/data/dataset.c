@@ -229,7 +229,7 @@ int adt_dataset_open(adt_dataset **out, const char *spec, const adt_data_shape *
     else if (is_file && !path[0])
         rc = adt_error(ADT_ERR_ARG, "'%s' names no file; expected %s:%s", spec, kind,
                        strcmp(kind, "mnist") ? "FILE" : "PREFIX");
-    adt_data_shape shape = *shape_in;
+    adt_data_shape shape = shape_in ? *shape_in : (adt_data_shape){0};
     if (!rc) rc = normalise_shape(&shape, spec);
     adt_dataset *ds = NULL;
     if (!rc) {
@@ -260,7 +260,7 @@ int adt_dataset_open_memory(adt_dataset **out, const char *kind, const char *nam
                             const void *data2, size_t n2, const adt_data_shape *shape_in,
                             const adt_text_vocab *vocab) {
     *out = NULL;
-    adt_data_shape shape = *shape_in;
+    adt_data_shape shape = shape_in ? *shape_in : (adt_data_shape){0};
     int rc = normalise_shape(&shape, name);
     if (rc) return rc;
     adt_dataset *ds = dataset_new(kind);
@@ -313,7 +313,7 @@ int64_t adt_dataset_sample_elems(const adt_dataset *ds, int which) {
 }
 
 static int check_ids(const adt_dataset *ds, const int64_t *ids, int n) {
-    if (n < 0) return adt_error(ADT_ERR_ARG, "%s: %d samples requested, expected >= 0", ds->line, n);
+    if (n < 0) return adt_error(ADT_ERR_ARG, "%s: %d samples requested, expected >= 0", ds->kind, n);
     for (int k = 0; k < n; k++)
         if (ids[k] < 0 || ids[k] >= ds->count)
             return adt_error(ADT_ERR_ARG, "%s: sample %lld out of range, expected 0 <= id < %lld", ds->kind,
