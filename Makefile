@@ -96,7 +96,7 @@ FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined
                -Iinclude -Isrc $(PKG_CFLAGS)
 .PHONY: fuzz fuzz-smoke
 fuzz: $(FUZZ_BIN)
-build/fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/adtrain/*.h src/*/*.h)
+build/fuzz/%: fuzz/%.c fuzz/fuzz.h $(LIB_SRC) $(wildcard include/adtrain/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS)
 fuzz-smoke: $(FUZZ_BIN)

@@ -14,10 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FUZZ_ASSERT(cond)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) adt_abort(__FILE__, __LINE__, "fuzz invariant failed: %s", #cond);        \
-    } while (0)
+#include "fuzz.h"
 
 /* Element count; 0 as soon as any dimension is 0, so huge sibling dimensions cannot overflow. */
 static uint64_t elem_count(const adt_st_tensor *t) {

@@ -5,7 +5,9 @@ torch_ckpt.py - adtrain checkpoints on the PyTorch side (Debian's python3-torch,
   torch_ckpt.py logits CKPT REF [--tol T]
       Loads the parameters of an adtrain checkpoint (adtrain train --save) into the PyTorch model
       described by its "adtrain.model_config" metadata, runs it on the inputs stored in REF
-      ("input.ids" for GPT, "input.x" for MLP) and compares the logits with REF's
+      ("input.ids" for GPT, "input.x" for MLP and VGG, "input.dense" and "input.ids" for DLRM;
+      VGG and DLRM through torch.nn modules and load_state_dict(strict=True)) and compares the
+      logits with REF's
       "expect.logits". Prints one JSON line {"max_rel_err": ..., "tensors": N}; exit status 1
       when the error is above T (default 1e-5), 2 on a bad file.
 
@@ -65,11 +67,24 @@ def mlp_logits(p, x, cfg):
     return x
 
 
+def module_logits(model, p, *inputs):
+    """A torch.nn module whose state_dict names are adtrain's: load_state_dict(strict=True)."""
+    model.load_state_dict(p, strict=True)
+    model.eval()
+    return model(*inputs)
+
+
 def model_logits(cfg, p, ref):
     if cfg["type"] == "gpt":
         return gf.gpt_forward(p, ref["input.ids"], cfg["n_layer"], cfg["n_head"])
     if cfg["type"] == "mlp":
         return mlp_logits(p, ref["input.x"], cfg)
+    if cfg["type"] == "vgg":
+        m = gf.VGG(cfg["in_channels"], cfg["height"], cfg["width"], cfg["blocks"], cfg["fc"], cfg["classes"])
+        return module_logits(m, p, ref["input.x"])
+    if cfg["type"] == "dlrm":
+        m = gf.DLRM(cfg["n_dense"], cfg["table_rows"], cfg["emb_dim"], cfg["bottom"], cfg["top"])
+        return module_logits(m, p, ref["input.dense"], ref["input.ids"])
     raise SystemExit(f"torch_ckpt.py: model type '{cfg['type']}' is not supported here")
 
 

@@ -302,6 +302,7 @@ static int write_reference(const char *ckpt, const char *ref, const adt_model_cf
     adt_st_close(f);
     const adt_value *in = &g->values[io.input];
     int64_t n_in = adt_shape_prod(&in->shape, 0, in->shape.ndim);
+    int dlrm = cfg->type == ADT_MODEL_DLRM;
     if (in->dtype == ADT_I32) {
         int32_t *ids = adt_exec_data(ex, io.input);
         for (int64_t i = 0; i < n_in; i++) ids[i] = (int32_t)((i * 7 + 3) % cfg->gpt.vocab_size);
@@ -309,12 +310,23 @@ static int write_reference(const char *ckpt, const char *ref, const adt_model_cf
         float *x = adt_exec_data(ex, io.input);
         for (int64_t i = 0; i < n_in; i++) x[i] = adt_rng_normal(adt_rng_key(5, "ref"), (uint64_t)i);
     }
+    if (dlrm) { /* column t: rows of table t */
+        int32_t *ids = adt_exec_data(ex, io.input2);
+        int T = cfg->dlrm.n_tables;
+        for (int b = 0; b < batch; b++)
+            for (int t = 0; t < T; t++) ids[b * T + t] = (b * 31 + t * 7 + 1) % cfg->dlrm.table_rows[t];
+    }
     memset(adt_exec_data(ex, io.label), 0, 4); /* labels do not change logits */
     if (!rc) rc = adt_exec_run_forward(ex);
     const adt_value *lg = &g->values[io.logits];
     adt_st_writer *w = adt_st_writer_create();
-    adt_st_writer_add(w, in->dtype == ADT_I32 ? "input.ids" : "input.x", in->dtype == ADT_I32 ? ADT_ST_I32 : ADT_ST_F32,
-                      in->shape.ndim, in->shape.dim, adt_exec_data(ex, io.input));
+    const char *in_name = in->dtype == ADT_I32 ? "input.ids" : dlrm ? "input.dense" : "input.x";
+    adt_st_writer_add(w, in_name, in->dtype == ADT_I32 ? ADT_ST_I32 : ADT_ST_F32, in->shape.ndim, in->shape.dim,
+                      adt_exec_data(ex, io.input));
+    if (dlrm) {
+        const adt_value *in2 = &g->values[io.input2];
+        adt_st_writer_add(w, "input.ids", ADT_ST_I32, in2->shape.ndim, in2->shape.dim, adt_exec_data(ex, io.input2));
+    }
     adt_st_writer_add(w, "expect.logits", ADT_ST_F32, lg->shape.ndim, lg->shape.dim, adt_exec_data(ex, io.logits));
     if (!rc) rc = adt_st_writer_save(w, ref);
     adt_st_writer_free(w);
@@ -354,6 +366,18 @@ static void test_torch_loads_checkpoint(void) {
     write_text(cfg, mjson);
     snprintf(args, sizeof args, "train --model '%s' --data synthetic:mlp --steps 5 --batch 8", cfg);
     check_torch_logits("mlp", args, mjson, 5);
+    const char *vjson = "{\"type\":\"vgg\",\"in_channels\":3,\"height\":12,\"width\":10,\"blocks\":[[4,6],[8]],"
+                        "\"fc\":[16],\"classes\":5}";
+    snprintf(cfg, sizeof cfg, "%s", check_tmp_path("v.json"));
+    write_text(cfg, vjson);
+    snprintf(args, sizeof args, "train --model '%s' --data synthetic:vgg --steps 3 --batch 4", cfg);
+    check_torch_logits("vgg", args, vjson, 3);
+    const char *djson = "{\"type\":\"dlrm\",\"n_dense\":13,\"n_tables\":26,\"table_rows\":50,\"emb_dim\":4,"
+                        "\"bottom\":[16,4],\"top\":[16,1]}";
+    snprintf(cfg, sizeof cfg, "%s", check_tmp_path("d.json"));
+    write_text(cfg, djson);
+    snprintf(args, sizeof args, "train --model '%s' --data synthetic:dlrm --steps 5 --batch 16", cfg);
+    check_torch_logits("dlrm", args, djson, 6);
 }
 
 static void test_torch_init_trajectory(void) {
@@ -402,7 +426,7 @@ int main(void) {
     RUN(test_torch_loads_checkpoint);
     RUN(test_torch_init_trajectory);
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_tmpdir());
+    snprintf(cmd, sizeof cmd, getenv("KEEP_TMP") ? "true %s" : "rm -rf '%s'", check_tmpdir());
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", check_tmpdir());
     return check_finish();
 }

@@ -8,6 +8,7 @@
  */
 #include "check.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,85 @@ static void test_train_synthetic_mlp(void) {
 }
 
 /* Each bad invocation exits 2 and its message names what is wrong. */
+/* The value of "key": in the last line of a log that has it, or -1. */
+static double last_value(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512], pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    double v = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, pat);
+        if (p) v = atof(p + strlen(pat));
+    }
+    fclose(f);
+    return v;
+}
+
+/* Tiny IDX files: 16x16 images whose class (0..3) is the quadrant holding a bright square. */
+static void write_idx(const char *prefix, int n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s-images-idx3-ubyte", prefix);
+    FILE *fi = fopen(path, "wb");
+    snprintf(path, sizeof path, "%s-labels-idx1-ubyte", prefix);
+    FILE *fl = fopen(path, "wb");
+    const unsigned char hi[16] = {0, 0, 8, 3, 0, 0, (unsigned char)(n >> 8), (unsigned char)n, 0, 0, 0, 16, 0, 0, 0, 16};
+    const unsigned char hl[8] = {0, 0, 8, 1, 0, 0, (unsigned char)(n >> 8), (unsigned char)n};
+    fwrite(hi, 1, 16, fi), fwrite(hl, 1, 8, fl);
+    uint32_t r = 7;
+    for (int i = 0; i < n; i++) {
+        unsigned char img[256], c = (unsigned char)(i * 7 % 4);
+        for (int k = 0; k < 256; k++) r = r * 1103515245u + 12345u, img[k] = (unsigned char)((r >> 16) % 60);
+        int y0 = (c / 2) * 8 + 2, x0 = (c % 2) * 8 + 2;
+        for (int y = y0; y < y0 + 4; y++)
+            for (int x = x0; x < x0 + 4; x++) img[y * 16 + x] = 250;
+        fwrite(img, 1, 256, fi), fputc(c, fl);
+    }
+    fclose(fi), fclose(fl);
+}
+
+/* Each family trains from the command line on its kinds of data and reports its metric. */
+static void test_train_families(void) {
+    char prefix[512], args[4096], out[16384], log[512], cfg[512];
+    snprintf(prefix, sizeof prefix, "%s", check_tmp_path("digits"));
+    write_idx(prefix, 600);
+    snprintf(log, sizeof log, "%s", check_tmp_path("fam.jsonl"));
+    snprintf(cfg, sizeof cfg, "%s", check_tmp_path("vgg.json"));
+    write_text(cfg, "{\"type\":\"vgg\",\"in_channels\":1,\"height\":16,\"width\":16,\"blocks\":[[8]],\"fc\":[32],"
+               "\"classes\":4}");
+    snprintf(args, sizeof args, "train --model '%s' --data 'mnist:%s@:500' --val 'mnist:%s@500:' --steps 80 --batch 20 "
+             "--lr 3e-3 --eval-every 80 --eval-batches 5 --log '%s'", cfg, prefix, prefix, log);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "val_acc"), "vgg on mnist: exit %d:\n%s", rc, out);
+    CHECK(last_value(log, "val_acc") >= 0.9, "vgg val_acc %.3f on a 4-quadrant task", last_value(log, "val_acc"));
+
+    write_text(cfg, "{\"type\":\"mlp\",\"sizes\":[256,32,4],\"activation\":\"relu\"}");
+    snprintf(args, sizeof args, "train --model '%s' --data 'mnist:%s@:500' --val 'mnist:%s@500:' --steps 80 --batch 20 "
+             "--lr 3e-3 --eval-every 80 --eval-batches 5 --log '%s'", cfg, prefix, prefix, log);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && last_value(log, "val_acc") >= 0.9, "mlp on mnist: exit %d, val_acc %.3f:\n%s", rc,
+          last_value(log, "val_acc"), out);
+
+    write_text(cfg, "{\"type\":\"dlrm\",\"n_dense\":13,\"n_tables\":26,\"table_rows\":200,\"emb_dim\":8,"
+               "\"bottom\":[32,8],\"top\":[32,1]}");
+    snprintf(args, sizeof args, "train --model '%s' --data synthetic:dlrm --val synthetic:dlrm --steps 300 --batch 128 "
+             "--lr 3e-3 --eval-every 300 --eval-batches 8 --log '%s'", cfg, log);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && last_value(log, "val_auc") >= 0.75, "dlrm on synthetic:dlrm: exit %d, val_auc %.3f:\n%s", rc,
+          last_value(log, "val_auc"), out);
+
+    /* A model and data of different families: refused before any step, naming both. */
+    snprintf(args, sizeof args, "train --data 'mnist:%s' --steps 1", prefix);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "labelled examples") && strstr(out, "token sequences"), "exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "train --model configs/mlp-mnist.json --data 'mnist:%s' --steps 1", prefix);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "784"), "mlp of 784 inputs on 16x16 images: exit %d:\n%s", rc, out);
+    snprintf(args, sizeof args, "train --model '%s' --data 'criteo:%s-images-idx3-ubyte' --steps 1", cfg, prefix);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--data"), "dlrm on a binary file: exit %d:\n%s", rc, out);
+}
+
 static void test_bad_flags(void) {
     const char *cfg = check_tmp_path("tiny.json"), *v50 = check_tmp_path("v50.json");
     write_text(v50, "{\"type\":\"gpt\",\"vocab_size\":50,\"n_ctx\":32,\"n_layer\":1,\"n_embd\":32,\"n_head\":4}\n");
@@ -137,6 +217,7 @@ int main(void) {
     RUN(test_binary_exists);
     RUN(test_train_synthetic_text);
     RUN(test_train_synthetic_mlp);
+    RUN(test_train_families);
     RUN(test_bad_flags);
     RUN(test_help_and_graph);
     const char *leaves[] = {"tiny.json", "mlp.json"};

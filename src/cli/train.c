@@ -47,6 +47,8 @@ static int build_graph(trainer *t) {
     adt_graph_optimizer(t->g, &oc);
     if (adt_graph_error(t->g))
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
+    /* Accuracy and AUC read the logits after a forward run. */
+    if (t->model.type != ADT_MODEL_GPT) adt_graph_mark_output(t->g, t->io.logits);
     int rc = check_memory(t);
     if (rc) return rc;
     adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed};
@@ -64,23 +66,12 @@ static int open_log(trainer *t) {
 }
 
 static void print_banner(const trainer *t) {
-    const adt_model_cfg *m = &t->model;
-    if (m->type == ADT_MODEL_GPT)
-        fprintf(stderr, "model  gpt (%s): vocab %d, n_ctx %d, n_layer %d, n_embd %d, n_head %d, dropout %g; %lld parameters\n",
-                t->model_label, m->gpt.vocab_size, m->gpt.n_ctx, m->gpt.n_layer, m->gpt.n_embd, m->gpt.n_head,
-                (double)m->gpt.dropout, (long long)adt_graph_param_count(t->g));
-    else
-        fprintf(stderr, "model  mlp (%s): %d layers, %d inputs, %d classes; %lld parameters\n", t->model_label,
-                m->mlp.n_sizes - 1, m->mlp.sizes[0], m->mlp.sizes[m->mlp.n_sizes - 1],
-                (long long)adt_graph_param_count(t->g));
-    if (t->train.kind == SRC_TEXT)
-        fprintf(stderr, "data   %s: %lld tokens, vocab %d; %lld train / %lld val samples of %d tokens%s\n",
-                t->train.spec, (long long)adt_text_dataset_tokens(t->train.text),
-                adt_text_dataset_vocab(t->train.text)->size, (long long)t->train.count, (long long)t->val.count, t->T,
-                t->val_holdout ? " (val = last 10%)" : "");
-    else
-        fprintf(stderr, "data   %s: %lld train / %lld val samples%s\n", t->train.spec, (long long)t->train.count,
-                (long long)t->val.count, t->val_holdout ? " (val = last 10%)" : "");
+    char *cfg = adt_model_cfg_to_json(&t->model);
+    fprintf(stderr, "model  %s (%s): %s; %lld parameters\n", adt_model_type_name(t->model.type), t->model_label, cfg,
+            (long long)adt_graph_param_count(t->g));
+    free(cfg);
+    fprintf(stderr, "data   %s; %lld train / %lld val samples%s\n", adt_dataset_describe(t->train.ds),
+            (long long)t->train.count, (long long)t->val.count, t->val_holdout ? " (val = last 10%)" : "");
     if (t->o.optimizer == ADT_OPTIM_ADAMW)
         fprintf(stderr, "optim  adamw lr %g, betas (0.9, 0.95), eps 1e-8, weight decay %g", t->o.lr, t->o.weight_decay);
     else
@@ -108,6 +99,11 @@ static int trainer_setup(trainer *t) {
         (rc = train_ckpt_resume(t)) || (rc = open_log(t)))
         return rc;
     t->idx = adt_malloc((size_t)t->o.batch * sizeof *t->idx);
+    if (t->model.type == ADT_MODEL_DLRM) {
+        size_t n = (size_t)t->o.eval_batches * (size_t)t->o.batch;
+        t->scores = adt_malloc(n * sizeof *t->scores);
+        t->labels = adt_malloc(n * sizeof *t->labels);
+    }
     t->tty = isatty(STDERR_FILENO);
     print_banner(t);
     return 0;
@@ -125,21 +121,28 @@ static double lr_at(const train_opts *o, long s) {
     return min_lr + 0.5 * (1.0 + cos(M_PI * p)) * (o->lr - min_lr);
 }
 
+static int fill_batch(trainer *t, const train_source *s, int64_t *idx) {
+    void *input2 = t->io.input2 >= 0 ? adt_exec_data(t->ex, t->io.input2) : NULL;
+    return train_source_fill(s, idx, (int)t->o.batch, adt_exec_data(t->ex, t->io.input), input2,
+                             adt_exec_data(t->ex, t->io.label));
+}
+
 static float read_loss(trainer *t) { return *(const float *)adt_exec_data(t->ex, t->io.loss); }
 
-/* Mean loss over the first K validation batches: the same batches every time, so successive
- * evaluations compare like with like. */
+/* Mean loss (and the family's metric) over the first K validation batches: the same batches
+ * every time, so successive evaluations compare like with like. */
 static int evaluate(trainer *t, double *mean) {
     int B = (int)t->o.batch;
     int64_t k_max = t->val.count / B, K = t->o.eval_batches < k_max ? t->o.eval_batches : k_max;
     int64_t *idx = t->idx;
     double sum = 0;
+    train_metric_reset(t);
     for (int64_t b = 0; b < K; b++) {
         for (int k = 0; k < B; k++) idx[k] = b * B + k;
-        if (train_source_fill(&t->val, idx, B, t->T, adt_exec_data(t->ex, t->io.input), adt_exec_data(t->ex, t->io.label)))
-            return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
+        if (fill_batch(t, &t->val, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
         if (adt_exec_run_forward(t->ex)) return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
         sum += read_loss(t);
+        train_metric_add(t, B);
     }
     *mean = sum / (double)K;
     return 0;
@@ -187,8 +190,10 @@ static int run_eval(trainer *t, long step) {
     int rc = evaluate(t, &vl);
     if (rc) return rc;
     if (t->tty) fprintf(stderr, "\r\033[K");
-    fprintf(stderr, "eval step %ld/%ld: val_loss %.4f\n", step, t->o.steps, vl);
-    return log_line(t, "{\"step\":%ld,\"val_loss\":%.9g}\n", step, vl);
+    char json[64], text[160];
+    train_metric_format(t, json, sizeof json, text, sizeof text);
+    fprintf(stderr, "eval step %ld/%ld: val_loss %.4f%s\n", step, t->o.steps, vl, text);
+    return log_line(t, "{\"step\":%ld,\"val_loss\":%.9g%s}\n", step, vl, json);
 }
 
 static int train_step(trainer *t, long step, step_stats *st) {
@@ -196,7 +201,7 @@ static int train_step(trainer *t, long step, step_stats *st) {
     int64_t *idx = t->idx;
     double t0 = adt_now_s();
     adt_sampler_batch(&t->sampler, step - 1, idx);
-    if (train_source_fill(&t->train, idx, B, t->T, adt_exec_data(t->ex, t->io.input), adt_exec_data(t->ex, t->io.label)))
+    if (fill_batch(t, &t->train, idx))
         return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     st->step = step;
     st->lr = lr_at(&t->o, step);
@@ -223,8 +228,9 @@ static int train_loop(trainer *t) {
         char loss_json[32]; /* JSON has no NaN: a diverged step logs null */
         if (isfinite(st.loss)) snprintf(loss_json, sizeof loss_json, "%.9g", st.loss);
         else snprintf(loss_json, sizeof loss_json, "null");
-        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,\"time_s\":%.3f}\n",
-                      s, loss_json, st.lr, st.ms, st.per_s, st.total_s);
+        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"%s\":%.1f,\"time_s\":%.3f}\n", s,
+                      loss_json, st.lr, st.ms, t->model.type == ADT_MODEL_GPT ? "tokens_per_s" : "samples_per_s", st.per_s,
+                      st.total_s);
         if (rc) return rc;
         if (!isfinite(st.loss)) {
             if (t->tty) fprintf(stderr, "\n");

@@ -38,21 +38,11 @@ typedef struct train_opts {
 int train_parse_opts(train_opts *o, int argc, char **argv);
 
 /* ---- data sources (train_data.c): a range of sample ids of one dataset ---------------------- */
-typedef enum { SRC_TEXT, SRC_MLP } src_kind;
-
-typedef struct mlp_teacher {
-    int in, classes;
-    float *w; /* [classes, in], fixed: the labels are a learnable linear function of x */
-} mlp_teacher;
-
 typedef struct train_source {
-    src_kind kind;
     const char *spec;
-    adt_text_dataset *text; /* SRC_TEXT */
-    int owns_text;
-    const mlp_teacher *teacher; /* SRC_MLP */
-    uint64_t x_key;             /* SRC_MLP: the input stream */
-    int64_t first, count;       /* sample ids [first, first+count) */
+    adt_dataset *ds;
+    int owns;             /* frees ds (the holdout shares the training dataset) */
+    int64_t first, count; /* sample ids [first, first+count) of ds */
 } train_source;
 
 typedef struct trainer {
@@ -60,10 +50,9 @@ typedef struct trainer {
     adt_model_cfg model;
     char model_label[320];
     int builtin_model;
-    mlp_teacher teacher;
     train_source train, val;
     int val_holdout; /* val is the tail of --data */
-    int T;           /* tokens per sample (1 for mlp) */
+    int T;           /* tokens per sample (1 for the other families) */
     adt_graph *g;
     adt_model_io io;
     adt_exec *ex;
@@ -72,6 +61,9 @@ typedef struct trainer {
     FILE *log;
     int tty;
     long start_step; /* steps already done: 0, or the step of the --resume checkpoint */
+    /* evaluation metric beyond the loss: accuracy (mlp, vgg) or AUC (dlrm) */
+    int64_t metric_hits, metric_n;
+    float *scores, *labels; /* dlrm: [eval batches * batch] */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -80,8 +72,12 @@ int train_open_data(trainer *t);
 int train_check_batches(trainer *t);
 /* Writes the batch of local sample indices `idx` (0-based within the source's range; turned into
  * dataset sample ids in place) into the fed inputs. */
-int train_source_fill(const train_source *s, int64_t *idx, int n, int T, void *input, void *label);
+int train_source_fill(const train_source *s, int64_t *idx, int n, void *input, void *input2, void *label);
 void train_data_free(trainer *t);
+/* The metric of the validation batches since the last reset (after each forward run: add). */
+void train_metric_reset(trainer *t);
+void train_metric_add(trainer *t, int batch);
+void train_metric_format(trainer *t, char *json, size_t nj, char *text, size_t nt);
 
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */

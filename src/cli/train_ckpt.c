@@ -25,8 +25,8 @@ static void *exec_data(void *ctx, int v) { return adt_exec_data(ctx, v); }
 /* The training vocabulary as hex ("0a20..."): metadata values are strings. */
 static void vocab_hex(const trainer *t, char *buf, size_t n) {
     buf[0] = 0;
-    if (t->train.kind != SRC_TEXT) return;
-    const adt_text_vocab *v = adt_text_dataset_vocab(t->train.text);
+    const adt_text_vocab *v = adt_dataset_vocab(t->train.ds);
+    if (!v) return;
     for (int i = 0; i < v->size && (size_t)(2 * i + 3) <= n; i++) snprintf(buf + 2 * i, 3, "%02x", v->byte[i]);
 }
 

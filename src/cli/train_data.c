@@ -1,6 +1,7 @@
 /*
  * train_data.c - the model and data of `adtrain train`: the config, the training and validation
- * sources (with the 10% holdout when no --val is given), and batches written into the graph.
+ * datasets that fit it (with the 10% holdout when no --val is given), batches written into the
+ * graph's fed values, and the evaluation metrics each model family reports.
  */
 #include <math.h>
 #include <stdint.h>
@@ -11,110 +12,6 @@
 
 #include "adtrain/base.h"
 #include "train.h"
-
-#define SYN_TEXT_TOKENS (1 << 20)   /* synthetic:text training stream */
-#define SYN_TEXT_VAL_TOKENS (1 << 17)
-#define SYN_MLP_SAMPLES 60000       /* synthetic:mlp, like MNIST's training set */
-#define SYN_MLP_VAL_SAMPLES 10000
-
-static void source_free(train_source *s) {
-    if (s->owns_text) adt_text_dataset_free(s->text);
-    memset(s, 0, sizeof *s);
-}
-
-static void teacher_init(mlp_teacher *t, int in, int classes) {
-    t->in = in, t->classes = classes;
-    t->w = adt_malloc((size_t)in * (size_t)classes * sizeof *t->w);
-    uint64_t key = adt_rng_key(0x7eac, "synthetic.mlp.teacher");
-    for (int64_t i = 0; i < (int64_t)in * classes; i++) t->w[i] = adt_rng_normal(key, (uint64_t)i);
-}
-
-/* x ~ N(0, 1) drawn per (sample, feature); label = argmax of the teacher's logits. */
-static void mlp_fill(const train_source *s, const int64_t *ids, int n, float *x, int32_t *labels) {
-    const mlp_teacher *t = s->teacher;
-    for (int k = 0; k < n; k++) {
-        float *xk = x + (int64_t)k * t->in;
-        for (int j = 0; j < t->in; j++) xk[j] = adt_rng_normal(s->x_key, (uint64_t)ids[k] * (uint64_t)t->in + (uint64_t)j);
-        int best = 0;
-        double best_v = -INFINITY;
-        for (int c = 0; c < t->classes; c++) {
-            double acc = 0;
-            for (int j = 0; j < t->in; j++) acc += (double)t->w[(int64_t)c * t->in + j] * xk[j];
-            if (acc > best_v) best_v = acc, best = c;
-        }
-        labels[k] = best;
-    }
-}
-
-int train_source_fill(const train_source *s, int64_t *idx, int n, int T, void *input, void *label) {
-    for (int k = 0; k < n; k++) idx[k] += s->first;
-    if (s->kind == SRC_TEXT) return adt_text_dataset_fill(s->text, idx, n, T, input, label);
-    mlp_fill(s, idx, n, input, label);
-    return ADT_OK;
-}
-
-/* Splits "KIND:PATH"; returns 0 for text:PATH, 1 for synthetic:text, 2 for synthetic:mlp. */
-static int parse_data_spec(const char *flag, const char *spec, const char **path) {
-    *path = NULL;
-    if (!strncmp(spec, "text:", 5) && spec[5]) {
-        *path = spec + 5;
-        return 0;
-    }
-    if (!strcmp(spec, "synthetic:text")) return 1;
-    if (!strcmp(spec, "synthetic:mlp")) return 2;
-    train_fail(EXIT_USAGE, "%s: '%s' is not a dataset; expected text:FILE, synthetic:text or synthetic:mlp", flag, spec);
-    return -1;
-}
-
-/* The default when no --data is given, announced so a user knows what the run trains on. */
-static const char *default_data(const adt_model_cfg *m) {
-    if (m->type == ADT_MODEL_MLP) {
-        fprintf(stderr, "adtrain train: no --data given: using synthetic:mlp\n");
-        return "synthetic:mlp";
-    }
-    if (access(TRAIN_DEFAULT_TEXT, R_OK) == 0) {
-        fprintf(stderr, "adtrain train: no --data given: using text:%s\n", TRAIN_DEFAULT_TEXT);
-        return "text:" TRAIN_DEFAULT_TEXT;
-    }
-    fprintf(stderr, "adtrain train: no --data given and %s not found: using synthetic:text\n", TRAIN_DEFAULT_TEXT);
-    return "synthetic:text";
-}
-
-/* Opens a dataset named by --data (vocab NULL) or --val (vocab of the training data). */
-static int open_source(train_source *s, const char *flag, const char *spec, const adt_text_vocab *vocab,
-                       const adt_model_cfg *m, const mlp_teacher *teacher, int is_val) {
-    memset(s, 0, sizeof *s);
-    s->spec = spec;
-    const char *path;
-    int kind = parse_data_spec(flag, spec, &path);
-    if (kind < 0) return EXIT_USAGE;
-    if ((kind == 2) != (m->type == ADT_MODEL_MLP))
-        return train_fail(EXIT_USAGE, "%s: %s does not fit the model (type %s); expected %s", flag, spec,
-                          adt_model_type_name(m->type),
-                          m->type == ADT_MODEL_MLP ? "synthetic:mlp" : "text:FILE or synthetic:text");
-    int rc = ADT_OK;
-    if (kind == 2) {
-        s->kind = SRC_MLP;
-        s->teacher = teacher;
-        s->x_key = adt_rng_key((uint64_t)is_val, "synthetic.mlp.x");
-        s->count = is_val ? SYN_MLP_VAL_SAMPLES : SYN_MLP_SAMPLES;
-        return 0;
-    }
-    s->kind = SRC_TEXT;
-    s->owns_text = 1;
-    if (kind == 0) rc = adt_text_dataset_open(&s->text, path, vocab);
-    else rc = adt_text_dataset_synthetic(&s->text, is_val ? SYN_TEXT_VAL_TOKENS : SYN_TEXT_TOKENS, (uint64_t)is_val);
-    if (rc) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    const adt_text_vocab *own = adt_text_dataset_vocab(s->text);
-    if (vocab && kind == 1 && (own->size != vocab->size || memcmp(own->byte, vocab->byte, (size_t)own->size)))
-        return train_fail(EXIT_USAGE, "%s: synthetic:text has its own %d-symbol vocabulary, which differs from the "
-                          "training data's (%d symbols); expected --data synthetic:text too", flag, own->size,
-                          vocab->size);
-    if (adt_text_dataset_check_window(s->text, m->gpt.n_ctx))
-        return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    s->count = adt_text_dataset_samples(s->text, m->gpt.n_ctx);
-    return 0;
-}
 
 int train_load_model(trainer *t) {
     if (!t->o.model_path) {
@@ -129,34 +26,111 @@ int train_load_model(trainer *t) {
     return 0;
 }
 
-/* The model's vocabulary must be the data's; the built-in model adopts the data's instead. */
+/* What each model family reads from a sample. */
+static adt_data_layout model_layout(const adt_model_cfg *m) {
+    switch (m->type) {
+    case ADT_MODEL_GPT: return ADT_DATA_SEQ;
+    case ADT_MODEL_DLRM: return ADT_DATA_CTR;
+    default: return ADT_DATA_CLASS;
+    }
+}
+
+static void data_shape_of(const trainer *t, adt_data_shape *s) {
+    const adt_model_cfg *m = &t->model;
+    memset(s, 0, sizeof *s);
+    switch (m->type) {
+    case ADT_MODEL_GPT:
+        s->n_ctx = m->gpt.n_ctx;
+        s->vocab_size = t->builtin_model ? 0 : m->gpt.vocab_size; /* the built-in model adopts the data's */
+        break;
+    case ADT_MODEL_MLP:
+        s->in_features = m->mlp.sizes[0];
+        s->classes = m->mlp.sizes[m->mlp.n_sizes - 1];
+        break;
+    case ADT_MODEL_VGG:
+        s->channels = m->vgg.in_channels, s->height = m->vgg.height, s->width = m->vgg.width;
+        s->in_features = s->channels * s->height * s->width;
+        s->classes = m->vgg.classes;
+        break;
+    case ADT_MODEL_DLRM:
+        s->n_dense = m->dlrm.n_dense;
+        s->n_tables = m->dlrm.n_tables;
+        for (int i = 0; i < m->dlrm.n_tables && i < ADT_DATA_MAX_TABLES; i++) s->table_rows[i] = m->dlrm.table_rows[i];
+        break;
+    }
+}
+
+/* The default when no --data is given, announced so a user knows what the run trains on. */
+static const char *default_data(const adt_model_cfg *m) {
+    static const char *const syn[] = {[ADT_MODEL_GPT] = "synthetic:text", [ADT_MODEL_MLP] = "synthetic:mlp",
+                                      [ADT_MODEL_VGG] = "synthetic:vgg", [ADT_MODEL_DLRM] = "synthetic:dlrm"};
+    if (m->type == ADT_MODEL_GPT && access(TRAIN_DEFAULT_TEXT, R_OK) == 0) {
+        fprintf(stderr, "adtrain train: no --data given: using text:%s\n", TRAIN_DEFAULT_TEXT);
+        return "text:" TRAIN_DEFAULT_TEXT;
+    }
+    if (m->type == ADT_MODEL_GPT)
+        fprintf(stderr, "adtrain train: no --data given and %s not found: using synthetic:text\n", TRAIN_DEFAULT_TEXT);
+    else fprintf(stderr, "adtrain train: no --data given: using %s\n", syn[m->type]);
+    return syn[m->type];
+}
+
+static const char *layout_name(adt_data_layout l) {
+    return l == ADT_DATA_SEQ ? "token sequences (text:, tokens:, synthetic:text)"
+           : l == ADT_DATA_CLASS ? "labelled examples (mnist:, synthetic:mlp, synthetic:vgg)"
+                                 : "click logs (criteo:, synthetic:dlrm)";
+}
+
+/* Opens --data (vocab NULL) or --val (the training vocabulary for text) for the model. */
+static int open_source(trainer *t, train_source *s, const char *flag, const char *spec, const adt_text_vocab *vocab,
+                       int is_val) {
+    memset(s, 0, sizeof *s);
+    s->spec = spec;
+    adt_data_shape shape;
+    data_shape_of(t, &shape);
+    if (!strncmp(spec, "text:", 5)) shape.vocab_size = 0; /* compared as a whole below: a clearer message */
+    if (t->model.type == ADT_MODEL_DLRM && t->model.dlrm.n_tables > ADT_DATA_MAX_TABLES)
+        return train_fail(EXIT_USAGE, "--model %s: %d embedding tables; the data loaders take at most %d",
+                          t->model_label, t->model.dlrm.n_tables, ADT_DATA_MAX_TABLES);
+    if (adt_dataset_open(&s->ds, spec, &shape, vocab, is_val)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
+    adt_data_layout want = model_layout(&t->model);
+    if (adt_dataset_layout(s->ds) != want)
+        return train_fail(EXIT_USAGE, "%s %s holds %s, but --model %s (%s) trains on %s", flag, spec,
+                          layout_name(adt_dataset_layout(s->ds)), t->model_label, adt_model_type_name(t->model.type),
+                          layout_name(want));
+    s->count = adt_dataset_samples(s->ds);
+    if (s->count < 1)
+        return train_fail(EXIT_USAGE, "%s %s: no complete sample%s", flag, spec,
+                          want == ADT_DATA_SEQ ? " (the text is shorter than n_ctx + 1 tokens)" : "");
+    s->owns = 1;
+    return 0;
+}
+
+/* A GPT's vocabulary must hold the data's tokens: text must match it exactly (a character-level
+ * model is its vocabulary), token files must fit under it; the built-in model adopts the data's. */
 static int match_vocab(trainer *t) {
     if (t->model.type != ADT_MODEL_GPT) return 0;
-    int dv = adt_text_dataset_vocab(t->train.text)->size;
+    int dv = adt_dataset_vocab_size(t->train.ds);
+    int is_text = adt_dataset_vocab(t->train.ds) != NULL;
     if (t->builtin_model) t->model.gpt.vocab_size = dv;
-    if (t->model.gpt.vocab_size != dv)
+    if (is_text ? t->model.gpt.vocab_size != dv : t->model.gpt.vocab_size < dv)
         return train_fail(EXIT_USAGE,
-                          "vocabulary mismatch: --data %s has %d distinct symbols but --model %s has vocab_size %d; "
-                          "expected them equal (set \"vocab_size\": %d)",
-                          t->train.spec, dv, t->model_label, t->model.gpt.vocab_size, dv);
+                          "vocabulary mismatch: --data %s has %d %s but --model %s has vocab_size %d; expected %s "
+                          "(set \"vocab_size\": %d)",
+                          t->train.spec, dv, is_text ? "distinct symbols" : "token ids", t->model_label,
+                          t->model.gpt.vocab_size, is_text ? "them equal" : "at least as many", dv);
     return 0;
 }
 
 /* Without --val, the last 10% of the training samples are held out (the nanoGPT split). */
 int train_open_data(trainer *t) {
-    const adt_model_cfg *m = &t->model;
-    if (m->type == ADT_MODEL_MLP) teacher_init(&t->teacher, m->mlp.sizes[0], m->mlp.sizes[m->mlp.n_sizes - 1]);
-    if (!t->o.data) t->o.data = default_data(m);
-    int rc = open_source(&t->train, "--data", t->o.data, NULL, m, &t->teacher, 0);
+    if (!t->o.data) t->o.data = default_data(&t->model);
+    int rc = open_source(t, &t->train, "--data", t->o.data, NULL, 0);
     if (rc) return rc;
     if ((rc = match_vocab(t))) return rc;
-    if (t->o.val) {
-        const adt_text_vocab *v = t->train.kind == SRC_TEXT ? adt_text_dataset_vocab(t->train.text) : NULL;
-        return open_source(&t->val, "--val", t->o.val, v, m, &t->teacher, 1);
-    }
+    if (t->o.val) return open_source(t, &t->val, "--val", t->o.val, adt_dataset_vocab(t->train.ds), 1);
     int64_t n_val = t->train.count / 10;
     t->val = t->train;
-    t->val.owns_text = 0;
+    t->val.owns = 0;
     t->val.first = t->train.count - n_val;
     t->val.count = n_val;
     t->train.count -= n_val;
@@ -179,8 +153,64 @@ int train_check_batches(trainer *t) {
     return 0;
 }
 
+int train_source_fill(const train_source *s, int64_t *idx, int n, void *input, void *input2, void *label) {
+    for (int k = 0; k < n; k++) idx[k] += s->first;
+    return adt_dataset_fill(s->ds, idx, n, input, input2, label);
+}
+
+/* ---- evaluation metrics ------------------------------------------------------------------- */
+
+void train_metric_reset(trainer *t) {
+    t->metric_hits = 0;
+    t->metric_n = 0;
+}
+
+/* After a forward run on a validation batch: classifiers count correct argmaxes, DLRM keeps the
+ * scores and labels for the AUC. */
+void train_metric_add(trainer *t, int B) {
+    const float *logits = adt_exec_data(t->ex, t->io.logits);
+    if (t->model.type == ADT_MODEL_MLP || t->model.type == ADT_MODEL_VGG) {
+        const int32_t *y = adt_exec_data(t->ex, t->io.label);
+        int C = t->model.type == ADT_MODEL_MLP ? t->model.mlp.sizes[t->model.mlp.n_sizes - 1] : t->model.vgg.classes;
+        for (int b = 0; b < B; b++) {
+            int best = 0;
+            for (int c = 1; c < C; c++)
+                if (logits[(int64_t)b * C + c] > logits[(int64_t)b * C + best]) best = c;
+            t->metric_hits += best == y[b];
+        }
+        t->metric_n += B;
+    } else if (t->model.type == ADT_MODEL_DLRM) {
+        const float *y = adt_exec_data(t->ex, t->io.label);
+        for (int b = 0; b < B; b++) {
+            t->scores[t->metric_n + b] = logits[b];
+            t->labels[t->metric_n + b] = y[b];
+        }
+        t->metric_n += B;
+    }
+}
+
+/* ",\"val_acc\":0.97" for the log line and " val_acc 0.9700" for the terminal; empty for GPT. */
+void train_metric_format(trainer *t, char *json, size_t nj, char *text, size_t nt) {
+    json[0] = text[0] = 0;
+    if (!t->metric_n) return;
+    if (t->model.type == ADT_MODEL_DLRM) {
+        double auc;
+        if (adt_auc(t->scores, t->labels, t->metric_n, &auc)) {
+            snprintf(text, nt, "  val_auc undefined (%s)", adt_error_message());
+            return;
+        }
+        snprintf(json, nj, ",\"val_auc\":%.6f", auc);
+        snprintf(text, nt, "  val_auc %.4f", auc);
+        return;
+    }
+    double acc = (double)t->metric_hits / (double)t->metric_n;
+    snprintf(json, nj, ",\"val_acc\":%.6f", acc);
+    snprintf(text, nt, "  val_acc %.4f", acc);
+}
+
 void train_data_free(trainer *t) {
-    source_free(&t->val);
-    source_free(&t->train);
-    free(t->teacher.w);
+    if (t->val.owns) adt_dataset_free(t->val.ds);
+    if (t->train.owns) adt_dataset_free(t->train.ds);
+    free(t->scores);
+    free(t->labels);
 }

@@ -1,0 +1,64 @@
+/*
+ * data_internal.h - what the dataset kinds share inside src/data: the source interface behind
+ * adt_dataset, file buffers (mmap, read, gunzip) and the shape checks.
+ *
+ * Not installed: adtrain/data.h is the public face.
+ */
+#ifndef ADTRAIN_DATA_INTERNAL_H
+#define ADTRAIN_DATA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "adtrain/data.h"
+
+/* One kind of dataset, opened: its samples and how to write them. `ids` passed to fill/prob
+ * are already checked to lie in [0, n). */
+typedef struct data_source {
+    int64_t n; /* samples before range selection */
+    adt_data_layout layout;
+    int64_t elems[3]; /* per sample: input, input2, label elements */
+    char what[200]; /* "10000 images 1x28x28, 10 classes" */
+    const adt_text_vocab *vocab;
+    int vocab_size;
+    void *impl;
+    int (*fill)(const void *impl, const int64_t *ids, int n, int64_t first, void *input, void *input2, void *label);
+    int (*prob)(const void *impl, const int64_t *ids, int n, int64_t first, float *prob);
+    void (*free)(void *impl);
+} data_source;
+
+/* ---- bytes of a file ---------------------------------------------------------------------- */
+typedef struct data_buf {
+    const uint8_t *p;
+    size_t n;
+    void *map; /* mmap'd region (map_len bytes), or NULL */
+    size_t map_len;
+    uint8_t *heap; /* malloc'd copy or inflated data, or NULL */
+} data_buf;
+
+/* Maps a regular file read-only (reads it when it cannot be mapped, e.g. a pipe). `what` says
+ * what was expected in the message of a missing file ("a token file"). */
+int data_buf_open(data_buf *b, const char *path, const char *what);
+void data_buf_copy(data_buf *b, const void *p, size_t n);
+/* If the bytes start with the gzip magic, replaces them with the inflated stream (all members);
+ * a corrupt or truncated stream, or more than max_out bytes, is an error naming `name`. */
+int data_buf_gunzip(data_buf *b, const char *name, uint64_t max_out);
+void data_buf_free(data_buf *b);
+
+/* ---- the kinds ---------------------------------------------------------------------------- */
+/* `name` is the file (or prefix) in messages; buffers are owned by the source on success and
+ * freed by the callee on failure. */
+int data_text_source(data_source *src, adt_text_dataset *ds, const adt_data_shape *shape);
+int data_tokens_source(data_source *src, const char *name, data_buf *buf, const adt_data_shape *shape);
+int data_mnist_source(data_source *src, const char *name, data_buf *images, const char *images_name,
+                      data_buf *labels, const char *labels_name, const adt_data_shape *shape);
+int data_criteo_source(data_source *src, const char *name, data_buf *buf, const adt_data_shape *shape);
+int data_synthetic_mlp(data_source *src, const adt_data_shape *shape, uint64_t stream);
+int data_synthetic_vgg(data_source *src, const adt_data_shape *shape, uint64_t stream);
+int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t stream);
+
+/* ---- shared arithmetic -------------------------------------------------------------------- */
+/* Token windows: sample s is tokens [s*T, s*T + T]; (tokens - 1) / T of them. */
+static inline int64_t data_windows(int64_t tokens, int T) { return T >= 1 && tokens >= 2 ? (tokens - 1) / T : 0; }
+
+#endif
