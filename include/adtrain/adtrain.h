@@ -13,5 +13,6 @@
 #include "adtrain/data.h"
 #include "adtrain/safetensors.h"
 #include "adtrain/ckpt.h"
+#include "adtrain/ledger.h"
 
 #endif
