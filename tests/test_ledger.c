@@ -39,6 +39,14 @@ static const char *ledger_path(const char *tag) {
 
 static double fake_clock(void *ctx) { return *(double *)ctx; }
 
+/* A new ledger for `job` at `path` (with fsync at commits), or NULL after a failed CHECK. */
+static adt_ledger *new_ledger(const char *path, const adt_ledger_job *job) {
+    adt_ledger *L = NULL;
+    int rc = adt_ledger_create(&L, path, job, 0);
+    CHECK(rc == ADT_OK, "create %s: %s", path, adt_error_message());
+    return L;
+}
+
 static int64_t events_now(adt_ledger *L) {
     adt_ledger_status st;
     return adt_ledger_get_status(L, &st) ? -1 : st.events;
@@ -360,10 +368,23 @@ static void sim_expire(sim *s) {
     s->expiries++;
 }
 
+/* Every position of every opened epoch is in exactly one place: pool, active lease, consumed
+ * since the commit, committed, dead letters. */
+static void sim_check_status(sim *s) {
+    adt_ledger_status st;
+    int rc = adt_ledger_get_status(s->L, &st);
+    int64_t sum = st.pool_samples + st.leased_samples + st.uncommitted + st.committed + st.dead_samples;
+    sim_expect(s, rc == ADT_OK && sum == st.epochs_opened * adt_ledger_job_positions(&s->job) &&
+                      st.generation == s->gen && st.committed_steps == s->committed,
+               "status: %lld positions accounted for in %lld epochs; generation %lld committed %lld", (long long)sum,
+               (long long)st.epochs_opened, (long long)st.generation, (long long)st.committed_steps);
+}
+
 /* Runs the job to its end from the ledger's current state, with faults at the given rates
  * (per step, in 1/1000). */
 static void sim_run(sim *s, int kill_pm, int revoke_pm, int expire_pm) {
     for (int guard = 0; guard < 100000; guard++) {
+        sim_check_status(s);
         if (!sim_step(s)) break;
         int64_t u = sim_below(s, 1000);
         if (u < kill_pm) sim_kill(s);
@@ -586,8 +607,7 @@ static void test_random_trials(void) {
 /* Fencing, deterministically: every request of an ended generation or on a revoked lease. */
 static void test_zombies_refused(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 2};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("zombie"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("zombie"), &job);
     if (!L) return;
     adt_ledger_lease a, b, c;
     int g;
@@ -638,8 +658,7 @@ static void test_zombies_refused(void) {
 static void test_dead_letters(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 2,
                           .max_failures = 2};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("dead"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("dead"), &job);
     if (!L) return;
     adt_ledger_lease a, b, c;
     int g;
@@ -716,8 +735,7 @@ static void test_dead_letters(void) {
 static void test_dead_letters_rewind(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 1,
                           .max_failures = 1};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("deadrw"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("deadrw"), &job);
     if (!L) return;
     adt_ledger_lease a;
     int g;
@@ -746,8 +764,7 @@ static void test_dead_letters_rewind(void) {
 static void test_deadlines(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 2,
                           .lease_timeout_s = 10};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("deadline"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("deadline"), &job);
     if (!L) return;
     double now = 1000;
     adt_ledger_set_clock(L, fake_clock, &now);
@@ -832,8 +849,7 @@ static void test_master_restart(void) {
 static void test_boot_guard(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 2};
     const char *path = ledger_path("boot");
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, path, &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(path, &job);
     if (!L) return;
     adt_ledger_lease a;
     int g;
@@ -897,8 +913,7 @@ static void *replica_thread(void *p) {
 static void test_threads_share_a_handle(void) {
     adt_ledger_job job = {.samples = 600, .seed = 3, .shuffle = 1, .global_batch = 12, .shard_size = 4, .epochs = 2,
                           .replicas = 3, .max_leases = 1};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("threads"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("threads"), &job);
     if (!L) return;
     const int64_t steps = adt_ledger_job_steps(&job);
     pthread_t th[3];
@@ -952,8 +967,7 @@ static void test_kill9_durability(void) {
     adt_ledger_job job = {.samples = 3000, .seed = 11, .shuffle = 1, .global_batch = 16, .shard_size = 48,
                           .epochs = 2, .replicas = 3, .max_failures = 1000, .lease_timeout_s = 30};
     const char *path = ledger_path("kill");
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, path, &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(path, &job);
     if (!L) return;
     adt_ledger_close(L);
     model m = {0};
@@ -1069,8 +1083,7 @@ static void test_kill9_durability(void) {
 
 static void test_bad_reports_and_commits(void) {
     adt_ledger_job job = {.samples = 100, .global_batch = 10, .shard_size = 20, .epochs = 1, .replicas = 2};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("bad"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("bad"), &job);
     if (!L) return;
     adt_ledger_lease a, b, c;
     int g;
@@ -1200,8 +1213,7 @@ static void test_bad_jobs_and_files(void) {
 static void test_events_export(void) {
     adt_ledger_job job = {.samples = 40, .global_batch = 10, .shard_size = 10, .epochs = 1, .replicas = 1,
                           .max_failures = 1};
-    adt_ledger *L = NULL;
-    CHECK(adt_ledger_create(&L, ledger_path("events"), &job, 0) == ADT_OK, "%s", adt_error_message());
+    adt_ledger *L = new_ledger(ledger_path("events"), &job);
     if (!L) return;
     adt_ledger_lease a, b;
     int g;
@@ -1216,7 +1228,7 @@ static void test_events_export(void) {
     const char *path = check_tmp_path("events.jsonl");
     FILE *f = fopen(path, "w");
     int64_t last = -1, last2 = -1;
-    CHECK(adt_ledger_events_export(L, f, 0, &last) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_ledger_events_export(L, f, 0, 0, &last) == ADT_OK, "%s", adt_error_message());
     fclose(f);
     const char *kinds[] = {"open", "generation", "epoch", "lease", "report", "commit", "revoke", "dead_letter", "rewind"};
     int seen[9] = {0};
@@ -1248,10 +1260,30 @@ static void test_events_export(void) {
     CHECK(n == events_now(L) && last == n, "%lld lines, %lld events, last %lld", (long long)n, (long long)events_now(L),
           (long long)last);
     f = fopen(path, "w");
-    CHECK(adt_ledger_events_export(L, f, last, &last2) == ADT_OK && last2 == last, "nothing new");
+    CHECK(adt_ledger_events_export(L, f, last, 0, &last2) == ADT_OK && last2 == last, "nothing new");
     long size = ftell(f);
     fclose(f);
     CHECK(size == 0, "export after the last seq wrote %ld bytes", size);
+    /* pages of 3: the same lines */
+    char *all = NULL, *paged = NULL;
+    size_t la = 0, lp = 0;
+    f = open_memstream(&all, &la);
+    adt_ledger_events_export(L, f, 0, 0, NULL);
+    fclose(f);
+    f = open_memstream(&paged, &lp);
+    int64_t from = 0, pages = 0;
+    for (;;) {
+        int64_t to = from;
+        CHECK(adt_ledger_events_export(L, f, from, 3, &to) == ADT_OK, "%s", adt_error_message());
+        if (to == from || ++pages > 100) break;
+        CHECK(to - from <= 3, "a page of %lld events", (long long)(to - from));
+        from = to;
+    }
+    fclose(f);
+    CHECK(la == lp && !memcmp(all, paged, la) && pages == (n + 2) / 3, "paged export differs (%zu vs %zu bytes, %lld pages)",
+          la, lp, (long long)pages);
+    free(all);
+    free(paged);
     adt_ledger_close(L);
 }
 

@@ -236,13 +236,13 @@ int adt_ledger_sample_ids(adt_ledger *L, int64_t epoch, int64_t a, int64_t b, in
 
 /* ---- events ------------------------------------------------------------------------------- */
 /* Every change is an event row, appended in the same transaction: open (creation or restart of
- * the master), generation, lease, report, commit, rewind, revoke, dead_letter. Writes the events
- * with seq > after_seq to f as JSON lines, e.g.
+ * the master), generation, lease, report, commit, rewind, revoke, dead_letter, epoch. Writes the
+ * events with seq > after_seq (at most max_events of them; 0: all) to f as JSON lines, e.g.
  *   {"seq":12,"t":1763712000.25,"kind":"report","generation":1,"replica":0,"lease":3,"step":4,
  *    "epoch":0,"shard":1,"a":40,"b":48}
  * (fields that do not apply are left out; "detail" carries reasons and checkpoint ids);
  * *last_seq (may be NULL) receives the last seq written, or after_seq. */
-int adt_ledger_events_export(adt_ledger *L, FILE *f, int64_t after_seq, int64_t *last_seq);
+int adt_ledger_events_export(adt_ledger *L, FILE *f, int64_t after_seq, int64_t max_events, int64_t *last_seq);
 
 /* ---- audit -------------------------------------------------------------------------------- */
 /* Per epoch, in sample ids (each id of the epoch's P positions counted once). */
@@ -280,7 +280,9 @@ typedef struct adt_ledger_audit {
 
 /* Replays the events (reports, commits and rewinds, in order) to find what the committed model
  * was trained on, maps positions to sample ids through each epoch's order, and checks the result
- * against the lease, pool and dead-letter state. Free with adt_ledger_audit_free. */
+ * against the lease, pool and dead-letter state. Free with adt_ledger_audit_free. It reads one
+ * snapshot and holds the handle meanwhile (about 5 us per event), so a live master audits through
+ * a second, read-only handle, which leaves the writer free. */
 int adt_ledger_audit_run(adt_ledger *L, adt_ledger_audit *out);
 void adt_ledger_audit_free(adt_ledger_audit *a);
 /* A human-readable report: one line for the job, one per epoch, and a verdict line. */

@@ -74,17 +74,16 @@ static int ranges_put(adt_ledger *L, const char *tab, int64_t shard, int64_t a, 
     }
     if (rc) return rc;
     snprintf(sql, sizeof sql, "DELETE FROM %s WHERE shard = ?1 AND start = ?2", tab);
-    int64_t dummy;
     if (prev_start != NA) {
         lo = prev_start;
-        if ((rc = ledger_query_i64(L, sql, &dummy, 0, 2, shard, prev_start))) return rc;
+        if ((rc = ledger_run(L, sql, 2, shard, prev_start))) return rc;
     }
     if (next_end != NA) {
         hi = next_end;
-        if ((rc = ledger_query_i64(L, sql, &dummy, 0, 2, shard, b))) return rc;
+        if ((rc = ledger_run(L, sql, 2, shard, b))) return rc;
     }
     snprintf(sql, sizeof sql, "INSERT INTO %s(shard, start, end) VALUES (?1, ?2, ?3)", tab);
-    return ledger_query_i64(L, sql, &dummy, 0, 3, shard, lo, hi);
+    return ledger_run(L, sql, 3, shard, lo, hi);
 }
 
 static int shard_is_dead(adt_ledger *L, int64_t shard, int *dead) {
@@ -115,15 +114,14 @@ static int give_back(adt_ledger *L, int64_t shard, int64_t a, int64_t b) {
 /* One more failure of `shard`; at max_failures, the shard dies and its waiting ranges move from
  * the pool to the dead letters. */
 static int shard_fail(adt_ledger *L, int64_t shard) {
-    int64_t fails, dummy;
-    int rc = ledger_query_i64(L, "INSERT INTO shards(id, failures, dead) VALUES (?1, 1, 0)"
-                                 " ON CONFLICT(id) DO UPDATE SET failures = failures + 1",
-                              &dummy, 0, 1, shard);
+    int64_t fails;
+    int rc = ledger_run(L, "INSERT INTO shards(id, failures, dead) VALUES (?1, 1, 0)"
+                           " ON CONFLICT(id) DO UPDATE SET failures = failures + 1", 1, shard);
     if (!rc) rc = ledger_query_i64(L, "SELECT failures FROM shards WHERE id = ?1", &fails, 0, 1, shard);
     if (rc || fails < L->job.max_failures) return rc;
     int dead;
     if ((rc = shard_is_dead(L, shard, &dead)) || dead) return rc;
-    if ((rc = ledger_query_i64(L, "UPDATE shards SET dead = 1 WHERE id = ?1", &dummy, 0, 1, shard))) return rc;
+    if ((rc = ledger_run(L, "UPDATE shards SET dead = 1 WHERE id = ?1", 1, shard))) return rc;
     sqlite3_stmt *s = ledger_prepare(L, "SELECT start, end FROM pool WHERE shard = ?1 ORDER BY start");
     if (!s) return ADT_ERR_IO;
     sqlite3_bind_int64(s, 1, shard);
@@ -139,7 +137,7 @@ static int shard_fail(adt_ledger *L, int64_t shard) {
     char why[64];
     snprintf(why, sizeof why, "shard failed %lld times", (long long)fails);
     for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = ledger_query_i64(L, "DELETE FROM pool WHERE shard = ?1 AND start = ?2", &dummy, 0, 2, shard, r[i][0]);
+        rc = ledger_run(L, "DELETE FROM pool WHERE shard = ?1 AND start = ?2", 2, shard, r[i][0]);
         if (!rc) rc = dead_put(L, shard, r[i][0], r[i][1], why);
     }
     free(r);
@@ -150,7 +148,7 @@ static int shard_fail(adt_ledger *L, int64_t shard) {
 
 /* Cuts the next epoch into shards, all waiting in the pool. */
 static int open_epoch(adt_ledger *L) {
-    int64_t e = L->epochs_opened, dummy;
+    int64_t e = L->epochs_opened;
     sqlite3_stmt *s = ledger_prepare(L, "INSERT INTO pool(shard, start, end) VALUES (?1, ?2, ?3)");
     if (!s) return ADT_ERR_IO;
     int rc = ADT_OK;
@@ -162,7 +160,7 @@ static int open_epoch(adt_ledger *L) {
         rc = ledger_exec_stmt(L, s);
     }
     ledger_release(L, s);
-    if (!rc) rc = ledger_query_i64(L, "UPDATE job SET epochs_opened = ?1", &dummy, 0, 1, e + 1);
+    if (!rc) rc = ledger_run(L, "UPDATE job SET epochs_opened = ?1", 1, e + 1);
     if (!rc) rc = ledger_event(L, EV_EPOCH, L->generation, NA, NA, NA, e, NA, 0, L->positions, NULL);
     if (!rc) L->epochs_opened = e + 1;
     return rc;
@@ -203,11 +201,11 @@ static int lease_next_tx(adt_ledger *L, int64_t generation, int replica, int64_t
         *grant = active ? ADT_LEDGER_WAIT : ADT_LEDGER_DONE;
         return ADT_OK;
     }
-    int64_t e = max_samples > 0 ? min64(b, a + max_samples) : b, dummy;
-    if ((rc = ledger_query_i64(L, "DELETE FROM pool WHERE shard = ?1 AND start = ?2", &dummy, 0, 2, shard, a)))
+    int64_t e = max_samples > 0 ? min64(b, a + max_samples) : b;
+    if ((rc = ledger_run(L, "DELETE FROM pool WHERE shard = ?1 AND start = ?2", 2, shard, a)))
         return rc;
     if (e < b &&
-        (rc = ledger_query_i64(L, "INSERT INTO pool(shard, start, end) VALUES (?1, ?2, ?3)", &dummy, 0, 3, shard, e, b)))
+        (rc = ledger_run(L, "INSERT INTO pool(shard, start, end) VALUES (?1, ?2, ?3)", 3, shard, e, b)))
         return rc;
     double now = ledger_now(L), deadline = now + L->job.lease_timeout_s;
     sqlite3_stmt *s = ledger_prepare(L, "INSERT INTO leases(generation, replica, state, shard, start, end, cursor,"
@@ -442,13 +440,12 @@ static int commit_tx(adt_ledger *L, int64_t generation, int64_t steps, const cha
         n++;
     }
     ledger_release(L, s);
-    int64_t dummy;
     for (size_t i = 0; i < n && rc == 0; i++)
-        rc = ledger_query_i64(L, "UPDATE leases SET committed = ?2 WHERE id = ?1 AND committed < ?2", &dummy, 0, 2,
+        rc = ledger_run(L, "UPDATE leases SET committed = ?2 WHERE id = ?1 AND committed < ?2", 2,
                               v[i][0], v[i][1]);
     free(v);
     if (rc) return rc;
-    if ((rc = ledger_query_i64(L, "DELETE FROM steps WHERE step < ?1", &dummy, 0, 1, steps))) return rc;
+    if ((rc = ledger_run(L, "DELETE FROM steps WHERE step < ?1", 1, steps))) return rc;
     s = ledger_prepare(L, "INSERT INTO commits(steps, generation, t, checkpoint, rolled_back) VALUES (?1, ?2, ?3, ?4, 0)");
     if (!s) return ADT_ERR_IO;
     sqlite3_bind_int64(s, 1, steps);
@@ -515,7 +512,7 @@ int ledger_rewind_tx(adt_ledger *L, int64_t from, int64_t steps, int replicas, c
         n++;
     }
     ledger_release(L, s);
-    int64_t discarded = 0, dummy;
+    int64_t discarded = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         int64_t keep = c[i].cursor, last = c[i].last_step;
         if (last >= steps && (rc = prefix_before(L, c[i].id, c[i].start, steps, &keep, &last))) break;
@@ -526,14 +523,13 @@ int ledger_rewind_tx(adt_ledger *L, int64_t from, int64_t steps, int replicas, c
         int state = c[i].state;
         if (state == ADT_LEASE_ACTIVE || (state == ADT_LEASE_FINISHED && keep < c[i].end)) state = ADT_LEASE_ENDED;
         if ((rc = give_back(L, c[i].shard, keep, back_end))) break;
-        rc = ledger_query_i64(L, "UPDATE leases SET cursor = ?2, committed = ?2, last_step = ?3, state = ?4 WHERE id = ?1",
-                              &dummy, 0, 4, c[i].id, keep, last, (int64_t)state);
+        rc = ledger_run(L, "UPDATE leases SET cursor = ?2, committed = ?2, last_step = ?3, state = ?4 WHERE id = ?1", 4,
+                        c[i].id, keep, last, (int64_t)state);
     }
     free(c);
     if (rc) return rc;
-    if ((rc = ledger_query_i64(L, "UPDATE commits SET rolled_back = 1 WHERE steps > ?1 AND rolled_back = 0", &dummy, 0,
-                               1, steps)) ||
-        (rc = ledger_query_i64(L, "DELETE FROM steps", &dummy, 0, 0)))
+    if ((rc = ledger_run(L, "UPDATE commits SET rolled_back = 1 WHERE steps > ?1 AND rolled_back = 0", 1, steps)) ||
+        (rc = ledger_run(L, "DELETE FROM steps", 0)))
         return rc;
     int64_t gen = from + 1;
     s = ledger_prepare(L, "UPDATE job SET generation = ?1, replicas = ?2, committed_steps = ?3, checkpoint ="
@@ -566,8 +562,8 @@ int adt_ledger_rewind(adt_ledger *L, int64_t from_generation, int64_t steps, int
 /* ---- revocations -------------------------------------------------------------------------- */
 
 static int revoke_one(adt_ledger *L, const adt_ledger_lease *l, const char *reason) {
-    int64_t shard = ledger_shard_id(L, l->epoch, l->shard), dummy;
-    int rc = ledger_query_i64(L, "UPDATE leases SET state = 2 WHERE id = ?1", &dummy, 0, 1, l->id);
+    int64_t shard = ledger_shard_id(L, l->epoch, l->shard);
+    int rc = ledger_run(L, "UPDATE leases SET state = 2 WHERE id = ?1", 1, l->id);
     if (!rc) rc = ledger_event(L, EV_REVOKE, l->generation, l->replica, l->id, NA, l->epoch, l->shard, l->cursor,
                                l->end, reason);
     if (!rc) rc = shard_fail(L, shard);

@@ -46,7 +46,7 @@ static int do_replay(adt_ledger *L, replay *rp, adt_ledger_audit *au) {
         if (kind == EV_REPORT) {
             au->reports++;
             if (rp->n == rp->cap) {
-                rp->cap = rp->cap ? 2 * rp->cap : 1024;
+                rp->cap *= 2;
                 rp->r = adt_realloc(rp->r, rp->cap * sizeof *rp->r);
             }
             rp->r[rp->n++] = (rep){step, ledger_col(s, 2), ledger_col(s, 3), ledger_col(s, 4)};
@@ -177,7 +177,7 @@ static int audit_epoch(adt_ledger *L, int64_t e, const rep *reps, size_t n, int6
 }
 
 static int audit_read(adt_ledger *L, adt_ledger_audit *au) {
-    replay rp = {0};
+    replay rp = {.r = adt_malloc(1024 * sizeof(rep)), .cap = 1024};
     int rc = do_replay(L, &rp, au);
     const int64_t E = L->job.epochs, P = L->positions, B = L->job.global_batch;
     au->replayed_steps = rp.committed;

@@ -176,6 +176,18 @@ int ledger_query_i64(adt_ledger *L, const char *sql, int64_t *out, int64_t dflt,
     return rc < 0 ? rc : ADT_OK;
 }
 
+int ledger_run(adt_ledger *L, const char *sql, int nbind, ...) {
+    sqlite3_stmt *s = ledger_prepare(L, sql);
+    if (!s) return ADT_ERR_IO;
+    va_list ap;
+    va_start(ap, nbind);
+    for (int i = 0; i < nbind; i++) ledger_bind(s, i + 1, va_arg(ap, int64_t));
+    va_end(ap);
+    int rc = ledger_exec_stmt(L, s);
+    ledger_release(L, s);
+    return rc;
+}
+
 static double wall_clock(void *ctx) {
     (void)ctx;
     return adt_wall_s();

@@ -111,6 +111,8 @@ int64_t ledger_col(sqlite3_stmt *s, int i);
 /* A single int64 from "SELECT x ..." with up to 4 int64 bindings (pass LEDGER_NA for unused
  * trailing ones); *out = dflt when there is no row or the value is NULL. */
 int ledger_query_i64(adt_ledger *L, const char *sql, int64_t *out, int64_t dflt, int nbind, ...);
+/* Runs a statement without results, with up to nbind int64 bindings. */
+int ledger_run(adt_ledger *L, const char *sql, int nbind, ...);
 /* Sets the error from the connection's message, naming the ledger file. */
 int ledger_db_error(adt_ledger *L, const char *what);
 

@@ -161,12 +161,13 @@ int adt_ledger_sample_ids(adt_ledger *L, int64_t epoch, int64_t a, int64_t b, in
 
 /* ---- events ------------------------------------------------------------------------------- */
 
-static int events_write(adt_ledger *L, FILE *f, int64_t after, int64_t *last) {
+static int events_write(adt_ledger *L, FILE *f, int64_t after, int64_t max, int64_t *last) {
     static const char *const cols[] = {"generation", "replica", "lease", "step", "epoch", "shard", "a", "b"};
     sqlite3_stmt *s = ledger_prepare(L, "SELECT seq, t, kind, generation, replica, lease, step, epoch, shard, a, b, detail"
-                                        " FROM events WHERE seq > ?1 ORDER BY seq");
+                                        " FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2");
     if (!s) return ADT_ERR_IO;
     sqlite3_bind_int64(s, 1, after);
+    sqlite3_bind_int64(s, 2, max > 0 ? max : -1);
     int rc;
     while ((rc = ledger_step(L, s)) == 1) {
         int kind = sqlite3_column_int(s, 2);
@@ -193,10 +194,10 @@ static int events_write(adt_ledger *L, FILE *f, int64_t after, int64_t *last) {
     return rc < 0 ? rc : ADT_OK;
 }
 
-int adt_ledger_events_export(adt_ledger *L, FILE *f, int64_t after_seq, int64_t *last_seq) {
+int adt_ledger_events_export(adt_ledger *L, FILE *f, int64_t after_seq, int64_t max_events, int64_t *last_seq) {
     int64_t last = after_seq;
     int rc = read_begin(L);
-    if (!rc) rc = read_end(L, events_write(L, f, after_seq, &last));
+    if (!rc) rc = read_end(L, events_write(L, f, after_seq, max_events, &last));
     if (last_seq) *last_seq = last;
     return rc;
 }
