@@ -19,7 +19,9 @@
  *   step       a training step, numbered from 0 over the whole run. Every step consumes exactly
  *              B samples over all replicas (the global batch is fixed whatever the world size;
  *              the trainer chooses the split per replica), except the very last step of the job,
- *              which may be short when dead-lettered samples leave a remainder.
+ *              which may be short when dead-lettered samples leave a remainder. Leases are
+ *              handed out epoch after epoch, so near an epoch's end one step may take samples
+ *              of two epochs; each sample still counts in its own epoch.
  *   commit S   a checkpoint of the model after S steps (steps 0..S-1) is durable. The
  *              consumption of those steps becomes committed, atomically with the call.
  *   generation the world's number. Every membership change (death, join, leave) and every
@@ -74,7 +76,8 @@ typedef struct adt_ledger_job {
     int64_t epochs;         /* E >= 1                                                        */
     int replicas;           /* data-parallel replicas of generation 1, >= 1                  */
     int max_failures;       /* K: a shard whose leases failed K times goes to the dead
-                               letters; 0 means the default, 3                              */
+                               letters (a failure is a revocation: deadline passed, holder
+                               died, explicit revoke); 0 means the default, 3               */
     int max_leases;         /* active leases one replica may hold at once; 0: default 2      */
     double lease_timeout_s; /* a lease not reported for this long may be revoked; 0: 60 s    */
 } adt_ledger_job;

@@ -142,6 +142,7 @@ static int audit_epoch(adt_ledger *L, int64_t e, const rep *reps, size_t n, int6
     /* Count the replay per sample id: the order maps positions to ids, so an order that
      * repeated an id would show here as a duplicate. */
     const int64_t *perm = ledger_perm(L, e);
+    if (!perm) return ADT_ERR_NOMEM;
     for (int64_t p = 0; p < P; p++) {
         int64_t id = perm[p];
         if (id < 0 || id >= N) return adt_error(ADT_ERR_STATE, "audit: epoch %lld's order holds id %lld, outside 0..%lld",
@@ -181,11 +182,18 @@ static int audit_read(adt_ledger *L, adt_ledger_audit *au) {
     int rc = do_replay(L, &rp, au);
     const int64_t E = L->job.epochs, P = L->positions, B = L->job.global_batch;
     au->replayed_steps = rp.committed;
+    if (!rc && (rp.committed < 0 || rp.committed > adt_ledger_job_steps(&L->job)))
+        rc = adt_error(ADT_ERR_FORMAT, "audit of %s: the events commit step %lld, outside the job's 0..%lld", L->path,
+                       (long long)rp.committed, (long long)adt_ledger_job_steps(&L->job));
+    if (rc) rp.committed = 0;
     au->n_epochs = E;
     au->epoch = adt_calloc((size_t)E, sizeof *au->epoch);
     int64_t *steps_total = adt_calloc((size_t)(rp.committed > 0 ? rp.committed : 1), sizeof *steps_total);
-    uint8_t *cc = adt_malloc((size_t)P), *uc = adt_malloc((size_t)P), *cov = adt_malloc((size_t)P);
-    uint8_t *idc = adt_malloc((size_t)L->job.samples);
+    /* a byte per position three times and per sample once: an error, not an abort, if too much */
+    uint8_t *cc = malloc((size_t)P), *uc = malloc((size_t)P), *cov = malloc((size_t)P);
+    uint8_t *idc = malloc((size_t)L->job.samples);
+    if (!rc && !(cc && uc && cov && idc))
+        rc = adt_error(ADT_ERR_NOMEM, "audit of %s: no memory for %lld samples", L->path, (long long)L->job.samples);
     qsort(rp.r, rp.n, sizeof *rp.r, cmp_rep);
     size_t i = 0;
     for (int64_t e = 0; e < E && !rc; e++) {

@@ -137,7 +137,12 @@ int adt_ledger_dead_letters(adt_ledger *L, adt_ledger_dead **out, int64_t *n) {
 
 const int64_t *ledger_perm(adt_ledger *L, int64_t epoch) {
     if (L->perm_epoch == epoch) return L->perm;
-    if (!L->perm) L->perm = adt_malloc((size_t)L->job.samples * sizeof *L->perm);
+    /* 8 bytes per sample: a job too large for this machine gets an error, not an abort */
+    if (!L->perm && !(L->perm = malloc((size_t)L->job.samples * sizeof *L->perm))) {
+        adt_error(ADT_ERR_NOMEM, "ledger %s: no memory for the order of %lld samples (%lld MiB)", L->path,
+                  (long long)L->job.samples, (long long)(L->job.samples >> 17));
+        return NULL;
+    }
     if (L->job.shuffle) adt_sample_permutation(L->perm, L->job.samples, L->job.seed, epoch);
     else
         for (int64_t i = 0; i < L->job.samples; i++) L->perm[i] = i;
@@ -154,9 +159,9 @@ int adt_ledger_sample_ids(adt_ledger *L, int64_t epoch, int64_t a, int64_t b, in
                          (long long)b, (long long)L->positions);
     pthread_mutex_lock(&L->mu);
     const int64_t *perm = ledger_perm(L, epoch);
-    memcpy(ids, perm + a, (size_t)(b - a) * sizeof *ids);
+    if (perm) memcpy(ids, perm + a, (size_t)(b - a) * sizeof *ids);
     pthread_mutex_unlock(&L->mu);
-    return ADT_OK;
+    return perm ? ADT_OK : ADT_ERR_NOMEM;
 }
 
 /* ---- events ------------------------------------------------------------------------------- */
