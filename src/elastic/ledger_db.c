@@ -163,13 +163,19 @@ int64_t ledger_col(sqlite3_stmt *s, int i) {
     return sqlite3_column_type(s, i) == SQLITE_NULL ? LEDGER_NA : sqlite3_column_int64(s, i);
 }
 
-int ledger_query_i64(adt_ledger *L, const char *sql, int64_t *out, int64_t dflt, int nbind, ...) {
+/* `sql` compiled, with nbind int64 arguments from ap bound to ?1.. (NULL on failure). */
+static sqlite3_stmt *prepare_bound(adt_ledger *L, const char *sql, int nbind, va_list ap) {
     sqlite3_stmt *s = ledger_prepare(L, sql);
-    if (!s) return ADT_ERR_IO;
+    for (int i = 0; s && i < nbind; i++) ledger_bind(s, i + 1, va_arg(ap, int64_t));
+    return s;
+}
+
+int ledger_query_i64(adt_ledger *L, const char *sql, int64_t *out, int64_t dflt, int nbind, ...) {
     va_list ap;
     va_start(ap, nbind);
-    for (int i = 0; i < nbind; i++) ledger_bind(s, i + 1, va_arg(ap, int64_t));
+    sqlite3_stmt *s = prepare_bound(L, sql, nbind, ap);
     va_end(ap);
+    if (!s) return ADT_ERR_IO;
     int rc = ledger_step(L, s);
     *out = rc == 1 && sqlite3_column_type(s, 0) != SQLITE_NULL ? sqlite3_column_int64(s, 0) : dflt;
     ledger_release(L, s);
@@ -177,12 +183,11 @@ int ledger_query_i64(adt_ledger *L, const char *sql, int64_t *out, int64_t dflt,
 }
 
 int ledger_run(adt_ledger *L, const char *sql, int nbind, ...) {
-    sqlite3_stmt *s = ledger_prepare(L, sql);
-    if (!s) return ADT_ERR_IO;
     va_list ap;
     va_start(ap, nbind);
-    for (int i = 0; i < nbind; i++) ledger_bind(s, i + 1, va_arg(ap, int64_t));
+    sqlite3_stmt *s = prepare_bound(L, sql, nbind, ap);
     va_end(ap);
+    if (!s) return ADT_ERR_IO;
     int rc = ledger_exec_stmt(L, s);
     ledger_release(L, s);
     return rc;
