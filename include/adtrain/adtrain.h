@@ -15,5 +15,6 @@
 #include "adtrain/safetensors.h"
 #include "adtrain/ckpt.h"
 #include "adtrain/agent.h"
+#include "adtrain/ledger.h"
 
 #endif

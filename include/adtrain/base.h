@@ -30,6 +30,7 @@ typedef enum adt_status {
     ADT_ERR_STATE = -6,    /* an API call out of order (e.g. run before plan)     */
     ADT_ERR_COMM = -7,     /* a collective failed or timed out                    */
     ADT_ERR_UNSUPPORTED = -8,
+    ADT_ERR_STALE = -9,    /* fenced: a request of an ended generation or a revoked lease */
 } adt_status;
 
 /* Sets the calling thread's error message (printf-style) and returns `code`, so that

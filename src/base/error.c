@@ -42,6 +42,7 @@ const char *adt_status_name(int code) {
     case ADT_ERR_STATE: return "invalid state";
     case ADT_ERR_COMM: return "communication error";
     case ADT_ERR_UNSUPPORTED: return "unsupported";
+    case ADT_ERR_STALE: return "stale request";
     default: return "unknown error";
     }
 }
