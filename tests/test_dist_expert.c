@@ -415,6 +415,10 @@ static void test_pipeline(void) {
                 fc[0] = s;
                 for (int a = 1; a < p.mesh.ndim; a++) fc[a] = sc[a - 1];
                 CHECK(ranks[i] == adt_mesh_rank(&p.mesh, fc) && !seen[ranks[i]]++, "%s: stage %d rank %d", what, s, i);
+                int ls = -1, lc[ADT_MAX_MESH_DIMS] = {0};
+                CHECK(adt_plan_locate(&p, ranks[i], &ls, lc) == ADT_OK && ls == s &&
+                          adt_mesh_index(&sm, lc) == i, "%s: rank %d located at stage %d, index %d", what, ranks[i], ls,
+                      adt_mesh_index(&sm, lc));
             }
         }
         for (int t = 0; t < p.n_layers; t++)

@@ -338,6 +338,8 @@ uint32_t adt_plan_graph_checksum(const adt_graph *g);
 /* The stage mesh of stage s (the mesh without the pipeline axis, at coordinate s along it);
  * ranks[] (mesh.nranks entries) receives its global ranks and out->ranks points at it. */
 int adt_plan_stage_mesh(const adt_plan *p, int stage, adt_mesh *out, int *ranks);
+/* Where global rank `rank` sits: its stage and its coordinate on that stage's mesh. */
+int adt_plan_locate(const adt_plan *p, int rank, int *stage, int *coord);
 /* The stage of a layer tag, or -1. */
 int adt_plan_stage_of(const adt_plan *p, int layer_tag);
 /* What the partitioner takes for stage s: the stage mesh (ranks in ranks[]), the signatures, the

@@ -109,10 +109,7 @@ static int pick(const greedy *gr, int i, const adt_nd_sig *cands, int n_cands, i
 static void commit(greedy *gr, const adt_node *n, const adt_nd_sig *s, adt_ndsbp *leaf_sbp) {
     for (int j = 0; j < n->n_in; j++) {
         int v = n->in[j];
-        if (!gr->layout[v].ndim) { /* an open leaf: held as its first reader reads it */
-            gr->layout[v] = leaf_sbp[v] = no_partial(s->in[j]);
-            if (adt_ndsbp_equal(&gr->layout[v], &s->in[j])) continue;
-        }
+        if (!gr->layout[v].ndim) gr->layout[v] = leaf_sbp[v] = no_partial(s->in[j]); /* held as first read */
         if (adt_ndsbp_equal(&gr->layout[v], &s->in[j])) continue;
         boxed_list *b = &gr->boxed[v];
         int seen = 0;

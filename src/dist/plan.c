@@ -107,6 +107,22 @@ int adt_plan_stage_mesh(const adt_plan *p, int stage, adt_mesh *out, int *ranks)
     return ADT_OK;
 }
 
+int adt_plan_locate(const adt_plan *p, int rank, int *stage, int *coord) {
+    const adt_mesh *m = &p->mesh;
+    for (int i = 0; i < m->nranks; i++) {
+        if ((m->ranks ? m->ranks[i] : i) != rank) continue;
+        int fc[ADT_MAX_MESH_DIMS];
+        adt_mesh_coord(m, i, fc);
+        *stage = p->pp_axis >= 0 ? fc[p->pp_axis] : 0;
+        int k = 0;
+        for (int a = 0; a < m->ndim; a++)
+            if (a != p->pp_axis) coord[k++] = fc[a];
+        if (!k) coord[0] = 0; /* a pipeline of single devices */
+        return ADT_OK;
+    }
+    return adt_error(ADT_ERR_ARG, "%s: rank %d is not on the mesh (%d devices)", p->name, rank, m->nranks);
+}
+
 int adt_plan_stage_of(const adt_plan *p, int layer_tag) {
     for (int s = 0; s < p->n_stages; s++)
         if (layer_tag >= p->stage_first[s] && layer_tag <= p->stage_last[s]) return s;
