@@ -429,6 +429,115 @@ static void test_every_op_covered(void) {
     }
 }
 
+/* ---- the executor's matmul + bias_add fold ----------------------------------------------- */
+
+/* Runs the forward of a graph with output `out` = f(x, w, b) three times with the per-node
+ * timers on; returns whether bias_add node `ba` ran (a node the executor folded into its matmul
+ * is skipped and keeps a time of exactly 0), and checks `out` against want(x, w, b). */
+typedef double (*fold_ref_fn)(const float *x, const float *w, const float *b, int64_t i, int64_t j,
+                              int64_t K, int64_t N);
+
+static double ref_linear(const float *x, const float *w, const float *b, int64_t i, int64_t j, int64_t K,
+                         int64_t N) {
+    double s = b[j];
+    for (int64_t k = 0; k < K; k++) s += (double)x[i * K + k] * w[k * N + j];
+    return s;
+}
+static double ref_linear_plus_3_product(const float *x, const float *w, const float *b, int64_t i, int64_t j,
+                                        int64_t K, int64_t N) {
+    return 4 * ref_linear(x, w, b, i, j, K, N) - 3 * b[j];
+}
+static double ref_linear_2b(const float *x, const float *w, const float *b, int64_t i, int64_t j, int64_t K,
+                            int64_t N) {
+    return ref_linear(x, w, b, i, j, K, N) + b[j];
+}
+
+static int fold_run(const char *what, adt_graph *g, int x, int w, int b, int out, int ba, int64_t M,
+                    int64_t K, int64_t N, fold_ref_fn want) {
+    adt_graph_mark_output(g, out);
+    CHECK(!adt_graph_error(g), "%s: %s", what, adt_graph_error_message(g));
+    adt_exec *ex;
+    CHECK(adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .profile = 1}) == ADT_OK, "%s: executor", what);
+    float *px = adt_exec_data(ex, x), *pw = adt_exec_data(ex, w), *pb = adt_exec_data(ex, b);
+    for (int64_t i = 0; i < M * K; i++) px[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) pw[i] = urand(-1, 1);
+    for (int64_t i = 0; i < N; i++) pb[i] = urand(-1, 1);
+    for (int rep = 0; rep < 3; rep++) {
+        adt_exec_run_forward(ex);
+        const float *y = adt_exec_data(ex, out);
+        double worst = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double r = want(px, pw, pb, i, j, K, N);
+                worst = fmax(worst, fabs(y[i * N + j] - r) / fmax(fabs(r), 1.0));
+            }
+        CHECK(worst < 1e-5, "%s: run %d: output off the reference by %.3g (seed %llu)", what, rep, worst,
+              (unsigned long long)g_seed);
+    }
+    int ran = adt_exec_node_seconds(ex)[ba] > 0;
+    adt_exec_free(ex);
+    return ran;
+}
+
+static void test_bias_fold(void) {
+    int64_t M = irand(2, 12), K = irand(1, 6), N = irand(K + 1, 24); /* N > K: see case 2 */
+    /* 1. a linear layer: folded */
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int y = adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
+    CHECK(!fold_run("linear", g, x, w, b, y, g->values[y].producer, M, K, N, ref_linear),
+          "linear: the bias_add was not folded into the matmul");
+    adt_graph_free(g);
+
+    /* 2. the product's input dies at the product: the plan may give the bias_add's output the
+     * input's bytes, so writing the bias there before the product would destroy the input */
+    g = adt_graph_create();
+    int xp = P(g, "x", M, K);
+    w = P(g, "w", K, N), b = P(g, "b", N);
+    x = adt_scale(g, xp, 1.0f);
+    y = adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
+    adt_graph_mark_output(g, y);
+    adt_memplan mp;
+    adt_memplan_build(&mp, g, NULL, g->n_nodes, 0);
+    CHECK(mp.offset[x] < mp.offset[y] + adt_value_bytes(g, y) && mp.offset[y] < mp.offset[x] + adt_value_bytes(g, x),
+          "case 2 needs the plan to share bytes between x and y (x at %lld, y at %lld)",
+          (long long)mp.offset[x], (long long)mp.offset[y]);
+    adt_memplan_free(&mp);
+    CHECK(fold_run("input dies at the product", g, xp, w, b, y, g->values[y].producer, M, K, N, ref_linear),
+          "input dies at the product: folded although the output buffer overlaps the input");
+    adt_graph_free(g);
+
+    /* 3. the product has another reader before the bias_add: it must exist on its own */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int p = adt_matmul(g, x, w, 0, 0, 0);
+    int q = adt_scale(g, p, 3.0f);
+    y = adt_bias_add(g, p, b);
+    int z = adt_add(g, y, q);
+    CHECK(fold_run("product read twice", g, x, w, b, z, g->values[y].producer, M, K, N, ref_linear_plus_3_product),
+          "product read twice: folded");
+    adt_graph_free(g);
+
+    /* 4. the bias is computed after the product: not there yet when the product runs */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    p = adt_matmul(g, x, w, 0, 0, 0);
+    y = adt_bias_add(g, p, adt_scale(g, b, 2.0f));
+    CHECK(fold_run("bias computed later", g, x, w, b, y, g->values[y].producer, M, K, N, ref_linear_2b),
+          "bias computed later: folded");
+    adt_graph_free(g);
+
+    /* the folded linear layer's gradients, through autodiff and the executor */
+    for (int tb = 0; tb < 2; tb++) {
+        g = adt_graph_create();
+        int64_t B = irand(1, 3), T = irand(1, 5);
+        x = P(g, "x", B, T, K), b = P(g, "b", N);
+        w = tb ? P(g, "w", N, K) : P(g, "w", K, N);
+        grad_check("linear", g, adt_bias_add(g, adt_matmul(g, x, w, 0, tb, 0), b), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+}
+
 /* ---- optimizers against closed forms ------------------------------------------------------ */
 
 /* loss = sum(w * c): the gradient is exactly c, so the trajectory has a closed form. */
@@ -610,6 +719,7 @@ int main(void) {
     RUN(test_grad_conv_pool);
     RUN(test_grad_shape_ops);
     RUN(test_every_op_covered);
+    RUN(test_bias_fold);
     RUN(test_optimizers);
     RUN(test_memplan);
     RUN(test_shape_errors);

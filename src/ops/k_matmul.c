@@ -1,7 +1,8 @@
 /*
  * k_matmul.c - dense matrix products: the single and batched C = op(A) op(B) kernels that
- * linear layers, attention-free bmm ops and their gradients lower to. Everything of useful size
- * goes to OpenBLAS cblas_sgemm (row-major); only degenerate shapes are handled here.
+ * linear layers, attention-free bmm ops and their gradients lower to, and the linear layer's
+ * C = op(A) op(B) + bias. Everything of useful size goes to OpenBLAS cblas_sgemm (row-major);
+ * only degenerate shapes are handled here.
  */
 #include <cblas.h>
 #include <string.h>
@@ -34,4 +35,17 @@ void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batc
                           int64_t sC) {
     for (int64_t i = 0; i < batch; i++)
         matmul_one(C + i * sC, A + i * sA, B + i * sB, M, N, K, transA, transB);
+}
+
+/* The bias rows are written first and the product accumulated onto them (beta = 1), as
+ * PyTorch's addmm does. With beta = 0 OpenBLAS would clear C in a pass of its own before
+ * accumulating, so the bias takes the place of that pass instead of adding one. */
+void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bias, int64_t M,
+                       int64_t N, int64_t K, int transA, int transB) {
+    if (M <= 0 || N <= 0) return;
+    for (int64_t r = 0; r < M; r++) memcpy(C + r * N, bias, (size_t)N * sizeof(float));
+    if (K <= 0) return; /* the empty product adds nothing */
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                transB ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
+                (blasint)(transA ? M : K), B, (blasint)(transB ? K : N), 1.0f, C, (blasint)N);
 }

@@ -69,11 +69,17 @@ static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtyp
     return 0;
 }
 
+/* A third input is a bias[N] added to every row of a non-batched product. Graphs never hold
+ * such a node (the op takes two inputs): the executor runs one in place of a matmul whose
+ * product only a bias_add reads, writing the bias_add's output (exec.c). */
 static void matmul_forward(const adt_kctx *k) {
     int64_t M, N, K, Kb, batch;
     matmul_dims(k->g, k->n, &M, &N, &K, &Kb, &batch);
     int ta = (int)k->n->a.i[0], tb = (int)k->n->a.i[1];
-    if (batch == 1)
+    if (k->n->n_in == 3) {
+        ADT_ASSERT(batch == 1);
+        adt_k_matmul_bias(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), K_IN(k, 2), M, N, K, ta, tb);
+    } else if (batch == 1)
         adt_k_matmul(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), M, N, K, ta, tb);
     else
         adt_k_matmul_batched(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), batch, M, N, K, ta, tb, M * K,
