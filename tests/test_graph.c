@@ -590,6 +590,113 @@ static void optim_closed_form(adt_optim_cfg cfg, const char *what) {
     adt_graph_free(g);
 }
 
+/* The executor runs each update as soon as its parameter's last use and its gradient allow:
+ * in a 3-layer MLP the last layer's gradient is then consumed (and its buffer free) before the
+ * first layer's gradient is even produced; in graph order every update waits for the end. One
+ * SGD step is checked against a double-precision reference of forward, backward and update.
+ * Then a node that reads a parameter after its gradient is complete (appended after autodiff,
+ * before the optimizer): the update must wait for it. */
+static void test_update_schedule(void) {
+    const int B = 3, n0 = 4, n1 = 5, n2 = 6, n3 = 2;
+    adt_graph *g = adt_graph_create();
+    adt_mlp_cfg m = {.n_sizes = 4, .sizes = {n0, n1, n2, n3}, .activation = ADT_ACT_SIGMOID};
+    adt_model_io io;
+    adt_model_mlp(g, &m, B, &io);
+    adt_graph_backward(g, io.loss);
+    adt_optim_cfg oc = adt_optim_sgd(0.0f, 0.0f);
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    const char *wn[3] = {"layers.0.weight", "layers.1.weight", "layers.2.weight"};
+    const char *bn[3] = {"layers.0.bias", "layers.1.bias", "layers.2.bias"};
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1});
+    const adt_memplan *mp = adt_exec_memplan(ex);
+    int g_first = g->values[adt_graph_find_value(g, wn[0])].grad, g_last = g->values[adt_graph_find_value(g, wn[2])].grad;
+    CHECK(mp->last[mp->root[g_last]] < mp->first[mp->root[g_first]],
+          "the last layer's gradient lives to %d, past the first layer's gradient at %d", mp->last[mp->root[g_last]],
+          mp->first[mp->root[g_first]]);
+
+    /* one step, and the reference in double */
+    adt_exec_init_params(ex);
+    float *x = adt_exec_data(ex, io.input);
+    int32_t *y = adt_exec_data(ex, io.label);
+    for (int i = 0; i < B * n0; i++) x[i] = urand(-2, 2);
+    for (int i = 0; i < B; i++) y[i] = irand(0, n3 - 1);
+    const int sz[4] = {n0, n1, n2, n3};
+    double W[3][36], Bi[3][6], dW[3][36], dB[3][6];
+    for (int l = 0; l < 3; l++) {
+        const float *pw = adt_exec_f32(ex, wn[l]), *pb = adt_exec_f32(ex, bn[l]);
+        for (int i = 0; i < sz[l + 1] * sz[l]; i++) W[l][i] = pw[i];
+        for (int i = 0; i < sz[l + 1]; i++) Bi[l][i] = pb[i];
+    }
+    double h[4][3][6];
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < n0; i++) h[0][b][i] = x[b * n0 + i];
+        for (int l = 0; l < 3; l++)
+            for (int o = 0; o < sz[l + 1]; o++) {
+                double z = Bi[l][o];
+                for (int i = 0; i < sz[l]; i++) z += W[l][o * sz[l] + i] * h[l][b][i];
+                h[l + 1][b][o] = l < 2 ? 1 / (1 + exp(-z)) : z;
+            }
+    }
+    memset(dW, 0, sizeof dW);
+    memset(dB, 0, sizeof dB);
+    for (int b = 0; b < B; b++) {
+        double mx = fmax(h[3][b][0], h[3][b][1]), e0 = exp(h[3][b][0] - mx), e1 = exp(h[3][b][1] - mx);
+        double dz[6] = {e0 / (e0 + e1) / B, e1 / (e0 + e1) / B};
+        dz[y[b]] -= 1.0 / B;
+        for (int l = 2; l >= 0; l--) {
+            for (int o = 0; o < sz[l + 1]; o++) {
+                dB[l][o] += dz[o];
+                for (int i = 0; i < sz[l]; i++) dW[l][o * sz[l] + i] += dz[o] * h[l][b][i];
+            }
+            if (l == 0) break;
+            double dh[6];
+            for (int i = 0; i < sz[l]; i++) { /* through W (before its update) and the sigmoid */
+                double s = 0;
+                for (int o = 0; o < sz[l + 1]; o++) s += W[l][o * sz[l] + i] * dz[o];
+                dh[i] = s * h[l][b][i] * (1 - h[l][b][i]);
+            }
+            memcpy(dz, dh, sizeof dh);
+        }
+    }
+    float lr = 0.5f;
+    adt_exec_set_lr_step(ex, lr, 1);
+    adt_exec_run(ex);
+    for (int l = 0; l < 3; l++) {
+        const float *pw = adt_exec_f32(ex, wn[l]), *pb = adt_exec_f32(ex, bn[l]);
+        double worst = 0;
+        for (int i = 0; i < sz[l + 1] * sz[l]; i++) worst = fmax(worst, fabs(pw[i] - (W[l][i] - lr * dW[l][i])));
+        for (int i = 0; i < sz[l + 1]; i++) worst = fmax(worst, fabs(pb[i] - (Bi[l][i] - lr * dB[l][i])));
+        CHECK(worst < 1e-5, "layer %d after one step: off the reference by %.3g", l, worst);
+    }
+    adt_exec_free(ex);
+    adt_graph_free(g);
+
+    int64_t n = irand(1, 20);
+    g = adt_graph_create();
+    int w = adt_param(g, "w", adt_shape_1d(n), (adt_init){0});
+    int c = adt_input(g, "c", ADT_F32, adt_shape_1d(n));
+    adt_graph_backward(g, adt_reduce_sum(g, adt_mul(g, w, c), 0, 0));
+    int seen = adt_scale(g, w, 1.0f); /* reads w after its gradient c is complete */
+    adt_graph_mark_output(g, seen);
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1});
+    float *pw = adt_exec_data(ex, w), *pc = adt_exec_data(ex, c), *w0 = malloc((size_t)n * sizeof *w0);
+    for (int64_t i = 0; i < n; i++) w0[i] = pw[i] = urand(-1, 1), pc[i] = urand(-1, 1);
+    adt_exec_set_lr_step(ex, lr, 1);
+    adt_exec_run(ex);
+    const float *ps = adt_exec_data(ex, seen);
+    for (int64_t i = 0; i < n; i++) {
+        CHECK(ps[i] == w0[i], "w[%lld] read as %g after the update, not %g before it", (long long)i, ps[i], w0[i]);
+        CHECK_CLOSE(pw[i], w0[i] - lr * pc[i], 1e-6, 1e-6);
+    }
+    free(w0);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+}
+
 static void test_optimizers(void) {
     optim_closed_form(adt_optim_sgd(0.0f, 0.0f), "sgd");
     optim_closed_form(adt_optim_sgd(0.9f, 0.0f), "sgd momentum");
@@ -721,6 +828,7 @@ int main(void) {
     RUN(test_every_op_covered);
     RUN(test_bias_fold);
     RUN(test_optimizers);
+    RUN(test_update_schedule);
     RUN(test_memplan);
     RUN(test_shape_errors);
     RUN(test_sbp_signatures);
