@@ -33,7 +33,9 @@ void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batc
 
 /* ---- pointwise activations (k_act.c) ------------------------------------------------------ */
 void adt_k_relu_forward(float *out, const float *x, int64_t n);
-void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n); /* dx=0 at x<=0 */
+/* dx = dout where x > 0, else 0; x may be relu's input or its output (positive at the same
+ * places) */
+void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n);
 /* GELU, tanh approximation (PyTorch approximate='tanh'):
  * 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u), which is the
  * same function without the cancellation of 1 + tanh(u) for negative x; vectorises. */
