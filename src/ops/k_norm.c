@@ -120,6 +120,17 @@ static inline void layernorm_backward_row(float *dx, float *dw, float *db, const
 
 #else /* portable */
 
+/* The two sets of lane partial sums, each combined in double. */
+static inline void ln_lanes_sum(const float *a, const float *b, double *ra, double *rb) {
+    double x = 0.0, y = 0.0;
+    for (int l = 0; l < ADT_K_LANES; l++) {
+        x += a[l];
+        y += b[l];
+    }
+    *ra = x;
+    *rb = y;
+}
+
 static inline void ln_row_moments(const float *x, int64_t C, float *m0, double *sd, double *sdd) {
     const float m = adt_k_sum_inl(x, C) / (float)C;
     float s1[ADT_K_LANES] = {0}, s2[ADT_K_LANES] = {0};
@@ -130,11 +141,8 @@ static inline void ln_row_moments(const float *x, int64_t C, float *m0, double *
             s1[l] += d;
             s2[l] += d * d;
         }
-    double r1 = 0.0, r2 = 0.0;
-    for (int l = 0; l < ADT_K_LANES; l++) {
-        r1 += s1[l];
-        r2 += s2[l];
-    }
+    double r1, r2;
+    ln_lanes_sum(s1, s2, &r1, &r2);
     for (; i < C; i++) {
         double d = (double)(x[i] - m);
         r1 += d;
@@ -161,11 +169,8 @@ static inline void ln_row_grad_sums(const float *dout, const float *x, const flo
             sg[l] += g;
             sgx[l] += g * xhat;
         }
-    double r1 = 0.0, r2 = 0.0;
-    for (int l = 0; l < ADT_K_LANES; l++) {
-        r1 += sg[l];
-        r2 += sgx[l];
-    }
+    double r1, r2;
+    ln_lanes_sum(sg, sgx, &r1, &r2);
     for (; i < C; i++) {
         float g = dout[i] * w[i];
         r1 += g;
