@@ -527,6 +527,42 @@ static void test_bias_fold(void) {
           "bias computed later: folded");
     adt_graph_free(g);
 
+    /* 5. the bias is updated between the product and the bias_add: a node after the optimizer
+     * adds the new bias to a product made before it (no buffer reuse, so that only the update
+     * stands in the way of folding) */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int c = adt_input(g, "c", ADT_F32, adt_shape_1d(N));
+    p = adt_matmul(g, x, w, 0, 0, 0);
+    adt_graph_backward(g, adt_reduce_sum(g, adt_mul(g, b, c), 0, 0)); /* d/db = c */
+    adt_optim_cfg sgd = adt_optim_sgd(0.0f, 0.0f);
+    adt_graph_optimizer(g, &sgd);
+    y = adt_bias_add(g, p, b);
+    adt_graph_mark_output(g, y);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .no_reuse = 1});
+    float *px = adt_exec_data(ex, x), *pw = adt_exec_data(ex, w), *pb = adt_exec_data(ex, b), *pc = adt_exec_data(ex, c);
+    for (int64_t i = 0; i < M * K; i++) px[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) pw[i] = urand(-1, 1);
+    for (int64_t i = 0; i < N; i++) pb[i] = urand(-1, 1), pc[i] = urand(-1, 1);
+    float *b0 = malloc((size_t)N * sizeof *b0);
+    memcpy(b0, pb, (size_t)N * sizeof *b0);
+    adt_exec_set_lr_step(ex, 0.5f, 1);
+    adt_exec_run(ex);
+    const float *py = adt_exec_data(ex, y);
+    double worst = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double r = ref_linear(px, pw, b0, i, j, K, N) - 0.5 * pc[j];
+            worst = fmax(worst, fabs(py[i * N + j] - r) / fmax(fabs(r), 1.0));
+        }
+    CHECK(worst < 1e-5, "bias updated in between: output off the reference by %.3g (seed %llu)", worst,
+          (unsigned long long)g_seed);
+    free(b0);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+
     /* the folded linear layer's gradients, through autodiff and the executor */
     for (int tb = 0; tb < 2; tb++) {
         g = adt_graph_create();

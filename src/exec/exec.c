@@ -59,11 +59,11 @@ static int storage_root(const adt_graph *g, int v) {
 /* The run order: the graph's, except that each optimizer node runs as soon as every earlier
  * node it conflicts with has run (one that writes storage it reads, or reads or writes storage
  * it writes): right after its parameter's last use in the backward pass, once its gradient is
- * complete. The update then
- * finds the gradient, and the weights the backward pass just read, still in cache instead of
- * streaming every parameter, gradient and state through memory again at the end, and each
- * gradient buffer is free for reuse earlier. Nothing moves past a node it depends on or that
- * depends on it: nodes after an optimizer node in the graph still run after it. */
+ * complete. The update then finds the gradient, and the weights the backward pass just read,
+ * still in cache instead of streaming every parameter, gradient and state through memory again
+ * at the end, and each gradient buffer is free for reuse earlier. Nothing moves past a node it
+ * depends on or that depends on it: nodes after an optimizer node in the graph still run after
+ * it. */
 typedef struct sched {
     /* after[0]: optimizer nodes that conflict with no earlier node; after[i + 1]: those that
      * run right after node i. Each a list through next[]. */
@@ -125,7 +125,8 @@ static void schedule(adt_exec *ex) {
  * storage root r. The fused node writes ba's output when mm runs; that is sound when
  *  - the product has no reader but ba (nor is it kept as an output or seen through a view), so
  *    it need not exist on its own;
- *  - the bias exists when mm runs (a parameter or input, or produced earlier);
+ *  - the bias exists when mm runs (a parameter or input, or produced earlier) and nothing
+ *    writes it between mm and ba;
  *  - ba's output buffer holds nothing else alive between mm and ba: the plan placed it for
  *    ba's position only, and a value that dies at mm (an input of the product, say) or lives
  *    in between may share its bytes. */
@@ -142,6 +143,11 @@ static int can_fold_bias(const adt_exec *ex, const int *reads, int mm, int ba) {
         if (v != prod && mp->root[v] == prod) return 0; /* a view of the product */
     int rb = mp->root[bias];
     if (mp->state_offset[rb] < 0 && !(mp->first[rb] >= 0 && mp->first[rb] < pm)) return 0;
+    for (int p = pm + 1; p < pb; p++) {
+        const adt_node *w = &g->nodes[ex->order[p]];
+        for (int k = 0; k < w->n_out; k++)
+            if (mp->root[w->out[k]] == rb) return 0;
+    }
     if (mp->root[y] != y || mp->offset[y] < 0) return 0;
     int64_t y0 = mp->offset[y], y1 = y0 + adt_value_bytes(g, y);
     for (int v = 0; v < g->n_values; v++) {
