@@ -4,8 +4,9 @@
  *
  * The run order is the graph's with each optimizer update moved up to right after the last
  * node it conflicts with (schedule below); the memory plan is made for that order.
- * One fusion: a matmul whose product only a bias_add reads runs as a product-plus-bias that
- * writes the bias_add's output directly, and the bias_add is skipped (fold_bias_adds below).
+ * Two fusions: a matmul whose product only a bias_add reads runs as a product-plus-bias that
+ * writes the bias_add's output directly, and the bias_add is skipped; a weight gradient's
+ * matmul feeding an SGD update with momentum accumulates into the momentum buffer (fold_nodes).
  */
 #include "adtrain/exec.h"
 
@@ -27,6 +28,8 @@ struct adt_exec {
     double *node_s;
     int *bias_of;       /* [n_nodes] for a matmul: the bias_add folded into it, else -1 */
     unsigned char *done_by_matmul; /* [n_nodes] bias_adds folded into their matmul       */
+    int *momentum_of;   /* [n_nodes] for a matmul: the SGD update it accumulates for, or -1 */
+    unsigned char *momentum_done;  /* [n_nodes] SGD updates whose momentum a matmul made  */
     int *order;         /* [n_nodes] node ids in the order they run                      */
     int *pos;           /* [n_nodes] a node's position in that order (the plan's time)   */
 };
@@ -158,7 +161,39 @@ static int can_fold_bias(const adt_exec *ex, const int *reads, int mm, int ba) {
     return 1;
 }
 
-static void fold_bias_adds(adt_exec *ex) {
+/* Whether matmul node mm, whose product only SGD node o reads (reads[] as above), can
+ * accumulate straight into o's momentum buffer. With momentum mu and no weight decay o computes
+ * m = mu m + g (m = g at step 1), then w -= lr m. sgemm with beta = mu (0 at step 1) gives the
+ * same m from the product's inputs (its beta pass rounds mu m, then the product is added with
+ * one rounding), so the update is left with w -= lr m: the gradient buffer is never written or
+ * read, and of the update's five streams over the parameter's size three remain. That equality
+ * needs the inner dimension to be one block of OpenBLAS's sgemm (else C takes each block's sum
+ * in turn): FOLD_MAX_K is below the block of every x86 kernel family. A weight gradient's inner
+ * dimension is the batch. The two must run back to back, so that nothing sees m in between. */
+#define FOLD_MAX_K 256
+
+static int can_fold_momentum(const adt_exec *ex, const int *reads, int mm, int o) {
+    const adt_graph *g = ex->g;
+    const adt_memplan *mp = &ex->mp;
+    const adt_node *m = &g->nodes[mm], *u = &g->nodes[o];
+    int prod = m->out[0];
+    if (u->op != ADT_OP_SGD || u->n_in != 5 || u->in[1] != prod || !(u->a.f[0] > 0.0f) ||
+        u->a.f[1] != 0.0f)
+        return 0;
+    if (m->n_in != 2 || m->a.i[2] != 0 || ex->bias_of[mm] >= 0 || ex->pos[o] != ex->pos[mm] + 1)
+        return 0;
+    if (mp->root[prod] != prod || reads[prod] != 1 || g->values[prod].is_output) return 0;
+    for (int v = 0; v < g->n_values; v++)
+        if (v != prod && mp->root[v] == prod) return 0; /* a view of the product */
+    for (int k = 0; k < 2; k++) /* the product must not read what the update writes */
+        if (mp->root[m->in[k]] == mp->root[u->in[0]] || mp->root[m->in[k]] == mp->root[u->in[2]])
+            return 0;
+    const adt_shape *a = &g->values[m->in[0]].shape;
+    int64_t K = m->a.i[0] ? adt_shape_prod(a, 0, a->ndim - 1) : a->dim[a->ndim - 1];
+    return K <= FOLD_MAX_K;
+}
+
+static void fold_nodes(adt_exec *ex) {
     const adt_graph *g = ex->g;
     int *reads = adt_calloc((size_t)g->n_values, sizeof *reads);
     int *reader = adt_malloc((size_t)g->n_values * sizeof *reader); /* the last reading node */
@@ -183,6 +218,16 @@ static void fold_bias_adds(adt_exec *ex) {
             ex->done_by_matmul[ba] = 1;
         }
     }
+    for (int i = 0; i < g->n_nodes; i++) {
+        ex->momentum_of[i] = -1;
+        const adt_node *n = &g->nodes[i];
+        if (n->op != ADT_OP_MATMUL) continue;
+        int o = reader[n->out[0]];
+        if (o >= 0 && can_fold_momentum(ex, reads, i, o)) {
+            ex->momentum_of[i] = o;
+            ex->momentum_done[o] = 1;
+        }
+    }
     free(reads);
     free(reader);
 }
@@ -205,12 +250,14 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
     ex->node_s = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->node_s);
     ex->bias_of = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->bias_of);
     ex->done_by_matmul = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->done_by_matmul);
+    ex->momentum_of = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->momentum_of);
+    ex->momentum_done = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->momentum_done);
     for (int v = 0; v < g->n_values; v++) { /* a view shares its root's storage */
         int r = ex->mp.root[v];
         if (ex->mp.state_offset[r] >= 0) ex->ptr[v] = ex->state + ex->mp.state_offset[r];
         else if (ex->mp.offset[r] >= 0) ex->ptr[v] = ex->arena + ex->mp.offset[r];
     }
-    fold_bias_adds(ex);
+    fold_nodes(ex);
     *out = ex;
     return ADT_OK;
 }
@@ -225,6 +272,8 @@ void adt_exec_free(adt_exec *ex) {
     free(ex->node_s);
     free(ex->bias_of);
     free(ex->done_by_matmul);
+    free(ex->momentum_of);
+    free(ex->momentum_done);
     free(ex->order);
     free(ex->pos);
     free(ex);
@@ -286,13 +335,27 @@ static void run_node(adt_exec *ex, int id, int training) {
     const adt_graph *g = ex->g;
     const adt_node *n = &g->nodes[id];
     if (ex->done_by_matmul[id]) return;
-    adt_node fused; /* the matmul with the bias as a third input, writing the bias_add's output */
-    if (ex->bias_of[id] >= 0) {
+    adt_node fused = *n; /* the node run in place of the graph's (matmul_forward, sgd) */
+    if (ex->bias_of[id] >= 0) { /* the bias as a third input, writing the bias_add's output */
         const adt_node *ba = &g->nodes[ex->bias_of[id]];
-        fused = *n;
         fused.n_in = 3;
         fused.in[2] = ba->in[1];
         fused.out[0] = ba->out[0];
+        n = &fused;
+    } else if (ex->momentum_of[id] >= 0) { /* m = beta m + product, beta 0 at step 1 */
+        const adt_node *u = &g->nodes[ex->momentum_of[id]];
+        int32_t step = *(const int32_t *)ex->ptr[u->in[4]];
+        fused.out[0] = u->in[2];
+        fused.a.i[3] = 1;
+        fused.a.f[0] = step <= 1 ? 0.0f : u->a.f[0];
+        n = &fused;
+    } else if (ex->momentum_done[id]) { /* w -= lr m: plain SGD with m as the gradient */
+        fused.n_in = 4;
+        fused.in[1] = n->in[2];
+        fused.in[2] = n->in[3];
+        fused.in[3] = n->in[4];
+        fused.n_out = 1;
+        fused.a.f[0] = 0.0f;
         n = &fused;
     }
     void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];

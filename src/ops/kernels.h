@@ -27,6 +27,9 @@ void adt_k_matmul(float *C, const float *A, const float *B, int64_t M, int64_t N
  * than a product followed by a bias add. */
 void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bias, int64_t M,
                        int64_t N, int64_t K, int transA, int transB);
+/* C[M,N] = op(A) op(B) + beta C; with beta = 0, C is only written (may hold anything). */
+void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
+                      int64_t K, int transA, int transB);
 void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batch, int64_t M,
                           int64_t N, int64_t K, int transA, int transB, int64_t sA, int64_t sB,
                           int64_t sC);
