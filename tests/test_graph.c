@@ -491,6 +491,151 @@ static void test_every_op_covered(void) {
     }
 }
 
+/* ---- the executor's matmul + bias_add fold ----------------------------------------------- */
+
+/* Runs the forward of a graph with output `out` = f(x, w, b) three times with the per-node
+ * timers on; returns whether bias_add node `ba` ran (a node the executor folded into its matmul
+ * is skipped and keeps a time of exactly 0), and checks `out` against want(x, w, b). */
+typedef double (*fold_ref_fn)(const float *x, const float *w, const float *b, int64_t i, int64_t j,
+                              int64_t K, int64_t N);
+
+static double ref_linear(const float *x, const float *w, const float *b, int64_t i, int64_t j, int64_t K,
+                         int64_t N) {
+    double s = b[j];
+    for (int64_t k = 0; k < K; k++) s += (double)x[i * K + k] * w[k * N + j];
+    return s;
+}
+static double ref_linear_plus_3_product(const float *x, const float *w, const float *b, int64_t i, int64_t j,
+                                        int64_t K, int64_t N) {
+    return 4 * ref_linear(x, w, b, i, j, K, N) - 3 * b[j];
+}
+static double ref_linear_2b(const float *x, const float *w, const float *b, int64_t i, int64_t j, int64_t K,
+                            int64_t N) {
+    return ref_linear(x, w, b, i, j, K, N) + b[j];
+}
+
+static int fold_run(const char *what, adt_graph *g, int x, int w, int b, int out, int ba, int64_t M,
+                    int64_t K, int64_t N, fold_ref_fn want) {
+    adt_graph_mark_output(g, out);
+    CHECK(!adt_graph_error(g), "%s: %s", what, adt_graph_error_message(g));
+    adt_exec *ex;
+    CHECK(adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .profile = 1}) == ADT_OK, "%s: executor", what);
+    float *px = adt_exec_data(ex, x), *pw = adt_exec_data(ex, w), *pb = adt_exec_data(ex, b);
+    for (int64_t i = 0; i < M * K; i++) px[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) pw[i] = urand(-1, 1);
+    for (int64_t i = 0; i < N; i++) pb[i] = urand(-1, 1);
+    for (int rep = 0; rep < 3; rep++) {
+        adt_exec_run_forward(ex);
+        const float *y = adt_exec_data(ex, out);
+        double worst = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double r = want(px, pw, pb, i, j, K, N);
+                worst = fmax(worst, fabs(y[i * N + j] - r) / fmax(fabs(r), 1.0));
+            }
+        CHECK(worst < 1e-5, "%s: run %d: output off the reference by %.3g (seed %llu)", what, rep, worst,
+              (unsigned long long)g_seed);
+    }
+    int ran = adt_exec_node_seconds(ex)[ba] > 0;
+    adt_exec_free(ex);
+    return ran;
+}
+
+static void test_bias_fold(void) {
+    int64_t M = irand(2, 12), K = irand(1, 6), N = irand(K + 1, 24); /* N > K: see case 2 */
+    /* 1. a linear layer: folded */
+    adt_graph *g = adt_graph_create();
+    int x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int y = adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
+    CHECK(!fold_run("linear", g, x, w, b, y, g->values[y].producer, M, K, N, ref_linear),
+          "linear: the bias_add was not folded into the matmul");
+    adt_graph_free(g);
+
+    /* 2. the product's input dies at the product: the plan may give the bias_add's output the
+     * input's bytes, so writing the bias there before the product would destroy the input */
+    g = adt_graph_create();
+    int xp = P(g, "x", M, K);
+    w = P(g, "w", K, N), b = P(g, "b", N);
+    x = adt_scale(g, xp, 1.0f);
+    y = adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
+    adt_graph_mark_output(g, y);
+    adt_memplan mp;
+    adt_memplan_build(&mp, g, NULL, g->n_nodes, 0);
+    CHECK(mp.offset[x] < mp.offset[y] + adt_value_bytes(g, y) && mp.offset[y] < mp.offset[x] + adt_value_bytes(g, x),
+          "case 2 needs the plan to share bytes between x and y (x at %lld, y at %lld)",
+          (long long)mp.offset[x], (long long)mp.offset[y]);
+    adt_memplan_free(&mp);
+    CHECK(fold_run("input dies at the product", g, xp, w, b, y, g->values[y].producer, M, K, N, ref_linear),
+          "input dies at the product: folded although the output buffer overlaps the input");
+    adt_graph_free(g);
+
+    /* 3. the product has another reader before the bias_add: it must exist on its own */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int p = adt_matmul(g, x, w, 0, 0, 0);
+    int q = adt_scale(g, p, 3.0f);
+    y = adt_bias_add(g, p, b);
+    int z = adt_add(g, y, q);
+    CHECK(fold_run("product read twice", g, x, w, b, z, g->values[y].producer, M, K, N, ref_linear_plus_3_product),
+          "product read twice: folded");
+    adt_graph_free(g);
+
+    /* 4. the bias is computed after the product: not there yet when the product runs */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    p = adt_matmul(g, x, w, 0, 0, 0);
+    y = adt_bias_add(g, p, adt_scale(g, b, 2.0f));
+    CHECK(fold_run("bias computed later", g, x, w, b, y, g->values[y].producer, M, K, N, ref_linear_2b),
+          "bias computed later: folded");
+    adt_graph_free(g);
+
+    /* 5. the bias is updated between the product and the bias_add: a node after the optimizer
+     * adds the new bias to a product made before it (no buffer reuse, so that only the update
+     * stands in the way of folding) */
+    g = adt_graph_create();
+    x = P(g, "x", M, K), w = P(g, "w", K, N), b = P(g, "b", N);
+    int c = adt_input(g, "c", ADT_F32, adt_shape_1d(N));
+    p = adt_matmul(g, x, w, 0, 0, 0);
+    adt_graph_backward(g, adt_reduce_sum(g, adt_mul(g, b, c), 0, 0)); /* d/db = c */
+    adt_optim_cfg sgd = adt_optim_sgd(0.0f, 0.0f);
+    adt_graph_optimizer(g, &sgd);
+    y = adt_bias_add(g, p, b);
+    adt_graph_mark_output(g, y);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .no_reuse = 1});
+    float *px = adt_exec_data(ex, x), *pw = adt_exec_data(ex, w), *pb = adt_exec_data(ex, b), *pc = adt_exec_data(ex, c);
+    for (int64_t i = 0; i < M * K; i++) px[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) pw[i] = urand(-1, 1);
+    for (int64_t i = 0; i < N; i++) pb[i] = urand(-1, 1), pc[i] = urand(-1, 1);
+    float *b0 = malloc((size_t)N * sizeof *b0);
+    memcpy(b0, pb, (size_t)N * sizeof *b0);
+    adt_exec_set_lr_step(ex, 0.5f, 1);
+    adt_exec_run(ex);
+    const float *py = adt_exec_data(ex, y);
+    double worst = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double r = ref_linear(px, pw, b0, i, j, K, N) - 0.5 * pc[j];
+            worst = fmax(worst, fabs(py[i * N + j] - r) / fmax(fabs(r), 1.0));
+        }
+    CHECK(worst < 1e-5, "bias updated in between: output off the reference by %.3g (seed %llu)", worst,
+          (unsigned long long)g_seed);
+    free(b0);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+
+    /* the folded linear layer's gradients, through autodiff and the executor */
+    for (int tb = 0; tb < 2; tb++) {
+        g = adt_graph_create();
+        int64_t B = irand(1, 3), T = irand(1, 5);
+        x = P(g, "x", B, T, K), b = P(g, "b", N);
+        w = tb ? P(g, "w", N, K) : P(g, "w", K, N);
+        grad_check("linear", g, adt_bias_add(g, adt_matmul(g, x, w, 0, tb, 0), b), NULL, NULL, 0, 1e-2);
+        adt_graph_free(g);
+    }
+}
+
 /* ---- optimizers against closed forms ------------------------------------------------------ */
 
 /* loss = sum(w * c): the gradient is exactly c, so the trajectory has a closed form. */
@@ -541,6 +686,167 @@ static void optim_closed_form(adt_optim_cfg cfg, const char *what) {
     free(ev);
     adt_exec_free(ex);
     adt_graph_free(g);
+}
+
+/* The executor runs each update as soon as its parameter's last use and its gradient allow:
+ * in a 3-layer MLP the last layer's gradient is then consumed (and its buffer free) before the
+ * first layer's gradient is even produced; in graph order every update waits for the end. One
+ * SGD step is checked against a double-precision reference of forward, backward and update.
+ * Then a node that reads a parameter after its gradient is complete (appended after autodiff,
+ * before the optimizer): the update must wait for it. */
+static void test_update_schedule(void) {
+    const int B = 3, n0 = 4, n1 = 5, n2 = 6, n3 = 2;
+    adt_graph *g = adt_graph_create();
+    adt_mlp_cfg m = {.n_sizes = 4, .sizes = {n0, n1, n2, n3}, .activation = ADT_ACT_SIGMOID};
+    adt_model_io io;
+    adt_model_mlp(g, &m, B, &io);
+    adt_graph_backward(g, io.loss);
+    adt_optim_cfg oc = adt_optim_sgd(0.0f, 0.0f);
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    const char *wn[3] = {"layers.0.weight", "layers.1.weight", "layers.2.weight"};
+    const char *bn[3] = {"layers.0.bias", "layers.1.bias", "layers.2.bias"};
+    adt_exec *ex;
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1});
+    const adt_memplan *mp = adt_exec_memplan(ex);
+    int g_first = g->values[adt_graph_find_value(g, wn[0])].grad, g_last = g->values[adt_graph_find_value(g, wn[2])].grad;
+    CHECK(mp->last[mp->root[g_last]] < mp->first[mp->root[g_first]],
+          "the last layer's gradient lives to %d, past the first layer's gradient at %d", mp->last[mp->root[g_last]],
+          mp->first[mp->root[g_first]]);
+
+    /* one step, and the reference in double */
+    adt_exec_init_params(ex);
+    float *x = adt_exec_data(ex, io.input);
+    int32_t *y = adt_exec_data(ex, io.label);
+    for (int i = 0; i < B * n0; i++) x[i] = urand(-2, 2);
+    for (int i = 0; i < B; i++) y[i] = irand(0, n3 - 1);
+    const int sz[4] = {n0, n1, n2, n3};
+    double W[3][36], Bi[3][6], dW[3][36], dB[3][6];
+    for (int l = 0; l < 3; l++) {
+        const float *pw = adt_exec_f32(ex, wn[l]), *pb = adt_exec_f32(ex, bn[l]);
+        for (int i = 0; i < sz[l + 1] * sz[l]; i++) W[l][i] = pw[i];
+        for (int i = 0; i < sz[l + 1]; i++) Bi[l][i] = pb[i];
+    }
+    double h[4][3][6];
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < n0; i++) h[0][b][i] = x[b * n0 + i];
+        for (int l = 0; l < 3; l++)
+            for (int o = 0; o < sz[l + 1]; o++) {
+                double z = Bi[l][o];
+                for (int i = 0; i < sz[l]; i++) z += W[l][o * sz[l] + i] * h[l][b][i];
+                h[l + 1][b][o] = l < 2 ? 1 / (1 + exp(-z)) : z;
+            }
+    }
+    memset(dW, 0, sizeof dW);
+    memset(dB, 0, sizeof dB);
+    for (int b = 0; b < B; b++) {
+        double mx = fmax(h[3][b][0], h[3][b][1]), e0 = exp(h[3][b][0] - mx), e1 = exp(h[3][b][1] - mx);
+        double dz[6] = {e0 / (e0 + e1) / B, e1 / (e0 + e1) / B};
+        dz[y[b]] -= 1.0 / B;
+        for (int l = 2; l >= 0; l--) {
+            for (int o = 0; o < sz[l + 1]; o++) {
+                dB[l][o] += dz[o];
+                for (int i = 0; i < sz[l]; i++) dW[l][o * sz[l] + i] += dz[o] * h[l][b][i];
+            }
+            if (l == 0) break;
+            double dh[6];
+            for (int i = 0; i < sz[l]; i++) { /* through W (before its update) and the sigmoid */
+                double s = 0;
+                for (int o = 0; o < sz[l + 1]; o++) s += W[l][o * sz[l] + i] * dz[o];
+                dh[i] = s * h[l][b][i] * (1 - h[l][b][i]);
+            }
+            memcpy(dz, dh, sizeof dh);
+        }
+    }
+    float lr = 0.5f;
+    adt_exec_set_lr_step(ex, lr, 1);
+    adt_exec_run(ex);
+    for (int l = 0; l < 3; l++) {
+        const float *pw = adt_exec_f32(ex, wn[l]), *pb = adt_exec_f32(ex, bn[l]);
+        double worst = 0;
+        for (int i = 0; i < sz[l + 1] * sz[l]; i++) worst = fmax(worst, fabs(pw[i] - (W[l][i] - lr * dW[l][i])));
+        for (int i = 0; i < sz[l + 1]; i++) worst = fmax(worst, fabs(pb[i] - (Bi[l][i] - lr * dB[l][i])));
+        CHECK(worst < 1e-5, "layer %d after one step: off the reference by %.3g", l, worst);
+    }
+    adt_exec_free(ex);
+    adt_graph_free(g);
+
+    int64_t n = irand(1, 20);
+    g = adt_graph_create();
+    int w = adt_param(g, "w", adt_shape_1d(n), (adt_init){0});
+    int c = adt_input(g, "c", ADT_F32, adt_shape_1d(n));
+    adt_graph_backward(g, adt_reduce_sum(g, adt_mul(g, w, c), 0, 0));
+    int seen = adt_scale(g, w, 1.0f); /* reads w after its gradient c is complete */
+    adt_graph_mark_output(g, seen);
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1});
+    float *pw = adt_exec_data(ex, w), *pc = adt_exec_data(ex, c), *w0 = malloc((size_t)n * sizeof *w0);
+    for (int64_t i = 0; i < n; i++) w0[i] = pw[i] = urand(-1, 1), pc[i] = urand(-1, 1);
+    adt_exec_set_lr_step(ex, lr, 1);
+    adt_exec_run(ex);
+    const float *ps = adt_exec_data(ex, seen);
+    for (int64_t i = 0; i < n; i++) {
+        CHECK(ps[i] == w0[i], "w[%lld] read as %g after the update, not %g before it", (long long)i, ps[i], w0[i]);
+        CHECK_CLOSE(pw[i], w0[i] - lr * pc[i], 1e-6, 1e-6);
+    }
+    free(w0);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+}
+
+/* SGD with momentum whose gradient comes straight from a matmul: the executor accumulates the
+ * product into the momentum buffer (sgemm beta = momentum) and leaves w -= lr m to the update.
+ * The weights must come out bitwise as without that fold, which a graph that keeps the weight
+ * gradients as outputs forces. Without buffer reuse the gradient's own buffer shows which ran:
+ * folded, it is never written. */
+static void test_momentum_fold(void) {
+    const int B = irand(1, 40), n0 = irand(1, 30), n1 = irand(1, 30), n2 = irand(2, 6);
+    adt_graph *gr[2];
+    adt_exec *ex[2];
+    adt_model_io io[2];
+    const char *wn[2] = {"layers.0.weight", "layers.1.weight"};
+    float *x = malloc((size_t)(B * n0) * sizeof *x);
+    int32_t *y = malloc((size_t)B * sizeof *y);
+    for (int i = 0; i < B * n0; i++) x[i] = urand(-2, 2);
+    for (int i = 0; i < B; i++) y[i] = irand(0, n2 - 1);
+    for (int k = 0; k < 2; k++) {
+        adt_graph *g = gr[k] = adt_graph_create();
+        adt_mlp_cfg m = {.n_sizes = 3, .sizes = {n0, n1, n2}, .activation = ADT_ACT_RELU};
+        adt_model_mlp(g, &m, B, &io[k]);
+        adt_graph_backward(g, io[k].loss);
+        adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.0f);
+        adt_graph_optimizer(g, &oc);
+        if (k == 1) /* kept gradients: no fold */
+            for (int l = 0; l < 2; l++) adt_graph_mark_output(g, g->values[adt_graph_find_value(g, wn[l])].grad);
+        CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+        adt_exec_create(&ex[k], g, &(adt_exec_opts){.threads = 1, .seed = g_seed, .no_reuse = 1});
+        adt_exec_init_params(ex[k]);
+        memcpy(adt_exec_data(ex[k], io[k].input), x, (size_t)(B * n0) * sizeof *x);
+        memcpy(adt_exec_data(ex[k], io[k].label), y, (size_t)B * sizeof *y);
+        for (int t = 1; t <= 4; t++) {
+            adt_exec_set_lr_step(ex[k], 0.1f, t);
+            adt_exec_run(ex[k]);
+        }
+    }
+    for (int l = 0; l < 2; l++) {
+        int64_t n = adt_value_numel(gr[0], adt_graph_find_value(gr[0], wn[l]));
+        const float *w0 = adt_exec_f32(ex[0], wn[l]), *w1 = adt_exec_f32(ex[1], wn[l]);
+        CHECK(memcmp(w0, w1, (size_t)n * sizeof *w0) == 0, "%s after 4 steps: folded and plain runs differ (B=%d)",
+              wn[l], B);
+        const float *gf = adt_exec_data(ex[0], gr[0]->values[adt_graph_find_value(gr[0], wn[l])].grad);
+        const float *gp = adt_exec_data(ex[1], gr[1]->values[adt_graph_find_value(gr[1], wn[l])].grad);
+        int untouched = 1, written = 0;
+        for (int64_t i = 0; i < n; i++) untouched &= gf[i] == 0.0f, written |= gp[i] != 0.0f;
+        CHECK(untouched, "%s: the gradient buffer was written, the fold did not happen", wn[l]);
+        CHECK(written, "%s: the kept gradient is all zero", wn[l]);
+    }
+    for (int k = 0; k < 2; k++) {
+        adt_exec_free(ex[k]);
+        adt_graph_free(gr[k]);
+    }
+    free(x);
+    free(y);
 }
 
 static void test_optimizers(void) {
@@ -690,7 +996,10 @@ int main(void) {
     RUN(test_grad_conv_pool);
     RUN(test_grad_shape_ops);
     RUN(test_every_op_covered);
+    RUN(test_bias_fold);
     RUN(test_optimizers);
+    RUN(test_update_schedule);
+    RUN(test_momentum_fold);
     RUN(test_memplan);
     RUN(test_shape_errors);
     RUN(test_sbp_signatures);

@@ -153,6 +153,64 @@ static void test_matmul(void) {
     for (int i = 0; i < 6; i++) CHECK(C0[i] == 0.0f, "K=0: C[%d]=%g", i, C0[i]);
 }
 
+/* The linear layer's product-plus-bias against the double product with the bias added. */
+static void test_matmul_bias(void) {
+    for (int trial = 0; trial < 30; trial++) {
+        int64_t M = rnd_dim(), N = rnd_dim(), K = trial == 0 ? 0 : rnd_dim();
+        float *A = falloc(M * K), *B = falloc(K * N), *bias = falloc(N), *C = falloc(M * N);
+        double *ref = malloc((size_t)(M * N) * sizeof(double));
+        fill_rand(A, M * K);
+        fill_rand(B, K * N);
+        fill_rand(bias, N);
+        for (int t = 0; t < 4; t++) {
+            int ta = t & 1, tb = t >> 1;
+            fill_nan(C, M * N);
+            adt_k_matmul_bias(C, A, B, bias, M, N, K, ta, tb);
+            ref_matmul(ref, A, B, M, N, K, ta, tb);
+            for (int64_t i = 0; i < M * N; i++) ref[i] += bias[i % N];
+            /* K = 0 is an empty product: C must be the bias rows exactly */
+            double e = err_vs_double(C, ref, M * N, K ? typ_dot((double)K) : 1.0);
+            CHECK(K ? e < 3e-4 : e == 0, "M=%" PRId64 " N=%" PRId64 " K=%" PRId64
+                  " ta=%d tb=%d err=%.3g", M, N, K, ta, tb, e);
+        }
+        free(A);
+        free(B);
+        free(bias);
+        free(C);
+        free(ref);
+    }
+}
+
+/* The accumulating product C = op(A) op(B) + beta C against the double form; beta = 0 must not
+ * read C (it starts NaN-filled then). */
+static void test_matmul_acc(void) {
+    for (int trial = 0; trial < 30; trial++) {
+        int64_t M = rnd_dim(), N = rnd_dim(), K = trial < 2 ? 0 : rnd_dim();
+        float beta = trial % 3 == 0 ? 0.0f : (float)rnd_unif() * 2.0f - 0.5f;
+        float *A = falloc(M * K), *B = falloc(K * N), *C0 = falloc(M * N), *C = falloc(M * N);
+        double *ref = malloc((size_t)(M * N) * sizeof(double));
+        fill_rand(A, M * K);
+        fill_rand(B, K * N);
+        fill_rand(C0, M * N);
+        for (int t = 0; t < 4; t++) {
+            int ta = t & 1, tb = t >> 1;
+            if (beta == 0.0f) fill_nan(C, M * N);
+            else memcpy(C, C0, (size_t)(M * N) * sizeof *C);
+            adt_k_matmul_acc(C, A, B, beta, M, N, K, ta, tb);
+            ref_matmul(ref, A, B, M, N, K, ta, tb);
+            for (int64_t i = 0; i < M * N; i++) ref[i] += beta == 0.0f ? 0.0 : (double)beta * C0[i];
+            double e = err_vs_double(C, ref, M * N, K ? typ_dot((double)K) : 1.0);
+            CHECK(e < 3e-4, "M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " beta=%g ta=%d tb=%d err=%.3g", M,
+                  N, K, beta, ta, tb, e);
+        }
+        free(A);
+        free(B);
+        free(C0);
+        free(C);
+        free(ref);
+    }
+}
+
 static void test_matmul_batched(void) {
     for (int trial = 0; trial < 12; trial++) {
         int64_t batch = rnd_int(1, 5), M = rnd_dim(), N = rnd_dim(), K = rnd_dim();
@@ -863,6 +921,8 @@ int main(void) {
     g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     g_rng = g_seed;
     RUN(test_matmul);
+    RUN(test_matmul_bias);
+    RUN(test_matmul_acc);
     RUN(test_matmul_batched);
     RUN(test_conv_forward);
     RUN(test_conv_backward_data);

@@ -440,59 +440,129 @@ static double ln_obj(void *vctx) {
     return dot_d(c->out, c->r, c->N * c->C);
 }
 
+/* Sentinels just past an output: a kernel must not write beyond its n elements (a masked
+ * vector tail that is wrong would). */
+#define GUARD 17
+static void guard_set(float *x, int64_t n) {
+    for (int64_t i = n; i < n + GUARD; i++) x[i] = 4321.0f;
+}
+static int guard_ok(const float *x, int64_t n) {
+    for (int64_t i = n; i < n + GUARD; i++)
+        if (x[i] != 4321.0f) return 0;
+    return 1;
+}
+
+/* One LayerNorm case: forward against the double reference, backward against finite
+ * differences of it. `offset` rows (|mean| >> spread) get the looser tolerances. */
+static void layernorm_case(int64_t N, int64_t C, float offset, int big_offset) {
+    int64_t NC = N * C;
+    float eps = 1e-5f;
+    float *x = falloc(NC), *w = falloc(C), *b = falloc(C), *out = falloc(NC + GUARD);
+    float *mean = falloc(N), *rstd = falloc(N), *dout = falloc(NC), *dx = falloc(NC + GUARD);
+    float *dw = falloc(C + GUARD), *db = falloc(C + GUARD);
+    double *xd = dalloc(NC), *wd = dalloc(C), *bd = dalloc(C), *rd = dalloc(NC);
+    double *ref = dalloc(NC), *ref_mean = dalloc(N), *ref_rstd = dalloc(N);
+    for (int64_t i = 0; i < NC; i++) x[i] = offset + rnd_uni(0.2, 3) * rnd_normal();
+    fill_uni(w, C, -2, 2);
+    fill_uni(b, C, -1, 1);
+    fill_nan(out, NC), fill_nan(mean, N), fill_nan(rstd, N);
+    guard_set(out, NC);
+    adt_k_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
+    to_double(xd, x, NC), to_double(wd, w, C), to_double(bd, b, C);
+    layernorm_ref(ref, ref_mean, ref_rstd, xd, wd, bd, N, C, eps);
+    double e = nrm_err(out, ref, NC);
+    CHECK(e < (big_offset ? 2e-5 : 2e-6), "layernorm out err %g (N=%ld C=%ld offset %g)", e,
+          (long)N, (long)C, offset);
+    CHECK(guard_ok(out, NC), "layernorm forward wrote past its output (C=%ld)", (long)C);
+    CHECK(elt_err(mean, ref_mean, N, 1) < 1e-6, "mean");
+    CHECK(elt_err(rstd, ref_rstd, N, 1e-30) < 2e-6, "rstd");
+
+    fill_normal(dout, NC, 1);
+    fill_nan(dx, NC), fill_nan(dw, C), fill_nan(db, C);
+    guard_set(dx, NC), guard_set(dw, C), guard_set(db, C);
+    adt_k_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+    CHECK(guard_ok(dx, NC) && guard_ok(dw, C) && guard_ok(db, C),
+          "layernorm backward wrote past its outputs (C=%ld)", (long)C);
+    to_double(rd, dout, NC);
+    /* dx floor: a tenth of its natural scale rstd |dout w|. With few channels dx can be
+     * small by cancellation (dout w nearly in the span of 1 and xhat, which for C = 3 is a
+     * plane), and then float rounding of order rstd |dout w| ulp would dominate. */
+    double dx_scale = 0;
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t i = 0; i < C; i++) {
+            double g = fabs((double)rstd[r] * dout[r * C + i] * w[i]);
+            dx_scale = g > dx_scale ? g : dx_scale;
+        }
+    ln_ctx c = {xd, wd, bd, rd, ref, N, C, eps};
+    double ex = fd_err_floor(dx, xd, NC, ln_obj, &c, 400, 0.1 * dx_scale);
+    double ew = fd_err(dw, wd, C, ln_obj, &c, 400);
+    double eb = fd_err(db, bd, C, ln_obj, &c, 400);
+    /* the offset rows amplify float rounding of x - mean by offset / spread */
+    double tol = big_offset ? 1e-4 : 1e-5;
+    CHECK(ex < tol, "layernorm dx vs FD %g (N=%ld C=%ld offset %g)", ex, (long)N, (long)C,
+          offset);
+    CHECK(ew < tol, "layernorm dw vs FD %g (N=%ld C=%ld)", ew, (long)N, (long)C);
+    CHECK(eb < tol, "layernorm db vs FD %g (N=%ld C=%ld)", eb, (long)N, (long)C);
+    free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dx);
+    free(dw), free(db), free(xd), free(wd), free(bd), free(rd), free(ref), free(ref_mean);
+    free(ref_rstd);
+}
+
 static void test_layernorm(void) {
     for (int rep = 0; rep < 4; rep++) {
         /* C = 2 is left out: there dx = +-rstd (g1 - g2)/2 (1 - xhat^2) always, and 1 - xhat^2
          * = eps / (var + eps) is formed by cancellation in the float formula (as in PyTorch). */
         int64_t C = rep == 3 ? rnd_int(16, 300) : rep == 2 ? 1 : rnd_int(3, 70);
-        int64_t N = rnd_int(1, 6), NC = N * C;
-        float eps = 1e-5f;
-        float *x = falloc(NC), *w = falloc(C), *b = falloc(C), *out = falloc(NC);
-        float *mean = falloc(N), *rstd = falloc(N), *dout = falloc(NC), *dx = falloc(NC);
-        float *dw = falloc(C), *db = falloc(C);
-        double *xd = dalloc(NC), *wd = dalloc(C), *bd = dalloc(C), *rd = dalloc(NC);
-        double *ref = dalloc(NC), *ref_mean = dalloc(N), *ref_rstd = dalloc(N);
         /* rows with an offset far above their spread: a one-pass variance would cancel */
-        float offset = rep == 3 ? 100.0f : rnd_uni(-2, 2);
-        for (int64_t i = 0; i < NC; i++) x[i] = offset + rnd_uni(0.2, 3) * rnd_normal();
-        fill_uni(w, C, -2, 2);
-        fill_uni(b, C, -1, 1);
-        fill_nan(out, NC), fill_nan(mean, N), fill_nan(rstd, N);
-        adt_k_layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
-        to_double(xd, x, NC), to_double(wd, w, C), to_double(bd, b, C);
-        layernorm_ref(ref, ref_mean, ref_rstd, xd, wd, bd, N, C, eps);
-        double e = nrm_err(out, ref, NC);
-        CHECK(e < (rep == 3 ? 2e-5 : 2e-6), "layernorm out err %g (N=%ld C=%ld offset %g)", e,
-              (long)N, (long)C, offset);
-        CHECK(elt_err(mean, ref_mean, N, 1) < 1e-6, "mean");
-        CHECK(elt_err(rstd, ref_rstd, N, 1e-30) < 2e-6, "rstd");
-
-        fill_normal(dout, NC, 1);
-        fill_nan(dx, NC), fill_nan(dw, C), fill_nan(db, C);
-        adt_k_layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
-        to_double(rd, dout, NC);
-        /* dx floor: a tenth of its natural scale rstd |dout w|. With few channels dx can be
-         * small by cancellation (dout w nearly in the span of 1 and xhat, which for C = 3 is a
-         * plane), and then float rounding of order rstd |dout w| ulp would dominate. */
-        double dx_scale = 0;
-        for (int64_t r = 0; r < N; r++)
-            for (int64_t i = 0; i < C; i++) {
-                double g = fabs((double)rstd[r] * dout[r * C + i] * w[i]);
-                dx_scale = g > dx_scale ? g : dx_scale;
-            }
-        ln_ctx c = {xd, wd, bd, rd, ref, N, C, eps};
-        double ex = fd_err_floor(dx, xd, NC, ln_obj, &c, 400, 0.1 * dx_scale);
-        double ew = fd_err(dw, wd, C, ln_obj, &c, 400);
-        double eb = fd_err(db, bd, C, ln_obj, &c, 400);
-        /* the offset rows amplify float rounding of x - mean by offset / spread */
-        double tol = rep == 3 ? 1e-4 : 1e-5;
-        CHECK(ex < tol, "layernorm dx vs FD %g (N=%ld C=%ld rep %d)", ex, (long)N, (long)C, rep);
-        CHECK(ew < tol, "layernorm dw vs FD %g", ew);
-        CHECK(eb < tol, "layernorm db vs FD %g", eb);
-        free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dx);
-        free(dw), free(db), free(xd), free(wd), free(bd), free(rd), free(ref), free(ref_mean);
-        free(ref_rstd);
+        layernorm_case(rnd_int(1, 6), C, rep == 3 ? 100.0f : rnd_uni(-2, 2), rep == 3);
     }
+}
+
+/* Row widths around the vector sizes (16 and 32 floats): the full-vector bodies and every kind
+ * of masked or scalar tail, and the widths a transformer uses. */
+static const int64_t vec_widths[] = {1, 3, 7, 15, 16, 17, 31, 32, 33, 47, 48, 49,
+                                     63, 64, 65, 127, 128, 129, 255, 256, 257};
+#define N_VEC_WIDTHS (int)(sizeof vec_widths / sizeof *vec_widths)
+
+static void test_layernorm_widths(void) {
+    for (int k = 0; k < N_VEC_WIDTHS; k++) layernorm_case(2, vec_widths[k], rnd_uni(-2, 2), 0);
+}
+
+/* Pointwise kernels on every length up to a few vectors: element i must come out the same
+ * whether it sits in a full vector or in the tail of a shorter call, and nothing past n may be
+ * written. Values from the whole range, both tails included. */
+static void test_pointwise_lengths(void) {
+    const int64_t L = 80;
+    float *x = falloc(L), *dout = falloc(L), *full = falloc(L), *dfull = falloc(L);
+    float *out = falloc(L + GUARD), *dx = falloc(L + GUARD);
+    for (int64_t i = 0; i < L; i++) x[i] = i % 5 == 4 ? rnd_uni(-30, 30) : rnd_uni(-6, 6);
+    fill_normal(dout, L, 1);
+    struct {
+        const char *name;
+        void (*fwd)(float *, const float *, int64_t);
+        void (*bwd)(float *, const float *, const float *, int64_t);
+        int bwd_takes_out;
+    } k[] = {{"gelu", adt_k_gelu_forward, adt_k_gelu_backward, 0},
+             {"relu", adt_k_relu_forward, adt_k_relu_backward, 0},
+             {"sigmoid", adt_k_sigmoid_forward, adt_k_sigmoid_backward, 1}};
+    for (size_t j = 0; j < sizeof k / sizeof *k; j++) {
+        k[j].fwd(full, x, L);
+        k[j].bwd(dfull, dout, k[j].bwd_takes_out ? full : x, L);
+        for (int64_t n = 0; n <= L; n++) {
+            fill_nan(out, n), fill_nan(dx, n);
+            guard_set(out, n), guard_set(dx, n);
+            k[j].fwd(out, x, n);
+            k[j].bwd(dx, dout, k[j].bwd_takes_out ? full : x, n);
+            CHECK(memcmp(out, full, (size_t)n * sizeof *out) == 0,
+                  "%s forward at n=%ld differs from the same elements of a longer call",
+                  k[j].name, (long)n);
+            CHECK(memcmp(dx, dfull, (size_t)n * sizeof *dx) == 0,
+                  "%s backward at n=%ld differs from the same elements of a longer call",
+                  k[j].name, (long)n);
+            CHECK(guard_ok(out, n) && guard_ok(dx, n), "%s wrote past n=%ld", k[j].name, (long)n);
+        }
+    }
+    free(x), free(dout), free(full), free(dfull), free(out), free(dx);
 }
 
 /* ---- softmax ------------------------------------------------------------------------------------ */
@@ -827,6 +897,8 @@ int main(void) {
     RUN(test_dropout_fraction_and_backward);
     RUN(test_dropout_box);
     RUN(test_layernorm);
+    RUN(test_layernorm_widths);
+    RUN(test_pointwise_lengths);
     RUN(test_softmax);
     RUN(test_attention);
     RUN(test_embedding);

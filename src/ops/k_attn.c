@@ -62,8 +62,7 @@ void adt_k_attention_forward(float *out, float *att, const float *qkv, float *sc
             for (int64_t i = 0; i < T; i++) {
                 float *row = a + i * T; // (T)
                 float mx = adt_k_max_inl(row, i + 1);
-                for (int64_t j = 0; j <= i; j++) row[j] = adt_k_expf_inl(row[j] - mx);
-                float inv = 1.0f / adt_k_sum_inl(row, i + 1);
+                float inv = 1.0f / adt_k_exp_shift_sum_inl(row, row, mx, i + 1);
                 for (int64_t j = 0; j <= i; j++) row[j] *= inv;
                 memset(row + i + 1, 0, (size_t)(T - i - 1) * sizeof *row);
             }

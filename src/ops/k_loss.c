@@ -48,8 +48,7 @@ void adt_k_softmax_xent_forward(float *loss, float *probs, const float *logits,
         const float *x = logits + n * V; // (V)
         float *p = probs + n * V;        // (V)
         float mx = adt_k_max_inl(x, V);
-        for (int64_t j = 0; j < V; j++) p[j] = adt_k_expf_inl(x[j] - mx);
-        float sum = adt_k_sum_inl(p, V);
+        float sum = adt_k_exp_shift_sum_inl(p, x, mx, V);
         float inv = 1.0f / sum;
         for (int64_t j = 0; j < V; j++) p[j] *= inv;
         int32_t y = labels[n];

@@ -9,6 +9,13 @@
  * Accuracy is a couple of ulp over the whole float range (tests/test_kernels_nn.c sweeps it).
  * The exported adt_k_expf / adt_k_tanhf (k_act.c) are thin wrappers around these.
  * Also here: the row reductions (max, sum, dot) the softmax-like kernels share.
+ *
+ * With AVX-512 (-march=native on a CPU that has it) the same algorithms are also written with
+ * intrinsics, 16 floats at a time, and row lengths that are not a multiple of 16 finish with one
+ * masked vector step instead of a scalar loop. The compiler's own vectorisation of the portable
+ * code loses most of its speed on the short rows these kernels see (a few hundred elements):
+ * lane sums are combined one by one in double, tails run scalar, and each loop carries versioning
+ * for aliasing. The portable versions stay as the fallback (NATIVE=0, other CPUs).
  */
 #ifndef ADTRAIN_OPS_K_MATH_H
 #define ADTRAIN_OPS_K_MATH_H
@@ -16,6 +23,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* A fused multiply-add where the hardware has one: one rounding instead of two in the
  * polynomials. Without it fmaf would be a library call and stop vectorisation. */
@@ -70,6 +81,42 @@ static inline float adt_k_expf_inl(float x) {
     return y * s1 * s2;
 }
 
+#if defined(__AVX512F__)
+/* adt_k_expf_inl on 16 lanes: the same clamps, reduction and polynomial, with fused multiply-adds
+ * throughout. scalef multiplies by 2^n with a single rounding, which is what the two half-scales
+ * of the scalar version achieve for subnormal results. NaN lanes stay NaN (min/max return their
+ * second operand when either is NaN). */
+static inline __m512 adt_k_exp_v16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(88.72283f), x);
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic);
+    __m512 nf = _mm512_sub_ps(t, magic);
+    __m512 r = _mm512_fmadd_ps(nf, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(nf, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, nf);
+}
+
+/* The first `rem` lanes (0 <= rem <= 16): the tail of a row. */
+static inline __mmask16 adt_k_mask_v16(int64_t rem) {
+    return (__mmask16)(rem >= 16 ? 0xFFFFu : (1u << rem) - 1u);
+}
+
+/* Sum of the 16 lanes, in double (exact for lanes within 2^29 of each other in magnitude). */
+static inline double adt_k_hsum_v16(__m512 v) {
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+#endif
+
 /* tanh: an odd polynomial for |x| < 0.625 (keeps relative accuracy for tiny x, where
  * 1 - 2/(e^2x + 1) would cancel), and sign(x) (1 - 2/(e^2|x| + 1)) beyond (Cephes tanhf). */
 static inline float adt_k_tanhf_inl(float x) {
@@ -106,6 +153,56 @@ static inline float adt_k_sigmoidf_inl(float x) {
  * reduction gcc will reorder), but its 16 independent chains still run at full issue rate. */
 #define ADT_K_LANES 16
 
+#if defined(__AVX512F__)
+/* Each lane of the accumulator is one of the ADT_K_LANES partial results of the portable code;
+ * the tail goes into the lanes too (masked), and the lanes are combined in double. */
+static inline float adt_k_max_inl(const float *x, int64_t n) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m); /* NaN x skipped */
+    if (i < n) m = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, adt_k_mask_v16(n - i), x + i), m);
+    return _mm512_reduce_max_ps(m);
+}
+
+static inline float adt_k_sum_inl(const float *x, int64_t n) {
+    __m512 s = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + i));
+    if (i < n) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(adt_k_mask_v16(n - i), x + i));
+    return (float)adt_k_hsum_v16(s);
+}
+
+static inline float adt_k_dot_inl(const float *a, const float *b, int64_t n) {
+    __m512 s = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+    if (i < n) {
+        __mmask16 k = adt_k_mask_v16(n - i);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
+    }
+    return (float)adt_k_hsum_v16(s);
+}
+
+/* out[i] = exp(x[i] - shift) for i < n; returns the sum of the out[i] (out may be x). */
+static inline float adt_k_exp_shift_sum_inl(float *out, const float *x, float shift, int64_t n) {
+    const __m512 sh = _mm512_set1_ps(shift);
+    __m512 s = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = adt_k_exp_v16(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+        _mm512_storeu_ps(out + i, e);
+        s = _mm512_add_ps(s, e);
+    }
+    if (i < n) {
+        __mmask16 k = adt_k_mask_v16(n - i);
+        __m512 e = _mm512_maskz_mov_ps(k, adt_k_exp_v16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), sh)));
+        _mm512_mask_storeu_ps(out + i, k, e);
+        s = _mm512_add_ps(s, e);
+    }
+    return (float)adt_k_hsum_v16(s);
+}
+#else
 static inline float adt_k_max_inl(const float *x, int64_t n) {
     float m[ADT_K_LANES];
     for (int l = 0; l < ADT_K_LANES; l++) m[l] = -INFINITY;
@@ -139,5 +236,13 @@ static inline float adt_k_dot_inl(const float *a, const float *b, int64_t n) {
     for (; i < n; i++) r += (double)a[i] * b[i];
     return (float)r;
 }
+
+
+/* out[i] = exp(x[i] - shift) for i < n; returns the sum of the out[i] (out may be x). */
+static inline float adt_k_exp_shift_sum_inl(float *out, const float *x, float shift, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = adt_k_expf_inl(x[i] - shift);
+    return adt_k_sum_inl(out, n);
+}
+#endif
 
 #endif

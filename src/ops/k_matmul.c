@@ -1,15 +1,23 @@
 /*
  * k_matmul.c - dense matrix products: the single and batched C = op(A) op(B) kernels that
- * linear layers, attention-free bmm ops and their gradients lower to. Everything of useful size
- * goes to OpenBLAS cblas_sgemm (row-major); only degenerate shapes are handled here.
+ * linear layers, attention-free bmm ops and their gradients lower to, the linear layer's
+ * C = op(A) op(B) + bias, and the accumulating C = op(A) op(B) + beta C. Everything of useful
+ * size goes to OpenBLAS cblas_sgemm (row-major); only degenerate shapes are handled here.
  */
 #include <cblas.h>
 #include <string.h>
 
 #include "ops/kernels.h"
 
-/* C[M,N] = op(A) op(B). A row-major [M,K] has leading dimension K; stored transposed ([K,M])
- * its leading dimension is M. Likewise B: [K,N] -> N, [N,K] -> K. */
+/* C[M,N] = op(A) op(B) + beta C. A row-major [M,K] has leading dimension K; stored transposed
+ * ([K,M]) its leading dimension is M. Likewise B: [K,N] -> N, [N,K] -> K. */
+static void gemm(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
+                 int64_t K, int transA, int transB) {
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                transB ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
+                (blasint)(transA ? M : K), B, (blasint)(transB ? K : N), beta, C, (blasint)N);
+}
+
 static void matmul_one(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
                        int transA, int transB) {
     if (M <= 0 || N <= 0) return;
@@ -19,9 +27,7 @@ static void matmul_one(float *C, const float *A, const float *B, int64_t M, int6
         return;
     }
     /* beta = 0: OpenBLAS then never reads C, so a dirty (even NaN-filled) buffer is fine. */
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
-                (blasint)(transA ? M : K), B, (blasint)(transB ? K : N), 0.0f, C, (blasint)N);
+    gemm(C, A, B, 0.0f, M, N, K, transA, transB);
 }
 
 void adt_k_matmul(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
@@ -34,4 +40,29 @@ void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batc
                           int64_t sC) {
     for (int64_t i = 0; i < batch; i++)
         matmul_one(C + i * sC, A + i * sA, B + i * sB, M, N, K, transA, transB);
+}
+
+/* The bias rows are written first and the product accumulated onto them (beta = 1), as
+ * PyTorch's addmm does. With beta = 0 OpenBLAS would clear C in a pass of its own before
+ * accumulating, so the bias takes the place of that pass instead of adding one. */
+void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bias, int64_t M,
+                       int64_t N, int64_t K, int transA, int transB) {
+    if (M <= 0 || N <= 0) return;
+    for (int64_t r = 0; r < M; r++) memcpy(C + r * N, bias, (size_t)N * sizeof(float));
+    if (K <= 0) return; /* the empty product adds nothing */
+    gemm(C, A, B, 1.0f, M, N, K, transA, transB);
+}
+
+/* OpenBLAS scales C by beta in a pass of its own (clears it for beta = 0), then adds each block
+ * of the inner dimension's product onto it. */
+void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
+                      int64_t K, int transA, int transB) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (beta == 0.0f) memset(C, 0, (size_t)(M * N) * sizeof(float));
+        else
+            for (int64_t i = 0; i < M * N; i++) C[i] *= beta;
+        return;
+    }
+    gemm(C, A, B, beta, M, N, K, transA, transB);
 }

@@ -23,13 +23,22 @@
  * sA, sB, sC (elements); a stride of 0 broadcasts that operand. */
 void adt_k_matmul(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
                   int transA, int transB);
+/* C[M,N] = op(A) op(B) + bias[N] added to every row (a linear layer): one pass over C fewer
+ * than a product followed by a bias add. */
+void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bias, int64_t M,
+                       int64_t N, int64_t K, int transA, int transB);
+/* C[M,N] = op(A) op(B) + beta C; with beta = 0, C is only written (may hold anything). */
+void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
+                      int64_t K, int transA, int transB);
 void adt_k_matmul_batched(float *C, const float *A, const float *B, int64_t batch, int64_t M,
                           int64_t N, int64_t K, int transA, int transB, int64_t sA, int64_t sB,
                           int64_t sC);
 
 /* ---- pointwise activations (k_act.c) ------------------------------------------------------ */
 void adt_k_relu_forward(float *out, const float *x, int64_t n);
-void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n); /* dx=0 at x<=0 */
+/* dx = dout where x > 0, else 0; x may be relu's input or its output (positive at the same
+ * places) */
+void adt_k_relu_backward(float *dx, const float *dout, const float *x, int64_t n);
 /* GELU, tanh approximation (PyTorch approximate='tanh'):
  * 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x sigmoid(2u), which is the
  * same function without the cancellation of 1 + tanh(u) for negative x; vectorises. */

@@ -69,11 +69,21 @@ static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtyp
     return 0;
 }
 
+/* Two forms that graphs never hold, which the executor runs in place of graph nodes (exec.c),
+ * both of a non-batched product: a third input, a bias[N] added to every row (a bias_add
+ * folded in), and attribute i3 = 1, which accumulates: C = op(A) op(B) + f0 C (a momentum
+ * update folded in). */
 static void matmul_forward(const adt_kctx *k) {
     int64_t M, N, K, Kb, batch;
     matmul_dims(k->g, k->n, &M, &N, &K, &Kb, &batch);
     int ta = (int)k->n->a.i[0], tb = (int)k->n->a.i[1];
-    if (batch == 1)
+    if (k->n->n_in == 3) {
+        ADT_ASSERT(batch == 1);
+        adt_k_matmul_bias(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), K_IN(k, 2), M, N, K, ta, tb);
+    } else if (k->n->a.i[3] == 1) {
+        ADT_ASSERT(batch == 1);
+        adt_k_matmul_acc(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), k->n->a.f[0], M, N, K, ta, tb);
+    } else if (batch == 1)
         adt_k_matmul(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), M, N, K, ta, tb);
     else
         adt_k_matmul_batched(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), batch, M, N, K, ta, tb, M * K,

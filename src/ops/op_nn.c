@@ -51,8 +51,11 @@ static double flops_x16(const adt_graph *g, const adt_node *n) { return 16.0 * (
         .sbp = pointwise_bwd_sbp,                                                              \
     };
 
-/* relu and gelu differentiate from their input; sigmoid from its output */
-POINTWISE_OP(relu, ADT_OP_RELU, adt_k_relu_forward, adt_k_relu_backward, n->in[0], flops_x1)
+/* gelu differentiates from its input; relu and sigmoid from their output. relu's output is
+ * positive exactly where its input is, and reading it (as PyTorch's threshold_backward does)
+ * lets the pre-activation die after the forward pass: the weight gradient of the next layer
+ * has just read the output, so it is also the one still in cache. */
+POINTWISE_OP(relu, ADT_OP_RELU, adt_k_relu_forward, adt_k_relu_backward, n->out[0], flops_x1)
 POINTWISE_OP(gelu, ADT_OP_GELU, adt_k_gelu_forward, adt_k_gelu_backward, n->in[0], flops_x16)
 POINTWISE_OP(sigmoid, ADT_OP_SIGMOID, adt_k_sigmoid_forward, adt_k_sigmoid_backward, n->out[0],
              flops_x4)
