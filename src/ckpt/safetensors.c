@@ -13,6 +13,7 @@
 #include "adtrain/safetensors.h"
 
 #include "adtrain/base.h"
+#include "ckpt_internal.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -447,7 +448,13 @@ static ssize_t pread_full(int fd, void *buf, size_t n, off_t off) {
     return (ssize_t)got;
 }
 
-int adt_st_open(adt_st_file **out, const char *path) {
+/* What a caller knows the file must be (its size and crc32c, from a manifest), or NULL. */
+typedef struct st_expect {
+    uint64_t bytes;
+    uint32_t crc32c;
+} st_expect;
+
+static int st_open(adt_st_file **out, const char *path, const st_expect *want) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return adt_error(ADT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -465,6 +472,11 @@ int adt_st_open(adt_st_file **out, const char *path) {
     }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char lenbuf[8];
+    if (want && size != want->bytes) {
+        rc = adt_error(ADT_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, expected %" PRIu64 " (%s)", path, size,
+                       want->bytes, size < want->bytes ? "truncated" : "grown since it was written");
+        goto fail;
+    }
     if (size < 8) {
         rc = adt_error(ADT_ERR_FORMAT,
                        "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
@@ -489,6 +501,14 @@ int adt_st_open(adt_st_file **out, const char *path) {
     f->data = adt_alloc_aligned(f->data_len);
     r = pread_full(fd, f->data, f->data_len, (off_t)(8 + hlen));
     if (r != (ssize_t)f->data_len) goto read_fail;
+    if (want) { /* before the header is believed: a damaged file says so, not "bad JSON" */
+        uint32_t crc = adt_crc32c(adt_crc32c(adt_crc32c(0, lenbuf, 8), hdr, (size_t)hlen), f->data, f->data_len);
+        if (crc != want->crc32c) {
+            rc = adt_error(ADT_ERR_FORMAT, "%s: content crc32c %08x, expected %08x (the file changed or was damaged "
+                           "after it was written)", path, crc, want->crc32c);
+            goto fail;
+        }
+    }
 
     if ((rc = parse_header(f, hdr, (size_t)hlen)) != ADT_OK) goto fail;
     free(hdr);
@@ -506,6 +526,13 @@ fail:
     close(fd);
     adt_st_close(f);
     return rc;
+}
+
+int adt_st_open(adt_st_file **out, const char *path) { return st_open(out, path, NULL); }
+
+int adt_st_open_checked(adt_st_file **out, const char *path, uint64_t bytes, uint32_t crc32c) {
+    st_expect want = {bytes, crc32c};
+    return st_open(out, path, &want);
 }
 
 void adt_st_close(adt_st_file *f) {
@@ -892,32 +919,28 @@ static int fsync_parent_dir(const char *path) {
     return rc;
 }
 
-int adt_st_writer_save(adt_st_writer *w, const char *path) {
-    char *hdr;
-    size_t hlen;
-    uint64_t dlen;
-    int rc = build_header(w, &hdr, &hlen, &dlen);
-    if (rc != ADT_OK) return adt_error_prefix(rc, "%s: ", path);
-
+int ckpt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n, uint64_t *out_bytes,
+                      uint32_t *out_crc) {
     size_t plen = strlen(path);
     char *tmp = adt_malloc(plen + 5);
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", 5);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = adt_error(ADT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(hdr);
+        int rc = adt_error(ADT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         free(tmp);
         return rc;
     }
-    unsigned char lenbuf[8];
-    store_le64(lenbuf, hlen);
     const char *what = NULL; /* the step that failed, if any */
-    int err = 0;
-    if (write_full(fd, lenbuf, 8) || write_full(fd, hdr, hlen)) what = "write", err = errno;
-    for (int i = 0; !what && i < w->n; i++)
-        if (w->ents[i].nbytes && write_full(fd, w->ents[i].data, w->ents[i].nbytes))
-            what = "write", err = errno;
+    int err = 0, rc;
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; !what && i < n; i++) {
+        if (!len[i]) continue;
+        crc = adt_crc32c(crc, chunk[i], len[i]);
+        bytes += len[i];
+        if (write_full(fd, chunk[i], len[i])) what = "write", err = errno;
+    }
     if (!what && fsync(fd) != 0) what = "fsync", err = errno;
     if (close(fd) != 0 && !what) what = "close", err = errno;
     if (!what && rename(tmp, path) != 0) what = "rename to the final name", err = errno;
@@ -926,8 +949,32 @@ int adt_st_writer_save(adt_st_writer *w, const char *path) {
         unlink(tmp);
     } else {
         rc = fsync_parent_dir(path);
+        if (out_bytes) *out_bytes = bytes;
+        if (out_crc) *out_crc = crc;
     }
-    free(hdr);
     free(tmp);
+    return rc;
+}
+
+int adt_st_writer_save(adt_st_writer *w, const char *path) { return adt_st_writer_save_sum(w, path, NULL, NULL); }
+
+int adt_st_writer_save_sum(adt_st_writer *w, const char *path, uint64_t *out_bytes, uint32_t *out_crc) {
+    char *hdr;
+    size_t hlen;
+    uint64_t dlen;
+    int rc = build_header(w, &hdr, &hlen, &dlen);
+    if (rc != ADT_OK) return adt_error_prefix(rc, "%s: ", path);
+    unsigned char lenbuf[8];
+    store_le64(lenbuf, hlen);
+    /* the file as chunks: length, header, every tensor's bytes in place (no second copy) */
+    const void **chunk = adt_malloc((size_t)(w->n + 2) * sizeof *chunk);
+    size_t *len = adt_malloc((size_t)(w->n + 2) * sizeof *len);
+    chunk[0] = lenbuf, len[0] = 8;
+    chunk[1] = hdr, len[1] = hlen;
+    for (int i = 0; i < w->n; i++) chunk[i + 2] = w->ents[i].data, len[i + 2] = w->ents[i].nbytes;
+    rc = ckpt_write_atomic(path, chunk, len, w->n + 2, out_bytes, out_crc);
+    free(chunk);
+    free(len);
+    free(hdr);
     return rc;
 }

@@ -11,5 +11,6 @@ int cli_train(int argc, char **argv);
  * `return cli_fail("train", 2, "...")`. */
 int cli_fail(const char *command, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int cli_graph(int argc, char **argv);
+int cli_ckpt(int argc, char **argv);
 
 #endif
