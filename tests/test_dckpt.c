@@ -207,7 +207,7 @@ static int run_save(run *r, const char *dir, int64_t step, int with_state, int c
         pthread_create(&th[k], NULL, save_main, &jobs[k]);
     }
     int rc = 0;
-    const char *parts[WORLD_MAX_RANKS];
+    const char *parts[WORLD_MAX_RANKS] = {0};
     for (int k = 0; k < nr; k++) {
         pthread_join(th[k], NULL);
         /* commit in reverse rank order: the order the parts arrive in must not matter */
@@ -526,6 +526,15 @@ static int load_serial(const fixture *f, const adt_dckpt *ck, int with_state, ru
     return rc;
 }
 
+/* The checkpoint loads into a serial run and gives exactly state s. */
+static void expect_loads(const fixture *f, const adt_dckpt *ck, int with_state, const state *s, const char *what) {
+    run r;
+    int rc = load_serial(f, ck, with_state, &r);
+    CHECK(rc == 0, "%s: %s", what, adt_error_message());
+    if (!rc) check_blocks(&r, s, with_state, what);
+    run_free(&r);
+}
+
 static void test_torn_checkpoints(void) {
     fixture f;
     if (fixture_make(&f, "torn", 1)) {
@@ -604,10 +613,7 @@ static void test_torn_checkpoints(void) {
     CHECK(rc == 0, "%s", adt_error_message());
     if (!rc) {
         CHECK(adt_dckpt_verify(ck) == 0, "%s", adt_error_message());
-        rc = load_serial(&f, ck, 1, &r);
-        CHECK(rc == 0, "%s", adt_error_message());
-        if (!rc) check_blocks(&r, &f.st, 1, "repaired");
-        run_free(&r);
+        expect_loads(&f, ck, 1, &f.st, "repaired");
         adt_dckpt_close(ck);
     }
     fixture_free(&f);
@@ -698,10 +704,7 @@ static void test_bad_manifests(void) {
         CHECK(rc == ADT_ERR_FORMAT && strstr(adt_error_message(), "tensor 'opt.") && strstr(adt_error_message(), "missing"),
               "%s", adt_error_message());
         run_free(&r);
-        rc = load_serial(&p, ck, 0, &r); /* parameters alone load */
-        CHECK(rc == 0, "%s", adt_error_message());
-        if (!rc) check_blocks(&r, &p.st, 0, "parameters only");
-        run_free(&r);
+        expect_loads(&p, ck, 0, &p.st, "parameters only");
         adt_dckpt_close(ck);
     }
     fixture_free(&p);
@@ -729,11 +732,7 @@ static void test_commit_rules(void) {
     CHECK(rc == 0 && adt_dckpt_step(ck) == TRAIN_STEPS, "the committed step-2 checkpoint: %s",
           rc ? adt_error_message() : "another step");
     if (!rc) {
-        run r;
-        rc = load_serial(&f, ck, 1, &r);
-        CHECK(rc == 0, "%s", adt_error_message());
-        if (!rc) check_blocks(&r, &f.st, 1, "after an uncommitted save");
-        run_free(&r);
+        expect_loads(&f, ck, 1, &f.st, "after an uncommitted save");
         adt_dckpt_close(ck);
     }
     /* parts of a world with one missing, or one twice */
@@ -784,11 +783,7 @@ static void test_commit_rules(void) {
               adt_dckpt_file_count(ck));
         state now;
         state_take(&now, &f.r);
-        run r;
-        rc = load_serial(&f, ck, 1, &r);
-        CHECK(rc == 0, "%s", adt_error_message());
-        if (!rc) check_blocks(&r, &now, 1, "step 3");
-        run_free(&r);
+        expect_loads(&f, ck, 1, &now, "step 3");
         state_free(&now);
         adt_dckpt_close(ck);
     }

@@ -39,10 +39,21 @@ int ckpt_view_block(const adt_ckpt_view *vw, int v, adt_box *box);
 int ckpt_match_names(const char *file, const char *const *names, int n, const adt_graph *g, int with_state,
                      int lenient, int *value_of);
 
+/* Metadata: string pairs in insertion order. */
+typedef struct ckpt_meta {
+    int n, cap;
+    char **keys, **vals;
+} ckpt_meta;
+/* Adds a pair (copies), even when the key is there already (a reader keeps what it read). */
+void ckpt_meta_append(ckpt_meta *m, const char *key, const char *value);
+/* Replaces the value of key, or adds the pair (a writer). */
+void ckpt_meta_set(ckpt_meta *m, const char *key, const char *value);
+/* The first value of key, or NULL. */
+const char *ckpt_meta_find(const ckpt_meta *m, const char *key);
+void ckpt_meta_free(ckpt_meta *m);
+
 /* DIR/leaf of a distributed checkpoint (malloc'd), and the manifest's name for messages. */
 char *ckpt_dckpt_path(const adt_dckpt *c, const char *leaf);
 const char *ckpt_dckpt_name(const adt_dckpt *c);
-/* A whole (small) file as bytes, at most max of them; *text is malloc'd and not NUL-terminated. */
-int ckpt_read_text(const char *path, size_t max, char **text, size_t *len);
 
 #endif

@@ -414,6 +414,7 @@ int adt_dckpt_commit(const char *dir, int64_t step, const adt_graph *g, int with
                            (long long)st.st_size, (unsigned long long)f->bytes);
         free(fp);
     }
+    if (!rc) rc = make_dirs(dir); /* no rank wrote a file only for an empty model, but then too */
     if (!rc) {
         const void *chunk[1] = {text};
         size_t len[1] = {strlen(text)};

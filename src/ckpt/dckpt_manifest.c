@@ -43,8 +43,7 @@ struct adt_dckpt {
     int n_files;
     adt_dckpt_file *files;
     adt_dckpt_slice *slices; /* all files' slices, file by file */
-    int n_meta;
-    char **meta_keys, **meta_vals;
+    ckpt_meta meta;
 };
 
 /* ---- strict JSON field readers ------------------------------------------------------------- */
@@ -145,18 +144,13 @@ static char *dims_str(char *buf, size_t n, int ndim, const int64_t *d) {
 
 static int parse_metadata(adt_dckpt *c, const cJSON *j) {
     if (!cJSON_IsObject(j)) return adt_error(ADT_ERR_FORMAT, "%s: metadata is %s, expected an object", c->name, json_kind(j));
-    int n = cJSON_GetArraySize(j);
-    c->meta_keys = adt_calloc((size_t)n + 1, sizeof *c->meta_keys);
-    c->meta_vals = adt_calloc((size_t)n + 1, sizeof *c->meta_vals);
     for (const cJSON *e = j->child; e; e = e->next) {
         if (!cJSON_IsString(e) || !e->valuestring)
             return adt_error(ADT_ERR_FORMAT, "%s: metadata '%.64s' is %s, expected a string", c->name, e->string,
                              json_kind(e));
-        for (int i = 0; i < c->n_meta; i++)
-            if (!strcmp(c->meta_keys[i], e->string))
-                return adt_error(ADT_ERR_FORMAT, "%s: metadata '%.64s' appears twice", c->name, e->string);
-        c->meta_keys[c->n_meta] = adt_strdup(e->string);
-        c->meta_vals[c->n_meta++] = adt_strdup(e->valuestring);
+        if (ckpt_meta_find(&c->meta, e->string))
+            return adt_error(ADT_ERR_FORMAT, "%s: metadata '%.64s' appears twice", c->name, e->string);
+        ckpt_meta_append(&c->meta, e->string, e->valuestring);
     }
     return ADT_OK;
 }
@@ -509,37 +503,6 @@ char *ckpt_dckpt_path(const adt_dckpt *c, const char *leaf) {
     return p;
 }
 
-int ckpt_read_text(const char *path, size_t max, char **text, size_t *len) {
-    *text = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return adt_error(ADT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = adt_malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= max) {
-                fclose(fp);
-                free(buf);
-                return adt_error(ADT_ERR_FORMAT, "%s: larger than %zu bytes", path, max);
-            }
-            cap *= 2;
-            buf = adt_realloc(buf, cap);
-        }
-        size_t got = fread(buf + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(fp);
-    fclose(fp);
-    if (err) {
-        free(buf);
-        return adt_error(ADT_ERR_IO, "%s: read failed", path);
-    }
-    *text = buf;
-    *len = n;
-    return ADT_OK;
-}
-
 int adt_dckpt_open(adt_dckpt **out, const char *dir) {
     *out = NULL;
     struct stat st;
@@ -559,7 +522,7 @@ int adt_dckpt_open(adt_dckpt **out, const char *dir) {
     }
     char *text;
     size_t n;
-    int rc = ckpt_read_text(path, MAX_MANIFEST_BYTES, &text, &n);
+    int rc = adt_file_read(path, MAX_MANIFEST_BYTES, "a checkpoint manifest", &text, &n);
     adt_dckpt *c = NULL;
     if (!rc) rc = adt_dckpt_parse(&c, dir, path, text, n);
     free(text);
@@ -589,12 +552,7 @@ void adt_dckpt_close(adt_dckpt *c) {
     if (!c) return;
     for (int i = 0; i < c->n_tensors; i++) free((char *)c->tensors[i].name);
     for (int i = 0; i < c->n_files; i++) free((char *)c->files[i].name);
-    for (int i = 0; i < c->n_meta; i++) {
-        free(c->meta_keys[i]);
-        free(c->meta_vals[i]);
-    }
-    free(c->meta_keys);
-    free(c->meta_vals);
+    ckpt_meta_free(&c->meta);
     free(c->tensors);
     free(c->by_name);
     free(c->files);
@@ -616,15 +574,11 @@ const adt_dckpt_tensor *adt_dckpt_tensor_get(const adt_dckpt *c, int i) {
 int adt_dckpt_file_count(const adt_dckpt *c) { return c->n_files; }
 const adt_dckpt_file *adt_dckpt_file_get(const adt_dckpt *c, int i) { return i >= 0 && i < c->n_files ? &c->files[i] : NULL; }
 
-const char *adt_dckpt_metadata(const adt_dckpt *c, const char *key) {
-    for (int i = 0; i < c->n_meta; i++)
-        if (!strcmp(c->meta_keys[i], key)) return c->meta_vals[i];
-    return NULL;
-}
-int adt_dckpt_metadata_count(const adt_dckpt *c) { return c->n_meta; }
+const char *adt_dckpt_metadata(const adt_dckpt *c, const char *key) { return ckpt_meta_find(&c->meta, key); }
+int adt_dckpt_metadata_count(const adt_dckpt *c) { return c->meta.n; }
 int adt_dckpt_metadata_get(const adt_dckpt *c, int i, const char **key, const char **value) {
-    if (i < 0 || i >= c->n_meta) return adt_error(ADT_ERR_ARG, "%s: no metadata entry %d (%d entries)", c->name, i, c->n_meta);
-    *key = c->meta_keys[i];
-    *value = c->meta_vals[i];
+    if (i < 0 || i >= c->meta.n) return adt_error(ADT_ERR_ARG, "%s: no metadata entry %d (%d entries)", c->name, i, c->meta.n);
+    *key = c->meta.keys[i];
+    *value = c->meta.vals[i];
     return ADT_OK;
 }

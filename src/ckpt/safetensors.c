@@ -100,8 +100,7 @@ struct adt_st_file {
     int n;
     adt_st_tensor *tensors; /* in file order */
     st_name_ref *by_name;   /* sorted by name, for adt_st_find */
-    int n_meta;
-    char **meta_keys, **meta_vals;
+    ckpt_meta meta;
 };
 
 /* A tensor entry while the header is being checked, with the offsets kept. */
@@ -252,17 +251,12 @@ static int parse_metadata(adt_st_file *f, const cJSON *j) {
         return adt_error(ADT_ERR_FORMAT,
                          "%s: \"__metadata__\" is %s, expected an object of string values",
                          f->name, json_type_name(j));
-    int n = cJSON_GetArraySize(j);
-    f->meta_keys = adt_calloc((size_t)n, sizeof(char *));
-    f->meta_vals = adt_calloc((size_t)n, sizeof(char *));
     for (const cJSON *c = j->child; c; c = c->next) {
         if (!cJSON_IsString(c))
             return adt_error(ADT_ERR_FORMAT,
                              "%s: \"__metadata__\" entry '%s' is %s, expected a string", f->name,
                              c->string, json_type_name(c));
-        f->meta_keys[f->n_meta] = adt_strdup(c->string);
-        f->meta_vals[f->n_meta] = adt_strdup(c->valuestring);
-        f->n_meta++;
+        ckpt_meta_append(&f->meta, c->string, c->valuestring);
     }
     return ADT_OK;
 }
@@ -538,12 +532,7 @@ int adt_st_open_checked(adt_st_file **out, const char *path, uint64_t bytes, uin
 void adt_st_close(adt_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
-    for (int i = 0; i < f->n_meta; i++) {
-        free(f->meta_keys[i]);
-        free(f->meta_vals[i]);
-    }
-    free(f->meta_keys);
-    free(f->meta_vals);
+    ckpt_meta_free(&f->meta);
     free(f->tensors);
     free(f->by_name);
     adt_free_aligned(f->data);
@@ -568,19 +557,17 @@ const adt_st_tensor *adt_st_find(const adt_st_file *f, const char *name) {
 
 const char *adt_st_metadata(const adt_st_file *f, const char *key) {
     /* First match: a repeated key keeps the value a JSON reader that stops early would see. */
-    for (int i = 0; i < f->n_meta; i++)
-        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_vals[i];
-    return NULL;
+    return ckpt_meta_find(&f->meta, key);
 }
 
-int adt_st_metadata_count(const adt_st_file *f) { return f->n_meta; }
+int adt_st_metadata_count(const adt_st_file *f) { return f->meta.n; }
 
 int adt_st_metadata_get(const adt_st_file *f, int i, const char **key, const char **value) {
-    if (i < 0 || i >= f->n_meta)
+    if (i < 0 || i >= f->meta.n)
         return adt_error(ADT_ERR_ARG, "%s: metadata index %d out of range [0,%d)", f->name, i,
-                         f->n_meta);
-    *key = f->meta_keys[i];
-    *value = f->meta_vals[i];
+                         f->meta.n);
+    *key = f->meta.keys[i];
+    *value = f->meta.vals[i];
     return ADT_OK;
 }
 
@@ -700,8 +687,7 @@ typedef struct {
 struct adt_st_writer {
     st_wentry *ents;
     int n, cap;
-    char **meta_keys, **meta_vals;
-    int n_meta, cap_meta;
+    ckpt_meta meta;
 };
 
 adt_st_writer *adt_st_writer_create(void) { return adt_calloc(1, sizeof(adt_st_writer)); }
@@ -712,13 +698,8 @@ void adt_st_writer_free(adt_st_writer *w) {
         free(w->ents[i].name);
         free(w->ents[i].owned);
     }
-    for (int i = 0; i < w->n_meta; i++) {
-        free(w->meta_keys[i]);
-        free(w->meta_vals[i]);
-    }
+    ckpt_meta_free(&w->meta);
     free(w->ents);
-    free(w->meta_keys);
-    free(w->meta_vals);
     free(w);
 }
 
@@ -792,21 +773,7 @@ int adt_st_writer_add_copy(adt_st_writer *w, const char *name, adt_st_dtype dtyp
 int adt_st_writer_set_metadata(adt_st_writer *w, const char *key, const char *value) {
     if (!key || !value)
         return adt_error(ADT_ERR_ARG, "safetensors writer: NULL metadata key or value");
-    for (int i = 0; i < w->n_meta; i++) {
-        if (strcmp(w->meta_keys[i], key) == 0) {
-            free(w->meta_vals[i]);
-            w->meta_vals[i] = adt_strdup(value);
-            return ADT_OK;
-        }
-    }
-    if (w->n_meta == w->cap_meta) {
-        w->cap_meta = w->cap_meta ? 2 * w->cap_meta : 8;
-        w->meta_keys = adt_realloc(w->meta_keys, (size_t)w->cap_meta * sizeof(char *));
-        w->meta_vals = adt_realloc(w->meta_vals, (size_t)w->cap_meta * sizeof(char *));
-    }
-    w->meta_keys[w->n_meta] = adt_strdup(key);
-    w->meta_vals[w->n_meta] = adt_strdup(value);
-    w->n_meta++;
+    ckpt_meta_set(&w->meta, key, value);
     return ADT_OK;
 }
 
@@ -816,11 +783,11 @@ static int build_header(const adt_st_writer *w, char **out, size_t *out_len, uin
     *out = NULL;
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
-    if (ok && w->n_meta) {
+    if (ok && w->meta.n) {
         cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
         ok = meta != NULL;
-        for (int i = 0; ok && i < w->n_meta; i++)
-            ok = cJSON_AddStringToObject(meta, w->meta_keys[i], w->meta_vals[i]) != NULL;
+        for (int i = 0; ok && i < w->meta.n; i++)
+            ok = cJSON_AddStringToObject(meta, w->meta.keys[i], w->meta.vals[i]) != NULL;
     }
     uint64_t off = 0;
     /* Shapes and offsets go in as raw text so 64-bit values print exactly (cJSON would format
