@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "adtrain/adtrain.h"
@@ -920,6 +921,90 @@ static void test_export_vs_serial(void) {
     adt_graph_free(md.g);
 }
 
+/* Ranks as processes: nothing is shared but the directory and the parts, which travel through
+ * pipes the way a trainer would gather them. Each child writes (or loads and checks) its own
+ * share and reports by exit status. */
+static int child_load_and_check(run *r, int k, const char *dir, const state *s) {
+    adt_dckpt *ck;
+    if (adt_dckpt_open(&ck, dir)) return 3;
+    adt_ckpt_view vw = run_view(r, k);
+    int rc = adt_dckpt_load(ck, &vw, 1);
+    adt_dckpt_close(ck);
+    if (rc) {
+        fprintf(stderr, "rank %d: %s\n", k, adt_error_message());
+        return 4;
+    }
+    for (int v = 0; v < r->g->n_values; v++) {
+        if (!s->val[v] || vw.local->value[v] < 0) continue;
+        adt_box b = adt_ndsbp_block(&vw.local->layout[v], vw.mesh, vw.coord, r->g->values[v].shape);
+        float *want = malloc((size_t)adt_shape_numel(&b.shape) * 4 + 4);
+        dc_copy_block(want, s->val[v], &b, 4);
+        int same = !memcmp(want, adt_exec_data(vw.ctx, vw.local->value[v]), (size_t)adt_shape_numel(&b.shape) * 4);
+        free(want);
+        if (!same) return 5;
+    }
+    return 0;
+}
+
+static void test_ranks_as_processes(void) {
+    fixture f;
+    if (fixture_make(&f, "procs-src", 1)) {
+        fixture_free(&f);
+        return;
+    }
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/procs", check_tmpdir());
+    /* save: three processes write, the parent commits what came through the pipes */
+    char *parts[3] = {0};
+    for (int k = 0; k < 3; k++) {
+        int fd[2];
+        CHECK(pipe(fd) == 0, "pipe");
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            adt_ckpt_view vw = run_view(&f.r, k);
+            char *part;
+            int rc = adt_dckpt_write_rank(dir, TRAIN_STEPS, &vw, 1, &part);
+            if (!rc) rc = write(fd[1], part, strlen(part)) == (ssize_t)strlen(part) ? 0 : 1;
+            _exit(rc ? 1 : 0);
+        }
+        close(fd[1]);
+        size_t cap = 1 << 16, n = 0;
+        parts[k] = calloc(cap, 1);
+        ssize_t got;
+        while ((got = read(fd[0], parts[k] + n, cap - 1 - n)) > 0) n += (size_t)got;
+        close(fd[0]);
+        int st;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && n > 0, "rank %d's process failed", k);
+    }
+    int rc = adt_dckpt_commit(dir, TRAIN_STEPS, f.md.g, 1, (const char *const *)parts, 3, k_meta, 3);
+    CHECK(rc == 0, "%s", adt_error_message());
+    for (int k = 0; k < 3; k++) free(parts[k]);
+    /* load: two processes of a data-parallel plan, each checks its blocks itself */
+    adt_mesh m;
+    adt_mesh_init(&m, 1, (int[]){2});
+    adt_nd_sig *sig = make_plan(f.md.g, &m, PLAN_DP);
+    run r;
+    run_create(&r, f.md.g, &(config){PLAN_DP, 1, {2}}, sig, "processes");
+    if (!rc && r.ok) {
+        run_poison(&r);
+        pid_t pid[2];
+        for (int k = 0; k < 2; k++)
+            if ((pid[k] = fork()) == 0) _exit(child_load_and_check(&r, k, dir, &f.st));
+        for (int k = 0; k < 2; k++) {
+            int st;
+            waitpid(pid[k], &st, 0);
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "loading rank %d in its own process: status %d", k,
+                  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        }
+    }
+    run_free(&r);
+    free(sig);
+    remove_tree(dir);
+    fixture_free(&f);
+}
+
 /* ---- the pieces: crc32c, box arithmetic ---------------------------------------------------------- */
 
 static uint32_t crc_bitwise(const unsigned char *p, size_t n) {
@@ -1046,6 +1131,7 @@ int main(void) {
     RUN(test_commit_rules);
     RUN(test_export_and_single_file);
     RUN(test_export_vs_serial);
+    RUN(test_ranks_as_processes);
     RUN(test_cli);
     remove_tree(check_tmpdir());
     return check_finish();
