@@ -139,6 +139,7 @@ static void rank_file_name(char *buf, size_t n, int64_t step, int rank, int worl
 int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *vw, int with_state, char **part) {
     *part = NULL;
     const adt_graph *g = vw->g;
+    if (!dir || !*dir) return adt_error(ADT_ERR_ARG, "checkpoint: an empty directory name");
     if (step < 0) return adt_error(ADT_ERR_ARG, "checkpoint %s: step %" PRId64 ", expected >= 0", dir, step);
     if (vw->local && (!vw->mesh || !vw->coord))
         return adt_error(ADT_ERR_ARG, "checkpoint %s: a view with a local graph needs its mesh and coordinate", dir);
@@ -166,9 +167,11 @@ int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *vw,
         n_slices++;
     }
     free(mine);
-    char fname[96], path[4096], num[32];
+    char fname[96], num[32];
     rank_file_name(fname, sizeof fname, step, rank, world);
-    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    size_t pl = strlen(dir) + strlen(fname) + 2;
+    char *path = adt_malloc(pl);
+    snprintf(path, pl, "%s/%s", dir, fname);
     uint64_t bytes = 0;
     uint32_t crc = 0;
     if (!rc && n_slices) {
@@ -182,6 +185,7 @@ int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *vw,
         if (!rc) rc = adt_st_writer_save_sum(w, path, &bytes, &crc);
     }
     adt_st_writer_free(w);
+    free(path);
     if (rc) {
         cJSON_Delete(slices);
         return adt_error_prefix(rc, "checkpoint %s, rank %d: ", dir, rank);

@@ -23,6 +23,7 @@
 #define MAX_JSON_INT 9007199254740992.0
 #define MAX_WORLD (1 << 24)
 #define MAX_TENSORS (1 << 20)
+#define MAX_SLICES (1 << 28)
 #define MAX_NAME 255
 /* A manifest lists names and boxes: far below this even for thousands of ranks. */
 #define MAX_MANIFEST_BYTES ((size_t)1 << 30)
@@ -265,15 +266,16 @@ static int parse_files(adt_dckpt *c, const cJSON *j) {
     if (n < 0 || n > c->world)
         return adt_error(ADT_ERR_FORMAT, "%s: files is %s%s, expected an array of at most world = %d files", c->name,
                          json_kind(j), n >= 0 ? " too long" : "", c->world);
-    int total = 0;
+    size_t total = 0; /* slices in all files: what the text holds, each refused below if too many */
     for (const cJSON *e = j->child; e; e = e->next) {
         const cJSON *sl = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "slices") : NULL;
         int k = cJSON_IsArray(sl) ? cJSON_GetArraySize(sl) : 0;
-        if (k > c->n_tensors) k = c->n_tensors + 1; /* refused below; bounded here */
-        total += k;
+        total += (size_t)(k > c->n_tensors ? c->n_tensors : k);
     }
+    if (total > (size_t)MAX_SLICES)
+        return adt_error(ADT_ERR_FORMAT, "%s: %zu slices in all, expected at most %d", c->name, total, MAX_SLICES);
     c->files = adt_calloc((size_t)n + 1, sizeof *c->files);
-    c->slices = adt_calloc((size_t)total + 1, sizeof *c->slices);
+    c->slices = adt_calloc(total + 1, sizeof *c->slices);
     int used = 0, i = 0;
     char *seen = adt_calloc((size_t)c->n_tensors + 1, 1);
     int rc = ADT_OK;
