@@ -76,6 +76,15 @@ void adt_log_set_level(adt_log_level lvl);
 void adt_log_set_tag(const char *tag);
 
 /* ---------------------------------------------------------------------------------------------
+ * Files
+ */
+/* The whole file at `path`, read to its end (pipes too), at most `max` bytes: *out is malloc'd
+ * with a NUL after the *n bytes (text may use it as a string, if it has no NUL of its own).
+ * `what` names the expected content in messages ("text data"). ADT_ERR_IO (cannot open, a
+ * directory, read error) or ADT_ERR_FORMAT (too large). */
+int adt_file_read(const char *path, size_t max, const char *what, char **out, size_t *n);
+
+/* ---------------------------------------------------------------------------------------------
  * Clocks
  */
 double adt_now_s(void);  /* monotonic seconds */

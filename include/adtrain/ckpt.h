@@ -11,10 +11,18 @@
  *
  * The code works on the graph and on a callback that maps a value to its storage, so it needs no
  * executor: a trainer passes adt_exec_data, a test its own buffers.
+ *
+ * Distributed checkpoints (adt_dckpt_*, below) hold the same tensors under the same names, cut
+ * into slices: each rank of a partitioned run writes the blocks it holds to its own file, and a
+ * manifest names every file and the box of every global tensor each one holds. Loading reads,
+ * for each block a rank needs, the intersecting parts of whichever files hold them, so a
+ * checkpoint saved under one plan and world size loads under any other (docs/formats.md,
+ * "Distributed checkpoints").
  */
 #ifndef ADTRAIN_CKPT_H
 #define ADTRAIN_CKPT_H
 
+#include "adtrain/dist.h"
 #include "adtrain/graph.h"
 #include "adtrain/safetensors.h"
 
@@ -24,6 +32,21 @@ extern "C" {
 
 /* The storage of value `v` (a persistent value: parameter or optimizer state). */
 typedef void *(*adt_ckpt_data_fn)(void *ctx, int v);
+
+/* Where one process's share of a model lives. `g` is the global training graph (names, dtypes,
+ * global shapes). With `local` NULL the whole of g runs here, and `data` maps g's value ids to
+ * storage. Otherwise this process is the rank at `coord` of `mesh` running local->g (made by
+ * adt_dist_partition from g and a plan on `mesh`), and `data` maps local->g's value ids: each
+ * parameter and optimizer state is the block of the global tensor that the local value's
+ * global_shape and offset say, held in layout local->layout[v]. */
+typedef struct adt_ckpt_view {
+    const adt_graph *g;
+    const adt_dist_local *local;
+    const adt_mesh *mesh;
+    const int *coord;
+    adt_ckpt_data_fn data;
+    void *ctx;
+} adt_ckpt_view;
 
 /* Writes every PARAM of g (and, with_state, every OPT_STATE) as F32 under its own name, in the
  * graph's order, plus the metadata pairs meta[0..2*n_meta) = key, value, ...; atomically (a
@@ -39,6 +62,120 @@ int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, v
  * and both shapes; for a whole other model, the first few names that do not match). On error
  * nothing is guaranteed about the values already copied. */
 int adt_ckpt_load(const adt_st_file *f, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state);
+/* The same into one rank's share: every block the view holds is cut from the file's whole
+ * tensor (adt_ckpt_load is this with a view of g alone). Checks and messages as above. */
+int adt_ckpt_load_local(const adt_st_file *f, const adt_ckpt_view *view, int with_state);
+
+/* ---------------------------------------------------------------------------------------------
+ * Distributed checkpoints: a directory
+ *
+ *   DIR/manifest.json                                  written last, by an atomic rename
+ *   DIR/step<S>-rank<R>-of-<W>.safetensors             what rank R of W held at step S
+ *
+ * Saving, on every rank (any process), then on one:
+ *
+ *   char *part;
+ *   adt_dckpt_write_rank(dir, step, &view, 1, &part);         every rank: its file
+ *   ... gather the parts (short JSON strings) on one rank ...
+ *   adt_dckpt_commit(dir, step, g, 1, parts, n, meta, n_meta); that rank: the manifest
+ *
+ * A block held by several ranks (a replicated parameter) is written once. Which rank writes it
+ * is a pure function of the plan, so every rank decides alone: the blocks are taken in the
+ * graph's value order, and each distinct block goes to whichever of its holders has been given
+ * the fewest bytes so far, ties to the lowest rank (so replicas share the writing evenly).
+ *
+ * Until the manifest is renamed into place the directory holds no checkpoint (or the previous
+ * one: files carry the step in their names). A manifest records each file's size and crc32c;
+ * opening checks every size, and every file is checked against its crc32c when read, so a
+ * missing, truncated or damaged file is refused with a message naming it.
+ */
+typedef struct adt_dckpt adt_dckpt;
+
+/* Writes the blocks this rank is the writer of (see above) of every parameter (and with_state
+ * every optimizer state) as F32 slices under their global names into
+ * DIR/step<S>-rank<R>-of-<W>.safetensors, atomically, creating DIR (and its parents) if needed.
+ * R is the rank at view->coord (adt_mesh_rank), W the mesh's size; a view without `local` is
+ * rank 0 of 1. *part receives (malloc'd; free()) this rank's part of the manifest: a short JSON
+ * text naming the file, its size, crc32c and slices (or no file, when the rank writes nothing).
+ * Errors name the file or the tensor. */
+int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *view, int with_state, char **part);
+
+/* Commits a checkpoint: the parts of all W ranks (any order), g and with_state (which tensors the
+ * checkpoint must hold: the same as the ranks saved) and metadata pairs meta[0..2*n_meta) =
+ * key, value, ... (the keys of adt_ckpt_save's files). Checks that the parts are one step of one
+ * world, each rank once, that every named file is in DIR with its recorded size, and that the
+ * slices cover every tensor exactly once; then writes DIR/manifest.json atomically, and removes
+ * the files of earlier saves (steps up to this one) that the new manifest does not name. */
+int adt_dckpt_commit(const char *dir, int64_t step, const adt_graph *g, int with_state, const char *const *parts,
+                     int n_parts, const char *const *meta, int n_meta);
+
+/* Both halves in one process, for a view that holds the whole model (no local, or a world of
+ * one): write_rank then commit. */
+int adt_dckpt_save(const char *dir, int64_t step, const adt_ckpt_view *view, int with_state, const char *const *meta,
+                   int n_meta);
+
+/* Opens DIR: reads and checks DIR/manifest.json (adt_dckpt_parse) and that every file it names
+ * exists with its recorded size. A directory without a manifest is refused (ADT_ERR_IO, "no
+ * committed checkpoint"). */
+int adt_dckpt_open(adt_dckpt **out, const char *dir);
+/* Parses a manifest from memory (n bytes, no NUL needed; `name` for messages). Nothing is read
+ * from disk; `dir` (may be NULL) is where the files are looked for later. Checks the format,
+ * every field, file names (plain names inside DIR), that each slice lies inside its tensor, and
+ * that the slices of every tensor are disjoint and cover it: an error names the tensor and an
+ * element no file holds, or the two files that overlap. */
+int adt_dckpt_parse(adt_dckpt **out, const char *dir, const char *name, const char *text, size_t n);
+void adt_dckpt_close(adt_dckpt *c);
+
+/* ---- what a manifest says (read-only views; valid until adt_dckpt_close) ---- */
+typedef struct adt_dckpt_tensor {
+    const char *name;
+    adt_st_dtype dtype;
+    int ndim;
+    int64_t shape[ADT_MAX_DIMS];
+} adt_dckpt_tensor;
+
+typedef struct adt_dckpt_slice {
+    int tensor; /* index into the manifest's tensors */
+    int64_t offset[ADT_MAX_DIMS];
+    int64_t shape[ADT_MAX_DIMS];
+} adt_dckpt_slice;
+
+typedef struct adt_dckpt_file {
+    const char *name; /* a plain file name inside the directory */
+    int rank;
+    uint64_t bytes;
+    uint32_t crc32c;
+    int n_slices;
+    const adt_dckpt_slice *slices;
+} adt_dckpt_file;
+
+int64_t adt_dckpt_step(const adt_dckpt *c);
+int adt_dckpt_world(const adt_dckpt *c);
+int adt_dckpt_tensor_count(const adt_dckpt *c);
+const adt_dckpt_tensor *adt_dckpt_tensor_get(const adt_dckpt *c, int i); /* NULL if out of range */
+int adt_dckpt_file_count(const adt_dckpt *c);
+const adt_dckpt_file *adt_dckpt_file_get(const adt_dckpt *c, int i);
+/* User metadata (the pairs given to commit): by key (NULL if absent), or the i-th pair. */
+const char *adt_dckpt_metadata(const adt_dckpt *c, const char *key);
+int adt_dckpt_metadata_count(const adt_dckpt *c);
+int adt_dckpt_metadata_get(const adt_dckpt *c, int i, const char **key, const char **value);
+
+/* Loads this rank's share: for every block the view holds of a parameter (and with_state an
+ * optimizer state), the intersecting parts of the slices that cover it, from the files that hold
+ * them (each checked against its crc32c as it is read; files with nothing for this rank are not
+ * read). Names and shapes are checked as adt_ckpt_load does: a tensor of the model missing from
+ * the checkpoint, one the model does not have, or a global shape or dtype that differs, is an
+ * error naming the tensor. Each rank checks only the files it reads: a trainer should agree on
+ * success across ranks before it goes on. */
+int adt_dckpt_load(const adt_dckpt *c, const adt_ckpt_view *view, int with_state);
+/* Reads every file and checks it against its size, crc32c and the slices the manifest says it
+ * holds (names, dtypes, shapes). */
+int adt_dckpt_verify(const adt_dckpt *c);
+/* Writes the whole checkpoint as one safetensors file (adt_ckpt_save's layout: every tensor
+ * whole, under its name, in the manifest's order, the metadata as "__metadata__"), readable by
+ * PyTorch and by adt_ckpt_load; without with_state, optimizer state ("opt.*") is left out.
+ * Holds the whole model in memory once. Every file is verified as it is read. */
+int adt_dckpt_export(const adt_dckpt *c, const char *path, int with_state);
 
 #ifdef __cplusplus
 }

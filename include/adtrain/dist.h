@@ -61,6 +61,14 @@ adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord,
 /* The smallest and largest block length of each tensor axis over all coordinates. */
 void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
                             adt_shape *hi);
+/* The intersection of two blocks of the same tensor (offsets and shapes of a; empty axes get
+ * length 0); returns its element count. out may be NULL. */
+int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out);
+/* Copies the overlap of block sb (contiguous at src) into block db (contiguous at dst), elements
+ * of es bytes, row by row; with add, f32 elements are added instead. Blocks that do not overlap
+ * leave dst untouched. The one block copy every layout change is made of: boxing steps,
+ * checkpoint slices. */
+void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add);
 /* Whether every split axis exists in a tensor of rank `rank` and every block is non-empty. */
 int adt_ndsbp_fits(const adt_ndsbp *s, const adt_mesh *m, adt_shape global);
 

@@ -77,6 +77,10 @@ typedef struct adt_st_file adt_st_file;
  * be changed or removed afterwards); on failure *out is NULL and the message names the file, the
  * tensor or field, and what was expected (ADT_ERR_IO: cannot read; ADT_ERR_FORMAT: malformed). */
 int adt_st_open(adt_st_file **out, const char *path);
+/* Same, for a file whose size and crc32c (of all its bytes) are known, e.g. from a manifest:
+ * a file of another size, or whose content does not match the checksum, is refused
+ * (ADT_ERR_FORMAT, "truncated" / "crc32c ..., expected ...") before its header is parsed. */
+int adt_st_open_checked(adt_st_file **out, const char *path, uint64_t bytes, uint32_t crc32c);
 /* Same, from `n` bytes at `buf` (copied; `buf` need not outlive the call). `name` is used in
  * error messages in place of a path; NULL reads as "<memory>". */
 int adt_st_open_memory(adt_st_file **out, const char *name, const void *buf, size_t n);
@@ -133,6 +137,9 @@ int adt_st_writer_set_metadata(adt_st_writer *w, const char *key, const char *va
 /* Writes the file atomically: to "<path>.tmp", fsync, rename over `path`, fsync the directory.
  * On failure `path` is untouched and the temporary file removed. */
 int adt_st_writer_save(adt_st_writer *w, const char *path);
+/* Same, and reports the file's size and the crc32c of all its bytes (computed while writing;
+ * either pointer may be NULL). */
+int adt_st_writer_save_sum(adt_st_writer *w, const char *path, uint64_t *bytes, uint32_t *crc32c);
 /* The same bytes in memory: *out_buf is malloc'd (release with free()). */
 int adt_st_writer_serialize(adt_st_writer *w, void **out_buf, size_t *out_len);
 

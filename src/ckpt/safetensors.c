@@ -13,6 +13,7 @@
 #include "adtrain/safetensors.h"
 
 #include "adtrain/base.h"
+#include "ckpt_internal.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -99,8 +100,7 @@ struct adt_st_file {
     int n;
     adt_st_tensor *tensors; /* in file order */
     st_name_ref *by_name;   /* sorted by name, for adt_st_find */
-    int n_meta;
-    char **meta_keys, **meta_vals;
+    ckpt_meta meta;
 };
 
 /* A tensor entry while the header is being checked, with the offsets kept. */
@@ -251,17 +251,12 @@ static int parse_metadata(adt_st_file *f, const cJSON *j) {
         return adt_error(ADT_ERR_FORMAT,
                          "%s: \"__metadata__\" is %s, expected an object of string values",
                          f->name, json_type_name(j));
-    int n = cJSON_GetArraySize(j);
-    f->meta_keys = adt_calloc((size_t)n, sizeof(char *));
-    f->meta_vals = adt_calloc((size_t)n, sizeof(char *));
     for (const cJSON *c = j->child; c; c = c->next) {
         if (!cJSON_IsString(c))
             return adt_error(ADT_ERR_FORMAT,
                              "%s: \"__metadata__\" entry '%s' is %s, expected a string", f->name,
                              c->string, json_type_name(c));
-        f->meta_keys[f->n_meta] = adt_strdup(c->string);
-        f->meta_vals[f->n_meta] = adt_strdup(c->valuestring);
-        f->n_meta++;
+        ckpt_meta_append(&f->meta, c->string, c->valuestring);
     }
     return ADT_OK;
 }
@@ -447,7 +442,13 @@ static ssize_t pread_full(int fd, void *buf, size_t n, off_t off) {
     return (ssize_t)got;
 }
 
-int adt_st_open(adt_st_file **out, const char *path) {
+/* What a caller knows the file must be (its size and crc32c, from a manifest), or NULL. */
+typedef struct st_expect {
+    uint64_t bytes;
+    uint32_t crc32c;
+} st_expect;
+
+static int st_open(adt_st_file **out, const char *path, const st_expect *want) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return adt_error(ADT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -465,6 +466,11 @@ int adt_st_open(adt_st_file **out, const char *path) {
     }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char lenbuf[8];
+    if (want && size != want->bytes) {
+        rc = adt_error(ADT_ERR_FORMAT, "%s: file is %" PRIu64 " bytes, expected %" PRIu64 " (%s)", path, size,
+                       want->bytes, size < want->bytes ? "truncated" : "grown since it was written");
+        goto fail;
+    }
     if (size < 8) {
         rc = adt_error(ADT_ERR_FORMAT,
                        "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
@@ -489,6 +495,14 @@ int adt_st_open(adt_st_file **out, const char *path) {
     f->data = adt_alloc_aligned(f->data_len);
     r = pread_full(fd, f->data, f->data_len, (off_t)(8 + hlen));
     if (r != (ssize_t)f->data_len) goto read_fail;
+    if (want) { /* before the header is believed: a damaged file says so, not "bad JSON" */
+        uint32_t crc = adt_crc32c(adt_crc32c(adt_crc32c(0, lenbuf, 8), hdr, (size_t)hlen), f->data, f->data_len);
+        if (crc != want->crc32c) {
+            rc = adt_error(ADT_ERR_FORMAT, "%s: content crc32c %08x, expected %08x (the file changed or was damaged "
+                           "after it was written)", path, crc, want->crc32c);
+            goto fail;
+        }
+    }
 
     if ((rc = parse_header(f, hdr, (size_t)hlen)) != ADT_OK) goto fail;
     free(hdr);
@@ -508,15 +522,17 @@ fail:
     return rc;
 }
 
+int adt_st_open(adt_st_file **out, const char *path) { return st_open(out, path, NULL); }
+
+int adt_st_open_checked(adt_st_file **out, const char *path, uint64_t bytes, uint32_t crc32c) {
+    st_expect want = {bytes, crc32c};
+    return st_open(out, path, &want);
+}
+
 void adt_st_close(adt_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
-    for (int i = 0; i < f->n_meta; i++) {
-        free(f->meta_keys[i]);
-        free(f->meta_vals[i]);
-    }
-    free(f->meta_keys);
-    free(f->meta_vals);
+    ckpt_meta_free(&f->meta);
     free(f->tensors);
     free(f->by_name);
     adt_free_aligned(f->data);
@@ -541,19 +557,17 @@ const adt_st_tensor *adt_st_find(const adt_st_file *f, const char *name) {
 
 const char *adt_st_metadata(const adt_st_file *f, const char *key) {
     /* First match: a repeated key keeps the value a JSON reader that stops early would see. */
-    for (int i = 0; i < f->n_meta; i++)
-        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_vals[i];
-    return NULL;
+    return ckpt_meta_find(&f->meta, key);
 }
 
-int adt_st_metadata_count(const adt_st_file *f) { return f->n_meta; }
+int adt_st_metadata_count(const adt_st_file *f) { return f->meta.n; }
 
 int adt_st_metadata_get(const adt_st_file *f, int i, const char **key, const char **value) {
-    if (i < 0 || i >= f->n_meta)
+    if (i < 0 || i >= f->meta.n)
         return adt_error(ADT_ERR_ARG, "%s: metadata index %d out of range [0,%d)", f->name, i,
-                         f->n_meta);
-    *key = f->meta_keys[i];
-    *value = f->meta_vals[i];
+                         f->meta.n);
+    *key = f->meta.keys[i];
+    *value = f->meta.vals[i];
     return ADT_OK;
 }
 
@@ -673,8 +687,7 @@ typedef struct {
 struct adt_st_writer {
     st_wentry *ents;
     int n, cap;
-    char **meta_keys, **meta_vals;
-    int n_meta, cap_meta;
+    ckpt_meta meta;
 };
 
 adt_st_writer *adt_st_writer_create(void) { return adt_calloc(1, sizeof(adt_st_writer)); }
@@ -685,13 +698,8 @@ void adt_st_writer_free(adt_st_writer *w) {
         free(w->ents[i].name);
         free(w->ents[i].owned);
     }
-    for (int i = 0; i < w->n_meta; i++) {
-        free(w->meta_keys[i]);
-        free(w->meta_vals[i]);
-    }
+    ckpt_meta_free(&w->meta);
     free(w->ents);
-    free(w->meta_keys);
-    free(w->meta_vals);
     free(w);
 }
 
@@ -765,21 +773,7 @@ int adt_st_writer_add_copy(adt_st_writer *w, const char *name, adt_st_dtype dtyp
 int adt_st_writer_set_metadata(adt_st_writer *w, const char *key, const char *value) {
     if (!key || !value)
         return adt_error(ADT_ERR_ARG, "safetensors writer: NULL metadata key or value");
-    for (int i = 0; i < w->n_meta; i++) {
-        if (strcmp(w->meta_keys[i], key) == 0) {
-            free(w->meta_vals[i]);
-            w->meta_vals[i] = adt_strdup(value);
-            return ADT_OK;
-        }
-    }
-    if (w->n_meta == w->cap_meta) {
-        w->cap_meta = w->cap_meta ? 2 * w->cap_meta : 8;
-        w->meta_keys = adt_realloc(w->meta_keys, (size_t)w->cap_meta * sizeof(char *));
-        w->meta_vals = adt_realloc(w->meta_vals, (size_t)w->cap_meta * sizeof(char *));
-    }
-    w->meta_keys[w->n_meta] = adt_strdup(key);
-    w->meta_vals[w->n_meta] = adt_strdup(value);
-    w->n_meta++;
+    ckpt_meta_set(&w->meta, key, value);
     return ADT_OK;
 }
 
@@ -789,11 +783,11 @@ static int build_header(const adt_st_writer *w, char **out, size_t *out_len, uin
     *out = NULL;
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
-    if (ok && w->n_meta) {
+    if (ok && w->meta.n) {
         cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
         ok = meta != NULL;
-        for (int i = 0; ok && i < w->n_meta; i++)
-            ok = cJSON_AddStringToObject(meta, w->meta_keys[i], w->meta_vals[i]) != NULL;
+        for (int i = 0; ok && i < w->meta.n; i++)
+            ok = cJSON_AddStringToObject(meta, w->meta.keys[i], w->meta.vals[i]) != NULL;
     }
     uint64_t off = 0;
     /* Shapes and offsets go in as raw text so 64-bit values print exactly (cJSON would format
@@ -892,32 +886,28 @@ static int fsync_parent_dir(const char *path) {
     return rc;
 }
 
-int adt_st_writer_save(adt_st_writer *w, const char *path) {
-    char *hdr;
-    size_t hlen;
-    uint64_t dlen;
-    int rc = build_header(w, &hdr, &hlen, &dlen);
-    if (rc != ADT_OK) return adt_error_prefix(rc, "%s: ", path);
-
+int ckpt_write_atomic(const char *path, const void *const *chunk, const size_t *len, int n, uint64_t *out_bytes,
+                      uint32_t *out_crc) {
     size_t plen = strlen(path);
     char *tmp = adt_malloc(plen + 5);
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", 5);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = adt_error(ADT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(hdr);
+        int rc = adt_error(ADT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         free(tmp);
         return rc;
     }
-    unsigned char lenbuf[8];
-    store_le64(lenbuf, hlen);
     const char *what = NULL; /* the step that failed, if any */
-    int err = 0;
-    if (write_full(fd, lenbuf, 8) || write_full(fd, hdr, hlen)) what = "write", err = errno;
-    for (int i = 0; !what && i < w->n; i++)
-        if (w->ents[i].nbytes && write_full(fd, w->ents[i].data, w->ents[i].nbytes))
-            what = "write", err = errno;
+    int err = 0, rc;
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; !what && i < n; i++) {
+        if (!len[i]) continue;
+        crc = adt_crc32c(crc, chunk[i], len[i]);
+        bytes += len[i];
+        if (write_full(fd, chunk[i], len[i])) what = "write", err = errno;
+    }
     if (!what && fsync(fd) != 0) what = "fsync", err = errno;
     if (close(fd) != 0 && !what) what = "close", err = errno;
     if (!what && rename(tmp, path) != 0) what = "rename to the final name", err = errno;
@@ -926,8 +916,32 @@ int adt_st_writer_save(adt_st_writer *w, const char *path) {
         unlink(tmp);
     } else {
         rc = fsync_parent_dir(path);
+        if (out_bytes) *out_bytes = bytes;
+        if (out_crc) *out_crc = crc;
     }
-    free(hdr);
     free(tmp);
+    return rc;
+}
+
+int adt_st_writer_save(adt_st_writer *w, const char *path) { return adt_st_writer_save_sum(w, path, NULL, NULL); }
+
+int adt_st_writer_save_sum(adt_st_writer *w, const char *path, uint64_t *out_bytes, uint32_t *out_crc) {
+    char *hdr;
+    size_t hlen;
+    uint64_t dlen;
+    int rc = build_header(w, &hdr, &hlen, &dlen);
+    if (rc != ADT_OK) return adt_error_prefix(rc, "%s: ", path);
+    unsigned char lenbuf[8];
+    store_le64(lenbuf, hlen);
+    /* the file as chunks: length, header, every tensor's bytes in place (no second copy) */
+    const void **chunk = adt_malloc((size_t)(w->n + 2) * sizeof *chunk);
+    size_t *len = adt_malloc((size_t)(w->n + 2) * sizeof *len);
+    chunk[0] = lenbuf, len[0] = 8;
+    chunk[1] = hdr, len[1] = hlen;
+    for (int i = 0; i < w->n; i++) chunk[i + 2] = w->ents[i].data, len[i + 2] = w->ents[i].nbytes;
+    rc = ckpt_write_atomic(path, chunk, len, w->n + 2, out_bytes, out_crc);
+    free(chunk);
+    free(len);
+    free(hdr);
     return rc;
 }

@@ -1,6 +1,6 @@
 /*
  * train_state.c - a model's parameters and optimizer state to and from one safetensors file
- * (include/adtrain/ckpt.h).
+ * (include/adtrain/ckpt.h), whole or into one rank's share of a partitioned model.
  *
  * Loading is strict in both directions: every tensor the model needs must be there with its
  * exact shape, and every tensor in the file must be one the model knows (or one of the few that
@@ -8,14 +8,31 @@
  * fails with the names that differ instead of half-loading.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "adtrain/base.h"
 #include "adtrain/ckpt.h"
+#include "ckpt_internal.h"
 
-static int is_saved(const adt_value *v, int with_state) {
+int ckpt_is_saved(const adt_value *v, int with_state) {
     if (v->alias_of >= 0 || v->dtype != ADT_F32) return 0;
     return v->role == ADT_ROLE_PARAM || (with_state && v->role == ADT_ROLE_OPT_STATE);
+}
+
+int ckpt_is_opt_state_name(const char *name) { return !strncmp(name, "opt.m.", 6) || !strncmp(name, "opt.v.", 6); }
+
+int ckpt_view_block(const adt_ckpt_view *vw, int v, adt_box *box) {
+    const adt_graph *g = vw->g;
+    int lv = vw->local ? vw->local->value[v] : v;
+    if (lv < 0) return -1;
+    const adt_value *x = vw->local ? &vw->local->g->values[lv] : &g->values[v];
+    memset(box, 0, sizeof *box);
+    box->global = x->global_shape;
+    box->shape = x->shape;
+    if (vw->local) memcpy(box->offset, x->offset, sizeof box->offset);
+    else box->global = x->shape; /* a serial graph: the whole tensor */
+    return lv;
 }
 
 int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state,
@@ -24,7 +41,7 @@ int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, v
     int rc = ADT_OK;
     for (int i = 0; i < g->n_values && !rc; i++) {
         const adt_value *v = &g->values[i];
-        if (!is_saved(v, with_state)) continue;
+        if (!ckpt_is_saved(v, with_state)) continue;
         rc = adt_st_writer_add(w, v->name, ADT_ST_F32, v->shape.ndim, v->shape.dim, data(ctx, i));
     }
     for (int i = 0; i < n_meta && !rc; i++) rc = adt_st_writer_set_metadata(w, meta[2 * i], meta[2 * i + 1]);
@@ -32,12 +49,6 @@ int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, v
     adt_st_writer_free(w);
     if (rc) return adt_error_prefix(rc, "saving checkpoint %s: ", path);
     return ADT_OK;
-}
-
-/* The model's name for a file tensor name: without Hugging Face's "transformer." prefix. */
-static const char *strip_prefix(const char *name) {
-    static const char prefix[] = "transformer.";
-    return strncmp(name, prefix, sizeof prefix - 1) ? name : name + sizeof prefix - 1;
 }
 
 /* Tensors that PyTorch GPT-2 checkpoints hold and a model rebuilds itself: the causal-mask
@@ -49,43 +60,39 @@ static int is_known_buffer(const char *name) {
     return dot && (!strcmp(dot, ".attn.bias") || !strcmp(dot, ".attn.masked_bias"));
 }
 
-static int is_opt_state_name(const char *name) { return !strncmp(name, "opt.m.", 6) || !strncmp(name, "opt.v.", 6); }
+static const char hf_prefix[] = "transformer.";
 
-/* The file tensor holding value v (with or without the prefix), or NULL. */
-static const adt_st_tensor *find_tensor(const adt_st_file *f, const char *name) {
-    const adt_st_tensor *t = adt_st_find(f, name);
-    if (t) return t;
-    char prefixed[ADT_NAME_LEN + 16];
-    snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
-    return adt_st_find(f, prefixed);
-}
-
-/* Lists up to a few names of the file the model does not have; returns how many there are. */
-static int unexpected_names(const adt_st_file *f, const adt_graph *g, int with_state, char *buf, size_t n) {
-    int count = 0;
-    size_t used = 0;
-    buf[0] = 0;
-    for (int i = 0; i < adt_st_count(f); i++) {
-        const char *name = strip_prefix(adt_st_get(f, i)->name);
-        int v = adt_graph_find_value(g, name);
-        if (v >= 0 && is_saved(&g->values[v], with_state)) continue;
-        if (is_known_buffer(name) || (!with_state && is_opt_state_name(name))) continue;
-        if (count++ < 4 && used < n) used += (size_t)snprintf(buf + used, n - used, "%s'%s'", count > 1 ? ", " : "", name);
-    }
-    return count;
-}
-
-int adt_ckpt_load(const adt_st_file *f, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state) {
-    const char *file = adt_st_name(f);
+int ckpt_match_names(const char *file, const char *const *names, int n, const adt_graph *g, int with_state,
+                     int lenient, int *value_of) {
+    char *claimed = calloc((size_t)g->n_values + 1, 1);
     char extra[512];
-    int n_extra = unexpected_names(f, g, with_state, extra, sizeof extra);
+    int n_extra = 0;
+    size_t used = 0;
+    extra[0] = 0;
+    /* exact names first, so that "x" wins over a "transformer.x" beside it */
+    for (int pass = 0; pass < (lenient ? 2 : 1); pass++)
+        for (int i = 0; i < n; i++) {
+            int prefixed = lenient && !strncmp(names[i], hf_prefix, sizeof hf_prefix - 1);
+            if (prefixed != pass) continue;
+            const char *name = names[i] + (prefixed ? sizeof hf_prefix - 1 : 0);
+            int v = adt_graph_find_value(g, name);
+            value_of[i] = -1;
+            if (v >= 0 && ckpt_is_saved(&g->values[v], with_state)) {
+                if (!claimed[v]) value_of[i] = v;
+                claimed[v] = 1;
+                continue;
+            }
+            if ((lenient && is_known_buffer(name)) || (!with_state && ckpt_is_opt_state_name(name))) continue;
+            if (n_extra++ < 4 && used < sizeof extra)
+                used += (size_t)snprintf(extra + used, sizeof extra - used, "%s'%s'", n_extra > 1 ? ", " : "", name);
+        }
     int n_missing = 0;
     const char *first_missing = NULL;
-    for (int i = 0; i < g->n_values; i++) {
-        const adt_value *v = &g->values[i];
-        if (!is_saved(v, with_state) || find_tensor(f, v->name)) continue;
-        if (!n_missing++) first_missing = v->name;
+    for (int v = 0; v < g->n_values; v++) {
+        if (!ckpt_is_saved(&g->values[v], with_state) || claimed[v]) continue;
+        if (!n_missing++) first_missing = g->values[v].name;
     }
+    free(claimed);
     if (n_extra && n_missing)
         return adt_error(ADT_ERR_FORMAT,
                          "%s: not a checkpoint of this model: %d tensor(s) the model lacks (%s%s) and %d the model "
@@ -98,12 +105,47 @@ int adt_ckpt_load(const adt_st_file *f, const adt_graph *g, adt_ckpt_data_fn dat
     if (n_extra)
         return adt_error(ADT_ERR_FORMAT, "%s: %d tensor(s) the model does not have: %s%s", file, n_extra, extra,
                          n_extra > 4 ? ", ..." : "");
-    for (int i = 0; i < g->n_values; i++) {
-        const adt_value *v = &g->values[i];
-        if (!is_saved(v, with_state)) continue;
-        const adt_st_tensor *t = find_tensor(f, v->name);
-        int rc = adt_st_read_f32(f, t->name, data(ctx, i), v->shape.ndim, v->shape.dim);
-        if (rc) return rc;
-    }
     return ADT_OK;
+}
+
+/* Block `box` of file tensor t (the whole of which must have the value's global shape) into dst.
+ * F32 is cut straight from the file; BF16 and F16 are widened whole first. */
+static int read_block(const adt_st_file *f, const adt_st_tensor *t, const adt_value *v, const adt_box *box,
+                      float *dst) {
+    const adt_shape *gs = &v->shape;
+    if (adt_shape_equal(&box->shape, gs)) return adt_st_read_f32(f, t->name, dst, gs->ndim, gs->dim);
+    int same = t->ndim == gs->ndim;
+    for (int d = 0; same && d < gs->ndim; d++) same = t->shape[d] == gs->dim[d];
+    adt_box whole = {.global = *gs, .shape = *gs};
+    if (same && t->dtype == ADT_ST_F32) {
+        adt_box_transfer(dst, box, t->data, &whole, 4, 0);
+        return ADT_OK;
+    }
+    float *tmp = adt_malloc((size_t)adt_shape_numel(gs) * sizeof *tmp + 1);
+    int rc = adt_st_read_f32(f, t->name, tmp, gs->ndim, gs->dim); /* checks the shape and dtype */
+    if (!rc) adt_box_transfer(dst, box, tmp, &whole, 4, 0);
+    free(tmp);
+    return rc;
+}
+
+int adt_ckpt_load_local(const adt_st_file *f, const adt_ckpt_view *vw, int with_state) {
+    int n = adt_st_count(f);
+    const char **names = adt_malloc((size_t)n * sizeof *names + 1);
+    int *value_of = adt_malloc((size_t)n * sizeof *value_of + 1);
+    for (int i = 0; i < n; i++) names[i] = adt_st_get(f, i)->name;
+    int rc = ckpt_match_names(adt_st_name(f), names, n, vw->g, with_state, 1, value_of);
+    for (int i = 0; i < n && !rc; i++) {
+        int v = value_of[i];
+        adt_box box;
+        int lv = v < 0 ? -1 : ckpt_view_block(vw, v, &box);
+        if (lv >= 0) rc = read_block(f, adt_st_get(f, i), &vw->g->values[v], &box, vw->data(vw->ctx, lv));
+    }
+    free(names);
+    free(value_of);
+    return rc;
+}
+
+int adt_ckpt_load(const adt_st_file *f, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state) {
+    adt_ckpt_view vw = {.g = g, .data = data, .ctx = ctx};
+    return adt_ckpt_load_local(f, &vw, with_state);
 }

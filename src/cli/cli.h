@@ -27,5 +27,6 @@ int cli_parse_flags(const char *command, int argc, char **argv, void (*usage)(FI
 int cli_load_model(const char *command, const char *path, adt_model_cfg *m, char *label, size_t n);
 /* An integer flag value in [lo, hi], else exit code 2 with a message naming the flag. */
 int cli_parse_long(const char *command, const char *flag, const char *v, long lo, long hi, long *out);
+int cli_ckpt(int argc, char **argv);
 
 #endif

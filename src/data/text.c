@@ -6,10 +6,8 @@
  */
 #include "adtrain/data.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "adtrain/base.h"
 #include "data/data_internal.h"
@@ -94,43 +92,13 @@ int adt_text_dataset_from_bytes(adt_text_dataset **out, const void *data, size_t
     return dataset_adopt(out, copy, (int64_t)n, vocab, name ? name : "text");
 }
 
-/* The whole file; reads to EOF rather than trusting st_size so pipes work too. */
-static int read_file(const char *path, uint8_t **out, int64_t *n_out) {
-    *out = NULL;
-    *n_out = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return adt_error(ADT_ERR_IO, "%s: cannot open text data: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        return adt_error(ADT_ERR_IO, "%s: is a directory, expected a text file", path);
-    }
-    size_t cap = S_ISREG(st.st_mode) && st.st_size > 0 ? (size_t)st.st_size + 1 : 1 << 16, n = 0;
-    uint8_t *buf = adt_malloc(cap);
-    for (;;) {
-        if (n == cap) buf = adt_realloc(buf, cap *= 2);
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return adt_error(ADT_ERR_IO, "%s: read failed", path);
-    }
-    *out = buf;
-    *n_out = (int64_t)n;
-    return ADT_OK;
-}
-
 int adt_text_dataset_open(adt_text_dataset **out, const char *path, const adt_text_vocab *vocab) {
     *out = NULL;
-    uint8_t *bytes;
-    int64_t n;
-    int rc = read_file(path, &bytes, &n);
+    char *bytes;
+    size_t n;
+    int rc = adt_file_read(path, SIZE_MAX - 1, "text data", &bytes, &n);
     if (rc) return rc;
-    return dataset_adopt(out, bytes, n, vocab, path);
+    return dataset_adopt(out, (uint8_t *)bytes, (int64_t)n, vocab, path);
 }
 
 void adt_text_dataset_free(adt_text_dataset *ds) {

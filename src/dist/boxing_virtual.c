@@ -13,46 +13,6 @@
 #include "adtrain/base.h"
 #include "adtrain/dist.h"
 
-/* Copies (or adds, f32) the overlap of source block sb into destination block db. */
-static void box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add) {
-    int nd = db->global.ndim;
-    int64_t lo[ADT_MAX_DIMS] = {0}, len[ADT_MAX_DIMS] = {0};
-    if (nd < 1) return;
-    for (int d = 0; d < nd; d++) {
-        int64_t a = db->offset[d] > sb->offset[d] ? db->offset[d] : sb->offset[d];
-        int64_t de = db->offset[d] + db->shape.dim[d], se = sb->offset[d] + sb->shape.dim[d];
-        int64_t b = de < se ? de : se;
-        if (b <= a) return;
-        lo[d] = a;
-        len[d] = b - a;
-    }
-    int64_t rows = 1;
-    for (int d = 0; d < nd - 1; d++) rows *= len[d];
-    int64_t run = len[nd - 1];
-    for (int64_t r = 0; r < rows; r++) {
-        /* the overlap's row r: walk its outer coordinates, last-but-one fastest */
-        int64_t rest = r, so = 0, doff = 0, sstride = 1, dstride = 1;
-        for (int d = nd - 1; d >= 0; d--) {
-            int64_t c = lo[d];
-            if (d < nd - 1) {
-                c += rest % len[d];
-                rest /= len[d];
-            }
-            so += (c - sb->offset[d]) * sstride;
-            doff += (c - db->offset[d]) * dstride;
-            sstride *= sb->shape.dim[d];
-            dstride *= db->shape.dim[d];
-        }
-        if (add) {
-            float *o = (float *)dst + doff;
-            const float *s = (const float *)src + so;
-            for (int64_t j = 0; j < run; j++) o[j] += s[j];
-        } else {
-            memcpy((char *)dst + (size_t)doff * es, (const char *)src + (size_t)so * es, (size_t)run * es);
-        }
-    }
-}
-
 static int check_step(const adt_boxing_step *st, int i) {
     char a[64], b[64];
     int ax = st->mesh_axis;
@@ -90,14 +50,14 @@ int adt_boxing_step_local(const adt_boxing_step *st, const adt_mesh *m, const in
         for (int j = 0; j < m->dim[ax]; j++) { /* the group: my coordinate with axis ax = j */
             c[ax] = j;
             adt_box sb = adt_ndsbp_block(&st->from, m, c, global);
-            box_transfer(out, &db, group[j], &sb, es, reduce);
+            adt_box_transfer(out, &db, group[j], &sb, es, reduce);
         }
         break;
     default: /* SLICE, ZERO_FILL, KEEP_ONE: my own data cut, or placed into zeros (coordinate 0
               * keeps its data on KEEP_ONE, the others leave zeros) */
         if (st->kind != ADT_BOXING_KEEP_ONE || coord[ax] == 0) {
             adt_box sb = adt_ndsbp_block(&st->from, m, coord, global);
-            box_transfer(out, &db, group[coord[ax]], &sb, es, 0);
+            adt_box_transfer(out, &db, group[coord[ax]], &sb, es, 0);
         }
         break;
     }

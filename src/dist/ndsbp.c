@@ -97,6 +97,60 @@ adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord,
     return b;
 }
 
+int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out) {
+    adt_box o;
+    memset(&o, 0, sizeof o);
+    o.global = a->global;
+    o.shape.ndim = a->shape.ndim;
+    int64_t n = 1;
+    for (int d = 0; d < a->shape.ndim; d++) {
+        int64_t lo = a->offset[d] > b->offset[d] ? a->offset[d] : b->offset[d];
+        int64_t ae = a->offset[d] + a->shape.dim[d], be = b->offset[d] + b->shape.dim[d];
+        int64_t hi = ae < be ? ae : be;
+        o.offset[d] = lo;
+        o.shape.dim[d] = hi > lo ? hi - lo : 0;
+        n *= o.shape.dim[d];
+    }
+    if (out) *out = o;
+    return n;
+}
+
+void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add) {
+    adt_box o;
+    if (adt_box_overlap(db, sb, &o) == 0) return;
+    int nd = o.shape.ndim;
+    if (nd == 0) { /* a scalar: the one element */
+        if (add) *(float *)dst += *(const float *)src;
+        else memcpy(dst, src, es);
+        return;
+    }
+    int64_t rows = 1;
+    for (int d = 0; d < nd - 1; d++) rows *= o.shape.dim[d];
+    int64_t run = o.shape.dim[nd - 1];
+    for (int64_t r = 0; r < rows; r++) {
+        /* the overlap's row r: walk its outer coordinates, last-but-one fastest */
+        int64_t rest = r, so = 0, doff = 0, sstride = 1, dstride = 1;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t c = o.offset[d];
+            if (d < nd - 1) {
+                c += rest % o.shape.dim[d];
+                rest /= o.shape.dim[d];
+            }
+            so += (c - sb->offset[d]) * sstride;
+            doff += (c - db->offset[d]) * dstride;
+            sstride *= sb->shape.dim[d];
+            dstride *= db->shape.dim[d];
+        }
+        if (add) {
+            float *out = (float *)dst + doff;
+            const float *s = (const float *)src + so;
+            for (int64_t j = 0; j < run; j++) out[j] += s[j];
+        } else {
+            memcpy((char *)dst + (size_t)doff * es, (const char *)src + (size_t)so * es, (size_t)run * es);
+        }
+    }
+}
+
 void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
                             adt_shape *hi) {
     *lo = *hi = global;

@@ -483,6 +483,7 @@ static int do_put(request *r) {
     const char *err = NULL;
     size_t kl = strlen(key), vl = strlen(val);
     if (strcmp(kvs, r->s->kvsname)) err = "unknown_kvsname";
+    else if (kl == 0) err = "empty_key"; /* adt_pmi_kvs_put refuses it too: no get could name it */
     else if (kl >= ADT_PMI_KEYLEN_MAX) err = "key_too_long";
     else if (vl >= ADT_PMI_VALLEN_MAX) err = "value_too_long";
     else if (!strncmp(key, "PMI_", 4)) err = "reserved_key";
