@@ -750,6 +750,16 @@ static int child_main(void) {
     }
     int rc = adt_comm_finalize(w);
     if (rc) fprintf(stderr, "FAIL rank %d: adt_comm_finalize: %s\n", r, adt_error_message());
+    /* MPI cannot start twice in a process; the self backend still can */
+    int again = adt_comm_init(ADT_COMM_MPI, &w);
+    if (again != ADT_ERR_STATE || !contains(adt_error_message(), "finalized already")) {
+        fprintf(stderr, "FAIL rank %d: a second MPI init returned %d: %s\n", r, again, adt_error_message());
+        rc = 1;
+    }
+    if (adt_comm_init(ADT_COMM_SELF, &w) || adt_comm_finalize(w)) {
+        fprintf(stderr, "FAIL rank %d: self backend after MPI: %s\n", r, adt_error_message());
+        rc = 1;
+    }
     printf("DONE rank=%d size=%d\n", r, p);
     fflush(stdout);
     return rc ? 1 : 0;
