@@ -8,11 +8,12 @@
  *      started without a launcher) and `mpiexec -n N` for N = 2, 3, 4 (4 ranks on 2 cores is
  *      fine for MPICH); each rank prints one line per case, and a case passes when every rank
  *      of the world passed it and the world exited cleanly;
- *   3. runs three worlds that must fail in a known way: a rank that never joins a split (the
+ *   3. runs four worlds that must fail in a known way: a rank that never joins a split (the
  *      others get a timeout error, and finalize refuses to finalize MPI with the operation
  *      unfinished), a rank late for MPI_Finalize (the watchdog ends the process with
- *      ADT_COMM_EXIT_STUCK), and a rank that crashes (the launcher's report must reach this
- *      program's failure output).
+ *      ADT_COMM_EXIT_STUCK), a rank that crashes (the judge of a world must count it failed,
+ *      with the crash in the stderr it prints) and a rank that calls adt_comm_abort (the world
+ *      ends with its code).
  * A world that crashes or hangs counts as failed, with its stderr tail printed; each has a hard
  * time limit. Every value is f(rank, index) with a closed-form sum, exactly representable, so
  * comparisons are exact.
@@ -833,6 +834,19 @@ static int child_crash(void) {
     return 0;
 }
 
+/* Rank 1 ends the world on purpose while rank 0 waits for its message. */
+static int child_abort(void) {
+    adt_comm *w = NULL;
+    if (adt_comm_init(ADT_COMM_MPI, &w)) return 1;
+    adt_comm_barrier(w);
+    if (adt_comm_rank(w) == 1) adt_comm_abort(w, 7);
+    float x;
+    adt_comm_recv_f32(w, &x, 1, 1, 0);
+    report("abort_missed", 0, 2, 0);
+    adt_comm_finalize(w);
+    return 0;
+}
+
 /* ---- the parent: launching worlds ---------------------------------------------------------- */
 
 static char g_self[PATH_MAX];
@@ -1064,6 +1078,17 @@ static void test_world_crash_detected(void) {
     free_world(&wd);
 }
 
+/* adt_comm_abort on one rank ends the whole world with its code. */
+static void test_world_abort(void) {
+    world wd = {.n = 2, .mode = "--child-abort"};
+    run_world(&wd, 60);
+    CHECK(wd.status == 7, "exit status %d, expected the code given to adt_comm_abort (7)", wd.status);
+    CHECK(!contains(wd.out, "abort_missed"), "rank 0 went on after rank 1 aborted");
+    CHECK(wd.secs < 10, "took %.1f s", wd.secs);
+    if (check_cur_failed) print_tail("stderr", wd.err, 20);
+    free_world(&wd);
+}
+
 /* ---- self backend in this process ---------------------------------------------------------- */
 
 static adt_comm *g_self_world;
@@ -1148,7 +1173,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[1], "--child-stuck")) return child_stuck();
         if (!strcmp(argv[1], "--child-watchdog")) return child_watchdog();
         if (!strcmp(argv[1], "--child-crash")) return child_crash();
-        fprintf(stderr, "usage: test_comm [--child|--child-stuck|--child-watchdog|--child-crash]\n");
+        if (!strcmp(argv[1], "--child-abort")) return child_abort();
+        fprintf(stderr, "usage: test_comm [--child|--child-stuck|--child-watchdog|--child-crash|--child-abort]\n");
         return 2;
     }
     ssize_t k = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
@@ -1181,6 +1207,7 @@ int main(int argc, char **argv) {
     RUN(test_world_stuck_peer);
     RUN(test_world_watchdog);
     RUN(test_world_crash_detected);
+    RUN(test_world_abort);
     rmdir(check_tmpdir());
     return check_finish();
 }
