@@ -1,26 +1,30 @@
 /*
  * bench_comm.c - adtrain's collectives against the bare MPI calls they stand on, in one MPI
  * world: the cost of adtrain's path (argument checks, a request, MPI's non-blocking collective
- * and the bounded, polling wait) next to MPI's own blocking collective on the same bytes.
+ * and the bounded, polling wait) next to MPI's own blocking collective on the same bytes, and
+ * next to the bare non-blocking collective adtrain calls, polled with MPI_Test in a tight loop
+ * (so that what adtrain adds and what MPI's non-blocking path costs can be told apart).
  *
  *   mpiexec -n 2 build/bench/bench_comm [--ops allreduce,reduce_scatter,allgather]
  *                                       [--min-bytes 65536] [--max-bytes 67108864]
  *                                       [--reps 30] [--warmup 3]
  *
- * Sizes go from --min-bytes to --max-bytes by factors of 4. For each op and size the two paths
- * alternate, rep by rep, and the order within a pair flips every rep, so that whatever else the
- * machine does hits both alike. Each timed call starts after an MPI_Barrier; its time is the
- * slowest rank's. Rank 0 prints one JSON line per op and size on stdout: medians, min/max and
- * the 10th/90th percentiles in microseconds, bus bandwidth from the medians, and the ratio of
- * adtrain's bandwidth to MPI's (mpi time / adtrain time: above 1 is faster), both of the medians
- * and as the median of the per-rep ratios.
+ * Sizes go from --min-bytes to --max-bytes by factors of 4. For each op and size the three paths
+ * take turns, rep by rep, and the order rotates every rep, so that whatever else the machine
+ * does hits them alike. Each timed call starts after an MPI_Barrier; its time is the slowest
+ * rank's. Rank 0 prints one JSON line per op and size on stdout: per path ("adtrain", "mpi",
+ * "mpi_nb") the median, min/max and 10th/90th percentiles in microseconds and the bus bandwidth
+ * of the median; the ratio of adtrain's bandwidth to MPI's blocking call (mpi time / adtrain
+ * time: above 1 is faster), of the medians and as the median of the per-rep ratios; and the same
+ * ratio against the bare non-blocking call (nb_ratio_of_medians).
  *
  * Bus bandwidth follows nccl-tests: S is the whole buffer (allreduce: the vector; reduce-scatter:
  * the input; all-gather: the output); allreduce moves 2(p-1)/p S per rank, the others (p-1)/p S.
  *
  * The bare calls are MPI_Allreduce(MPI_IN_PLACE) for adt_comm_allreduce_f32 (which is in place),
  * MPI_Reduce_scatter with the same counts for adt_comm_reduce_scatter_f32, MPI_Allgatherv with the
- * same counts for adt_comm_allgather_f32; buffers are zeros (no denormals, no overflow).
+ * same counts for adt_comm_allgather_f32, and their MPI_I... forms; buffers are zeros (no
+ * denormals, no overflow).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -105,28 +109,43 @@ typedef struct bufs {
     int *icounts, *displs;
 } bufs;
 
+enum { P_ADT, P_MPI, P_NB, P_N };
+static const char *PATH_NAMES[P_N] = {"adtrain", "mpi", "mpi_nb"};
+
 /* One call of one op on one path; returns 0 or prints the error. */
-static int call(op_kind op, int bare, adt_comm *w, bufs *B, int64_t n, int rank) {
+static int call(op_kind op, int path, adt_comm *w, bufs *B, int64_t n, int rank) {
     int rc;
-    if (bare) {
+    if (path == P_ADT) {
         switch (op) {
-        case OP_AR: rc = MPI_Allreduce(MPI_IN_PLACE, B->a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-        case OP_RS: rc = MPI_Reduce_scatter(B->a, B->b, B->icounts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case OP_AR: rc = adt_comm_allreduce_f32(w, B->a, n); break;
+        case OP_RS: rc = adt_comm_reduce_scatter_f32(w, B->a, B->b, B->counts); break;
+        default: rc = adt_comm_allgather_f32(w, B->b, B->a, B->counts); break;
+        }
+        if (rc) fprintf(stderr, "bench_comm: %s\n", adt_error_message());
+        return rc != 0;
+    }
+    MPI_Comm cw = MPI_COMM_WORLD;
+    MPI_Request q;
+    if (path == P_MPI) {
+        switch (op) {
+        case OP_AR: rc = MPI_Allreduce(MPI_IN_PLACE, B->a, (int)n, MPI_FLOAT, MPI_SUM, cw); break;
+        case OP_RS: rc = MPI_Reduce_scatter(B->a, B->b, B->icounts, MPI_FLOAT, MPI_SUM, cw); break;
         default:
-            rc = MPI_Allgatherv(B->b, B->icounts[rank], MPI_FLOAT, B->a, B->icounts, B->displs, MPI_FLOAT,
-                                MPI_COMM_WORLD);
+            rc = MPI_Allgatherv(B->b, B->icounts[rank], MPI_FLOAT, B->a, B->icounts, B->displs, MPI_FLOAT, cw);
             break;
         }
-        if (rc != MPI_SUCCESS) fprintf(stderr, "bench_comm: MPI %s failed (%d)\n", OP_NAMES[op], rc);
-        return rc != MPI_SUCCESS;
+    } else {
+        switch (op) {
+        case OP_AR: rc = MPI_Iallreduce(MPI_IN_PLACE, B->a, (int)n, MPI_FLOAT, MPI_SUM, cw, &q); break;
+        case OP_RS: rc = MPI_Ireduce_scatter(B->a, B->b, B->icounts, MPI_FLOAT, MPI_SUM, cw, &q); break;
+        default:
+            rc = MPI_Iallgatherv(B->b, B->icounts[rank], MPI_FLOAT, B->a, B->icounts, B->displs, MPI_FLOAT, cw, &q);
+            break;
+        }
+        for (int done = 0; rc == MPI_SUCCESS && !done;) rc = MPI_Test(&q, &done, MPI_STATUS_IGNORE);
     }
-    switch (op) {
-    case OP_AR: rc = adt_comm_allreduce_f32(w, B->a, n); break;
-    case OP_RS: rc = adt_comm_reduce_scatter_f32(w, B->a, B->b, B->counts); break;
-    default: rc = adt_comm_allgather_f32(w, B->b, B->a, B->counts); break;
-    }
-    if (rc) fprintf(stderr, "bench_comm: %s\n", adt_error_message());
-    return rc != 0;
+    if (rc != MPI_SUCCESS) fprintf(stderr, "bench_comm: MPI %s (%s) failed (%d)\n", OP_NAMES[op], PATH_NAMES[path], rc);
+    return rc != MPI_SUCCESS;
 }
 
 static int cmp_d(const void *x, const void *y) {
@@ -154,8 +173,8 @@ int main(int argc, char **argv) {
     int64_t nmax = o.max_bytes / 4;
     bufs B = {adt_alloc_aligned((size_t)nmax * 4), adt_alloc_aligned((size_t)nmax * 4),
               malloc((size_t)p * sizeof(int64_t)), malloc((size_t)p * sizeof(int)), malloc((size_t)p * sizeof(int))};
-    double *t[2], *tmax[2], *ratio = malloc((size_t)o.reps * sizeof(double));
-    for (int k = 0; k < 2; k++) {
+    double *t[P_N], *tmax[P_N], *ratio = malloc((size_t)o.reps * sizeof(double));
+    for (int k = 0; k < P_N; k++) {
         t[k] = malloc((size_t)o.reps * sizeof(double));
         tmax[k] = malloc((size_t)o.reps * sizeof(double));
     }
@@ -167,25 +186,24 @@ int main(int argc, char **argv) {
             adt_comm_block_counts(n, p, B.counts);
             for (int i = 0, off = 0; i < p; off += B.icounts[i], i++) B.icounts[i] = (int)B.counts[i], B.displs[i] = off;
             for (int rep = -o.warmup; rep < o.reps && !failed; rep++) {
-                for (int k = 0; k < 2; k++) {
-                    /* even reps: adtrain first; odd reps: bare MPI first */
-                    int bare = (k + (rep & 1)) & 1;
+                for (int k = 0; k < P_N; k++) {
+                    int path = (k + rep + o.warmup) % P_N; /* each path first in every third rep */
                     MPI_Barrier(MPI_COMM_WORLD);
                     double t0 = MPI_Wtime();
-                    failed |= call((op_kind)op, bare, w, &B, n, rank);
+                    failed |= call((op_kind)op, path, w, &B, n, rank);
                     double dt = MPI_Wtime() - t0;
-                    if (rep >= 0) t[bare][rep] = dt;
+                    if (rep >= 0) t[path][rep] = dt;
                 }
             }
             int any = failed;
             MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
             if ((failed = any)) break;
-            for (int k = 0; k < 2; k++) MPI_Reduce(t[k], tmax[k], o.reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+            for (int k = 0; k < P_N; k++) MPI_Reduce(t[k], tmax[k], o.reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
             if (rank) continue;
-            for (int i = 0; i < o.reps; i++) ratio[i] = tmax[1][i] / tmax[0][i];
+            for (int i = 0; i < o.reps; i++) ratio[i] = tmax[P_MPI][i] / tmax[P_ADT][i];
             qsort(ratio, (size_t)o.reps, sizeof(double), cmp_d);
-            double st[2][5];
-            for (int k = 0; k < 2; k++) {
+            double st[P_N][5];
+            for (int k = 0; k < P_N; k++) {
                 qsort(tmax[k], (size_t)o.reps, sizeof(double), cmp_d);
                 st[k][0] = tmax[k][0], st[k][1] = quant(tmax[k], o.reps, 0.1), st[k][2] = quant(tmax[k], o.reps, 0.5);
                 st[k][3] = quant(tmax[k], o.reps, 0.9), st[k][4] = tmax[k][o.reps - 1];
@@ -193,21 +211,23 @@ int main(int argc, char **argv) {
             double factor = op == OP_AR ? 2.0 * (p - 1) / p : (double)(p - 1) / p;
             printf("{\"op\": \"%s\", \"bytes\": %lld, \"ranks\": %d, \"reps\": %d, \"poll\": \"%s\"", OP_NAMES[op],
                    bytes, p, o.reps, poll && *poll ? poll : "auto");
-            for (int k = 0; k < 2; k++) {
-                const char *nm = k ? "mpi" : "adtrain";
+            for (int k = 0; k < P_N; k++) {
+                const char *nm = PATH_NAMES[k];
                 printf(", \"%s_us\": {\"min\": %.2f, \"p10\": %.2f, \"median\": %.2f, \"p90\": %.2f, \"max\": %.2f}", nm,
                        st[k][0] * 1e6, st[k][1] * 1e6, st[k][2] * 1e6, st[k][3] * 1e6, st[k][4] * 1e6);
                 printf(", \"%s_busbw_gbs\": %.4f", nm, factor * (double)bytes / st[k][2] / 1e9);
             }
-            printf(", \"ratio_of_medians\": %.4f, \"ratio_paired\": {\"p10\": %.4f, \"median\": %.4f, \"p90\": %.4f}}\n",
-                   st[1][2] / st[0][2], quant(ratio, o.reps, 0.1), quant(ratio, o.reps, 0.5), quant(ratio, o.reps, 0.9));
+            printf(", \"ratio_of_medians\": %.4f, \"ratio_paired\": {\"p10\": %.4f, \"median\": %.4f, \"p90\": %.4f}"
+                   ", \"nb_ratio_of_medians\": %.4f}\n",
+                   st[P_MPI][2] / st[P_ADT][2], quant(ratio, o.reps, 0.1), quant(ratio, o.reps, 0.5),
+                   quant(ratio, o.reps, 0.9), st[P_NB][2] / st[P_ADT][2]);
             fflush(stdout);
         }
     }
     if (rank == 0 && !failed) fprintf(stderr, "bench_comm: %d ranks, %s\n", p, adt_comm_mpi_library());
     adt_free_aligned(B.a), adt_free_aligned(B.b);
     free(B.counts), free(B.icounts), free(B.displs), free(ratio);
-    for (int k = 0; k < 2; k++) free(t[k]), free(tmax[k]);
+    for (int k = 0; k < P_N; k++) free(t[k]), free(tmax[k]);
     int rc = adt_comm_finalize(w);
     if (rc) fprintf(stderr, "bench_comm: %s\n", adt_error_message());
     return failed || rc ? 1 : 0;

@@ -65,7 +65,7 @@ echo "raw results: $OUT" >&2
 
 "$PYTHON" - "$OUT" <<'EOF'
 """Summary of one run_comm.sh results file: per configuration, op and size, the medians and
-10th..90th percentile spreads of both paths, bus bandwidths and the bandwidth ratio."""
+10th..90th percentile spreads of the paths, bus bandwidths and the bandwidth ratios."""
 import json, sys
 
 lines = [json.loads(line) for line in open(sys.argv[1])]
@@ -80,19 +80,21 @@ print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)
 print(f"MPICH {meta.get('mpich_package')}, UCX {meta.get('ucx_package')}, launcher {meta.get('mpiexec')}; "
       f"{meta.get('reps')} timed reps per path and size after {meta.get('warmup')} warmup")
 print()
-print("| ranks | polling | op | size | adtrain us | (p10..p90) | MPI us | (p10..p90) "
-      "| adtrain busbw GB/s | MPI busbw GB/s | bw ratio | paired ratio |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| ranks | polling | op | size | adtrain us | (p10..p90) | MPI us | (p10..p90) | MPI nb us "
+      "| adtrain busbw GB/s | MPI busbw GB/s | bw ratio | paired ratio | vs nb |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    a, m = r["adtrain_us"], r["mpi_us"]
+    a, m, nb = r["adtrain_us"], r["mpi_us"], r["mpi_nb_us"]
     pr = r["ratio_paired"]
     print(f"| {r['ranks']} | {r['poll']} | {r['op']} | {size(r['bytes'])} | {a['median']:.1f} | "
           f"{a['p10']:.1f}..{a['p90']:.1f} | {m['median']:.1f} | {m['p10']:.1f}..{m['p90']:.1f} | "
-          f"{r['adtrain_busbw_gbs']:.3f} | {r['mpi_busbw_gbs']:.3f} | {r['ratio_of_medians']:.3f} | "
-          f"{pr['median']:.3f} ({pr['p10']:.2f}..{pr['p90']:.2f}) |")
+          f"{nb['median']:.1f} | {r['adtrain_busbw_gbs']:.3f} | {r['mpi_busbw_gbs']:.3f} | "
+          f"{r['ratio_of_medians']:.3f} | {pr['median']:.3f} ({pr['p10']:.2f}..{pr['p90']:.2f}) | "
+          f"{r['nb_ratio_of_medians']:.3f} |")
 print()
 print("bw ratio: adtrain bandwidth / MPI bandwidth from the medians (MPI time / adtrain time);")
-print("paired ratio: median (p10..p90) of the per-rep ratios of back-to-back calls.")
+print("paired ratio: median (p10..p90) of the per-rep ratios of back-to-back calls;")
+print("MPI nb: the bare non-blocking call polled by MPI_Test; vs nb: its time / adtrain's.")
 ar = [r for r in rows if r["op"] == "allreduce" and r["poll"] == "auto"]
 for n in sorted({r["ranks"] for r in ar}):
     sel = [r["ratio_of_medians"] for r in ar if r["ranks"] == n]
