@@ -1084,7 +1084,10 @@ static void test_world_crash_detected(void) {
 static void test_world_abort(void) {
     world wd = {.n = 2, .mode = "--child-abort"};
     run_world(&wd, 60);
-    CHECK(wd.status == 7, "exit status %d, expected the code given to adt_comm_abort (7)", wd.status);
+    /* hydra exits with the abort code, unless a peer it killed while cleaning up is reported
+     * first (seen under heavy load: 9); the code must then be in MPICH's abort line. */
+    CHECK(wd.status == 7 || (wd.status != 0 && contains(wd.err, "MPI_Abort(") && contains(wd.err, ", 7)")),
+          "exit status %d, expected the code given to adt_comm_abort (7)", wd.status);
     CHECK(!contains(wd.out, "abort_missed"), "rank 0 went on after rank 1 aborted");
     CHECK(wd.secs < 10, "took %.1f s", wd.secs);
     if (check_cur_failed) print_tail("stderr", wd.err, 20);
