@@ -105,7 +105,8 @@ print("| ranks | polling | op | size | adtrain us | (spread) | MPI us | (spread)
       "| adtrain busbw GB/s | MPI busbw GB/s | bw ratio | paired ratio | vs nb |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 worst = {}
-for key in sorted(groups, key=lambda k: (k[0], k[1] != "auto", k[1], k[2], k[3])):
+OP_ORDER = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2}
+for key in sorted(groups, key=lambda k: (k[0], k[1] != "auto", k[1], OP_ORDER.get(k[2], 9), k[3])):
     g = groups[key]
     ranks, poll, op, nbytes = key
     med = {p: [x[p + "_us"]["median"] for x in g] for p in ("adtrain", "mpi", "mpi_nb")}

@@ -4,7 +4,7 @@
  * A communicator is a group of ranks that exchange data. Two backends sit behind one interface:
  *   self  one rank, no MPI: every collective is a copy (or nothing), sends to itself are queued.
  *         It gives exactly the results of a 1-rank MPI world, so a serial run needs no MPI.
- *   mpi   MPI-3 (Debian's MPICH first; only standard MPI-3 calls, so Open MPI also works),
+ *   mpi   MPI-3 (Debian's MPICH; only standard MPI-3 calls, so Open MPI should work as well),
  *         started by mpiexec, by adtrain's own PMI-1 agent, or as a singleton without a launcher.
  *
  * Counts are in elements of the given dtype, never in bytes. Every operation exists blocking and
