@@ -1,8 +1,10 @@
 /*
- * cli.h - the subcommands of the `adtrain` command.
+ * cli.h - the subcommands of the `adtrain` command and what they share.
  */
 #ifndef ADTRAIN_CLI_H
 #define ADTRAIN_CLI_H
+
+#include "adtrain/elastic.h"
 
 #define ADT_VERSION "0.1.0"
 
@@ -11,5 +13,57 @@ int cli_train(int argc, char **argv);
  * `return cli_fail("train", 2, "...")`. */
 int cli_fail(const char *command, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int cli_graph(int argc, char **argv);
+
+/* The elastic runtime's commands (master.c, agent.c, launch.c, status.c, audit.c). */
+int cli_master(int argc, char **argv);
+int cli_agent(int argc, char **argv);
+int cli_launch(int argc, char **argv);
+int cli_status(int argc, char **argv);
+int cli_scale(int argc, char **argv);
+int cli_audit(int argc, char **argv);
+
+/* The master's flags, shared by `adtrain master` and `adtrain launch` (master.c). */
+typedef struct cli_master_opts {
+    adt_master_config cfg;
+    adt_ledger_job job; /* the data flags (--samples ...), if any */
+    int data_flags;
+    char token[300];
+    double linger_s;    /* after the job ended, keep answering this long (agents learn it) */
+} cli_master_opts;
+void cli_master_defaults(cli_master_opts *o);
+int cli_master_has_value(const char *name);
+/* 1: the flag was the master's and is applied; 0: not a master flag; -1: bad value (printed). */
+int cli_master_flag(const char *command, cli_master_opts *o, const char *name, const char *value);
+/* Checks across flags (the data flags come together); -1 after printing the problem. */
+int cli_master_finish(const char *command, cli_master_opts *o);
+/* The usage lines of the master's flags. */
+extern const char cli_master_flags_help[];
+
+/* The agent's flags, shared by `adtrain agent` and `adtrain launch` (agent.c). */
+typedef struct cli_agent_opts {
+    adt_agent_config cfg;
+    char token[300];
+} cli_agent_opts;
+void cli_agent_defaults(cli_agent_opts *o);
+int cli_agent_has_value(const char *name);
+int cli_agent_flag(const char *command, cli_agent_opts *o, const char *name, const char *value);
+extern const char cli_agent_flags_help[];
+
+/* Flags of the form "--name VALUE" or "--name=VALUE". Walks argv from *i: sets *name (without
+ * the "=VALUE" part, in buf) and *value (NULL for a flag that takes none: `has_value` says which
+ * do); returns 1 for a flag, 0 at the end or at "--" (*i then indexes the word after it), -1 on
+ * a missing value (the message is printed for `command`). */
+int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
+                  char *buf, int cap, const char **name, const char **value);
+/* Checked numbers: print "adtrain COMMAND: FLAG: expected ..." and return -1 when bad. */
+int cli_long(const char *command, const char *flag, const char *s, long lo, long hi, long *out);
+int cli_double(const char *command, const char *flag, const char *s, double lo, double hi, double *out);
+/* "MIN:MAX" or "N" (= N:N); MAX may be 0 meaning no limit. */
+int cli_range(const char *command, const char *flag, const char *s, long *lo, long *hi);
+/* The token from --token-file: the file's first line. */
+int cli_read_token(const char *command, const char *path, char *buf, int cap);
+/* SIGINT, SIGTERM and SIGHUP write a byte to the returned descriptor (readable = stop asked);
+ * SIGPIPE is ignored. */
+int cli_stop_fd(void);
 
 #endif

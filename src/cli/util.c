@@ -1,8 +1,16 @@
 /*
- * util.c - what the subcommands share: the one error-line format.
+ * util.c - what the subcommands share: the one error-line format, flag walking, checked numbers,
+ * and signals turned into a readable descriptor for the long-running commands.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -14,4 +22,99 @@ int cli_fail(const char *command, int code, const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     return code;
+}
+
+int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
+                  char *buf, int cap, const char **name, const char **value) {
+    if (*i >= argc) return 0;
+    const char *a = argv[*i];
+    if (!strcmp(a, "--")) {
+        (*i)++;
+        return 0;
+    }
+    (*i)++;
+    const char *eq = strncmp(a, "--", 2) ? NULL : strchr(a, '=');
+    if (eq) {
+        snprintf(buf, (size_t)cap, "%.*s", (int)(eq - a), a);
+        *name = buf;
+        *value = eq + 1;
+        if (!has_value(buf)) return cli_fail(command, -1, "%s takes no value", buf);
+        return 1;
+    }
+    *name = a;
+    *value = NULL;
+    if (has_value(a)) {
+        if (*i >= argc) return cli_fail(command, -1, "%s: expected a value", a);
+        *value = argv[(*i)++];
+    }
+    return 1;
+}
+
+int cli_long(const char *command, const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi)
+        return cli_fail(command, -1, "%s: expected an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
+    *out = (long)v;
+    return 0;
+}
+
+int cli_double(const char *command, const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v) || v < lo || v > hi)
+        return cli_fail(command, -1, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi, s);
+    *out = v;
+    return 0;
+}
+
+int cli_range(const char *command, const char *flag, const char *s, long *lo, long *hi) {
+    const char *colon = strchr(s, ':');
+    char a[32], b[32];
+    if (!colon) {
+        if (cli_long(command, flag, s, 1, 1 << 20, lo)) return -1;
+        *hi = *lo;
+        return 0;
+    }
+    snprintf(a, sizeof a, "%.*s", (int)(colon - s), s);
+    snprintf(b, sizeof b, "%s", colon + 1);
+    if (cli_long(command, flag, a, 1, 1 << 20, lo) || cli_long(command, flag, b, 0, 1 << 20, hi)) return -1;
+    if (*hi && *hi < *lo) return cli_fail(command, -1, "%s %s: MIN above MAX", flag, s);
+    return 0;
+}
+
+int cli_read_token(const char *command, const char *path, char *buf, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return cli_fail(command, -1, "--token-file %s: %s", path, strerror(errno));
+    if (!fgets(buf, cap, f)) buf[0] = 0;
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = 0;
+    if (!buf[0]) return cli_fail(command, -1, "--token-file %s: empty", path);
+    return 0;
+}
+
+static int g_stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig) {
+    int e = errno;
+    char c = (char)sig;
+    if (write(g_stop_pipe[1], &c, 1) < 0) {}
+    errno = e;
+}
+
+int cli_stop_fd(void) {
+    if (g_stop_pipe[0] < 0) {
+        if (pipe2(g_stop_pipe, O_CLOEXEC | O_NONBLOCK)) return -1;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGHUP, &sa, NULL);
+        signal(SIGPIPE, SIG_IGN);
+    }
+    return g_stop_pipe[0];
 }
