@@ -528,6 +528,35 @@ static void test_kill_master(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* The master dies for good: each agent stops its workers after --master-grace and gives up
+ * (exit 1) after --master-timeout. */
+static void test_lost_master(void) {
+    ejob j;
+    if (job_init(&j, "lost")) return;
+    j.agent_extra[j.n_agent_extra++] = "--master-grace";
+    j.agent_extra[j.n_agent_extra++] = "1";
+    j.agent_extra[j.n_agent_extra++] = "--master-timeout";
+    j.agent_extra[j.n_agent_extra++] = "3";
+    j.step_ms = 40;
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, 2, 30), "no progress");
+    pid_t w0 = worker_pid(&j, 0), w1 = worker_pid(&j, 1);
+    kill(j.master->pid, SIGKILL);
+    double t0 = adt_now_s();
+    proc_wait(j.master, 5);
+    while ((kill(w0, 0) == 0 || kill(w1, 0) == 0) && adt_now_s() - t0 < 10) reap_all(), sleep_s(0.01);
+    double t_stop = adt_now_s() - t0;
+    CHECK(kill(w0, 0) && kill(w1, 0), "workers still run 10 s after the master died");
+    /* the agent counts from the master's last reply, up to one long-poll (1 s) before the kill */
+    CHECK(t_stop < 4, "workers stopped %.2f s after the master died (grace 1 s)", t_stop);
+    CHECK(proc_wait(j.agent[0], 10), "the agent did not give up");
+    double t_exit = adt_now_s() - t0;
+    CHECK(exit_code(j.agent[0]) == 1 && t_exit >= 1.9 && t_exit > t_stop, "agent exit %d after %.2f s (timeout 3 s)",
+          exit_code(j.agent[0]), t_exit);
+    fprintf(stderr, "  master gone: workers stopped after %.2f s, the agent gave up after %.2f s\n", t_stop, t_exit);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* A zombie: rank 1 stopped (SIGSTOP) past its lease deadline. The master takes the leases back
  * and ends the generation; the agent's SIGTERM waits in the stopped process. Continued, the
  * zombie finishes its step and reports late: refused; it exits, and the next generation redoes
@@ -921,6 +950,7 @@ int main(int argc, char **argv) {
     MAYBE(test_kill_worker);
     MAYBE(test_kill_agent);
     MAYBE(test_kill_master);
+    MAYBE(test_lost_master);
     MAYBE(test_zombie);
     MAYBE(test_scale);
     MAYBE(test_random_trials);

@@ -84,6 +84,9 @@ int adt_master_create(adt_master **out, const adt_master_config *c) {
     m->max_reported = -1;
     m->last_recovery_s = -1;
     m->started_wall = adt_wall_s();
+    /* plan versions of a restarted master must not repeat the previous one's: an agent that
+     * long-polls with an old version would wait for nothing */
+    m->version = (uint64_t)(m->started_wall * 1000);
     m->last_join_mono = adt_now_s();
     m->gstate_mono = adt_now_s();
     if (c->data) {

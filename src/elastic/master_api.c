@@ -331,7 +331,7 @@ static void ep_events(adt_master *m, const adt_http_request *rq, adt_http_reply 
             free(buf);
         }
     }
-    qsort(ev, n, sizeof *ev, cmp_ev);
+    if (n) qsort(ev, n, sizeof *ev, cmp_ev);
     size_t len = 1;
     for (size_t i = 0; i < n; i++) len += strlen(ev[i].text) + 1;
     char *out = adt_malloc(len), *p = out;
@@ -557,7 +557,7 @@ static void ep_heartbeat(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     m_agent *a = body_agent(m, b, rp);
     if (!a) return;
     int64_t known, wait_ms;
-    if (wj_int(b, "version", 0, INT64_MAX, 1, -1, &known) || wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)) {
+    if (wj_int(b, "version", -1, INT64_MAX, 1, -1, &known) || wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)) {
         reply_error(rp, 400, "%s", adt_error_message());
         return;
     }
