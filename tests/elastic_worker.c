@@ -52,7 +52,8 @@ static double wall(void) {
 
 static void sleep_ms(double ms) {
     struct timespec ts = {(time_t)(ms / 1000), (long)(((long long)(ms * 1e6)) % 1000000000)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
 }
 
 static void die(int code, const char *what) {
@@ -86,7 +87,8 @@ static void checkpoint(adt_elastic *c, int32_t *model, int32_t *delta, int64_t c
     MPI_Reduce(delta, sum, (int)cells, MPI_INT32_T, MPI_SUM, 0, MPI_COMM_WORLD);
     memset(delta, 0, (size_t)cells * sizeof *delta);
     if (g_rank == 0) {
-        for (int64_t i = 0; i < cells; i++) model[i] += sum[i];
+        for (int64_t i = 0; i < cells; i++)
+            model[i] += sum[i];
         free(sum);
         char name[128], path[4096], tmp[4200];
         snprintf(name, sizeof name, "ckpt-%lld-g%lld.bin", (long long)step, (long long)g_gen);
@@ -111,9 +113,15 @@ int main(int argc, char **argv) {
         return 64;
     }
     g_out = argv[1];
-    adt_ledger_job job = {.samples = atoll(argv[2]), .global_batch = atoll(argv[3]), .shard_size = atoll(argv[4]),
-                          .epochs = atoll(argv[5]), .seed = strtoull(argv[6], NULL, 10), .shuffle = 1,
-                          .max_leases = 16, .lease_timeout_s = atof(argv[9]), .max_failures = atoi(argv[10])};
+    adt_ledger_job job = {.samples = atoll(argv[2]),
+                          .global_batch = atoll(argv[3]),
+                          .shard_size = atoll(argv[4]),
+                          .epochs = atoll(argv[5]),
+                          .seed = strtoull(argv[6], NULL, 10),
+                          .shuffle = 1,
+                          .max_leases = 16,
+                          .lease_timeout_s = atof(argv[9]),
+                          .max_failures = atoi(argv[10])};
     double step_ms = atof(argv[7]);
     int every = atoi(argv[8]);
     signal(SIGTERM, on_term);
@@ -142,7 +150,8 @@ int main(int argc, char **argv) {
             model_file h;
             if (!f || fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, "ADTW", 4) || h.steps != start ||
                 h.epochs != E || h.samples != N || fread(model, sizeof *model, (size_t)(E * N), f) != (size_t)(E * N)) {
-                fprintf(stderr, "elastic_worker: checkpoint %s unreadable or not of step %lld\n", path, (long long)start);
+                fprintf(stderr, "elastic_worker: checkpoint %s unreadable or not of step %lld\n", path,
+                        (long long)start);
                 exit(5);
             }
             fclose(f);
@@ -178,7 +187,8 @@ int main(int argc, char **argv) {
                 adt_sample_permutation(perm, N, job.seed, cur.epoch);
                 perm_epoch = cur.epoch;
             }
-            for (int64_t p = cur.cursor; p < cur.cursor + take; p++) delta[cur.epoch * N + perm[p]]++;
+            for (int64_t p = cur.cursor; p < cur.cursor + take; p++)
+                delta[cur.epoch * N + perm[p]]++;
             r[nr++] = (adt_ledger_range){cur.id, cur.cursor, cur.cursor + take};
             cur.cursor += take;
             need -= take;

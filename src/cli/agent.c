@@ -25,15 +25,11 @@ const char cli_agent_flags_help[] =
     "  --no-prefix             workers write straight to this stdout/stderr (default: lines are\n"
     "                          prefixed with [rank R])\n";
 
-static const char *const k_value_flags[] = {"--master", "--token", "--token-file", "--nproc-per-node", "--bind-to",
-                                            "--node-id", "--host", "--master-grace", "--master-timeout",
-                                            "--kill-grace", NULL};
+static const char *const k_value_flags[] = {
+    "--master", "--token",        "--token-file",     "--nproc-per-node", "--bind-to", "--node-id",
+    "--host",   "--master-grace", "--master-timeout", "--kill-grace",     NULL};
 
-int cli_agent_has_value(const char *name) {
-    for (int i = 0; k_value_flags[i]; i++)
-        if (!strcmp(name, k_value_flags[i])) return 1;
-    return 0;
-}
+int cli_agent_has_value(const char *name) { return cli_in_list(name, k_value_flags); }
 
 void cli_agent_defaults(cli_agent_opts *o) {
     memset(o, 0, sizeof *o);
@@ -47,20 +43,24 @@ void cli_agent_defaults(cli_agent_opts *o) {
 int cli_agent_flag(const char *cmd, cli_agent_opts *o, const char *f, const char *v) {
     adt_agent_config *c = &o->cfg;
     long x;
-    if (!strcmp(f, "--master")) c->master = v;
-    else if (!strcmp(f, "--token")) snprintf(o->token, sizeof o->token, "%s", v), c->token = o->token;
-    else if (!strcmp(f, "--token-file")) {
-        if (cli_read_token(cmd, v, o->token, sizeof o->token)) return -1;
-        c->token = o->token;
-    } else if (!strcmp(f, "--nproc-per-node")) {
+    if (!strcmp(f, "--master"))
+        c->master = v;
+    else if (!strcmp(f, "--token") || !strcmp(f, "--token-file"))
+        return cli_token_flag(cmd, f, v, o->token, sizeof o->token, &c->token);
+    else if (!strcmp(f, "--nproc-per-node")) {
         if (cli_long(cmd, f, v, 1, 4096, &x)) return -1;
         c->nproc = (int)x;
     } else if (!strcmp(f, "--bind-to")) {
-        if (!strcmp(v, "core")) c->bind = ADT_BIND_CORE;
-        else if (!strcmp(v, "none")) c->bind = ADT_BIND_NONE;
-        else return cli_fail(cmd, -1, "--bind-to: expected core or none, got '%s'", v);
-    } else if (!strcmp(f, "--node-id")) c->node_id = v;
-    else if (!strcmp(f, "--host")) c->host = v;
+        if (!strcmp(v, "core"))
+            c->bind = ADT_BIND_CORE;
+        else if (!strcmp(v, "none"))
+            c->bind = ADT_BIND_NONE;
+        else
+            return cli_fail(cmd, -1, "--bind-to: expected core or none, got '%s'", v);
+    } else if (!strcmp(f, "--node-id"))
+        c->node_id = v;
+    else if (!strcmp(f, "--host"))
+        c->host = v;
     else if (!strcmp(f, "--master-grace")) {
         if (cli_double(cmd, f, v, 0.1, 86400, &c->master_grace_s)) return -1;
     } else if (!strcmp(f, "--master-timeout")) {
@@ -68,46 +68,41 @@ int cli_agent_flag(const char *cmd, cli_agent_opts *o, const char *f, const char
     } else if (!strcmp(f, "--kill-grace")) {
         if (cli_double(cmd, f, v, 0, 3600, &c->kill_grace_s)) return -1;
         if (c->kill_grace_s == 0) c->kill_grace_s = -1; /* SIGKILL at once */
-    } else if (!strcmp(f, "--no-prefix")) c->prefix_output = 0;
-    else if (!strcmp(f, "--no-pmi")) c->no_pmi = 1;
-    else return 0;
+    } else if (!strcmp(f, "--no-prefix"))
+        c->prefix_output = 0;
+    else if (!strcmp(f, "--no-pmi"))
+        c->no_pmi = 1;
+    else
+        return 0;
     return 1;
 }
 
 static void agent_usage(FILE *f) {
-    fprintf(f, "usage: adtrain agent --master HOST:PORT [--nproc-per-node N] [options] -- CMD [ARGS...]\n"
-               "\n"
-               "Runs this node's part of an elastic job: registers with the master, starts the ranks each\n"
-               "generation assigns here as CMD (an MPI program: MPICH finds its peers through the agent,\n"
-               "no mpiexec), reports deaths, stops them when told. Workers get RANK, LOCAL_RANK,\n"
-               "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (the master's API),\n"
-               "TORCHELASTIC_RESTART_COUNT, ADT_MASTER, ADT_GENERATION, ADT_JOB_TOKEN.\n"
-               "SIGINT/SIGTERM: leave after the workers stop at a step boundary; again: leave at once.\n"
-               "\n"
-               "  --master HOST:PORT      the master (adtrain master)\n"
-               "  --token T, --token-file F   the job token (default $ADT_JOB_TOKEN)\n"
-               "%s"
-               "\n"
-               "exit status: 0 the job finished, 1 it failed, the agent left or lost the master, 2 bad flag\n",
+    fprintf(f,
+            "usage: adtrain agent --master HOST:PORT [--nproc-per-node N] [options] -- CMD [ARGS...]\n"
+            "\n"
+            "Runs this node's part of an elastic job: registers with the master, starts the ranks each\n"
+            "generation assigns here as CMD (an MPI program: MPICH finds its peers through the agent,\n"
+            "no mpiexec), reports deaths, stops them when told. Workers get RANK, LOCAL_RANK,\n"
+            "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT (the master's API),\n"
+            "TORCHELASTIC_RESTART_COUNT, ADT_MASTER, ADT_GENERATION, ADT_JOB_TOKEN.\n"
+            "SIGINT/SIGTERM: leave after the workers stop at a step boundary; again: leave at once.\n"
+            "\n"
+            "  --master HOST:PORT      the master (adtrain master)\n"
+            "  --token T, --token-file F   the job token (default $ADT_JOB_TOKEN)\n"
+            "%s"
+            "\n"
+            "exit status: 0 the job finished, 1 it failed, the agent left or lost the master, 2 bad flag\n",
             cli_agent_flags_help);
 }
+
+static int agent_apply(void *ctx, const char *f, const char *v) { return cli_agent_flag("agent", ctx, f, v); }
 
 int cli_agent(int argc, char **argv) {
     cli_agent_opts o;
     cli_agent_defaults(&o);
-    char buf[64];
-    const char *f, *v;
-    int i = 1, r;
-    while ((r = cli_next_flag("agent", argc, argv, &i, cli_agent_has_value, buf, sizeof buf, &f, &v)) == 1) {
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            agent_usage(stdout);
-            return 0;
-        }
-        int k = cli_agent_flag("agent", &o, f, v);
-        if (k < 0) return 2;
-        if (k == 0) return cli_fail("agent", 2, "unknown flag '%s' (see adtrain agent --help)", f);
-    }
-    if (r < 0) return 2;
+    int i = 1, r = cli_parse("agent", argc, argv, &i, cli_agent_has_value, agent_apply, &o, agent_usage);
+    if (r) return r == 1 ? 0 : 2;
     if (!o.cfg.master) return cli_fail("agent", 2, "--master HOST:PORT is required");
     if (i >= argc) return cli_fail("agent", 2, "no worker command: give it after '--'");
     o.cfg.argv = (const char *const *)argv + i;

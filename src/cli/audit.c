@@ -12,29 +12,39 @@
 
 static int audit_has_value(const char *name) { return !strcmp(name, "--job"); }
 
+static void audit_usage(FILE *f) {
+    fprintf(f, "usage: adtrain audit --job DIR [--complete]\n"
+               "\n"
+               "Audits the data ledger DIR/" ADT_LEDGER_FILE ": per epoch, the samples in the committed model\n"
+               "exactly once, duplicated, missing, pending, dead-lettered; committed steps that do not\n"
+               "hold the global batch. --complete also requires the job to be finished.\n"
+               "\n"
+               "exit status: 0 clean, 1 something is missing, duplicated or inconsistent (or, with\n"
+               "--complete, not finished), 2 bad flag or unreadable ledger\n");
+}
+
+typedef struct audit_opts {
+    const char *dir;
+    int complete;
+} audit_opts;
+
+static int audit_apply(void *ctx, const char *f, const char *v) {
+    audit_opts *o = ctx;
+    if (!strcmp(f, "--job"))
+        o->dir = v;
+    else if (!strcmp(f, "--complete"))
+        o->complete = 1;
+    else
+        return 0;
+    return 1;
+}
+
 int cli_audit(int argc, char **argv) {
-    const char *dir = NULL;
-    int complete = 0;
-    char buf[64];
-    const char *f, *v;
-    int i = 1, r;
-    while ((r = cli_next_flag("audit", argc, argv, &i, audit_has_value, buf, sizeof buf, &f, &v)) == 1) {
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            printf("usage: adtrain audit --job DIR [--complete]\n"
-                   "\n"
-                   "Audits the data ledger DIR/" ADT_LEDGER_FILE ": per epoch, the samples in the committed model\n"
-                   "exactly once, duplicated, missing, pending, dead-lettered; committed steps that do not\n"
-                   "hold the global batch. --complete also requires the job to be finished.\n"
-                   "\n"
-                   "exit status: 0 clean, 1 something is missing, duplicated or inconsistent (or, with\n"
-                   "--complete, not finished), 2 bad flag or unreadable ledger\n");
-            return 0;
-        }
-        if (!strcmp(f, "--job")) dir = v;
-        else if (!strcmp(f, "--complete")) complete = 1;
-        else return cli_fail("audit", 2, "unknown flag '%s' (see adtrain audit --help)", f);
-    }
-    if (r < 0) return 2;
+    audit_opts o = {NULL, 0};
+    int i = 1, r = cli_parse("audit", argc, argv, &i, audit_has_value, audit_apply, &o, audit_usage);
+    if (r) return r == 1 ? 0 : 2;
+    const char *dir = o.dir;
+    int complete = o.complete;
     if (!dir) return cli_fail("audit", 2, "--job DIR is required");
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, ADT_LEDGER_FILE);

@@ -4,6 +4,8 @@
 #ifndef ADTRAIN_CLI_H
 #define ADTRAIN_CLI_H
 
+#include <stdio.h>
+
 #include "adtrain/elastic.h"
 
 #define ADT_VERSION "0.1.0"
@@ -28,7 +30,7 @@ typedef struct cli_master_opts {
     adt_ledger_job job; /* the data flags (--samples ...), if any */
     int data_flags;
     char token[300];
-    double linger_s;    /* after the job ended, keep answering this long (agents learn it) */
+    double linger_s; /* after the job ended, keep answering this long (agents learn it) */
 } cli_master_opts;
 void cli_master_defaults(cli_master_opts *o);
 int cli_master_has_value(const char *name);
@@ -53,15 +55,24 @@ extern const char cli_agent_flags_help[];
  * the "=VALUE" part, in buf) and *value (NULL for a flag that takes none: `has_value` says which
  * do); returns 1 for a flag, 0 at the end or at "--" (*i then indexes the word after it), -1 on
  * a missing value (the message is printed for `command`). */
-int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
-                  char *buf, int cap, const char **name, const char **value);
+int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name), char *buf,
+                  int cap, const char **name, const char **value);
+/* The whole flag loop of a command: -h/--help prints `usage` to stdout and gives 1; every other
+ * flag goes to apply(ctx, name, value), which answers 1 (taken), 0 (not a flag of this command:
+ * an error naming it) or -1 (a bad value, already printed). Returns 0 when the flags are done
+ * (*i then indexes the first word after "--", or argc), 1 after help, 2 after an error. */
+int cli_parse(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
+              int (*apply)(void *ctx, const char *name, const char *value), void *ctx, void (*usage)(FILE *f));
+/* 1 if name is one of the NULL-terminated list (flags that take a value). */
+int cli_in_list(const char *name, const char *const *list);
 /* Checked numbers: print "adtrain COMMAND: FLAG: expected ..." and return -1 when bad. */
 int cli_long(const char *command, const char *flag, const char *s, long lo, long hi, long *out);
 int cli_double(const char *command, const char *flag, const char *s, double lo, double hi, double *out);
 /* "MIN:MAX" or "N" (= N:N); MAX may be 0 meaning no limit. */
 int cli_range(const char *command, const char *flag, const char *s, long *lo, long *hi);
-/* The token from --token-file: the file's first line. */
-int cli_read_token(const char *command, const char *path, char *buf, int cap);
+/* --token T or --token-file F (the file's first line) into buf, and *dst = buf: 1 if the flag
+ * was one of them, 0 if not, -1 on an unreadable file. */
+int cli_token_flag(const char *command, const char *name, const char *value, char *buf, int cap, const char **dst);
 /* SIGINT, SIGTERM and SIGHUP write a byte to the returned descriptor (readable = stop asked);
  * SIGPIPE is ignored. */
 int cli_stop_fd(void);

@@ -20,21 +20,22 @@ static int launch_has_value(const char *name) {
 }
 
 static void launch_usage(FILE *f) {
-    fprintf(f, "usage: adtrain launch [--nproc-per-node N] [--nnodes MIN:MAX] [--rdzv-endpoint HOST:PORT]\n"
-               "                      [--standalone] [--max-restarts R] [--job DIR] [options] -- CMD [ARGS...]\n"
-               "\n"
-               "Starts an elastic job like torchrun. --standalone (the default without --rdzv-endpoint):\n"
-               "a master on a free loopback port and one agent, in this process. --rdzv-endpoint HOST:PORT\n"
-               "(run the same command on every node): the node where HOST:PORT is local and no master\n"
-               "answers yet starts the master there; every node runs an agent.\n"
-               "\n"
-               "  --job DIR               the job directory (default: a new $TMPDIR/adtrain-job-XXXXXX)\n"
-               "  --rdzv-id ID            the job's id (TORCHELASTIC_RUN_ID)\n"
-               "  --token T               the job token (required when HOST is not loopback)\n"
-               "agent:\n%s"
-               "master:\n%s"
-               "\n"
-               "exit status: 0 the job finished, 1 it failed, 2 bad flag\n",
+    fprintf(f,
+            "usage: adtrain launch [--nproc-per-node N] [--nnodes MIN:MAX] [--rdzv-endpoint HOST:PORT]\n"
+            "                      [--standalone] [--max-restarts R] [--job DIR] [options] -- CMD [ARGS...]\n"
+            "\n"
+            "Starts an elastic job like torchrun. --standalone (the default without --rdzv-endpoint):\n"
+            "a master on a free loopback port and one agent, in this process. --rdzv-endpoint HOST:PORT\n"
+            "(run the same command on every node): the node where HOST:PORT is local and no master\n"
+            "answers yet starts the master there; every node runs an agent.\n"
+            "\n"
+            "  --job DIR               the job directory (default: a new $TMPDIR/adtrain-job-XXXXXX)\n"
+            "  --rdzv-id ID            the job's id (TORCHELASTIC_RUN_ID)\n"
+            "  --token T               the job token (required when HOST is not loopback)\n"
+            "agent:\n%s"
+            "master:\n%s"
+            "\n"
+            "exit status: 0 the job finished, 1 it failed, 2 bad flag\n",
             cli_agent_flags_help, cli_master_flags_help);
 }
 
@@ -47,42 +48,48 @@ static int master_answers(const char *hostport, const char *token) {
     return rc == ADT_OK && status == 200;
 }
 
-int cli_launch(int argc, char **argv) {
+typedef struct launch_opts {
     cli_master_opts mo;
     cli_agent_opts ao;
-    cli_master_defaults(&mo);
-    cli_agent_defaults(&ao);
-    const char *endpoint = NULL;
-    int standalone = 0;
-    char buf[64];
-    const char *f, *v;
-    int i = 1, r;
-    while ((r = cli_next_flag("launch", argc, argv, &i, launch_has_value, buf, sizeof buf, &f, &v)) == 1) {
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            launch_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(f, "--rdzv-endpoint")) endpoint = v;
-        else if (!strcmp(f, "--standalone")) standalone = 1;
-        else if (!strcmp(f, "--rdzv-id")) mo.cfg.run_id = v;
-        else if (!strcmp(f, "--rdzv-backend")) {
-            if (strcmp(v, "c10d") && strcmp(v, "static") && strcmp(v, "adtrain"))
-                return cli_fail("launch", 2, "--rdzv-backend: only the built-in master (c10d, static), got '%s'", v);
-        } else if (!strcmp(f, "--monitor-interval")) {
-            double d;
-            if (cli_double("launch", f, v, 0, 3600, &d)) return 2; /* deaths are seen at once here */
-        } else if (!strcmp(f, "--token") || !strcmp(f, "--token-file")) {
-            if (cli_master_flag("launch", &mo, f, v) < 0) return 2;
-            snprintf(ao.token, sizeof ao.token, "%s", mo.token);
-            ao.cfg.token = ao.token;
-        } else {
-            int k = cli_agent_flag("launch", &ao, f, v);
-            if (k == 0) k = cli_master_flag("launch", &mo, f, v);
-            if (k < 0) return 2;
-            if (k == 0) return cli_fail("launch", 2, "unknown flag '%s' (see adtrain launch --help)", f);
-        }
+    const char *endpoint;
+    int standalone;
+} launch_opts;
+
+static int launch_apply(void *ctx, const char *f, const char *v) {
+    launch_opts *o = ctx;
+    if (!strcmp(f, "--rdzv-endpoint"))
+        o->endpoint = v;
+    else if (!strcmp(f, "--standalone"))
+        o->standalone = 1;
+    else if (!strcmp(f, "--rdzv-id"))
+        o->mo.cfg.run_id = v;
+    else if (!strcmp(f, "--rdzv-backend")) {
+        if (strcmp(v, "c10d") && strcmp(v, "static") && strcmp(v, "adtrain"))
+            return cli_fail("launch", -1, "--rdzv-backend: only the built-in master (c10d, static), got '%s'", v);
+    } else if (!strcmp(f, "--monitor-interval")) {
+        double d; /* accepted for torchrun's sake: deaths are seen at once here */
+        if (cli_double("launch", f, v, 0, 3600, &d)) return -1;
+    } else if (!strcmp(f, "--token") || !strcmp(f, "--token-file")) {
+        if (cli_master_flag("launch", &o->mo, f, v) < 0) return -1;
+        snprintf(o->ao.token, sizeof o->ao.token, "%s", o->mo.token);
+        o->ao.cfg.token = o->ao.token;
+    } else {
+        int k = cli_agent_flag("launch", &o->ao, f, v);
+        return k ? k : cli_master_flag("launch", &o->mo, f, v);
     }
-    if (r < 0) return 2;
+    return 1;
+}
+
+int cli_launch(int argc, char **argv) {
+    launch_opts lo = {0};
+    cli_master_defaults(&lo.mo);
+    cli_agent_defaults(&lo.ao);
+    int i = 1, r = cli_parse("launch", argc, argv, &i, launch_has_value, launch_apply, &lo, launch_usage);
+    if (r) return r == 1 ? 0 : 2;
+    cli_master_opts mo = lo.mo;
+    cli_agent_opts ao = lo.ao;
+    const char *endpoint = lo.endpoint;
+    int standalone = lo.standalone;
     if (i >= argc) return cli_fail("launch", 2, "no worker command: give it after '--'");
     if (standalone && endpoint) return cli_fail("launch", 2, "--standalone and --rdzv-endpoint exclude each other");
     if (cli_master_finish("launch", &mo)) return 2;

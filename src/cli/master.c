@@ -41,17 +41,34 @@ const char cli_master_flags_help[] =
     "  --ranks-per-replica R   ranks of one data-parallel replica (default 1)\n"
     "  --nosync                no fsync in the ledger (tests and benchmarks)\n";
 
-static const char *const k_value_flags[] = {
-    "--listen", "--job", "--token", "--token-file", "--nnodes", "--workers", "--max-restarts", "--restart-window",
-    "--heartbeat", "--heartbeat-misses", "--join-wait", "--stop-timeout", "--blacklist-cooldown", "--samples",
-    "--global-batch", "--epochs", "--shard-size", "--seed", "--shuffle", "--max-shard-failures", "--max-leases",
-    "--lease-timeout", "--ranks-per-replica", "--run-id", "--linger", NULL};
+static const char *const k_value_flags[] = {"--listen",
+                                            "--job",
+                                            "--token",
+                                            "--token-file",
+                                            "--nnodes",
+                                            "--workers",
+                                            "--max-restarts",
+                                            "--restart-window",
+                                            "--heartbeat",
+                                            "--heartbeat-misses",
+                                            "--join-wait",
+                                            "--stop-timeout",
+                                            "--blacklist-cooldown",
+                                            "--samples",
+                                            "--global-batch",
+                                            "--epochs",
+                                            "--shard-size",
+                                            "--seed",
+                                            "--shuffle",
+                                            "--max-shard-failures",
+                                            "--max-leases",
+                                            "--lease-timeout",
+                                            "--ranks-per-replica",
+                                            "--run-id",
+                                            "--linger",
+                                            NULL};
 
-int cli_master_has_value(const char *name) {
-    for (int i = 0; k_value_flags[i]; i++)
-        if (!strcmp(name, k_value_flags[i])) return 1;
-    return 0;
-}
+int cli_master_has_value(const char *name) { return cli_in_list(name, k_value_flags); }
 
 void cli_master_defaults(cli_master_opts *o) {
     memset(o, 0, sizeof *o);
@@ -64,13 +81,14 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     adt_master_config *c = &o->cfg;
     long x, y;
     double d;
-    if (!strcmp(f, "--listen")) c->listen = v;
-    else if (!strcmp(f, "--job")) c->job_dir = v;
-    else if (!strcmp(f, "--token")) snprintf(o->token, sizeof o->token, "%s", v), c->token = o->token;
-    else if (!strcmp(f, "--token-file")) {
-        if (cli_read_token(cmd, v, o->token, sizeof o->token)) return -1;
-        c->token = o->token;
-    } else if (!strcmp(f, "--run-id")) c->run_id = v;
+    if (!strcmp(f, "--listen"))
+        c->listen = v;
+    else if (!strcmp(f, "--job"))
+        c->job_dir = v;
+    else if (!strcmp(f, "--token") || !strcmp(f, "--token-file"))
+        return cli_token_flag(cmd, f, v, o->token, sizeof o->token, &c->token);
+    else if (!strcmp(f, "--run-id"))
+        c->run_id = v;
     else if (!strcmp(f, "--nnodes")) {
         if (cli_range(cmd, f, v, &x, &y)) return -1;
         c->nnodes_min = (int)x, c->nnodes_max = (int)y;
@@ -115,7 +133,8 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
         char *end;
         errno = 0;
         unsigned long long s = strtoull(v, &end, 10);
-        if (!*v || *end || errno || *v == '-') return cli_fail(cmd, -1, "--seed: expected an unsigned integer, got '%s'", v);
+        if (!*v || *end || errno || *v == '-')
+            return cli_fail(cmd, -1, "--seed: expected an unsigned integer, got '%s'", v);
         o->job.seed = s, o->data_flags |= 8;
     } else if (!strcmp(f, "--shuffle")) {
         if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail(cmd, -1, "--shuffle: expected on or off, got '%s'", v);
@@ -132,10 +151,12 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     } else if (!strcmp(f, "--ranks-per-replica")) {
         if (cli_long(cmd, f, v, 1, 1 << 20, &x)) return -1;
         c->ranks_per_replica = (int)x;
-    } else if (!strcmp(f, "--nosync")) c->ledger_flags |= ADT_LEDGER_NOSYNC;
+    } else if (!strcmp(f, "--nosync"))
+        c->ledger_flags |= ADT_LEDGER_NOSYNC;
     else if (!strcmp(f, "--linger")) {
         if (cli_double(cmd, f, v, 0, 3600, &o->linger_s)) return -1;
-    } else return 0;
+    } else
+        return 0;
     return 1;
 }
 
@@ -154,20 +175,21 @@ int cli_master_finish(const char *cmd, cli_master_opts *o) {
 }
 
 static void master_usage(FILE *f) {
-    fprintf(f, "usage: adtrain master --job DIR [--listen HOST:PORT] [--token T | --token-file F] [options]\n"
-               "\n"
-               "Serves an elastic job's master API (docs/formats.md, \"Master API\") until the job is done.\n"
-               "State lives in DIR (master.db, ledger.db); started again on the same DIR it resumes.\n"
-               "\n"
-               "  --job DIR               the job directory (created if missing)\n"
-               "  --listen HOST:PORT      default 127.0.0.1:%d; off loopback a token is required: without\n"
-               "                          --token one is made and written to DIR/token (mode 0600)\n"
-               "  --token T, --token-file F   every request must carry 'Authorization: Bearer T'\n"
-               "  --run-id ID             the job's id (TORCHELASTIC_RUN_ID of the workers)\n"
-               "  --linger S              after the job ends, keep serving S seconds (default 3)\n"
-               "%s"
-               "\n"
-               "exit status: 0 the job finished, 1 it failed or the master could not run, 2 bad flag\n",
+    fprintf(f,
+            "usage: adtrain master --job DIR [--listen HOST:PORT] [--token T | --token-file F] [options]\n"
+            "\n"
+            "Serves an elastic job's master API (docs/formats.md, \"Master API\") until the job is done.\n"
+            "State lives in DIR (master.db, ledger.db); started again on the same DIR it resumes.\n"
+            "\n"
+            "  --job DIR               the job directory (created if missing)\n"
+            "  --listen HOST:PORT      default 127.0.0.1:%d; off loopback a token is required: without\n"
+            "                          --token one is made and written to DIR/token (mode 0600)\n"
+            "  --token T, --token-file F   every request must carry 'Authorization: Bearer T'\n"
+            "  --run-id ID             the job's id (TORCHELASTIC_RUN_ID of the workers)\n"
+            "  --linger S              after the job ends, keep serving S seconds (default 3)\n"
+            "%s"
+            "\n"
+            "exit status: 0 the job finished, 1 it failed or the master could not run, 2 bad flag\n",
             ADT_MASTER_DEFAULT_PORT, cli_master_flags_help);
 }
 
@@ -180,7 +202,8 @@ static int make_token(cli_master_opts *o) {
         return cli_fail("master", -1, "cannot read /dev/urandom for a token: %s", strerror(errno));
     }
     close(fd);
-    for (size_t i = 0; i < sizeof r; i++) snprintf(o->token + 2 * i, 3, "%02x", r[i]);
+    for (size_t i = 0; i < sizeof r; i++)
+        snprintf(o->token + 2 * i, 3, "%02x", r[i]);
     char path[4096];
     mkdir(o->cfg.job_dir, 0755);
     snprintf(path, sizeof path, "%s/token", o->cfg.job_dir);
@@ -198,22 +221,13 @@ static int listen_is_loopback(const char *listen) {
     return !listen || !strncmp(listen, "127.", 4) || !strncmp(listen, "localhost:", 10);
 }
 
+static int master_apply(void *ctx, const char *f, const char *v) { return cli_master_flag("master", ctx, f, v); }
+
 int cli_master(int argc, char **argv) {
     cli_master_opts o;
     cli_master_defaults(&o);
-    char buf[64];
-    const char *f, *v;
-    int i = 1, r;
-    while ((r = cli_next_flag("master", argc, argv, &i, cli_master_has_value, buf, sizeof buf, &f, &v)) == 1) {
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            master_usage(stdout);
-            return 0;
-        }
-        int k = cli_master_flag("master", &o, f, v);
-        if (k < 0) return 2;
-        if (k == 0) return cli_fail("master", 2, "unknown flag '%s' (see adtrain master --help)", f);
-    }
-    if (r < 0) return 2;
+    int i = 1, r = cli_parse("master", argc, argv, &i, cli_master_has_value, master_apply, &o, master_usage);
+    if (r) return r == 1 ? 0 : 2;
     if (i < argc) return cli_fail("master", 2, "unexpected argument '%s'", argv[i]);
     if (!o.cfg.job_dir) return cli_fail("master", 2, "--job DIR is required");
     if (cli_master_finish("master", &o)) return 2;

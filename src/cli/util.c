@@ -24,8 +24,8 @@ int cli_fail(const char *command, int code, const char *fmt, ...) {
     return code;
 }
 
-int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
-                  char *buf, int cap, const char **name, const char **value) {
+int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name), char *buf,
+                  int cap, const char **name, const char **value) {
     if (*i >= argc) return 0;
     const char *a = argv[*i];
     if (!strcmp(a, "--")) {
@@ -48,6 +48,29 @@ int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_
         *value = argv[(*i)++];
     }
     return 1;
+}
+
+int cli_parse(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
+              int (*apply)(void *ctx, const char *name, const char *value), void *ctx, void (*usage)(FILE *f)) {
+    char buf[64];
+    const char *f, *v;
+    int r;
+    while ((r = cli_next_flag(command, argc, argv, i, has_value, buf, sizeof buf, &f, &v)) == 1) {
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        int k = apply(ctx, f, v);
+        if (k < 0) return 2;
+        if (k == 0) return cli_fail(command, 2, "unknown flag '%s' (see adtrain %s --help)", f, command);
+    }
+    return r < 0 ? 2 : 0;
+}
+
+int cli_in_list(const char *name, const char *const *list) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(name, list[i])) return 1;
+    return 0;
 }
 
 int cli_long(const char *command, const char *flag, const char *s, long lo, long hi, long *out) {
@@ -85,14 +108,21 @@ int cli_range(const char *command, const char *flag, const char *s, long *lo, lo
     return 0;
 }
 
-int cli_read_token(const char *command, const char *path, char *buf, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return cli_fail(command, -1, "--token-file %s: %s", path, strerror(errno));
-    if (!fgets(buf, cap, f)) buf[0] = 0;
-    fclose(f);
-    buf[strcspn(buf, "\r\n")] = 0;
-    if (!buf[0]) return cli_fail(command, -1, "--token-file %s: empty", path);
-    return 0;
+int cli_token_flag(const char *command, const char *name, const char *value, char *buf, int cap, const char **dst) {
+    if (!strcmp(name, "--token")) {
+        snprintf(buf, (size_t)cap, "%s", value);
+    } else if (!strcmp(name, "--token-file")) {
+        FILE *f = fopen(value, "r");
+        if (!f) return cli_fail(command, -1, "--token-file %s: %s", value, strerror(errno));
+        if (!fgets(buf, cap, f)) buf[0] = 0;
+        fclose(f);
+        buf[strcspn(buf, "\r\n")] = 0;
+        if (!buf[0]) return cli_fail(command, -1, "--token-file %s: empty", value);
+    } else {
+        return 0;
+    }
+    *dst = buf;
+    return 1;
 }
 
 static int g_stop_pipe[2] = {-1, -1};
@@ -100,7 +130,8 @@ static int g_stop_pipe[2] = {-1, -1};
 static void on_stop_signal(int sig) {
     int e = errno;
     char c = (char)sig;
-    if (write(g_stop_pipe[1], &c, 1) < 0) {}
+    if (write(g_stop_pipe[1], &c, 1) < 0) {
+    }
     errno = e;
 }
 

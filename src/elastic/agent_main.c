@@ -76,11 +76,11 @@ typedef struct agent {
     /* the pending PMI barrier */
     int kvs_pending, kvs_epoch, kvs_first_new;
 
-    double last_ok;      /* mono: the master's last reply */
-    int lost;            /* stopped the world for want of a master */
-    int leave;           /* 0, 1 = asked (to send), 2 = sent, 3 = forced */
-    int finished;        /* the job is over: exit when the world is gone */
-    int failed;          /* ... and it failed */
+    double last_ok; /* mono: the master's last reply */
+    int lost;       /* stopped the world for want of a master */
+    int leave;      /* 0, 1 = asked (to send), 2 = sent, 3 = forced */
+    int finished;   /* the job is over: exit when the world is gone */
+    int failed;     /* ... and it failed */
 } agent;
 
 /* ---- messages ------------------------------------------------------------------------------ */
@@ -203,7 +203,8 @@ static void read_plan(agent *a, const cJSON *r) {
         x.world_size = (int)f[0], x.local_size = (int)f[1], x.rank_offset = (int)f[2], x.group_rank = (int)f[3];
         x.n_groups = (int)f[4], x.restart_count = (int)f[5], x.max_restarts = (int)f[6];
         int i = 0;
-        for (const cJSON *g = gs->child; g; g = g->next) x.group_sizes[i++] = cJSON_IsNumber(g) ? (int)g->valuedouble : 0;
+        for (const cJSON *g = gs->child; g; g = g->next)
+            x.group_sizes[i++] = cJSON_IsNumber(g) ? (int)g->valuedouble : 0;
         snprintf(x.run_id, sizeof x.run_id, "%s", run);
         a->as = x;
         a->assigned = 1;
@@ -231,16 +232,27 @@ static void start_world(agent *a) {
     snprintf(envs[3], sizeof envs[3], "ADT_JOB_TOKEN=%s", a->cfg->token ? a->cfg->token : "");
     for (int i = 0; i < 4; i++)
         if (i < 3 || (a->cfg->token && *a->cfg->token)) env[n++] = envs[i];
-    for (const char *const *e = a->cfg->env; e && *e && n < 63; e++) env[n++] = *e;
+    for (const char *const *e = a->cfg->env; e && *e && n < 63; e++)
+        env[n++] = *e;
     env[n] = NULL;
-    adt_world_config wc = {.argv = a->cfg->argv, .world_size = as->world_size, .local_size = as->local_size,
-                           .rank_offset = as->rank_offset, .group_rank = as->group_rank, .n_groups = as->n_groups,
-                           .group_sizes = as->group_sizes, .master_addr = a->master_host,
-                           .master_port = a->master_port, .restart_count = as->restart_count,
-                           .max_restarts = as->max_restarts, .run_id = as->run_id,
+    adt_world_config wc = {.argv = a->cfg->argv,
+                           .world_size = as->world_size,
+                           .local_size = as->local_size,
+                           .rank_offset = as->rank_offset,
+                           .group_rank = as->group_rank,
+                           .n_groups = as->n_groups,
+                           .group_sizes = as->group_sizes,
+                           .master_addr = a->master_host,
+                           .master_port = a->master_port,
+                           .restart_count = as->restart_count,
+                           .max_restarts = as->max_restarts,
+                           .run_id = as->run_id,
                            .pmi = a->cfg->no_pmi ? ADT_PMI_OFF : ADT_PMI_FD,
-                           .bind = a->cfg->bind, .prefix_output = a->cfg->prefix_output, .env = env,
-                           .kill_grace_s = a->cfg->kill_grace_s, .on_barrier = as->n_groups > 1 ? on_barrier : NULL,
+                           .bind = a->cfg->bind,
+                           .prefix_output = a->cfg->prefix_output,
+                           .env = env,
+                           .kill_grace_s = a->cfg->kill_grace_s,
+                           .on_barrier = as->n_groups > 1 ? on_barrier : NULL,
                            .ctx = a};
     a->last_started = gen;
     a->seq++;
@@ -311,8 +323,8 @@ static void on_done(agent *a, xf_kind k, CURLcode cc) {
             int64_t before = a->id;
             read_plan(a, reply);
             if (k == XF_REGISTER)
-                adt_log(ADT_LOG_INFO, "agent: registered as agent %lld (node %s, %d slots)%s", (long long)a->id, a->node,
-                        a->cfg->nproc, before < 0 ? " again" : "");
+                adt_log(ADT_LOG_INFO, "agent: registered as agent %lld (node %s, %d slots)%s", (long long)a->id,
+                        a->node, a->cfg->nproc, before < 0 ? " again" : "");
             if (k == XF_LEAVE) a->leave = a->leave == 1 ? 2 : a->leave;
             apply_plan(a);
             a->next[k] = now;
@@ -373,7 +385,8 @@ static void world_events(agent *a) {
             a->w_stopping = 0;
             a->kvs_pending = 0;
             a->seq++;
-            adt_log(ADT_LOG_INFO, "agent: generation %lld: workers ended (%s)", (long long)gen, ok ? "all exited 0" : "failed or stopped");
+            adt_log(ADT_LOG_INFO, "agent: generation %lld: workers ended (%s)", (long long)gen,
+                    ok ? "all exited 0" : "failed or stopped");
             queue_event(a, "world_done", gen, -1, ok, ok ? "every rank exited 0" : "failed or stopped");
         }
     }
@@ -382,10 +395,12 @@ static void world_events(agent *a) {
 static int setup(agent *a, const adt_agent_config *cfg) {
     a->cfg = cfg;
     if (!cfg->argv || !cfg->argv[0]) return adt_error(ADT_ERR_ARG, "agent: no worker command (after --)");
-    if (cfg->nproc < 1 || cfg->nproc > 4096) return adt_error(ADT_ERR_ARG, "--nproc-per-node %d, expected 1..4096", cfg->nproc);
+    if (cfg->nproc < 1 || cfg->nproc > 4096)
+        return adt_error(ADT_ERR_ARG, "--nproc-per-node %d, expected 1..4096", cfg->nproc);
     int rc = eh_parse_hostport(cfg->master, a->master_host, sizeof a->master_host, &a->master_port, "--master");
     if (rc) return rc;
-    if (a->master_port == 0) return adt_error(ADT_ERR_ARG, "--master %s: port 0, expected the master's port", cfg->master);
+    if (a->master_port == 0)
+        return adt_error(ADT_ERR_ARG, "--master %s: port 0, expected the master's port", cfg->master);
     char hn[128] = "localhost";
     gethostname(hn, sizeof hn - 1);
     snprintf(a->host, sizeof a->host, "%s", cfg->host ? cfg->host : hn);
@@ -419,7 +434,8 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
         }
         if (a->id > 0 && !a->busy[XF_REGISTER]) {
             if (!a->busy[XF_HEARTBEAT] && now >= a->next[XF_HEARTBEAT] && !a->finished) send_heartbeat(a);
-            if (a->evq_n && !a->busy[XF_EVENT] && now >= a->next[XF_EVENT]) start(a, XF_EVENT, "/v1/agents/event", a->evq[0], 5000);
+            if (a->evq_n && !a->busy[XF_EVENT] && now >= a->next[XF_EVENT])
+                start(a, XF_EVENT, "/v1/agents/event", a->evq[0], 5000);
             if (a->kvs_pending && a->w && !a->busy[XF_KVS] && now >= a->next[XF_KVS]) send_kvs(a);
             if (a->leave == 1 && !a->busy[XF_LEAVE] && now >= a->next[XF_LEAVE]) send_leave(a);
         }
@@ -428,12 +444,14 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
         struct curl_waitfd wf[512];
         int n = a->w ? adt_world_pollfds(a->w, pf, 510) : 0;
         if (cfg.stop_fd >= 0) pf[n++] = (struct pollfd){.fd = cfg.stop_fd, .events = POLLIN};
-        for (int i = 0; i < n; i++) wf[i] = (struct curl_waitfd){.fd = pf[i].fd, .events = (short)(pf[i].events & 7)};
+        for (int i = 0; i < n; i++)
+            wf[i] = (struct curl_waitfd){.fd = pf[i].fd, .events = (short)(pf[i].events & 7)};
         int timeout = 100, wt = a->w ? adt_world_timeout_ms(a->w) : -1;
         if (wt >= 0 && wt < timeout) timeout = wt;
         curl_multi_poll(a->multi, wf, (unsigned)n, timeout, NULL);
         /* curl passes on POLLIN/OUT/PRI only; a pipe's EOF is POLLHUP alone, so look again */
-        for (int i = 0; i < n; i++) pf[i].revents = 0;
+        for (int i = 0; i < n; i++)
+            pf[i].revents = 0;
         if (n) poll(pf, (nfds_t)n, 0);
         int running;
         curl_multi_perform(a->multi, &running);
@@ -456,7 +474,8 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
             char b[16];
             if (read(cfg.stop_fd, b, sizeof b) <= 0 && errno != EINTR && errno != EAGAIN) cfg.stop_fd = -1;
             if (a->leave == 0 && a->id > 0 && !a->finished) {
-                adt_log(ADT_LOG_INFO, "agent: leaving the job after the workers stop at a step boundary (again: at once)");
+                adt_log(ADT_LOG_INFO,
+                        "agent: leaving the job after the workers stop at a step boundary (again: at once)");
                 a->leave = 1;
             } else {
                 adt_log(ADT_LOG_INFO, "agent: leaving the job now");
@@ -475,7 +494,8 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
             stop_world(a, "lost the master");
         }
         if (now - a->last_ok > cfg.master_timeout_s) {
-            result = adt_error(ADT_ERR_IO, "agent: the master %s did not answer for %.0f s", cfg.master, now - a->last_ok);
+            result =
+                adt_error(ADT_ERR_IO, "agent: the master %s did not answer for %.0f s", cfg.master, now - a->last_ok);
             a->finished = a->failed = 1;
             stop_world(a, "giving up on the master");
         }
@@ -487,10 +507,12 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
         eh_req_free(&a->x[k]);
     }
     curl_multi_cleanup(a->multi);
-    for (int i = 0; i < a->evq_n; i++) free(a->evq[i]);
+    for (int i = 0; i < a->evq_n; i++)
+        free(a->evq[i]);
     free(a->evq);
     if (result == ADT_OK && a->leave == 3) result = adt_error(ADT_ERR_STATE, "agent: left the job");
     if (result == ADT_OK && a->leave == 2) result = adt_error(ADT_ERR_STATE, "agent: left the job");
-    if (result == ADT_OK && a->failed) result = adt_error(ADT_ERR_STATE, "agent: the job failed (adtrain status shows why)");
+    if (result == ADT_OK && a->failed)
+        result = adt_error(ADT_ERR_STATE, "agent: the job failed (adtrain status shows why)");
     return result;
 }

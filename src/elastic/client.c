@@ -154,7 +154,8 @@ int adt_elastic_get_info(adt_elastic *c, adt_elastic_info *out) {
     int64_t v[7];
     const char *ckpt = NULL;
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(r, "running");
-    if ((rc = wj_int(r, "generation", 0, INT64_MAX, 0, 0, &v[0])) || (rc = wj_int(r, "world_size", 0, 1 << 20, 0, 0, &v[1])) ||
+    if ((rc = wj_int(r, "generation", 0, INT64_MAX, 0, 0, &v[0])) ||
+        (rc = wj_int(r, "world_size", 0, 1 << 20, 0, 0, &v[1])) ||
         (rc = wj_int(r, "replicas", 0, 1 << 20, 0, 0, &v[2])) ||
         (rc = wj_int(r, "ranks_per_replica", 1, 1 << 20, 0, 0, &v[3])) ||
         (rc = wj_int(r, "restarts", 0, INT32_MAX, 0, 0, &v[4])) ||
@@ -200,7 +201,8 @@ int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out
     cJSON *b = data_body(c, 1), *r;
     cJSON_AddNumberToObject(b, "max_samples", (double)max_samples);
     cJSON *held = cJSON_AddArrayToObject(b, "held");
-    for (int i = 0; i < c->n_held; i++) cJSON_AddItemToArray(held, cJSON_CreateNumber((double)c->held[i]));
+    for (int i = 0; i < c->n_held; i++)
+        cJSON_AddItemToArray(held, cJSON_CreateNumber((double)c->held[i]));
     if ((rc = call(c, "POST", "/v1/data/lease", b, &r, "lease"))) return rc;
     take_control(c, r);
     const char *g = NULL;

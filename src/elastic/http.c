@@ -46,7 +46,8 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud) {
     if (b->n + n + 1 > REPLY_MAX) return 0;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         b->p = adt_realloc(b->p, cap);
         b->cap = cap;
     }
@@ -142,10 +143,10 @@ int eh_reply_status(long status, const char *body, const char *what) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
     if (cJSON_IsString(e)) snprintf(msg, sizeof msg, "%s", e->valuestring);
     cJSON_Delete(j);
-    int code = status == 409                                       ? ADT_ERR_STALE
-               : status == 401 || status == 403                    ? ADT_ERR_ARG
-               : status >= 400 && status < 500                     ? ADT_ERR_ARG
-                                                                   : ADT_ERR_STATE;
+    int code = status == 409                    ? ADT_ERR_STALE
+               : status == 401 || status == 403 ? ADT_ERR_ARG
+               : status >= 400 && status < 500  ? ADT_ERR_ARG
+                                                : ADT_ERR_STATE;
     return adt_error(code, "%s: master answered %ld: %s", what, status, msg);
 }
 

@@ -13,13 +13,13 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "elastic/agent_internal.h"
 #include "elastic/http_internal.h"
 #include "elastic/master_internal.h"
 
@@ -48,7 +48,8 @@ static int check_config(const adt_master_config *c) {
     if (!c->job_dir || !*c->job_dir) return adt_error(ADT_ERR_ARG, "--job: a job directory is required");
     if (c->nnodes_max > 0 && c->nnodes_max < c->nnodes_min)
         return adt_error(ADT_ERR_ARG, "--nnodes %d:%d: MIN above MAX", c->nnodes_min, c->nnodes_max);
-    if (c->ranks_per_replica < 0) return adt_error(ADT_ERR_ARG, "ranks_per_replica %d, expected >= 1", c->ranks_per_replica);
+    if (c->ranks_per_replica < 0)
+        return adt_error(ADT_ERR_ARG, "ranks_per_replica %d, expected >= 1", c->ranks_per_replica);
     if (c->token && strlen(c->token) > 256) return adt_error(ADT_ERR_ARG, "--token: longer than 256 bytes");
     if (c->run_id && strlen(c->run_id) >= 64) return adt_error(ADT_ERR_ARG, "run id: longer than 63 bytes");
     for (const char *p = c->token; p && *p; p++)
@@ -179,9 +180,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     } else {
         arg_vec args = {0};
         MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_arg, &args);
-        adt_http_request rq = {.method = method, .path = url, .query = args.v,
+        adt_http_request rq = {.method = method,
+                               .path = url,
+                               .query = args.v,
                                .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
-                               .body = x->body, .body_len = x->n};
+                               .body = x->body,
+                               .body_len = x->n};
         adt_master_handle(m, &rq, &rp);
         free(args.v);
     }
@@ -204,19 +208,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code) {
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code) {
     (void)cls, (void)socket_ctx;
     if (code != MHD_CONNECTION_NOTIFY_STARTED) return;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return;
-    int fd = ci->connect_fd, one = 1, idle = 1, intvl = 1, cnt = 3;
-    unsigned user_timeout = 10000;
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    wk_tcp_live(ci->connect_fd, 10000);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -224,7 +222,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
     adt_log(ADT_LOG_DEBUG, "master http: %s", msg);
 }
 
@@ -235,7 +234,8 @@ static int bind_listen(adt_master *m, int *loopback) {
     if ((rc = eh_parse_hostport(m->listen, host, sizeof host, &port, "--listen"))) return rc;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     int g = getaddrinfo(host, NULL, &hints, &ai);
-    if (g || !ai) return adt_error(ADT_ERR_ARG, "--listen %s: cannot resolve '%s': %s", m->listen, host, gai_strerror(g));
+    if (g || !ai)
+        return adt_error(ADT_ERR_ARG, "--listen %s: cannot resolve '%s': %s", m->listen, host, gai_strerror(g));
     struct sockaddr_in sa = *(struct sockaddr_in *)ai->ai_addr;
     freeaddrinfo(ai);
     sa.sin_port = htons((uint16_t)port);
@@ -281,9 +281,9 @@ int adt_master_start(adt_master *m) {
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     m->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, m->listen_fd,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_NOTIFY_CONNECTION, on_connection, m,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
-                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m, MHD_OPTION_END);
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+                              m, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)1000, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m, MHD_OPTION_END);
     if (!m->mhd) {
         close(m->listen_fd);
         m->listen_fd = -1;
@@ -333,12 +333,16 @@ void adt_master_free(adt_master *m) {
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
     if (m->ticker_on) pthread_join(m->ticker, NULL);
-    if (m->mhd) MHD_stop_daemon(m->mhd); /* closes the listen socket */
-    else if (m->listen_fd >= 0) close(m->listen_fd);
+    if (m->mhd)
+        MHD_stop_daemon(m->mhd); /* closes the listen socket */
+    else if (m->listen_fd >= 0)
+        close(m->listen_fd);
     if (m->L) adt_ledger_close(m->L);
     ms_close(m);
-    for (int i = 0; i < m->n_agents; i++) free(m->agents[i].pids);
-    for (int i = 0; i < m->n_kvs; i++) cJSON_Delete(m->kvs[i].entries);
+    for (int i = 0; i < m->n_agents; i++)
+        free(m->agents[i].pids);
+    for (int i = 0; i < m->n_kvs; i++)
+        cJSON_Delete(m->kvs[i].entries);
     free(m->kvs);
     free(m->agents);
     free(m->slots);

@@ -44,11 +44,16 @@ static void reply_error(adt_http_reply *rp, int status, const char *fmt, ...) {
     reply_json(rp, status, o);
 }
 
+/* A malformed field (a wj_* check failed): 400 with its message. Returns rc, for
+ * `if (bad_field(rp, wj_int(...) || ...)) return;`. */
+static int bad_field(adt_http_reply *rp, int rc) {
+    if (rc) reply_error(rp, 400, "%s", adt_error_message());
+    return rc;
+}
+
 /* A failed library call: its adt_status as an HTTP status, its message as the error. */
 static void reply_status(adt_http_reply *rp, int rc) {
-    int http = rc == ADT_ERR_STALE                       ? 409
-               : rc == ADT_ERR_ARG || rc == ADT_ERR_STATE ? 422
-                                                          : 500;
+    int http = rc == ADT_ERR_STALE ? 409 : rc == ADT_ERR_ARG || rc == ADT_ERR_STATE ? 422 : 500;
     reply_error(rp, http, "%s", adt_error_message());
 }
 
@@ -82,7 +87,8 @@ static cJSON *assignment_json(adt_master *m, const m_slot *sl) {
     cJSON_AddNumberToObject(o, "group_rank", sl->group_rank);
     cJSON_AddNumberToObject(o, "n_groups", m->n_slots);
     cJSON *gs = cJSON_AddArrayToObject(o, "group_sizes");
-    for (int i = 0; i < m->n_slots; i++) cJSON_AddItemToArray(gs, cJSON_CreateNumber(m->slots[i].local_size));
+    for (int i = 0; i < m->n_slots; i++)
+        cJSON_AddItemToArray(gs, cJSON_CreateNumber(m->slots[i].local_size));
     cJSON_AddNumberToObject(o, "restart_count", m->restarts);
     cJSON_AddNumberToObject(o, "max_restarts", m->cfg.max_restarts);
     cJSON_AddStringToObject(o, "run_id", m->run_id);
@@ -106,6 +112,25 @@ static cJSON *plan_json(adt_master *m, const m_agent *a) {
     return o;
 }
 
+/* The ledger's status as /v1/job and /v1/shards show it. */
+static cJSON *ledger_status_json(adt_master *m, const adt_ledger_status *st) {
+    cJSON *l = cJSON_CreateObject();
+    cJSON_AddNumberToObject(l, "generation", (double)st->generation);
+    cJSON_AddNumberToObject(l, "committed_steps", (double)st->committed_steps);
+    cJSON_AddNumberToObject(l, "total_steps", (double)adt_ledger_job_steps(&m->job));
+    cJSON_AddStringToObject(l, "checkpoint", st->checkpoint);
+    cJSON_AddNumberToObject(l, "next_step", (double)st->next_step);
+    cJSON_AddNumberToObject(l, "epochs_opened", (double)st->epochs_opened);
+    cJSON_AddNumberToObject(l, "pool_samples", (double)st->pool_samples);
+    cJSON_AddNumberToObject(l, "leased_samples", (double)st->leased_samples);
+    cJSON_AddNumberToObject(l, "uncommitted_samples", (double)st->uncommitted);
+    cJSON_AddNumberToObject(l, "committed_samples", (double)st->committed);
+    cJSON_AddNumberToObject(l, "dead_samples", (double)st->dead_samples);
+    cJSON_AddNumberToObject(l, "active_leases", (double)st->active_leases);
+    cJSON_AddBoolToObject(l, "done", st->done);
+    return l;
+}
+
 static cJSON *job_json(adt_master *m) {
     cJSON *o = cJSON_CreateObject();
     static const char *const js[] = {"waiting", "running", "done", "failed"};
@@ -126,7 +151,8 @@ static cJSON *job_json(adt_master *m) {
     cJSON_AddNumberToObject(o, "target_workers", m->target_workers);
     cJSON_AddNumberToObject(o, "target_nodes", m->target_nodes);
     int alive = 0;
-    for (int i = 0; i < m->n_agents; i++) alive += m->agents[i].alive;
+    for (int i = 0; i < m->n_agents; i++)
+        alive += m->agents[i].alive;
     cJSON_AddNumberToObject(o, "agents_alive", alive);
     cJSON_AddNumberToObject(o, "stop_at", (double)m->stop_at);
     if (m->last_recovery_s >= 0) cJSON_AddNumberToObject(o, "last_recovery_s", m->last_recovery_s);
@@ -134,20 +160,7 @@ static cJSON *job_json(adt_master *m) {
     cJSON_AddItemToObject(o, "data", m->have_job ? wj_job_to_json(&m->job) : cJSON_CreateNull());
     adt_ledger_status st;
     if (m->L && adt_ledger_get_status(m->L, &st) == ADT_OK) {
-        cJSON *l = cJSON_AddObjectToObject(o, "ledger");
-        cJSON_AddNumberToObject(l, "generation", (double)st.generation);
-        cJSON_AddNumberToObject(l, "committed_steps", (double)st.committed_steps);
-        cJSON_AddNumberToObject(l, "total_steps", (double)adt_ledger_job_steps(&m->job));
-        cJSON_AddStringToObject(l, "checkpoint", st.checkpoint);
-        cJSON_AddNumberToObject(l, "next_step", (double)st.next_step);
-        cJSON_AddNumberToObject(l, "epochs_opened", (double)st.epochs_opened);
-        cJSON_AddNumberToObject(l, "pool_samples", (double)st.pool_samples);
-        cJSON_AddNumberToObject(l, "leased_samples", (double)st.leased_samples);
-        cJSON_AddNumberToObject(l, "uncommitted_samples", (double)st.uncommitted);
-        cJSON_AddNumberToObject(l, "committed_samples", (double)st.committed);
-        cJSON_AddNumberToObject(l, "dead_samples", (double)st.dead_samples);
-        cJSON_AddNumberToObject(l, "active_leases", (double)st.active_leases);
-        cJSON_AddBoolToObject(l, "done", st.done);
+        cJSON_AddItemToObject(o, "ledger", ledger_status_json(m, &st));
     } else {
         cJSON_AddNullToObject(o, "ledger");
     }
@@ -250,25 +263,13 @@ static void ep_shards(adt_master *m, const adt_http_request *rq, adt_http_reply 
         reply_status(rp, rc);
         return;
     }
-    cJSON *o = cJSON_CreateObject();
-    cJSON *s = cJSON_AddObjectToObject(o, "status");
-    cJSON_AddNumberToObject(s, "generation", (double)st.generation);
+    cJSON *o = cJSON_CreateObject(), *s = ledger_status_json(m, &st);
+    cJSON_AddItemToObject(o, "status", s);
     cJSON_AddNumberToObject(s, "replicas", st.replicas);
-    cJSON_AddNumberToObject(s, "committed_steps", (double)st.committed_steps);
-    cJSON_AddNumberToObject(s, "total_steps", (double)adt_ledger_job_steps(&m->job));
-    cJSON_AddStringToObject(s, "checkpoint", st.checkpoint);
-    cJSON_AddNumberToObject(s, "epochs_opened", (double)st.epochs_opened);
     cJSON_AddNumberToObject(s, "shards_per_epoch", (double)adt_ledger_job_shards(&m->job));
-    cJSON_AddNumberToObject(s, "next_step", (double)st.next_step);
-    cJSON_AddNumberToObject(s, "pool_samples", (double)st.pool_samples);
-    cJSON_AddNumberToObject(s, "leased_samples", (double)st.leased_samples);
-    cJSON_AddNumberToObject(s, "uncommitted_samples", (double)st.uncommitted);
-    cJSON_AddNumberToObject(s, "committed_samples", (double)st.committed);
-    cJSON_AddNumberToObject(s, "dead_samples", (double)st.dead_samples);
-    cJSON_AddNumberToObject(s, "active_leases", (double)st.active_leases);
-    cJSON_AddBoolToObject(s, "done", st.done);
     cJSON *la = cJSON_AddArrayToObject(o, "leases");
-    for (int64_t i = 0; i < nl; i++) cJSON_AddItemToArray(la, wj_lease_to_json(&ls[i]));
+    for (int64_t i = 0; i < nl; i++)
+        cJSON_AddItemToArray(la, wj_lease_to_json(&ls[i]));
     cJSON *da = cJSON_AddArrayToObject(o, "dead_letters");
     for (int64_t i = 0; i < nd; i++) {
         cJSON *x = cJSON_CreateObject();
@@ -333,7 +334,8 @@ static void ep_events(adt_master *m, const adt_http_request *rq, adt_http_reply 
     }
     if (n) qsort(ev, n, sizeof *ev, cmp_ev);
     size_t len = 1;
-    for (size_t i = 0; i < n; i++) len += strlen(ev[i].text) + 1;
+    for (size_t i = 0; i < n; i++)
+        len += strlen(ev[i].text) + 1;
     char *out = adt_malloc(len), *p = out;
     for (size_t i = 0; i < n; i++) {
         size_t k = strlen(ev[i].text);
@@ -356,8 +358,10 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
         reply_error(rp, 500, "out of memory");
         return;
     }
-#define GAUGE(name, help, fmt, ...) fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name fmt "\n", __VA_ARGS__)
-#define COUNTER(name, help, fmt, ...) fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name fmt "\n", __VA_ARGS__)
+#define GAUGE(name, help, fmt, ...)                                                                                    \
+    fprintf(f, "# HELP " name " " help "\n# TYPE " name " gauge\n" name fmt "\n", __VA_ARGS__)
+#define COUNTER(name, help, fmt, ...)                                                                                  \
+    fprintf(f, "# HELP " name " " help "\n# TYPE " name " counter\n" name fmt "\n", __VA_ARGS__)
     GAUGE("adtrain_generation", "Current world generation.", " %lld", (long long)m->gen);
     fprintf(f, "# HELP adtrain_generation_state 1 for the state the generation is in.\n"
                "# TYPE adtrain_generation_state gauge\n");
@@ -382,17 +386,22 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
             (long long)m->n_stale);
     fprintf(f, "# HELP adtrain_http_requests_total Requests served, by status class.\n"
                "# TYPE adtrain_http_requests_total counter\n");
-    for (int c = 1; c <= 5; c++) fprintf(f, "adtrain_http_requests_total{code=\"%dxx\"} %lld\n", c, (long long)m->n_requests[c]);
+    for (int c = 1; c <= 5; c++)
+        fprintf(f, "adtrain_http_requests_total{code=\"%dxx\"} %lld\n", c, (long long)m->n_requests[c]);
     if (m->last_recovery_s >= 0)
         GAUGE("adtrain_last_recovery_seconds", "From the last failure to the first step of the next world.", " %.6f",
               m->last_recovery_s);
     adt_ledger_status st;
     if (m->L && adt_ledger_get_status(m->L, &st) == ADT_OK) {
-        GAUGE("adtrain_ledger_committed_steps", "Steps in the committed checkpoint.", " %lld", (long long)st.committed_steps);
-        GAUGE("adtrain_ledger_total_steps", "Steps of the whole job.", " %lld", (long long)adt_ledger_job_steps(&m->job));
+        GAUGE("adtrain_ledger_committed_steps", "Steps in the committed checkpoint.", " %lld",
+              (long long)st.committed_steps);
+        GAUGE("adtrain_ledger_total_steps", "Steps of the whole job.", " %lld",
+              (long long)adt_ledger_job_steps(&m->job));
         GAUGE("adtrain_ledger_pool_samples", "Samples waiting to be leased.", " %lld", (long long)st.pool_samples);
-        GAUGE("adtrain_ledger_leased_samples", "Samples leased, not yet consumed.", " %lld", (long long)st.leased_samples);
-        GAUGE("adtrain_ledger_uncommitted_samples", "Samples consumed after the last commit.", " %lld", (long long)st.uncommitted);
+        GAUGE("adtrain_ledger_leased_samples", "Samples leased, not yet consumed.", " %lld",
+              (long long)st.leased_samples);
+        GAUGE("adtrain_ledger_uncommitted_samples", "Samples consumed after the last commit.", " %lld",
+              (long long)st.uncommitted);
         GAUGE("adtrain_ledger_committed_samples", "Samples in the committed model.", " %lld", (long long)st.committed);
         GAUGE("adtrain_ledger_dead_samples", "Samples in the dead letters.", " %lld", (long long)st.dead_samples);
         GAUGE("adtrain_ledger_active_leases", "Leases held.", " %lld", (long long)st.active_leases);
@@ -409,11 +418,10 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
 static int apply_world_state(adt_master *m, m_agent *a, const cJSON *b, adt_http_reply *rp) {
     int64_t seq, gen, run;
     int rc;
-    if ((rc = wj_int(b, "seq", 0, INT64_MAX, 1, 0, &seq)) || (rc = wj_int(b, "generation", 0, INT64_MAX, 1, 0, &gen)) ||
-        (rc = wj_int(b, "running", 0, 1, 1, 0, &run))) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, (rc = wj_int(b, "seq", 0, INT64_MAX, 1, 0, &seq)) ||
+                          (rc = wj_int(b, "generation", 0, INT64_MAX, 1, 0, &gen)) ||
+                          (rc = wj_int(b, "running", 0, 1, 1, 0, &run))))
         return rc;
-    }
     const cJSON *pids = cJSON_GetObjectItemCaseSensitive(b, "pids");
     if (pids && !cJSON_IsArray(pids)) {
         reply_error(rp, 400, "field 'pids': expected an array of integers");
@@ -456,12 +464,11 @@ static void ep_register(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     const char *node, *host;
     int64_t slots, pid, id;
     int rc;
-    if ((rc = wj_str(b, "node", 127, 0, &node)) || (rc = wj_str(b, "host", 127, 1, &host)) ||
-        (rc = wj_int(b, "slots", 1, 4096, 0, 0, &slots)) || (rc = wj_int(b, "pid", 0, INT32_MAX, 1, 0, &pid)) ||
-        (rc = wj_int(b, "agent", 0, INT64_MAX, 1, 0, &id))) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, (rc = wj_str(b, "node", 127, 0, &node)) || (rc = wj_str(b, "host", 127, 1, &host)) ||
+                          (rc = wj_int(b, "slots", 1, 4096, 0, 0, &slots)) ||
+                          (rc = wj_int(b, "pid", 0, INT32_MAX, 1, 0, &pid)) ||
+                          (rc = wj_int(b, "agent", 0, INT64_MAX, 1, 0, &id))))
         return;
-    }
     if (!node[0]) {
         reply_error(rp, 400, "field 'node': expected a non-empty string");
         return;
@@ -478,7 +485,8 @@ static void ep_register(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         m_slot *sl = m_slot_of(m, a->id);
         if (sl && (m->gstate == G_RUNNING || m->gstate == G_STOPPING)) {
             char why[300];
-            snprintf(why, sizeof why, "agent %lld (node %s) restarted as pid %lld", (long long)a->id, a->node, (long long)pid);
+            snprintf(why, sizeof why, "agent %lld (node %s) restarted as pid %lld", (long long)a->id, a->node,
+                     (long long)pid);
             ms_event(m, "death", m->gen, a->id, -1, "%s", why);
             m->n_deaths++;
             if (m->L)
@@ -508,8 +516,8 @@ static void ep_register(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     if (apply_world_state(m, a, b, rp)) return;
     if (fresh || returning) {
         m->last_join_mono = a->last_seen;
-        ms_event(m, "join", m->gen, a->id, -1, "node %s host %s, %d slots, pid %d%s", a->node, a->host, a->slots, a->pid,
-                 returning ? " (returning)" : "");
+        ms_event(m, "join", m->gen, a->id, -1, "node %s host %s, %d slots, pid %d%s", a->node, a->host, a->slots,
+                 a->pid, returning ? " (returning)" : "");
     } else {
         ms_event(m, "reconnect", m->gen, a->id, -1, "node %s, pid %d", a->node, a->pid);
     }
@@ -523,18 +531,15 @@ static void ep_register(adt_master *m, const cJSON *b, adt_http_reply *rp) {
  * dead. */
 static m_agent *body_agent(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t id;
-    if (wj_int(b, "agent", 1, INT64_MAX, 0, 0, &id)) {
-        reply_error(rp, 400, "%s", adt_error_message());
-        return NULL;
-    }
+    if (bad_field(rp, wj_int(b, "agent", 1, INT64_MAX, 0, 0, &id))) return NULL;
     m_agent *a = m_agent_find(m, id);
     if (!a) {
         reply_error(rp, 404, "agent %lld is unknown to this master: register again", (long long)id);
         return NULL;
     }
     if (!a->alive) {
-        reply_error(rp, 410, "agent %lld (node %s) was declared dead: stop its workers and register again", (long long)id,
-                    a->node);
+        reply_error(rp, 410, "agent %lld (node %s) was declared dead: stop its workers and register again",
+                    (long long)id, a->node);
         return NULL;
     }
     return a;
@@ -557,10 +562,9 @@ static void ep_heartbeat(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     m_agent *a = body_agent(m, b, rp);
     if (!a) return;
     int64_t known, wait_ms;
-    if (wj_int(b, "version", -1, INT64_MAX, 1, -1, &known) || wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_int(b, "version", -1, INT64_MAX, 1, -1, &known) ||
+                          wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)))
         return;
-    }
     int64_t id = a->id;
     a->last_seen = adt_now_s();
     if (apply_world_state(m, a, b, rp)) return;
@@ -590,13 +594,12 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     const char *kind, *msg;
     int64_t gen, rank, ok;
     double t;
-    if (wj_str(b, "kind", 32, 0, &kind) || wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
-        wj_int(b, "rank", -1, INT32_MAX, 1, -1, &rank) || wj_int(b, "ok", 0, 1, 1, 0, &ok) ||
-        wj_str(b, "msg", 400, 1, &msg) || wj_num(b, "t", 0, 1e12, 1, 0, &t)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_str(b, "kind", 32, 0, &kind) || wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
+                          wj_int(b, "rank", -1, INT32_MAX, 1, -1, &rank) || wj_int(b, "ok", 0, 1, 1, 0, &ok) ||
+                          wj_str(b, "msg", 400, 1, &msg) || wj_num(b, "t", 0, 1e12, 1, 0, &t)))
         return;
-    }
-    int is_start = !strcmp(kind, "started"), is_fail = !strcmp(kind, "rank_failed"), is_done = !strcmp(kind, "world_done");
+    int is_start = !strcmp(kind, "started"), is_fail = !strcmp(kind, "rank_failed"),
+        is_done = !strcmp(kind, "world_done");
     if (!is_start && !is_fail && !is_done) {
         reply_error(rp, 400, "field 'kind': '%s', expected started, rank_failed or world_done", kind);
         return;
@@ -632,8 +635,8 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
             } else {
                 /* Workers that exit 0 unasked are done, whatever data is left. */
                 m->gstate = G_DONE;
-                snprintf(m->greason, sizeof m->greason, "%s", done || !m->L ? "every rank exited 0"
-                                                                             : "every rank exited 0 (data left)");
+                snprintf(m->greason, sizeof m->greason, "%s",
+                         done || !m->L ? "every rank exited 0" : "every rank exited 0 (data left)");
                 ms_event(m, "job_done", m->gen, -1, -1, "%s", m->greason);
                 ms_save(m);
                 m_changed(m);
@@ -676,11 +679,10 @@ static void ep_kvs(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     m_agent *a = body_agent(m, b, rp);
     if (!a) return;
     int64_t gen, epoch, wait_ms;
-    if (wj_int(b, "generation", 1, INT64_MAX, 0, 0, &gen) || wj_int(b, "epoch", 0, 1 << 20, 0, 0, &epoch) ||
-        wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_int(b, "generation", 1, INT64_MAX, 0, 0, &gen) ||
+                          wj_int(b, "epoch", 0, 1 << 20, 0, 0, &epoch) ||
+                          wj_int(b, "wait_ms", 0, 600000, 1, 0, &wait_ms)))
         return;
-    }
     const cJSON *entries = cJSON_GetObjectItemCaseSensitive(b, "entries");
     if (!cJSON_IsArray(entries) || cJSON_GetArraySize(entries) > 65536) {
         reply_error(rp, 400, "field 'entries': expected an array of [key, value] string pairs (at most 65536)");
@@ -732,7 +734,8 @@ static void ep_kvs(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     cJSON *o = cJSON_CreateObject(), *all = cJSON_AddArrayToObject(o, "entries");
     for (int i = 0; i < m->n_kvs; i++)
         if (m->kvs[i].epoch == (int)epoch && m->kvs[i].agent != id)
-            for (const cJSON *e = m->kvs[i].entries->child; e; e = e->next) cJSON_AddItemToArray(all, cJSON_Duplicate(e, 1));
+            for (const cJSON *e = m->kvs[i].entries->child; e; e = e->next)
+                cJSON_AddItemToArray(all, cJSON_Duplicate(e, 1));
     reply_json(rp, 200, o);
 }
 
@@ -740,17 +743,16 @@ static void ep_kvs(adt_master *m, const cJSON *b, adt_http_reply *rp) {
 /* The checks every data call shares: the ledger exists, the generation runs, the replica is one
  * of it. Replies itself and returns 0 when the request cannot go on. */
 static int data_gate(adt_master *m, const cJSON *b, int64_t *gen, int64_t *replica, adt_http_reply *rp) {
-    if (wj_int(b, "generation", 0, INT64_MAX, 0, 0, gen) ||
-        (replica && wj_int(b, "replica", 0, 1 << 20, 0, 0, replica))) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_int(b, "generation", 0, INT64_MAX, 0, 0, gen) ||
+                          (replica && wj_int(b, "replica", 0, 1 << 20, 0, 0, replica))))
         return 0;
-    }
     if (*gen != m->gen || (m->gstate != G_RUNNING && m->gstate != G_STOPPING)) {
         m->n_stale++;
-        ms_event(m, "stale", *gen, -1, replica ? (int)*replica : -1, "refused a request of generation %lld (current %lld, %s)",
-                 (long long)*gen, (long long)m->gen, m_gstate_name(m->gstate));
-        reply_error(rp, 409, "generation %lld has ended (current %lld, %s); refused", (long long)*gen, (long long)m->gen,
-                    m_gstate_name(m->gstate));
+        ms_event(m, "stale", *gen, -1, replica ? (int)*replica : -1,
+                 "refused a request of generation %lld (current %lld, %s)", (long long)*gen, (long long)m->gen,
+                 m_gstate_name(m->gstate));
+        reply_error(rp, 409, "generation %lld has ended (current %lld, %s); refused", (long long)*gen,
+                    (long long)m->gen, m_gstate_name(m->gstate));
         return 0;
     }
     if (m_ledger_ready(m)) {
@@ -773,11 +775,10 @@ static void add_control(adt_master *m, cJSON *o) {
 static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     adt_ledger_job job;
     int64_t gen, rpr;
-    if (wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) || wj_int(b, "ranks_per_replica", 1, 1 << 20, 1, 1, &rpr) ||
-        wj_job_from_json(cJSON_GetObjectItemCaseSensitive(b, "job"), &job)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
+                          wj_int(b, "ranks_per_replica", 1, 1 << 20, 1, 1, &rpr) ||
+                          wj_job_from_json(cJSON_GetObjectItemCaseSensitive(b, "job"), &job)))
         return;
-    }
     if (job.global_batch > job.samples) {
         reply_error(rp, 422, "data job: global_batch %lld exceeds samples %lld", (long long)job.global_batch,
                     (long long)job.samples);
@@ -804,8 +805,8 @@ static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         m->have_job = 1;
         m->rpr = (int)rpr;
         m->replicas = m->world_size / m->rpr;
-        ms_event(m, "data_job", m->gen, -1, -1, "%lld samples, batch %lld, shard %lld, %lld epochs", (long long)job.samples,
-                 (long long)job.global_batch, (long long)job.shard_size, (long long)job.epochs);
+        ms_event(m, "data_job", m->gen, -1, -1, "%lld samples, batch %lld, shard %lld, %lld epochs",
+                 (long long)job.samples, (long long)job.global_batch, (long long)job.shard_size, (long long)job.epochs);
         ms_save(m);
     }
     if (!m->L && gen == m->gen && (m->gstate == G_RUNNING || m->gstate == G_STOPPING)) {
@@ -846,10 +847,7 @@ static void ep_data_info(adt_master *m, adt_http_reply *rp) {
 static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t gen, replica, max_samples;
     if (!data_gate(m, b, &gen, &replica, rp)) return;
-    if (wj_int(b, "max_samples", 0, INT64_C(1) << 40, 1, 0, &max_samples)) {
-        reply_error(rp, 400, "%s", adt_error_message());
-        return;
-    }
+    if (bad_field(rp, wj_int(b, "max_samples", 0, INT64_C(1) << 40, 1, 0, &max_samples))) return;
     const cJSON *held = cJSON_GetObjectItemCaseSensitive(b, "held");
     if (held && (!cJSON_IsArray(held) || cJSON_GetArraySize(held) > 1024)) {
         reply_error(rp, 400, "field 'held': expected an array of lease ids (at most 1024)");
@@ -860,7 +858,8 @@ static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t nl = 0;
     int grant = -1, rc = adt_ledger_leases(m->L, 1, &ls, &nl);
     for (int64_t i = 0; i < nl && !rc && grant < 0; i++) {
-        if (ls[i].generation != m_ledger_gen(m) || ls[i].replica != (int)replica || ls[i].cursor != ls[i].start) continue;
+        if (ls[i].generation != m_ledger_gen(m) || ls[i].replica != (int)replica || ls[i].cursor != ls[i].start)
+            continue;
         int known = 0;
         for (const cJSON *h = held ? held->child : NULL; h; h = h->next)
             known |= cJSON_IsNumber(h) && h->valuedouble == (double)ls[i].id;
@@ -897,10 +896,7 @@ static int already_reported(adt_master *m, int replica, int64_t step, const adt_
 static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t gen, replica, step;
     if (!data_gate(m, b, &gen, &replica, rp)) return;
-    if (wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step)) {
-        reply_error(rp, 400, "%s", adt_error_message());
-        return;
-    }
+    if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step))) return;
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(b, "ranges");
     int n = cJSON_GetArraySize(ranges);
     if (!cJSON_IsArray(ranges) || n < 1 || n > 1024) {
@@ -925,7 +921,8 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     }
     if (m->gstate == G_STOPPING && step >= m->stop_at) {
         free(r);
-        reply_error(rp, 422, "step %lld: this generation stops after step %lld", (long long)step, (long long)m->stop_at - 1);
+        reply_error(rp, 422, "step %lld: this generation stops after step %lld", (long long)step,
+                    (long long)m->stop_at - 1);
         return;
     }
     int rc = adt_ledger_report(m->L, m_ledger_gen(m), (int)replica, step, r, n);
@@ -939,8 +936,8 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     if (m->fail_wall > 0) {
         m->last_recovery_s = adt_wall_s() - m->fail_wall;
         m->fail_wall = 0;
-        ms_event(m, "first_step", m->gen, -1, (int)replica, "step %lld reported %.3f s after the failure", (long long)step,
-                 m->last_recovery_s);
+        ms_event(m, "first_step", m->gen, -1, (int)replica, "step %lld reported %.3f s after the failure",
+                 (long long)step, m->last_recovery_s);
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "ok", 1);
@@ -953,10 +950,8 @@ static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t gen, steps;
     const char *ckpt;
     if (!data_gate(m, b, &gen, NULL, rp)) return;
-    if (wj_int(b, "steps", 1, INT64_C(1) << 52, 0, 0, &steps) || wj_str(b, "checkpoint", 255, 1, &ckpt)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp, wj_int(b, "steps", 1, INT64_C(1) << 52, 0, 0, &steps) || wj_str(b, "checkpoint", 255, 1, &ckpt)))
         return;
-    }
     int rc = adt_ledger_commit(m->L, m_ledger_gen(m), steps, ckpt);
     int dup = 0;
     if (rc == ADT_ERR_ARG) { /* asked again after a lost reply? */
@@ -981,17 +976,17 @@ static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
 
 static void ep_scale(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t workers, nodes;
-    if (wj_int(b, "workers", 0, 1 << 20, 1, -1, &workers) || wj_int(b, "nodes", 0, 1 << 20, 1, -1, &nodes)) {
-        reply_error(rp, 400, "%s", adt_error_message());
+    if (bad_field(rp,
+                  wj_int(b, "workers", 0, 1 << 20, 1, -1, &workers) || wj_int(b, "nodes", 0, 1 << 20, 1, -1, &nodes)))
         return;
-    }
     if (workers < 0 && nodes < 0) {
         reply_error(rp, 400, "expected 'workers' or 'nodes' (0 = no limit)");
         return;
     }
     if (workers >= 0) m->target_workers = (int)workers;
     if (nodes >= 0) m->target_nodes = (int)nodes;
-    ms_event(m, "scale", m->gen, -1, -1, "target: %d workers, %d nodes (0 = no limit)", m->target_workers, m->target_nodes);
+    ms_event(m, "scale", m->gen, -1, -1, "target: %d workers, %d nodes (0 = no limit)", m->target_workers,
+             m->target_nodes);
     ms_save(m);
     m_progress(m);
     reply_json(rp, 200, job_json(m));
@@ -1006,8 +1001,24 @@ typedef struct route {
 } route;
 
 enum {
-    EP_JOB, EP_GEN, EP_AGENTS, EP_WORKERS, EP_SHARDS, EP_EVENTS, EP_METRICS, EP_INFO,
-    EP_REGISTER, EP_HEARTBEAT, EP_AGENT_EVENT, EP_LEAVE, EP_KVS, EP_INIT, EP_LEASE, EP_REPORT, EP_COMMIT, EP_SCALE,
+    EP_JOB,
+    EP_GEN,
+    EP_AGENTS,
+    EP_WORKERS,
+    EP_SHARDS,
+    EP_EVENTS,
+    EP_METRICS,
+    EP_INFO,
+    EP_REGISTER,
+    EP_HEARTBEAT,
+    EP_AGENT_EVENT,
+    EP_LEAVE,
+    EP_KVS,
+    EP_INIT,
+    EP_LEASE,
+    EP_REPORT,
+    EP_COMMIT,
+    EP_SCALE,
 };
 
 static const route k_routes[] = {
@@ -1037,7 +1048,8 @@ static int token_ok(const char *want, const char *auth) {
     const char *given = auth && !strncmp(auth, "Bearer ", 7) ? auth + 7 : "";
     size_t lw = strlen(want), lg = strlen(given);
     unsigned diff = (unsigned)(lw ^ lg);
-    for (size_t i = 0; i < lw; i++) diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? given[i] : 0);
+    for (size_t i = 0; i < lw; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? given[i] : 0);
     return diff == 0;
 }
 
@@ -1051,9 +1063,12 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
         return;
     }
     route_kind kind;
-    if (!strcmp(rq->method, "GET") || !strcmp(rq->method, "HEAD")) kind = R_GET;
-    else if (!strcmp(rq->method, "POST")) kind = R_POST;
-    else kind = (route_kind)-1;
+    if (!strcmp(rq->method, "GET") || !strcmp(rq->method, "HEAD"))
+        kind = R_GET;
+    else if (!strcmp(rq->method, "POST"))
+        kind = R_POST;
+    else
+        kind = (route_kind)-1;
     const route *hit = NULL;
     int path_known = 0;
     for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
@@ -1062,9 +1077,13 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
             if (k_routes[i].kind == kind) hit = &k_routes[i];
         }
     if (!hit) {
-        if (path_known) reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
-        else reply_error(rp, 404, "no such endpoint: %.200s (GET /v1/job, /v1/generation, /v1/agents, /v1/workers, "
-                                  "/v1/shards, /v1/events, /metrics)", rq->path);
+        if (path_known)
+            reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
+        else
+            reply_error(rp, 404,
+                        "no such endpoint: %.200s (GET /v1/job, /v1/generation, /v1/agents, /v1/workers, "
+                        "/v1/shards, /v1/events, /metrics)",
+                        rq->path);
         return;
     }
     cJSON *body = NULL;

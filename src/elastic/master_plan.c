@@ -68,7 +68,8 @@ static int running(const adt_master *m) { return m->gstate == G_RUNNING || m->gs
 int64_t m_ledger_gen(const adt_master *m) { return m->gen - m->ledger_offset; }
 
 static void clear_kvs(adt_master *m) {
-    for (int i = 0; i < m->n_kvs; i++) cJSON_Delete(m->kvs[i].entries);
+    for (int i = 0; i < m->n_kvs; i++)
+        cJSON_Delete(m->kvs[i].entries);
     free(m->kvs);
     m->kvs = NULL;
     m->n_kvs = 0;
@@ -88,13 +89,17 @@ int m_ledger_ready(adt_master *m) {
     if (!m->have_job) return adt_error(ADT_ERR_STATE, "no data job declared yet (POST /v1/data/init)");
     if (m->gen < 1) return adt_error(ADT_ERR_STATE, "no world has been formed yet");
     char path[4096];
-    if (m->in_memory) snprintf(path, sizeof path, ":memory:");
-    else snprintf(path, sizeof path, "%s/%s", m->job_dir, ADT_LEDGER_FILE);
+    if (m->in_memory)
+        snprintf(path, sizeof path, ":memory:");
+    else
+        snprintf(path, sizeof path, "%s/%s", m->job_dir, ADT_LEDGER_FILE);
     int rc;
     if (m->ledger_offset < 0 || m->in_memory || access(path, F_OK) != 0) {
         if (m->ledger_offset < 0 && !m->in_memory && access(path, F_OK) == 0)
-            return adt_error(ADT_ERR_STATE, "%s exists, but the master state in the same directory never created it "
-                             "(a job directory of another job?)", path);
+            return adt_error(ADT_ERR_STATE,
+                             "%s exists, but the master state in the same directory never created it "
+                             "(a job directory of another job?)",
+                             path);
         /* A new ledger starts at its generation 1: remember which of ours that is first. */
         if (m->ledger_offset < 0) {
             m->ledger_offset = m->gen - 1;
@@ -105,7 +110,8 @@ int m_ledger_ready(adt_master *m) {
         if ((rc = adt_ledger_create(&m->L, path, &job, m->cfg.ledger_flags))) return rc;
         /* the world may have moved on since the offset was chosen (a restart in between) */
         int64_t g = 1;
-        while (g < m_ledger_gen(m) && !rc) rc = adt_ledger_rewind(m->L, g, 0, job.replicas, "catching up", &g);
+        while (g < m_ledger_gen(m) && !rc)
+            rc = adt_ledger_rewind(m->L, g, 0, job.replicas, "catching up", &g);
         ms_event(m, "ledger", m->gen, -1, -1, "created %s", path);
         return rc;
     }
@@ -137,8 +143,8 @@ static void blame(adt_master *m, int64_t agent, const char *why) {
     double cool = lo * pow(2.0, a->failures - 1);
     if (cool > hi) cool = hi;
     a->cooldown_until = adt_wall_s() + cool;
-    ms_event(m, "blacklist", m->gen, a->id, -1, "node %s: failure %d (%s), cooldown %.1f s", a->node, a->failures,
-             why, cool);
+    ms_event(m, "blacklist", m->gen, a->id, -1, "node %s: failure %d (%s), cooldown %.1f s", a->node, a->failures, why,
+             cool);
 }
 
 /* Failures within the restart window, this one included. */
@@ -225,7 +231,8 @@ static int decide(adt_master *m, m_slot **out, int *n, int *world, int *candidat
         for (int i = 0; i < m->n_agents; i++) {
             const m_agent *a = &m->agents[i];
             int taken = 0;
-            for (int j = 0; j < k; j++) taken |= pick[j] == i;
+            for (int j = 0; j < k; j++)
+                taken |= pick[j] == i;
             if (taken || !a->alive || a->leaving || a->slots < 1) continue;
             if (best < 0 || a->cooldown_until < m->agents[best].cooldown_until) best = i;
         }
@@ -241,7 +248,8 @@ static int decide(adt_master *m, m_slot **out, int *n, int *world, int *candidat
         return 0;
     }
     m_slot *s = adt_calloc((size_t)k, sizeof *s);
-    for (int j = 0; j < k; j++) s[j].agent = m->agents[pick[j]].id;
+    for (int j = 0; j < k; j++)
+        s[j].agent = m->agents[pick[j]].id;
     qsort(s, (size_t)k, sizeof *s, cmp_slot_agent);
     int left = m->target_workers > 0 ? m->target_workers : INT32_MAX, kept = 0;
     for (int j = 0; j < k; j++) {
@@ -301,7 +309,8 @@ static void plan_next(adt_master *m) {
     m->gen_first_step = committed;
     m->max_reported = -1;
     m->ever_planned = 1;
-    for (int i = 0; i < m->n_agents; i++) m->agents[i].world_ok = 0;
+    for (int i = 0; i < m->n_agents; i++)
+        m->agents[i].world_ok = 0;
     set_gstate(m, G_RUNNING, "");
     clear_kvs(m);
     if (ms_save(m)) {
@@ -317,7 +326,8 @@ static void plan_next(adt_master *m) {
     int rc = ADT_OK;
     if (m->L) {
         int64_t g;
-        rc = adt_ledger_rewind(m->L, from - m->ledger_offset, committed, m->replicas, m->greason[0] ? m->greason : "re-plan", &g);
+        rc = adt_ledger_rewind(m->L, from - m->ledger_offset, committed, m->replicas,
+                               m->greason[0] ? m->greason : "re-plan", &g);
     } else if (m->have_job) {
         rc = m_ledger_ready(m);
     }
@@ -368,7 +378,8 @@ static void check_heartbeats(adt_master *m) {
 /* Alive agents whose world is still running. */
 static int undrained(const adt_master *m) {
     int n = 0;
-    for (int i = 0; i < m->n_agents; i++) n += m->agents[i].alive && m->agents[i].world_running;
+    for (int i = 0; i < m->n_agents; i++)
+        n += m->agents[i].alive && m->agents[i].world_running;
     return n;
 }
 
@@ -377,16 +388,15 @@ void m_progress(adt_master *m) {
     check_heartbeats(m);
     double now = adt_now_s();
     switch (m->gstate) {
-    case G_WAITING:
-        plan_next(m);
-        break;
+    case G_WAITING: plan_next(m); break;
     case G_RUNNING: {
         if (m->L && now >= m->next_lease_check) {
             m->next_lease_check = now + 0.25;
             int64_t n = 0;
             if (adt_ledger_revoke_expired(m->L, &n) == ADT_OK && n > 0) {
                 char why[200];
-                snprintf(why, sizeof why, "%lld leases passed their deadline: a replica stopped reporting", (long long)n);
+                snprintf(why, sizeof why, "%lld leases passed their deadline: a replica stopped reporting",
+                         (long long)n);
                 ms_event(m, "lease_expired", m->gen, -1, -1, "%s", why);
                 m_end_generation(m, why, 1, -1);
                 break;
@@ -419,15 +429,14 @@ void m_progress(adt_master *m) {
                 if (!a->alive || !a->world_running) continue;
                 a->alive = 0;
                 a->world_running = 0;
-                ms_event(m, "death", m->gen, a->id, -1, "agent %lld did not stop its workers within %.0f s", (long long)a->id,
-                         m->cfg.stop_timeout_s);
+                ms_event(m, "death", m->gen, a->id, -1, "agent %lld did not stop its workers within %.0f s",
+                         (long long)a->id, m->cfg.stop_timeout_s);
             }
             ms_save(m);
         }
         if (!undrained(m)) plan_next(m);
         break;
-    default:
-        break;
+    default: break;
     }
 }
 

@@ -34,8 +34,8 @@ static const char *k_schema =
     " generation INTEGER, agent INTEGER, rank INTEGER, detail TEXT);";
 
 static int db_err(adt_master *m, const char *what) {
-    return adt_error(ADT_ERR_IO, "master state %s/%s: %s: %s", m->in_memory ? "" : m->job_dir,
-                     ADT_MASTER_STATE_FILE, what, sqlite3_errmsg(m->db));
+    return adt_error(ADT_ERR_IO, "master state %s/%s: %s: %s", m->in_memory ? "" : m->job_dir, ADT_MASTER_STATE_FILE,
+                     what, sqlite3_errmsg(m->db));
 }
 
 static int exec_sql(adt_master *m, const char *sql) {
@@ -47,34 +47,18 @@ static int exec_sql(adt_master *m, const char *sql) {
 }
 
 /* ---- meta: one value per key --------------------------------------------------------------- */
-static int meta_put_i(adt_master *m, const char *key, int64_t v) {
+/* Stores an integer (text NULL, is_real 0), a real (is_real 1) or a string. */
+static int meta_put(adt_master *m, const char *key, int64_t i, double d, int is_real, const char *text) {
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(m->db, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", -1, &s, NULL))
         return db_err(m, "prepare");
     sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 2, v);
-    int rc = sqlite3_step(s) == SQLITE_DONE ? ADT_OK : db_err(m, key);
-    sqlite3_finalize(s);
-    return rc;
-}
-
-static int meta_put_d(adt_master *m, const char *key, double v) {
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", -1, &s, NULL))
-        return db_err(m, "prepare");
-    sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    sqlite3_bind_double(s, 2, v);
-    int rc = sqlite3_step(s) == SQLITE_DONE ? ADT_OK : db_err(m, key);
-    sqlite3_finalize(s);
-    return rc;
-}
-
-static int meta_put_s(adt_master *m, const char *key, const char *v) {
-    sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", -1, &s, NULL))
-        return db_err(m, "prepare");
-    sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, v, -1, SQLITE_TRANSIENT);
+    if (text)
+        sqlite3_bind_text(s, 2, text, -1, SQLITE_TRANSIENT);
+    else if (is_real)
+        sqlite3_bind_double(s, 2, d);
+    else
+        sqlite3_bind_int64(s, 2, i);
     int rc = sqlite3_step(s) == SQLITE_DONE ? ADT_OK : db_err(m, key);
     sqlite3_finalize(s);
     return rc;
@@ -122,14 +106,15 @@ static int save_tx(adt_master *m) {
                 {"restarts", m->restarts},
                 {"planned_changes", m->planned_changes},
                 {"ever_planned", m->ever_planned}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !rc; i++) rc = meta_put_i(m, ints[i].k, ints[i].v);
-    if (!rc) rc = meta_put_s(m, "run_id", m->run_id);
-    if (!rc) rc = meta_put_s(m, "greason", m->greason);
-    if (!rc) rc = meta_put_d(m, "fail_wall", m->fail_wall);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !rc; i++)
+        rc = meta_put(m, ints[i].k, ints[i].v, 0, 0, NULL);
+    if (!rc) rc = meta_put(m, "run_id", 0, 0, 0, m->run_id);
+    if (!rc) rc = meta_put(m, "greason", 0, 0, 0, m->greason);
+    if (!rc) rc = meta_put(m, "fail_wall", 0, m->fail_wall, 1, NULL);
     if (!rc && m->have_job) {
         cJSON *j = wj_job_to_json(&m->job);
         char *txt = cJSON_PrintUnformatted(j);
-        rc = meta_put_s(m, "job", txt);
+        rc = meta_put(m, "job", 0, 0, 0, txt);
         free(txt);
         cJSON_Delete(j);
     }
@@ -154,8 +139,9 @@ static int save_tx(adt_master *m) {
     }
     sqlite3_finalize(s);
     s = NULL;
-    if (!rc && sqlite3_prepare_v2(m->db, "INSERT INTO slots(agent, group_rank, rank_offset, local_size) VALUES (?1, ?2, ?3, ?4)",
-                                  -1, &s, NULL))
+    if (!rc && sqlite3_prepare_v2(
+                   m->db, "INSERT INTO slots(agent, group_rank, rank_offset, local_size) VALUES (?1, ?2, ?3, ?4)", -1,
+                   &s, NULL))
         rc = db_err(m, "prepare");
     for (int i = 0; i < m->n_slots && !rc; i++) {
         sqlite3_reset(s);
@@ -167,7 +153,8 @@ static int save_tx(adt_master *m) {
     }
     sqlite3_finalize(s);
     s = NULL;
-    if (!rc && sqlite3_prepare_v2(m->db, "INSERT INTO failures(t) VALUES (?1)", -1, &s, NULL)) rc = db_err(m, "prepare");
+    if (!rc && sqlite3_prepare_v2(m->db, "INSERT INTO failures(t) VALUES (?1)", -1, &s, NULL))
+        rc = db_err(m, "prepare");
     for (int i = 0; i < m->n_fail && !rc; i++) {
         sqlite3_reset(s);
         sqlite3_bind_double(s, 1, m->fail_t[i]);
@@ -181,8 +168,10 @@ int ms_save(adt_master *m) {
     int rc = exec_sql(m, "BEGIN IMMEDIATE");
     if (rc) return rc;
     rc = save_tx(m);
-    if (!rc) rc = exec_sql(m, "COMMIT");
-    else exec_sql(m, "ROLLBACK");
+    if (!rc)
+        rc = exec_sql(m, "COMMIT");
+    else
+        exec_sql(m, "ROLLBACK");
     if (rc) adt_log(ADT_LOG_ERROR, "master: saving the state failed: %s", adt_error_message());
     return rc;
 }
@@ -214,8 +203,10 @@ static int load(adt_master *m) {
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if ((rc = meta_get(m, ints[i].k, &v, NULL, NULL, 0)) < 0) return rc;
         if (rc == 0) continue;
-        if (ints[i].dst64) *ints[i].dst64 = v;
-        else *ints[i].dst = (int)v;
+        if (ints[i].dst64)
+            *ints[i].dst64 = v;
+        else
+            *ints[i].dst = (int)v;
     }
     if ((rc = meta_get(m, "gstate", &v, NULL, NULL, 0)) < 0) return rc;
     if (v < G_WAITING || v > G_FAILED)
@@ -232,17 +223,21 @@ static int load(adt_master *m) {
         cJSON *j = cJSON_Parse(job);
         rc = wj_job_from_json(j, &saved);
         cJSON_Delete(j);
-        if (rc) return adt_error_prefix(ADT_ERR_FORMAT, "master state %s/%s: the data job: ", m->job_dir,
-                                        ADT_MASTER_STATE_FILE);
+        if (rc)
+            return adt_error_prefix(ADT_ERR_FORMAT, "master state %s/%s: the data job: ", m->job_dir,
+                                    ADT_MASTER_STATE_FILE);
         if (m->have_job && !wj_job_equal(&saved, &m->job))
-            return adt_error(ADT_ERR_ARG, "the data flags differ from the data job of %s (GET /v1/job shows it); "
-                             "leave them out to resume", m->job_dir);
+            return adt_error(ADT_ERR_ARG,
+                             "the data flags differ from the data job of %s (GET /v1/job shows it); "
+                             "leave them out to resume",
+                             m->job_dir);
         m->job = saved;
         m->have_job = 1;
     }
 
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db, "SELECT id, node, host, slots, failures, cooldown_until, leaving FROM agents ORDER BY id",
+    if (sqlite3_prepare_v2(m->db,
+                           "SELECT id, node, host, slots, failures, cooldown_until, leaving FROM agents ORDER BY id",
                            -1, &s, NULL))
         return db_err(m, "prepare");
     double now = adt_now_s();
@@ -265,8 +260,8 @@ static int load(adt_master *m) {
     }
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE) return db_err(m, "loading agents");
-    if (sqlite3_prepare_v2(m->db, "SELECT agent, group_rank, rank_offset, local_size FROM slots ORDER BY group_rank", -1, &s,
-                           NULL))
+    if (sqlite3_prepare_v2(m->db, "SELECT agent, group_rank, rank_offset, local_size FROM slots ORDER BY group_rank",
+                           -1, &s, NULL))
         return db_err(m, "prepare");
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         m->slots = adt_realloc(m->slots, (size_t)(m->n_slots + 1) * sizeof *m->slots);
@@ -361,8 +356,9 @@ void ms_event(adt_master *m, const char *kind, int64_t generation, int64_t agent
     }
     adt_log(ADT_LOG_INFO, "master: %s%s%s", kind, detail[0] ? ": " : "", detail);
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db, "INSERT INTO events(t, kind, generation, agent, rank, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                           -1, &s, NULL))
+    if (sqlite3_prepare_v2(
+            m->db, "INSERT INTO events(t, kind, generation, agent, rank, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)", -1,
+            &s, NULL))
         return;
     sqlite3_bind_double(s, 1, adt_wall_s());
     sqlite3_bind_text(s, 2, kind, -1, SQLITE_STATIC);
@@ -378,8 +374,9 @@ cJSON *ms_events(adt_master *m, int64_t after, int64_t max, int64_t *last) {
     cJSON *arr = cJSON_CreateArray();
     *last = after;
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(m->db, "SELECT seq, t, kind, generation, agent, rank, detail FROM events WHERE seq > ?1"
-                                  " ORDER BY seq LIMIT ?2",
+    if (sqlite3_prepare_v2(m->db,
+                           "SELECT seq, t, kind, generation, agent, rank, detail FROM events WHERE seq > ?1"
+                           " ORDER BY seq LIMIT ?2",
                            -1, &s, NULL))
         return arr;
     sqlite3_bind_int64(s, 1, after);

@@ -16,8 +16,8 @@ int wj_int(const cJSON *o, const char *name, int64_t lo, int64_t hi, int optiona
     *out = def;
     if (!v || cJSON_IsNull(v)) {
         if (optional) return ADT_OK;
-        return adt_error(ADT_ERR_ARG, "field '%s' is missing, expected an integer in [%lld, %lld]", name,
-                         (long long)lo, (long long)hi);
+        return adt_error(ADT_ERR_ARG, "field '%s' is missing, expected an integer in [%lld, %lld]", name, (long long)lo,
+                         (long long)hi);
     }
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     /* 2^53: beyond it a JSON number is not an exact integer any more */
@@ -48,8 +48,7 @@ int wj_str(const cJSON *o, const char *name, size_t maxlen, int optional, const 
         if (optional) return ADT_OK;
         return adt_error(ADT_ERR_ARG, "field '%s' is missing, expected a string", name);
     }
-    if (!cJSON_IsString(v) || !v->valuestring)
-        return adt_error(ADT_ERR_ARG, "field '%s': expected a string", name);
+    if (!cJSON_IsString(v) || !v->valuestring) return adt_error(ADT_ERR_ARG, "field '%s': expected a string", name);
     if (strlen(v->valuestring) > maxlen)
         return adt_error(ADT_ERR_ARG, "field '%s': longer than %zu bytes", name, maxlen);
     *out = v->valuestring;
@@ -129,8 +128,8 @@ int wj_job_equal(const adt_ledger_job *a, const adt_ledger_job *b) {
     int la = a->max_leases ? a->max_leases : 2, lb = b->max_leases ? b->max_leases : 2;
     double ta = a->lease_timeout_s > 0 ? a->lease_timeout_s : 60, tb = b->lease_timeout_s > 0 ? b->lease_timeout_s : 60;
     return a->samples == b->samples && a->seed == b->seed && !a->shuffle == !b->shuffle &&
-           a->global_batch == b->global_batch && a->shard_size == b->shard_size && a->epochs == b->epochs &&
-           fa == fb && la == lb && ta == tb;
+           a->global_batch == b->global_batch && a->shard_size == b->shard_size && a->epochs == b->epochs && fa == fb &&
+           la == lb && ta == tb;
 }
 
 cJSON *wj_lease_to_json(const adt_ledger_lease *l) {
@@ -153,8 +152,8 @@ cJSON *wj_lease_to_json(const adt_ledger_lease *l) {
 int wj_lease_from_json(const cJSON *o, adt_ledger_lease *l) {
     memset(l, 0, sizeof *l);
     int64_t v[11];
-    static const char *const names[] = {"id", "generation", "replica", "state", "epoch", "shard",
-                                        "start", "end", "cursor", "committed", "last_step"};
+    static const char *const names[] = {"id",    "generation", "replica", "state",     "epoch",    "shard",
+                                        "start", "end",        "cursor",  "committed", "last_step"};
     for (int i = 0; i < 11; i++) {
         int rc = wj_int(o, names[i], i == 10 ? -1 : 0, INT64_C(1) << 52, 0, 0, &v[i]);
         if (rc) return adt_error_prefix(rc, "lease: ");
