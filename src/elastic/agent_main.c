@@ -59,7 +59,7 @@ typedef struct agent {
     /* the plan, as last received */
     int64_t version;
     int64_t plan_gen;
-    char plan_state[16], job_state[16];
+    char plan_state[16], job_state[16], reason[200];
     int assigned;
     assignment as;
     double hb_s;
@@ -185,6 +185,7 @@ static void read_plan(agent *a, const cJSON *r) {
     if (wj_str(r, "state", 15, 0, &s) == ADT_OK) snprintf(a->plan_state, sizeof a->plan_state, "%s", s);
     if (wj_str(r, "job_state", 15, 0, &s) == ADT_OK) snprintf(a->job_state, sizeof a->job_state, "%s", s);
     if (wj_num(r, "heartbeat_s", 0.05, 60, 0, 1, &hb) == ADT_OK) a->hb_s = hb;
+    if (wj_str(r, "reason", 1000, 0, &s) == ADT_OK) snprintf(a->reason, sizeof a->reason, "%s", s);
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(r, "assignment");
     a->assigned = 0;
     if (cJSON_IsObject(as)) {
@@ -510,9 +511,7 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
     for (int i = 0; i < a->evq_n; i++)
         free(a->evq[i]);
     free(a->evq);
-    if (result == ADT_OK && a->leave == 3) result = adt_error(ADT_ERR_STATE, "agent: left the job");
-    if (result == ADT_OK && a->leave == 2) result = adt_error(ADT_ERR_STATE, "agent: left the job");
-    if (result == ADT_OK && a->failed)
-        result = adt_error(ADT_ERR_STATE, "agent: the job failed (adtrain status shows why)");
+    if (result == ADT_OK && a->leave >= 2) result = adt_error(ADT_ERR_STATE, "agent: left the job");
+    if (result == ADT_OK && a->failed) result = adt_error(ADT_ERR_STATE, "agent: the job failed: %s", a->reason);
     return result;
 }

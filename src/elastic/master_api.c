@@ -105,6 +105,7 @@ static cJSON *plan_json(adt_master *m, const m_agent *a) {
     static const char *const js[] = {"waiting", "running", "done", "failed"};
     cJSON_AddStringToObject(o, "job_state", js[m_job_state(m)]);
     cJSON_AddNumberToObject(o, "heartbeat_s", m->hb_s);
+    cJSON_AddStringToObject(o, "reason", m->greason);
     m_slot *sl = m_slot_of(m, a->id);
     if ((m->gstate == G_RUNNING || m->gstate == G_STOPPING) && sl)
         cJSON_AddItemToObject(o, "assignment", assignment_json(m, sl));
@@ -625,7 +626,7 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         ms_event(m, "world_done", gen, a->id, -1, "%s", ok ? "every rank exited 0" : "failed");
         if (current && !ok) {
             char why[300];
-            snprintf(why, sizeof why, "the world on node %s failed", a->node);
+            snprintf(why, sizeof why, "the world on node %s failed: %s", a->node, msg ? msg : "");
             m_end_generation(m, why, 1, a->id);
         } else if (current && all_worlds_ok(m)) {
             adt_ledger_status st;
