@@ -10,11 +10,13 @@
  * epoch's order exactly once (the order recomputed here from the seed).
  *
  * Cases: a clean run; kill -9 of a worker (recovery time measured: kill to the first step every
- * rank of the next generation completed), of an agent, of the master; a zombie (a worker
- * SIGSTOPped past its lease deadline, continued after the generation ended: its late report is
- * refused); planned scaling 2 -> 1 -> 3 workers (nothing retrained); randomized trials of all
- * three kills (ADT_ELASTIC_TRIALS, default 6; scripts/soak_elastic.sh runs more); malformed HTTP;
- * the token off loopback; `adtrain launch` with the torchrun environment.
+ * rank of the next generation completed), of an agent, of the master; an agent that leaves
+ * (SIGTERM); a master gone for good; a zombie (a worker SIGSTOPped holding a lease, past its
+ * deadline, continued after the generation ended: its late report is refused); a rank stopped at
+ * a random moment (the progress watchdog); planned scaling 2 -> 1 -> 3 workers (nothing
+ * retrained); randomized trials of all three kills (ADT_ELASTIC_TRIALS, default 6;
+ * scripts/soak_elastic.sh runs more); malformed HTTP; the token off loopback; `adtrain launch`
+ * with the torchrun environment; flags the commands refuse. ADT_ELASTIC_ONLY=name,... runs some.
  *
  * The test process is a child subreaper, so workers orphaned by a killed agent are reaped here
  * and counted: none may outlive its job.
@@ -162,22 +164,14 @@ static int job_init(ejob *j, const char *tag) {
 static void job_start_master(ejob *j) {
     char log[700];
     snprintf(log, sizeof log, "%s/master.log", j->dir);
-    const char *argv[48] = {g_adtrain,
-                            "master",
-                            "--job",
-                            j->jobdir,
-                            "--listen",
-                            j->addr,
-                            "--linger",
-                            "0.5",
-                            "--blacklist-cooldown",
-                            "0.5:2",
-                            "--max-restarts",
-                            "50",
-                            "--join-wait",
-                            "0.3",
-                            "--nosync"};
-    int n = 15;
+    /* it lingers after the job, so that the test can still ask it; job_end ends it (SIGTERM) */
+    static const char *const flags[] = {"--linger",       "60", "--blacklist-cooldown", "0.5:2",
+                                        "--max-restarts", "50", "--join-wait",          "0.3",
+                                        "--nosync",       NULL};
+    const char *argv[48] = {g_adtrain, "master", "--job", j->jobdir, "--listen", j->addr};
+    int n = 6;
+    for (int i = 0; flags[i]; i++)
+        argv[n++] = flags[i];
     for (int i = 0; i < j->n_master_extra; i++)
         argv[n++] = j->master_extra[i];
     argv[n] = NULL;
@@ -366,15 +360,17 @@ static int64_t job_verify(ejob *j) {
     return retrained;
 }
 
-/* Every process of the job ended (the master and agents on their own, within timeout). */
+/* Every process of the job ended with exit code 0: the agents on their own (within timeout),
+ * the master, which lingers after the job, when asked (SIGTERM). */
 static void job_end(ejob *j, double timeout) {
-    CHECK(proc_wait(j->master, timeout), "the master did not exit after the job");
-    CHECK(exit_code(j->master) == 0, "master exit %d", exit_code(j->master));
     for (int i = 0; i < j->n_agents; i++)
         if (j->agent[i]) {
             CHECK(proc_wait(j->agent[i], timeout), "agent %d did not exit after the job", i);
             CHECK(exit_code(j->agent[i]) == 0, "agent %d exit %d", i, exit_code(j->agent[i]));
         }
+    if (!j->master->done) kill(j->master->pid, SIGTERM);
+    CHECK(proc_wait(j->master, timeout), "the master did not exit after the job");
+    CHECK(exit_code(j->master) == 0, "master exit %d", exit_code(j->master));
 }
 
 static void job_cleanup(ejob *j, int keep) {
@@ -481,9 +477,10 @@ static double recovery(const ejob *j, int gen, int ranks, double t_kill) {
 static void kill_worker_run(const char *tag, int agents, int nproc) {
     ejob j;
     if (job_init(&j, tag)) return;
+    j.step_ms = 25;
     job_start(&j, agents, nproc);
     int ranks = agents * nproc;
-    double at_step = (double)(int)rnd(2, 30);
+    double at_step = (double)(int)rnd(2, 20);
     CHECK(wait_progress(&j, 1, at_step, 30), "generation 1 never reached step %g", at_step);
     int victim = (int)rnd(0, ranks - 0.01);
     pid_t pid = worker_pid(&j, victim);
@@ -615,6 +612,17 @@ static void test_lost_master(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* The id of an active lease of `replica` that nothing was reported on yet, 0 if none. */
+static int64_t replica_lease(const ejob *j, int replica) {
+    cJSON *r = api(j, "GET", "/v1/shards", NULL, NULL);
+    int64_t id = 0;
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(r, "leases");
+    for (const cJSON *l = ls ? ls->child : NULL; l; l = l->next)
+        if ((int)jnum(l, "replica") == replica && jnum(l, "cursor") == jnum(l, "start")) id = (int64_t)jnum(l, "id");
+    cJSON_Delete(r);
+    return id;
+}
+
 /* A zombie: rank 1 stopped (SIGSTOP) past its lease deadline. The master takes the leases back
  * and ends the generation; the agent's SIGTERM waits in the stopped process. Continued, the
  * zombie finishes its step and reports late: refused; it exits, and the next generation redoes
@@ -628,13 +636,28 @@ static void test_zombie(void) {
     ejob j;
     if (job_init(&j, "zombie")) return;
     j.lease_timeout = 1.0;
+    j.step_ms = 40; /* 48 steps: time enough to stop a rank mid-job on a loaded machine */
     j.agent_extra[j.n_agent_extra++] = "--kill-grace";
     j.agent_extra[j.n_agent_extra++] = "30";
     job_start(&j, 1, 2);
-    CHECK(wait_progress(&j, 1, rnd(3, 20), 30), "no progress");
+    CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
     pid_t z = worker_pid(&j, 1);
     CHECK(z > 0, "no pid for rank 1");
-    kill(z, SIGSTOP);
+    /* stop it while it holds a lease it has not reported (most of a step: its "compute"); a
+     * report already on its way may still land, so look again once it is stopped */
+    int held = 0;
+    for (int tries = 0; tries < 50 && !held; tries++) {
+        int64_t lease = replica_lease(&j, 1);
+        if (lease <= 0) {
+            sleep_s(0.005);
+            continue;
+        }
+        kill(z, SIGSTOP);
+        sleep_s(0.1);
+        held = replica_lease(&j, 1) == lease;
+        if (!held) kill(z, SIGCONT);
+    }
+    CHECK(held, "could not stop rank 1 while it held a lease");
     double t0 = adt_now_s(), gen = 1;
     CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
     double t_end = adt_now_s() - t0;
@@ -655,6 +678,35 @@ static void test_zombie(void) {
     const char *m = metrics ? strstr(metrics, "\nadtrain_stale_requests_total ") : NULL;
     CHECK(m && atoi(m + 30) >= 1, "adtrain_stale_requests_total not counted");
     free(metrics);
+    job_verify(&j);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* A rank stopped at a random moment - often between two steps, holding no lease - is found by
+ * the progress watchdog (--progress-timeout) and the world restarted without losing data. */
+static void test_hang(void) {
+    ejob j;
+    if (job_init(&j, "hang")) return;
+    j.step_ms = 40;
+    j.master_extra[j.n_master_extra++] = "--progress-timeout";
+    j.master_extra[j.n_master_extra++] = "2";
+    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
+    j.agent_extra[j.n_agent_extra++] = "0";
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
+    pid_t z = worker_pid(&j, (int)rnd(0, 1.99));
+    kill(z, SIGSTOP);
+    double t0 = adt_now_s(), gen = 1;
+    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 10), "the hang was not noticed");
+    double took = adt_now_s() - t0;
+    CHECK(took >= 1.5 && took < 5, "the hang was noticed after %.2f s (progress timeout 2 s)", took);
+    CHECK(count_events(&j, "hang") == 1, "no hang event");
+    fprintf(stderr, "  hang: noticed %.2f s after SIGSTOP (progress timeout 2 s)\n", took);
+    kill(z, SIGCONT); /* SIGKILL reached it anyway */
+    char state[300];
+    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
+    CHECK(strstr(state, "done") == state, "job %s", state);
     job_verify(&j);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
@@ -1021,6 +1073,7 @@ int main(int argc, char **argv) {
     MAYBE(test_agent_leave);
     MAYBE(test_lost_master);
     MAYBE(test_zombie);
+    MAYBE(test_hang);
     MAYBE(test_scale);
     MAYBE(test_random_trials);
     if (g_n_recovery) {

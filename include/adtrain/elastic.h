@@ -11,8 +11,8 @@
  * consumed and commit checkpoints through the client library; every request names the
  * generation it belongs to, so a request of an ended generation is refused (HTTP 409).
  *
- * Generations. A death (a rank failed, an agent stopped heartbeating, a lease expired: the
- * replica hung), a join or a leave ends the generation: the master tells the agents to stop
+ * Generations. A death (a rank failed, an agent stopped heartbeating, a lease expired or no step
+ * was reported for the progress timeout: a rank hangs), a join or a leave ends the generation: the master tells the agents to stop
  * their workers, waits until they have, decides the next world, rewinds the ledger to its last
  * commit (what was consumed after it is handed out again) and the agents start the workers of
  * the next generation, which restore the committed checkpoint. A planned change (a join, a
@@ -95,6 +95,9 @@ typedef struct adt_master_config {
     double join_wait_s;      /* the first world waits this long after the last join for more
                                 agents (unless nnodes_max are there); 0 = 1 s, < 0 = none      */
     double stop_timeout_s;   /* a planned stop or a drain that takes longer is forced; 0 = 30 s */
+    double progress_timeout_s; /* a running world that reported steps and then none for this long
+                                  hangs (a stopped rank between steps holds no lease): it is ended
+                                  as a failure; 0 = 600 s, < 0 = never                          */
     double cooldown_min_s;   /* blacklist cooldown after the k-th failure of a node:           */
     double cooldown_max_s;   /*   min * 2^(k-1), at most max; 0 = 10 s and 600 s               */
     /* The data job. Set: the ledger is created with it when the first world forms. NULL: the

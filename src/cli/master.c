@@ -27,6 +27,8 @@ const char cli_master_flags_help[] =
     "  --heartbeat-misses K    an agent silent for K intervals is dead (default 3)\n"
     "  --join-wait S           the first world waits S s after the last join for more agents (default 1)\n"
     "  --stop-timeout S        a planned stop or a drain taking longer is forced (default 30)\n"
+    "  --progress-timeout S    a world that reported steps and then none for S seconds hangs: it is\n"
+    "                          ended as a failure (default 600; 0 = never)\n"
     "  --blacklist-cooldown MIN:MAX   seconds a failed node sits out: MIN * 2^(failures-1), at most\n"
     "                          MAX (default 10:600)\n"
     "data (else the workers declare their data job themselves):\n"
@@ -53,6 +55,7 @@ static const char *const k_value_flags[] = {"--listen",
                                             "--heartbeat-misses",
                                             "--join-wait",
                                             "--stop-timeout",
+                                            "--progress-timeout",
                                             "--blacklist-cooldown",
                                             "--samples",
                                             "--global-batch",
@@ -108,6 +111,9 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     } else if (!strcmp(f, "--join-wait")) {
         if (cli_double(cmd, f, v, 0, 3600, &d)) return -1;
         c->join_wait_s = d > 0 ? d : -1;
+    } else if (!strcmp(f, "--progress-timeout")) {
+        if (cli_double(cmd, f, v, 0, 1e7, &c->progress_timeout_s)) return -1;
+        if (c->progress_timeout_s == 0) c->progress_timeout_s = -1;
     } else if (!strcmp(f, "--stop-timeout")) {
         if (cli_double(cmd, f, v, 0.1, 86400, &c->stop_timeout_s)) return -1;
     } else if (!strcmp(f, "--blacklist-cooldown")) {

@@ -87,6 +87,7 @@ typedef struct agent {
 static void add_world_state(agent *a, cJSON *b) {
     cJSON_AddNumberToObject(b, "agent", (double)a->id);
     cJSON_AddNumberToObject(b, "seq", (double)a->seq);
+    cJSON_AddNumberToObject(b, "pid", getpid());
     cJSON_AddNumberToObject(b, "generation", (double)a->w_gen);
     cJSON_AddNumberToObject(b, "running", a->w != NULL);
     cJSON *p = cJSON_AddArrayToObject(b, "pids");
@@ -127,7 +128,6 @@ static void send_register(agent *a) {
     cJSON_AddStringToObject(b, "node", a->node);
     cJSON_AddStringToObject(b, "host", a->host);
     cJSON_AddNumberToObject(b, "slots", a->cfg->nproc);
-    cJSON_AddNumberToObject(b, "pid", getpid());
     char *txt = cJSON_PrintUnformatted(b);
     cJSON_Delete(b);
     start(a, XF_REGISTER, "/v1/agents", txt, 5000);
@@ -333,8 +333,11 @@ static void on_done(agent *a, xf_kind k, CURLcode cc) {
             eh_reply_status(status, eh_req_reply(r), k_xf_name[k]);
             adt_log(ADT_LOG_ERROR, "agent: %s", adt_error_message());
             a->next[k] = now + 1;
-            if (k == XF_REGISTER && status >= 400 && status < 500) {
-                a->finished = a->failed = 1; /* refused for good (a bad token, bad flags) */
+            /* refused for good: a bad token or flags; another agent took this node id over */
+            if ((k == XF_REGISTER && status >= 400 && status < 500) || (k == XF_HEARTBEAT && status == 409)) {
+                snprintf(a->reason, sizeof a->reason, "%s", adt_error_message());
+                a->finished = a->failed = 1;
+                stop_world(a, "refused by the master");
             }
         }
     } else if (k == XF_EVENT) {

@@ -36,6 +36,7 @@ static void cfg_defaults(adt_master *m, const adt_master_config *c) {
     if (d->join_wait_s == 0) d->join_wait_s = 1.0;
     if (d->join_wait_s < 0) d->join_wait_s = 0;
     if (d->stop_timeout_s <= 0) d->stop_timeout_s = 30;
+    if (d->progress_timeout_s == 0) d->progress_timeout_s = 600;
     if (d->cooldown_min_s <= 0) d->cooldown_min_s = 10;
     if (d->cooldown_max_s <= 0) d->cooldown_max_s = 600;
     if (d->cooldown_max_s < d->cooldown_min_s) d->cooldown_max_s = d->cooldown_min_s;

@@ -543,6 +543,13 @@ static m_agent *body_agent(adt_master *m, const cJSON *b, adt_http_reply *rp) {
                     (long long)id, a->node);
         return NULL;
     }
+    int64_t pid;
+    if (bad_field(rp, wj_int(b, "pid", 0, INT32_MAX, 1, 0, &pid))) return NULL;
+    if (pid && a->pid && pid != a->pid) {
+        reply_error(rp, 409, "node %s is registered by another agent process (pid %d) now", a->node, a->pid);
+        return NULL;
+    }
+    if (pid) a->pid = (int)pid;
     return a;
 }
 
@@ -749,9 +756,12 @@ static int data_gate(adt_master *m, const cJSON *b, int64_t *gen, int64_t *repli
         return 0;
     if (*gen != m->gen || (m->gstate != G_RUNNING && m->gstate != G_STOPPING)) {
         m->n_stale++;
-        ms_event(m, "stale", *gen, -1, replica ? (int)*replica : -1,
-                 "refused a request of generation %lld (current %lld, %s)", (long long)*gen, (long long)m->gen,
-                 m_gstate_name(m->gstate));
+        /* the event log notes the first few of each generation, not a zombie's every retry */
+        if (m->stale_gen != m->gen) m->stale_gen = m->gen, m->stale_logged = 0;
+        if (m->stale_logged++ < 16)
+            ms_event(m, "stale", *gen, -1, replica ? (int)*replica : -1,
+                     "refused a request of generation %lld (current %lld, %s)", (long long)*gen, (long long)m->gen,
+                     m_gstate_name(m->gstate));
         reply_error(rp, 409, "generation %lld has ended (current %lld, %s); refused", (long long)*gen,
                     (long long)m->gen, m_gstate_name(m->gstate));
         return 0;
@@ -786,8 +796,10 @@ static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         return;
     }
     if (m->have_job) {
-        if (!wj_job_equal(&job, &m->job) || (m->L && rpr != m->rpr)) {
-            reply_error(rp, 422, "data job differs from the one this job declared before (GET /v1/job shows it)");
+        if (!wj_job_equal(&job, &m->job) || rpr != m->rpr) {
+            reply_error(rp, 422,
+                        "data job or ranks_per_replica differ from the ones declared before (GET /v1/job "
+                        "shows them)");
             return;
         }
     } else {
@@ -934,6 +946,7 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         return;
     }
     if (step > m->max_reported) m->max_reported = step;
+    m->last_report_mono = adt_now_s();
     if (m->fail_wall > 0) {
         m->last_recovery_s = adt_wall_s() - m->fail_wall;
         m->fail_wall = 0;

@@ -100,6 +100,7 @@ struct adt_master {
     int64_t stop_at;         /* G_STOPPING: stop after this many steps                     */
     int64_t gen_first_step;  /* the commit in force when the generation started           */
     int64_t max_reported;    /* the highest step reported in this generation, -1 if none   */
+    double last_report_mono; /* when the last step was reported in this generation           */
     double fail_wall;        /* when the failure that ended the previous world was seen; 0 */
     double last_recovery_s;  /* failure to the first reported step of the next world; -1   */
 
@@ -123,6 +124,8 @@ struct adt_master {
     uint64_t version;
     int64_t n_requests[6];   /* by status class: 1xx..5xx, [0] other                       */
     int64_t n_stale, n_heartbeat_miss, n_deaths;
+    int64_t stale_gen;       /* stale requests logged as events in this generation: stale_logged */
+    int stale_logged;
     double started_wall;
     double next_lease_check;
 

@@ -261,6 +261,13 @@ static int decide(adt_master *m, m_slot **out, int *n, int *world, int *candidat
         *world += local;
         kept++;
     }
+    /* whole data-parallel replicas only: trim the last agents' ranks to a multiple of rpr */
+    for (int cut = *world % m->rpr; cut > 0 && kept > 0;) {
+        m_slot *last = &s[kept - 1];
+        int take = last->local_size < cut ? last->local_size : cut;
+        last->local_size -= take, *world -= take, cut -= take;
+        if (!last->local_size) kept--;
+    }
     free(pick);
     *n = kept;
     *out = s;
@@ -383,6 +390,21 @@ static int undrained(const adt_master *m) {
     return n;
 }
 
+/* The progress watchdog: steps were reported in this generation, then none for the progress
+ * timeout. A rank stopped between two steps holds no lease, so the leases' deadlines alone would
+ * never notice. Ends the generation (a failure) and says so. */
+static int hung(adt_master *m, double now) {
+    if (m->cfg.progress_timeout_s < 0 || m->max_reported < m->gen_first_step ||
+        now - m->last_report_mono <= m->cfg.progress_timeout_s)
+        return 0;
+    char why[200];
+    snprintf(why, sizeof why, "no step reported for %.1f s after step %lld: a rank hangs", now - m->last_report_mono,
+             (long long)m->max_reported);
+    ms_event(m, "hang", m->gen, -1, -1, "%s", why);
+    m_end_generation(m, why, 1, -1);
+    return 1;
+}
+
 void m_progress(adt_master *m) {
     if (m->gstate == G_DONE || m->gstate == G_FAILED) return;
     check_heartbeats(m);
@@ -402,6 +424,7 @@ void m_progress(adt_master *m) {
                 break;
             }
         }
+        if (hung(m, now)) break;
         m_slot *s;
         int n, world, candidates;
         if (decide(m, &s, &n, &world, &candidates) && !same_world(m, s, n)) {
@@ -415,6 +438,7 @@ void m_progress(adt_master *m) {
         break;
     }
     case G_STOPPING:
+        if (hung(m, now)) break;
         if (now - m->gstate_mono > m->cfg.stop_timeout_s) {
             char why[160];
             snprintf(why, sizeof why, "the planned stop after step %lld took longer than %.0f s", (long long)m->stop_at,
