@@ -961,6 +961,19 @@ static void test_token(void) {
               st == 401,
           "a longer token: %d", st);
     free(reply);
+    /* an agent with a wrong token is refused for good: it says so and exits 1 */
+    char log[256];
+    snprintf(log, sizeof log, "%s/adt_test_elastic_token_%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    const char *argv[] = {g_adtrain, "agent", "--master", addr, "--token", "wrong", "--", "/bin/true", NULL};
+    CHECK(run_cmd(log, argv, 20) == 1, "an agent with a wrong token must exit 1");
+    FILE *f = fopen(log, "r");
+    char text[4096] = "";
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    unlink(log);
+    CHECK(strstr(text, "refused by the master") && strstr(text, "401"), "the agent's message: %.300s", text);
     adt_master_free(m);
     /* on loopback without a token: open */
     adt_master_config lo = {.job_dir = ":memory:", .listen = "127.0.0.1:0"};

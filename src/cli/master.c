@@ -199,8 +199,18 @@ static void master_usage(FILE *f) {
             ADT_MASTER_DEFAULT_PORT, cli_master_flags_help);
 }
 
-/* Off loopback without a token: a new random one, kept in DIR/token for the agents. */
+/* Off loopback without a token: the one in DIR/token (a restarted master keeps its agents'), or
+ * a new random one kept there for the agents. */
 static int make_token(cli_master_opts *o) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/token", o->cfg.job_dir);
+    const char *dst;
+    if (access(path, R_OK) == 0) {
+        if (cli_token_flag("master", "--token-file", path, o->token, sizeof o->token, &dst) < 0) return -1;
+        o->cfg.token = o->token;
+        fprintf(stderr, "adtrain master: listening off loopback: the job token is in %s\n", path);
+        return 0;
+    }
     unsigned char r[24];
     int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (fd < 0 || read(fd, r, sizeof r) != (ssize_t)sizeof r) {
@@ -210,9 +220,7 @@ static int make_token(cli_master_opts *o) {
     close(fd);
     for (size_t i = 0; i < sizeof r; i++)
         snprintf(o->token + 2 * i, 3, "%02x", r[i]);
-    char path[4096];
     mkdir(o->cfg.job_dir, 0755);
-    snprintf(path, sizeof path, "%s/token", o->cfg.job_dir);
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return cli_fail("master", -1, "%s: %s", path, strerror(errno));
     int ok = write(fd, o->token, strlen(o->token)) == (ssize_t)strlen(o->token) && write(fd, "\n", 1) == 1;

@@ -81,6 +81,7 @@ typedef struct agent {
     int leave;      /* 0, 1 = asked (to send), 2 = sent, 3 = forced */
     int finished;   /* the job is over: exit when the world is gone */
     int failed;     /* ... and it failed */
+    int refused;    /* the master refused this agent for good (reason says why) */
 } agent;
 
 /* ---- messages ------------------------------------------------------------------------------ */
@@ -316,6 +317,12 @@ static void on_done(agent *a, xf_kind k, CURLcode cc) {
     if (!status) {
         adt_log(ADT_LOG_DEBUG, "agent: %s: %s", k_xf_name[k], r->err[0] ? r->err : curl_easy_strerror(cc));
         a->next[k] = now + (k == XF_HEARTBEAT || k == XF_REGISTER ? 0.2 : 0.1);
+    } else if (status == 401) { /* a wrong token never heals */
+        eh_reply_status(status, eh_req_reply(r), k_xf_name[k]);
+        snprintf(a->reason, sizeof a->reason, "%s", adt_error_message());
+        adt_log(ADT_LOG_ERROR, "agent: %s", a->reason);
+        a->finished = a->failed = a->refused = 1;
+        stop_world(a, "refused by the master");
     } else if (status == 404 || status == 410) {
         if (k != XF_REGISTER) forget_registration(a, eh_req_reply(r));
         a->next[k] = now + 0.1;
@@ -336,7 +343,7 @@ static void on_done(agent *a, xf_kind k, CURLcode cc) {
             /* refused for good: a bad token or flags; another agent took this node id over */
             if ((k == XF_REGISTER && status >= 400 && status < 500) || (k == XF_HEARTBEAT && status == 409)) {
                 snprintf(a->reason, sizeof a->reason, "%s", adt_error_message());
-                a->finished = a->failed = 1;
+                a->finished = a->failed = a->refused = 1;
                 stop_world(a, "refused by the master");
             }
         }
@@ -515,6 +522,8 @@ int adt_agent_run(const adt_agent_config *cfg_in) {
         free(a->evq[i]);
     free(a->evq);
     if (result == ADT_OK && a->leave >= 2) result = adt_error(ADT_ERR_STATE, "agent: left the job");
-    if (result == ADT_OK && a->failed) result = adt_error(ADT_ERR_STATE, "agent: the job failed: %s", a->reason);
+    if (result == ADT_OK && a->failed)
+        result = adt_error(ADT_ERR_STATE, "agent: %s: %s", a->refused ? "refused by the master" : "the job failed",
+                           a->reason);
     return result;
 }
