@@ -51,13 +51,9 @@ int cli_agent_has_value(const char *name);
 int cli_agent_flag(const char *command, cli_agent_opts *o, const char *name, const char *value);
 extern const char cli_agent_flags_help[];
 
-/* Flags of the form "--name VALUE" or "--name=VALUE". Walks argv from *i: sets *name (without
- * the "=VALUE" part, in buf) and *value (NULL for a flag that takes none: `has_value` says which
- * do); returns 1 for a flag, 0 at the end or at "--" (*i then indexes the word after it), -1 on
- * a missing value (the message is printed for `command`). */
-int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name), char *buf,
-                  int cap, const char **name, const char **value);
-/* The whole flag loop of a command: -h/--help prints `usage` to stdout and gives 1; every other
+/* The whole flag loop of a command, over flags of the form "--name VALUE" or "--name=VALUE"
+ * (underscores in a name read as dashes: torchrun's --nproc_per_node; has_value says which flags
+ * take a value). -h/--help prints `usage` to stdout and gives 1; every other
  * flag goes to apply(ctx, name, value), which answers 1 (taken), 0 (not a flag of this command:
  * an error naming it) or -1 (a bad value, already printed). Returns 0 when the flags are done
  * (*i then indexes the first word after "--", or argc), 1 after help, 2 after an error. */

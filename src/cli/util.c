@@ -24,8 +24,9 @@ int cli_fail(const char *command, int code, const char *fmt, ...) {
     return code;
 }
 
-int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name), char *buf,
-                  int cap, const char **name, const char **value) {
+/* One flag: 1 (and *name in buf, *value), 0 at the end or after "--", -1 on a missing value. */
+static int next_flag(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name), char *buf,
+                     int cap, const char **name, const char **value) {
     if (*i >= argc) return 0;
     const char *a = argv[*i];
     if (!strcmp(a, "--")) {
@@ -33,18 +34,16 @@ int cli_next_flag(const char *command, int argc, char **argv, int *i, int (*has_
         return 0;
     }
     (*i)++;
+    /* the name, with torchrun's underscores as dashes (--nproc_per_node = --nproc-per-node) */
     const char *eq = strncmp(a, "--", 2) ? NULL : strchr(a, '=');
-    if (eq) {
-        snprintf(buf, (size_t)cap, "%.*s", (int)(eq - a), a);
-        *name = buf;
-        *value = eq + 1;
-        if (!has_value(buf)) return cli_fail(command, -1, "%s takes no value", buf);
-        return 1;
-    }
-    *name = a;
-    *value = NULL;
-    if (has_value(a)) {
-        if (*i >= argc) return cli_fail(command, -1, "%s: expected a value", a);
+    snprintf(buf, (size_t)cap, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+    for (char *p = buf + 2; !strncmp(buf, "--", 2) && *p; p++)
+        if (*p == '_') *p = '-';
+    *name = buf;
+    *value = eq ? eq + 1 : NULL;
+    if (eq && !has_value(buf)) return cli_fail(command, -1, "%s takes no value", buf);
+    if (!eq && has_value(buf)) {
+        if (*i >= argc) return cli_fail(command, -1, "%s: expected a value", buf);
         *value = argv[(*i)++];
     }
     return 1;
@@ -55,7 +54,7 @@ int cli_parse(const char *command, int argc, char **argv, int *i, int (*has_valu
     char buf[64];
     const char *f, *v;
     int r;
-    while ((r = cli_next_flag(command, argc, argv, i, has_value, buf, sizeof buf, &f, &v)) == 1) {
+    while ((r = next_flag(command, argc, argv, i, has_value, buf, sizeof buf, &f, &v)) == 1) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             usage(stdout);
             return 1;

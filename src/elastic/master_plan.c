@@ -306,6 +306,8 @@ static void plan_next(adt_master *m) {
     adt_ledger_status st;
     if (m->L && adt_ledger_get_status(m->L, &st) == ADT_OK) committed = st.committed_steps;
     int64_t from = m->gen;
+    char why[sizeof m->greason];
+    snprintf(why, sizeof why, "%s", m->greason[0] ? m->greason : "the first world");
     free(m->slots);
     m->slots = s;
     m->n_slots = n;
@@ -328,13 +330,12 @@ static void plan_next(adt_master *m) {
     for (int i = 0, o = 0; i < n && o < (int)sizeof who - 40; i++)
         o += snprintf(who + o, sizeof who - (size_t)o, "%s%s:%d", i ? "," : "", m_agent_find(m, s[i].agent)->node,
                       s[i].local_size);
-    ms_event(m, "generation", m->gen, -1, -1, "world %d (%d replicas) on %s, from step %lld", world, m->replicas, who,
-             (long long)committed);
+    ms_event(m, "generation", m->gen, -1, -1, "world %d (%d replicas) on %s, from step %lld (%s)", world, m->replicas,
+             who, (long long)committed, why);
     int rc = ADT_OK;
     if (m->L) {
         int64_t g;
-        rc = adt_ledger_rewind(m->L, from - m->ledger_offset, committed, m->replicas,
-                               m->greason[0] ? m->greason : "re-plan", &g);
+        rc = adt_ledger_rewind(m->L, from - m->ledger_offset, committed, m->replicas, why, &g);
     } else if (m->have_job) {
         rc = m_ledger_ready(m);
     }
