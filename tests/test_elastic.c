@@ -400,6 +400,22 @@ static void job_cleanup(ejob *j, int keep) {
     }
 }
 
+/* Waits (at most timeout s) for the job to end, which it must have done by finishing. */
+static void expect_done(ejob *j, double timeout) {
+    char state[300];
+    CHECK(wait_job_end(j, timeout, state, sizeof state), "job not finished: %s", state);
+    CHECK(strstr(state, "done") == state, "job %s", state);
+}
+
+/* Audits the job, ends its processes and removes its files (kept when a check failed); returns
+ * what job_verify says was trained again. */
+static int64_t job_close(ejob *j) {
+    int64_t again = job_verify(j);
+    job_end(j, 10);
+    job_cleanup(j, check_cur_failed);
+    return again;
+}
+
 /* The wall time at which every rank had completed its first step of generation `gen` (from the
  * workers' step logs); 0 if none. */
 static double first_step_done(const ejob *j, int gen, int ranks) {
@@ -441,16 +457,12 @@ static void test_clean_run(void) {
     ejob j;
     if (job_init(&j, "clean")) return;
     job_start(&j, 2, 2);
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
     CHECK(jnum(r, "restarts") == 0 && jnum(r, "generation") == 1 && jnum(r, "world_size") == 4,
           "restarts %g generation %g world %g", jnum(r, "restarts"), jnum(r, "generation"), jnum(r, "world_size"));
     cJSON_Delete(r);
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    job_close(&j);
 }
 
 static double g_recovery[64];
@@ -488,18 +500,14 @@ static void kill_worker_run(const char *tag, int agents, int nproc) {
     CHECK(pid > 0, "no pid for rank %d", victim);
     double t_kill = adt_wall_s();
     if (pid > 0) kill(pid, SIGKILL);
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     double took = recovery(&j, gen, ranks, t_kill);
     if (took > 0)
         fprintf(stderr, "  %s: rank %d killed at step >= %g; the next generation completed a step %.3f s later\n", tag,
                 victim, at_step, took);
     CHECK(took > 0 && took < 10, "recovery took %.2f s", took);
     CHECK(count_events(&j, "death") >= 1, "no death event");
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    job_close(&j);
 }
 
 static void test_kill_worker(void) {
@@ -526,13 +534,9 @@ static void test_kill_agent(void) {
     CHECK(wait_progress(&j, 2, 0, 20), "no new generation after the agent died");
     fprintf(stderr, "  agent killed: a new generation ran after %.2f s\n", adt_now_s() - t0);
     job_start_agent(&j, 1); /* the node comes back */
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     CHECK(count_events(&j, "heartbeat_miss") + count_events(&j, "death") >= 1, "no heartbeat miss or death event");
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    job_close(&j);
 }
 
 /* kill -9 of the master; restarted on the same job directory, it resumes the generation. */
@@ -545,16 +549,12 @@ static void test_kill_master(void) {
     proc_wait(j.master, 5);
     sleep_s(rnd(0.1, 1.5));
     job_start_master(&j);
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
     CHECK(jnum(r, "restarts") == 0, "the master's restart cost %g worker restarts", jnum(r, "restarts"));
     cJSON_Delete(r);
     CHECK(count_events(&j, "master_start") == 2, "master_start events %d", count_events(&j, "master_start"));
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    job_close(&j);
 }
 
 /* SIGTERM to an agent: its node leaves at a step boundary (a planned change, nothing retrained)
@@ -568,18 +568,14 @@ static void test_agent_leave(void) {
     CHECK(proc_wait(j.agent[1], 20), "the agent did not leave");
     CHECK(exit_code(j.agent[1]) == 1, "a leaving agent exits 1, not %d", exit_code(j.agent[1]));
     j.agent[1] = NULL;
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
     CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 1 && jnum(r, "world_size") == 2,
           "restarts %g planned %g world %g", jnum(r, "restarts"), jnum(r, "planned_changes"), jnum(r, "world_size"));
     cJSON_Delete(r);
     CHECK(count_events(&j, "leave") == 1 && count_events(&j, "stop_request") == 1, "leave/stop_request events");
-    int64_t again = job_verify(&j);
+    int64_t again = job_close(&j);
     CHECK(again == 0, "a planned leave retrained %lld samples", (long long)again);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
 }
 
 /* The master dies for good: each agent stops its workers after --master-grace and gives up
@@ -663,9 +659,7 @@ static void test_zombie(void) {
     double t_end = adt_now_s() - t0;
     sleep_s(0.3);
     kill(z, SIGCONT);
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     char path[800];
     snprintf(path, sizeof path, "%s/refused-g1-r1.txt", j.outdir);
     CHECK(access(path, F_OK) == 0, "the zombie's late request was not refused (no %s)", path);
@@ -678,9 +672,7 @@ static void test_zombie(void) {
     const char *m = metrics ? strstr(metrics, "\nadtrain_stale_requests_total ") : NULL;
     CHECK(m && atoi(m + 30) >= 1, "adtrain_stale_requests_total not counted");
     free(metrics);
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    job_close(&j);
 }
 
 /* A rank stopped at a random moment - often between two steps, holding no lease - is found by
@@ -704,12 +696,8 @@ static void test_hang(void) {
     CHECK(count_events(&j, "hang") == 1, "no hang event");
     fprintf(stderr, "  hang: noticed %.2f s after SIGSTOP (progress timeout 2 s)\n", took);
     kill(z, SIGCONT); /* SIGKILL reached it anyway */
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
-    job_verify(&j);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    expect_done(&j, 60);
+    job_close(&j);
 }
 
 /* Planned scaling 2 -> 1 -> 3 workers on one agent of 3 slots: each change stops at a step
@@ -738,18 +726,14 @@ static void test_scale(void) {
     CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
     double w3[3] = {3, 3, 0};
     CHECK(poll_until(&j, "/v1/generation", pred_world, w3, 30), "no world of 3");
-    char state[300];
-    CHECK(wait_job_end(&j, 60, state, sizeof state), "job not finished: %s", state);
-    CHECK(strstr(state, "done") == state, "job %s", state);
+    expect_done(&j, 60);
     cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
     CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
           "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"),
           jnum(r, "generation"));
     cJSON_Delete(r);
-    int64_t again = job_verify(&j);
+    int64_t again = job_close(&j);
     CHECK(again == 0, "planned changes retrained %lld samples", (long long)again);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
 }
 
 /* Randomized trials: kill -9 of a worker, an agent or the master at a random moment. */
