@@ -22,7 +22,7 @@ ifeq ($(NATIVE),1)
   OPT += -march=native
 endif
 
-PKGS := openblas libcjson zlib mpich sqlite3
+PKGS := openblas libcjson zlib mpich sqlite3 libmicrohttpd libcurl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 ifeq ($(PKG_LIBS),)
@@ -67,11 +67,19 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/libadtrain.a
 
 # Programs the tests start as workers (not tests themselves): plain MPICH, never sanitized, since
 # MPICH/UCX's own leaks are not ours; they sit beside the test binaries, where the tests look.
-TEST_HELPERS := $(BUILD)/tests/mpi_worker
+TEST_HELPERS := $(BUILD)/tests/mpi_worker $(BUILD)/tests/elastic_worker
 $(BUILD)/tests/mpi_worker: tests/mpi_worker.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror $(shell pkg-config --cflags mpich) -o $@ $< \
 	    $(shell pkg-config --libs mpich)
+# The elastic test worker links the client library's own sources, unsanitized like the above.
+ELASTIC_WORKER_SRC := tests/elastic_worker.c src/elastic/client.c src/elastic/http.c src/elastic/wire.c \
+                      src/base/error.c src/base/log.c src/base/rng.c src/data/sampler.c
+$(BUILD)/tests/elastic_worker: $(ELASTIC_WORKER_SRC) $(wildcard include/adtrain/*.h src/elastic/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Iinclude -Isrc \
+	    $(shell pkg-config --cflags mpich libcurl libcjson) -o $@ $(ELASTIC_WORKER_SRC) \
+	    $(shell pkg-config --libs mpich libcurl libcjson) -lm -lpthread
 
 tests: $(TEST_BIN) $(TEST_HELPERS) $(BUILD)/adtrain
 bench: $(BENCH_BIN) $(BUILD)/adtrain

@@ -5,6 +5,7 @@
 #ifndef ADTRAIN_FUZZ_H
 #define ADTRAIN_FUZZ_H
 
+#include <stdint.h>
 #include <string.h>
 
 #include "adtrain/base.h"
@@ -14,6 +15,18 @@
     do {                                                                                       \
         if (!(cond)) adt_abort(__FILE__, __LINE__, "fuzz invariant failed: %s", #cond);        \
     } while (0)
+
+/* The input read as a stream of bytes; past its end every byte is 0. */
+typedef struct fuzz_input {
+    const uint8_t *p;
+    size_t n;
+} fuzz_input;
+
+static inline unsigned fuzz_take(fuzz_input *in) {
+    if (!in->n) return 0;
+    in->n--;
+    return *in->p++;
+}
 
 /* Opens a dataset from memory. On failure checks the contract every reader keeps - *out reset
  * to NULL, the status one of the two expected, the message starting with the input's name - and

@@ -20,21 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FUZZ_ASSERT(cond)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) adt_abort(__FILE__, __LINE__, "fuzz invariant failed: %s", #cond);        \
-    } while (0)
+#include "fuzz.h"
 
-typedef struct input {
-    const uint8_t *p;
-    size_t n;
-} input;
-
-static unsigned take(input *in) {
-    if (!in->n) return 0;
-    in->n--;
-    return *in->p++;
-}
 
 static double fake_now;
 static double fake_clock(void *ctx) {
@@ -56,11 +43,11 @@ static void check_state(adt_ledger *L, const adt_ledger_job *job) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    input in = {data, size};
-    adt_ledger_job job = {.samples = 8 + take(&in) % 64, .seed = take(&in), .shuffle = take(&in) & 1,
-                          .global_batch = 1 + take(&in) % 8, .shard_size = 1 + take(&in) % 16,
-                          .epochs = 1 + take(&in) % 3, .replicas = 1 + take(&in) % 4,
-                          .max_failures = 1 + take(&in) % 3, .max_leases = 1 + take(&in) % 3, .lease_timeout_s = 10};
+    fuzz_input in = {data, size};
+    adt_ledger_job job = {.samples = 8 + fuzz_take(&in) % 64, .seed = fuzz_take(&in), .shuffle = fuzz_take(&in) & 1,
+                          .global_batch = 1 + fuzz_take(&in) % 8, .shard_size = 1 + fuzz_take(&in) % 16,
+                          .epochs = 1 + fuzz_take(&in) % 3, .replicas = 1 + fuzz_take(&in) % 4,
+                          .max_failures = 1 + fuzz_take(&in) % 3, .max_leases = 1 + fuzz_take(&in) % 3, .lease_timeout_s = 10};
     if (job.global_batch > job.samples) job.global_batch = job.samples;
     if (job.shard_size > job.samples) job.shard_size = job.samples;
     adt_ledger *L = NULL;
@@ -72,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int ops = 0; in.n > 0 && ops < 200; ops++) {
         adt_ledger_status st;
         FUZZ_ASSERT(adt_ledger_get_status(L, &st) == ADT_OK);
-        unsigned op = take(&in) % 8, b1 = take(&in), b2 = take(&in);
+        unsigned op = fuzz_take(&in) % 8, b1 = fuzz_take(&in), b2 = fuzz_take(&in);
         /* mostly the current generation and a replica of it; now and then anything */
         int64_t gen = b1 < 224 ? st.generation : (int64_t)(b1 % 8) - 1;
         int replica = b2 < 224 ? (int)(b2 % (unsigned)st.replicas) : (int)(b2 % 8) - 1;
@@ -80,52 +67,52 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (op == 0) {
             adt_ledger_lease l;
             int grant;
-            rc = adt_ledger_lease_next(L, gen, replica, take(&in) % 8, &l, &grant);
+            rc = adt_ledger_lease_next(L, gen, replica, fuzz_take(&in) % 8, &l, &grant);
         } else if (op == 1) {
             /* a report on one of the active leases (or a made-up one) from its cursor */
             adt_ledger_lease *ls = NULL;
             int64_t nl = 0;
-            FUZZ_ASSERT(adt_ledger_leases(L, take(&in) & 1, &ls, &nl) == ADT_OK);
+            FUZZ_ASSERT(adt_ledger_leases(L, fuzz_take(&in) & 1, &ls, &nl) == ADT_OK);
             adt_ledger_range r[3];
-            int n = 1 + take(&in) % 3;
-            unsigned pick = take(&in);
+            int n = 1 + fuzz_take(&in) % 3;
+            unsigned pick = fuzz_take(&in);
             for (int i = 0; i < n; i++) {
                 if (nl && pick < 240) {
                     const adt_ledger_lease *l = &ls[(pick + (unsigned)i) % nl];
                     int64_t from = i && r[i - 1].lease == l->id ? r[i - 1].b : l->cursor;
-                    int64_t a = from + (take(&in) < 16), b = from + 1 + take(&in) % 6;
+                    int64_t a = from + (fuzz_take(&in) < 16), b = from + 1 + fuzz_take(&in) % 6;
                     r[i] = (adt_ledger_range){l->id, a, b};
                 } else {
-                    int64_t id = take(&in) % 16, a = take(&in) % 64, b = take(&in) % 64;
+                    int64_t id = fuzz_take(&in) % 16, a = fuzz_take(&in) % 64, b = fuzz_take(&in) % 64;
                     r[i] = (adt_ledger_range){id, a, b};
                 }
             }
             free(ls);
-            unsigned s = take(&in);
+            unsigned s = fuzz_take(&in);
             int64_t step = s < 128 ? st.next_step : s < 224 ? st.next_step - 1 + s % 3 : (int64_t)(s % 16);
             rc = adt_ledger_report(L, gen, replica, step, r, n);
         } else if (op == 2) {
-            unsigned s = take(&in);
+            unsigned s = fuzz_take(&in);
             int64_t steps = s < 200 ? st.next_step + (s % 2) : (int64_t)(s % 32);
             rc = adt_ledger_commit(L, gen, steps, NULL);
             if (rc == ADT_OK && n_commits < 64) commits[n_commits++] = steps;
         } else if (op == 3) {
-            unsigned s = take(&in);
+            unsigned s = fuzz_take(&in);
             int64_t to = s < 200 ? commits[s % n_commits] : (int64_t)(s % 32);
             int64_t g;
-            rc = adt_ledger_rewind(L, gen, to, 1 + take(&in) % 4, "fuzz", &g);
+            rc = adt_ledger_rewind(L, gen, to, 1 + fuzz_take(&in) % 4, "fuzz", &g);
             if (rc == ADT_OK)
                 while (n_commits > 1 && commits[n_commits - 1] > to) n_commits--;
         } else if (op == 4) {
-            rc = adt_ledger_revoke(L, take(&in) % 16, "fuzz");
+            rc = adt_ledger_revoke(L, fuzz_take(&in) % 16, "fuzz");
         } else if (op == 5) {
-            fake_now += take(&in) % 16;
+            fake_now += fuzz_take(&in) % 16;
             rc = adt_ledger_revoke_expired(L, NULL);
         } else if (op == 6) {
             rc = adt_ledger_revoke_replica(L, gen, replica, "fuzz", NULL);
         } else {
             int64_t ids[8];
-            int64_t e = take(&in) % 4, a = take(&in) % 80, b = a + take(&in) % 8;
+            int64_t e = fuzz_take(&in) % 4, a = fuzz_take(&in) % 80, b = a + fuzz_take(&in) % 8;
             rc = adt_ledger_sample_ids(L, e, a, b, ids);
         }
         adt_ledger_status after;

@@ -17,5 +17,6 @@
 #include "adtrain/ckpt.h"
 #include "adtrain/agent.h"
 #include "adtrain/ledger.h"
+#include "adtrain/elastic.h"
 
 #endif

@@ -234,6 +234,8 @@ typedef struct adt_ledger_status {
 int adt_ledger_get_status(adt_ledger *L, adt_ledger_status *st);
 /* Leases of the job, by id: every lease, or only the active ones; free *out with free(). */
 int adt_ledger_leases(adt_ledger *L, int active_only, adt_ledger_lease **out, int64_t *n);
+/* One lease by id; ADT_ERR_ARG if there is none. */
+int adt_ledger_lease_get(adt_ledger *L, int64_t id, adt_ledger_lease *out);
 /* ids[k] = the sample id at position a+k of `epoch`'s order, for k < b-a (0 <= a <= b <= P). */
 int adt_ledger_sample_ids(adt_ledger *L, int64_t epoch, int64_t a, int64_t b, int64_t *ids);
 

@@ -1,5 +1,5 @@
 /*
- * cli.h - the subcommands of the `adtrain` command.
+ * cli.h - the subcommands of the `adtrain` command and what they share.
  */
 #ifndef ADTRAIN_CLI_H
 #define ADTRAIN_CLI_H
@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "adtrain/elastic.h"
 #include "adtrain/models.h"
 
 #define ADT_VERSION "0.1.0"
@@ -28,5 +29,62 @@ int cli_load_model(const char *command, const char *path, adt_model_cfg *m, char
 /* An integer flag value in [lo, hi], else exit code 2 with a message naming the flag. */
 int cli_parse_long(const char *command, const char *flag, const char *v, long lo, long hi, long *out);
 int cli_ckpt(int argc, char **argv);
+
+/* The elastic runtime's commands (master.c, agent.c, launch.c, status.c, audit.c). */
+int cli_master(int argc, char **argv);
+int cli_agent(int argc, char **argv);
+int cli_launch(int argc, char **argv);
+int cli_status(int argc, char **argv);
+int cli_scale(int argc, char **argv);
+int cli_audit(int argc, char **argv);
+
+/* The master's flags, shared by `adtrain master` and `adtrain launch` (master.c). */
+typedef struct cli_master_opts {
+    adt_master_config cfg;
+    adt_ledger_job job; /* the data flags (--samples ...), if any */
+    int data_flags;
+    char token[300];
+    double linger_s; /* after the job ended, keep answering this long (agents learn it) */
+} cli_master_opts;
+void cli_master_defaults(cli_master_opts *o);
+int cli_master_has_value(const char *name);
+/* 1: the flag was the master's and is applied; 0: not a master flag; -1: bad value (printed). */
+int cli_master_flag(const char *command, cli_master_opts *o, const char *name, const char *value);
+/* Checks across flags (the data flags come together); -1 after printing the problem. */
+int cli_master_finish(const char *command, cli_master_opts *o);
+/* The usage lines of the master's flags. */
+extern const char cli_master_flags_help[];
+
+/* The agent's flags, shared by `adtrain agent` and `adtrain launch` (agent.c). */
+typedef struct cli_agent_opts {
+    adt_agent_config cfg;
+    char token[300];
+} cli_agent_opts;
+void cli_agent_defaults(cli_agent_opts *o);
+int cli_agent_has_value(const char *name);
+int cli_agent_flag(const char *command, cli_agent_opts *o, const char *name, const char *value);
+extern const char cli_agent_flags_help[];
+
+/* The whole flag loop of a command, over flags of the form "--name VALUE" or "--name=VALUE"
+ * (underscores in a name read as dashes: torchrun's --nproc_per_node; has_value says which flags
+ * take a value). -h/--help prints `usage` to stdout and gives 1; every other
+ * flag goes to apply(ctx, name, value), which answers 1 (taken), 0 (not a flag of this command:
+ * an error naming it) or -1 (a bad value, already printed). Returns 0 when the flags are done
+ * (*i then indexes the first word after "--", or argc), 1 after help, 2 after an error. */
+int cli_parse(const char *command, int argc, char **argv, int *i, int (*has_value)(const char *name),
+              int (*apply)(void *ctx, const char *name, const char *value), void *ctx, void (*usage)(FILE *f));
+/* 1 if name is one of the NULL-terminated list (flags that take a value). */
+int cli_in_list(const char *name, const char *const *list);
+/* Checked numbers: print "adtrain COMMAND: FLAG: expected ..." and return -1 when bad. */
+int cli_long(const char *command, const char *flag, const char *s, long lo, long hi, long *out);
+int cli_double(const char *command, const char *flag, const char *s, double lo, double hi, double *out);
+/* "MIN:MAX" or "N" (= N:N); MAX may be 0 meaning no limit. */
+int cli_range(const char *command, const char *flag, const char *s, long *lo, long *hi);
+/* --token T or --token-file F (the file's first line) into buf, and *dst = buf: 1 if the flag
+ * was one of them, 0 if not, -1 on an unreadable file. */
+int cli_token_flag(const char *command, const char *name, const char *value, char *buf, int cap, const char **dst);
+/* SIGINT, SIGTERM and SIGHUP write a byte to the returned descriptor (readable = stop asked);
+ * SIGPIPE is ignored. */
+int cli_stop_fd(void);
 
 #endif

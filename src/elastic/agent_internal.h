@@ -38,6 +38,11 @@ typedef struct wk_spawn {
  * must be >= 3. *pidfd is a pollable pidfd for the child (close-on-exec). */
 int wk_spawn_one(const wk_spawn *a, pid_t *pid, int *pidfd);
 
+/* A control connection: no Nagle (small request/reply exchanges), TCP keepalive (idle 1 s,
+ * interval 1 s, 3 probes) and TCP_USER_TIMEOUT, so a peer host that vanished silently is found
+ * in a few seconds even while no request is in flight. */
+void wk_tcp_live(int fd, unsigned user_timeout_ms);
+
 /* fd itself if it is >= 3, else a close-on-exec duplicate >= 3 (and fd is closed). */
 int wk_fd_high(int fd);
 

@@ -71,6 +71,13 @@ int adt_ledger_get_status(adt_ledger *L, adt_ledger_status *st) {
     return read_end(L, status_read(L, st));
 }
 
+int adt_ledger_lease_get(adt_ledger *L, int64_t id, adt_ledger_lease *out) {
+    memset(out, 0, sizeof *out);
+    int rc = read_begin(L);
+    if (rc) return rc;
+    return read_end(L, ledger_lease_read(L, id, out));
+}
+
 static int leases_read(adt_ledger *L, int active_only, adt_ledger_lease **out, int64_t *n) {
     sqlite3_stmt *s = ledger_prepare(L, active_only ? "SELECT id FROM leases WHERE state = 0 ORDER BY id"
                                                     : "SELECT id FROM leases ORDER BY id");

@@ -341,14 +341,7 @@ static void accept_links(adt_world *w) {
         }
         /* PMI is lock-step request/reply: Nagle would hold every small reply back. Keepalive
          * notices a peer host that vanished silently (about 4 s). */
-        int one = 1, idle = 1, intvl = 1, cnt = 3;
-        unsigned user_to = 4000;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_to, sizeof user_to);
+        wk_tcp_live(fd, 4000);
         add_link(w, fd, adt_pmi_conn_open(w->pmi, -1));
     }
 }

@@ -1,0 +1,170 @@
+/*
+ * master_internal.h - what the master's files share: the state (membership, the generation and
+ * its world, the ledger handle), its persistence in DIR/master.db, the state machine, and the
+ * request handler.
+ *
+ *   master.c        lifecycle, the HTTP server glue (libmicrohttpd), the tick thread
+ *   master_store.c  master.db: schema, saving and loading the state, the event log
+ *   master_plan.c   membership, generations, world decisions, the periodic checks
+ *   master_api.c    adt_master_handle: routing, JSON, every endpoint, /metrics
+ *
+ * Locking: one mutex (mu) guards everything below, including every ledger call; cv is
+ * broadcast whenever `version` moves (a plan changed) or a KVS barrier fills, so long-polls
+ * wake up. Times: `mono` fields are adt_now_s(), `wall` fields adt_wall_s() (persisted).
+ */
+#ifndef ADTRAIN_ELASTIC_MASTER_INTERNAL_H
+#define ADTRAIN_ELASTIC_MASTER_INTERNAL_H
+
+#include <cJSON.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "adtrain/base.h"
+#include "adtrain/elastic.h"
+
+/* Generation states. The number `gen` is that of the last world decided (0: none yet). */
+typedef enum m_gstate {
+    G_WAITING = 0, /* no world: too few agents; the next one is gen + 1                   */
+    G_RUNNING,     /* world `gen` assigned; its workers run                               */
+    G_STOPPING,    /* planned stop: the workers finish steps < stop_at, commit, exit 0    */
+    G_ENDING,      /* world `gen` ended; waiting for the agents to stop its workers       */
+    G_DONE,        /* the job finished                                                    */
+    G_FAILED,      /* the job failed                                                      */
+} m_gstate;
+
+typedef struct m_agent {
+    int64_t id;             /* >= 1, never reused                                         */
+    char node[128];         /* node id: the blacklist's unit                              */
+    char host[128];
+    int slots;
+    int pid;
+    int alive;              /* registered and heartbeating                                */
+    int leaving;            /* asked to leave: not placed in the next world               */
+    double last_seen;       /* mono: its last request                                     */
+    int64_t world_gen;      /* the generation of its world, as it last said (0: none)     */
+    int world_running;      /* that world still runs                                       */
+    int world_ok;           /* that world ended with every rank exiting 0                  */
+    int64_t seq;            /* the agent's counter of world-state reports: older ones are
+                               ignored (a heartbeat may overtake an event)                 */
+    int failures;           /* failures attributed to its node                            */
+    double cooldown_until;  /* wall: not placed in a world before this (if others can run) */
+    int n_pids;
+    int *pids;              /* [rank_offset + i] -> pid of its live world, n_pids of them    */
+} m_agent;
+
+/* One agent's part of a world. */
+typedef struct m_slot {
+    int64_t agent;
+    int group_rank, rank_offset, local_size;
+} m_slot;
+
+/* PMI key-value puts an agent posted for one barrier epoch of the current generation. */
+typedef struct m_kvs {
+    int64_t agent;
+    int epoch;
+    cJSON *entries; /* [[key, value], ...] */
+} m_kvs;
+
+struct adt_master {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    /* configuration (strings owned) */
+    adt_master_config cfg;
+    char *job_dir, *listen, *token;
+    char run_id[64];
+    int in_memory;
+    double hb_s;
+    int hb_misses;
+    int max_wait_ms;
+
+    /* persistence */
+    sqlite3 *db;
+    int lock_fd;
+
+    /* data */
+    adt_ledger *L;
+    int have_job;            /* the data job is known (flags or a declaration)            */
+    adt_ledger_job job;
+    int rpr;                 /* ranks per replica                                         */
+    int64_t ledger_offset;   /* ledger generation = gen - ledger_offset; -1: no ledger yet  */
+
+    /* the generation */
+    int64_t gen;
+    m_gstate gstate;
+    char greason[160];
+    double gstate_mono;      /* when it entered gstate                                    */
+    m_slot *slots;
+    int n_slots, world_size, replicas;
+    int64_t stop_at;         /* G_STOPPING: stop after this many steps                     */
+    int64_t gen_first_step;  /* the commit in force when the generation started           */
+    int64_t max_reported;    /* the highest step reported in this generation, -1 if none   */
+    double last_report_mono; /* when the last step was reported in this generation           */
+    double fail_wall;        /* when the failure that ended the previous world was seen; 0 */
+    double last_recovery_s;  /* failure to the first reported step of the next world; -1   */
+
+    /* membership */
+    m_agent *agents;
+    int n_agents;
+    int target_workers, target_nodes; /* 0 = no limit                                    */
+    double last_join_mono;
+    int ever_planned;
+
+    /* the restart budget */
+    double *fail_t;          /* wall times of the failures, in order                      */
+    int n_fail;
+    int restarts, planned_changes;
+
+    /* PMI barriers of multi-agent worlds (current generation only) */
+    m_kvs *kvs;
+    int n_kvs;
+
+    /* counters for /metrics */
+    uint64_t version;
+    int64_t n_requests[6];   /* by status class: 1xx..5xx, [0] other                       */
+    int64_t n_stale, n_heartbeat_miss, n_deaths;
+    int64_t stale_gen;       /* stale requests logged as events in this generation: stale_logged */
+    int stale_logged;
+    double started_wall;
+    double next_lease_check;
+
+    /* serving */
+    void *mhd;               /* struct MHD_Daemon                                          */
+    int listen_fd, port;
+    pthread_t ticker;
+    int ticker_on, stopping;
+};
+
+/* ---- master_store.c ----------------------------------------------------------------------- */
+/* Opens or creates master.db (":memory:" for an in-memory master) and loads any saved state. */
+int ms_open(adt_master *m);
+void ms_close(adt_master *m);
+/* Saves the whole state (generation, world, agents, budget) in one transaction. */
+int ms_save(adt_master *m);
+/* Appends an event: kind, then optional fields (generation/agent/rank < 0 are left out). */
+void ms_event(adt_master *m, const char *kind, int64_t generation, int64_t agent, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* Events with seq > after (at most max, 0 = all) as a JSON array of objects; *last = last seq. */
+cJSON *ms_events(adt_master *m, int64_t after, int64_t max, int64_t *last);
+
+/* ---- master_plan.c ------------------------------------------------------------------------ */
+const char *m_gstate_name(m_gstate s);
+adt_job_state m_job_state(const adt_master *m);
+m_agent *m_agent_find(adt_master *m, int64_t id);
+m_slot *m_slot_of(adt_master *m, int64_t agent);
+/* Moves the state machine as far as it can go now (deaths, drains, plans, stops). */
+void m_progress(adt_master *m);
+void m_tick_locked(adt_master *m);
+/* A change of plan: bump the version and wake long-polls. */
+void m_changed(adt_master *m);
+/* Ends the current generation. failure: counts against the budget; agent >= 1 is blamed. */
+void m_end_generation(adt_master *m, const char *reason, int failure, int64_t agent);
+/* Opens the ledger (creating it if the job is known and none exists); aligns generations. */
+int m_ledger_ready(adt_master *m);
+/* The ledger's generation for the current one. */
+int64_t m_ledger_gen(const adt_master *m);
+/* Asks the running world to stop at a step boundary (a planned change). */
+void m_request_stop(adt_master *m, const char *reason);
+
+#endif

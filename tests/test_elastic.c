@@ -1,0 +1,1087 @@
+/*
+ * test_elastic.c - the elastic control plane end to end: `adtrain master` and `adtrain agent`
+ * processes running tests/elastic_worker (an MPI data-parallel "trainer" on the client library)
+ * on loopback, with failures injected by kill -9 / SIGSTOP at random moments.
+ *
+ * Every run is checked two independent ways: the ledger's audit (`adtrain audit --job DIR` and
+ * adt_ledger_audit_run: nothing missing, duplicated or inconsistent, the job complete), and the
+ * workers' own model - a table of how often each sample was trained, summed by MPI and
+ * checkpointed by the workers - which after the last commit must count every sample of every
+ * epoch's order exactly once (the order recomputed here from the seed).
+ *
+ * Cases: a clean run; kill -9 of a worker (recovery time measured: kill to the first step every
+ * rank of the next generation completed), of an agent, of the master; an agent that leaves
+ * (SIGTERM); a master gone for good; a zombie (a worker SIGSTOPped holding a lease, past its
+ * deadline, continued after the generation ended: its late report is refused); a rank stopped at
+ * a random moment (the progress watchdog); planned scaling 2 -> 1 -> 3 workers (nothing
+ * retrained); randomized trials of all three kills (ADT_ELASTIC_TRIALS, default 6;
+ * scripts/soak_elastic.sh runs more); malformed HTTP; the token off loopback; `adtrain launch`
+ * with the torchrun environment; flags the commands refuse. ADT_ELASTIC_ONLY=name,... runs some.
+ *
+ * The test process is a child subreaper, so workers orphaned by a killed agent are reaped here
+ * and counted: none may outlive its job.
+ */
+#include "adtrain/base.h"
+#include "adtrain/data.h"
+#include "adtrain/elastic.h"
+#include "adtrain/ledger.h"
+#include "check.h"
+
+#include <arpa/inet.h>
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+static char g_adtrain[4096], g_worker[4096];
+static uint64_t g_seed;
+
+static double rnd(double lo, double hi) {
+    g_seed = adt_rng_mix64(g_seed + 0x9e3779b97f4a7c15ULL);
+    return lo + (hi - lo) * (double)(g_seed >> 11) / 9007199254740992.0;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Processes
+ */
+typedef struct proc {
+    pid_t pid;
+    int status, done;
+} proc;
+
+#define MAX_PROCS 256
+static proc g_procs[MAX_PROCS];
+static int g_nprocs, g_orphans;
+
+static void reap_all(void) {
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        int mine = 0;
+        for (int i = 0; i < g_nprocs; i++)
+            if (g_procs[i].pid == p && !g_procs[i].done) g_procs[i].status = st, g_procs[i].done = 1, mine = 1;
+        if (!mine) g_orphans++;
+    }
+}
+
+static proc *spawn(const char *log, const char *const *argv) {
+    if (g_nprocs == MAX_PROCS) return NULL;
+    proc *p = &g_procs[g_nprocs++];
+    memset(p, 0, sizeof *p);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2), close(fd);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    p->pid = pid;
+    return p;
+}
+
+static int proc_wait(proc *p, double timeout) {
+    double end = adt_now_s() + timeout;
+    while (!p->done && adt_now_s() < end) {
+        reap_all();
+        if (!p->done) sleep_s(0.01);
+    }
+    return p->done;
+}
+
+static int exit_code(const proc *p) { return p->done && WIFEXITED(p->status) ? WEXITSTATUS(p->status) : -1; }
+
+/* Runs a command to its end (at most timeout s); its exit code, -1 if it did not end. */
+static int run_cmd(const char *log, const char *const *argv, double timeout) {
+    proc *p = spawn(log, argv);
+    if (!p) return -1;
+    if (!proc_wait(p, timeout)) {
+        kill(p->pid, SIGKILL);
+        proc_wait(p, 5);
+        return -1;
+    }
+    return exit_code(p);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A job: a master, agents, the worker's parameters
+ */
+typedef struct ejob {
+    char dir[512], jobdir[600], outdir[600], addr[64];
+    int port;
+    proc *master;
+    proc *agent[4];
+    int nproc[4], n_agents;
+    const char *master_extra[16];
+    int n_master_extra;
+    const char *agent_extra[8];
+    int n_agent_extra;
+    int samples, batch, shard, epochs, step_ms, every, max_fail;
+    double lease_timeout;
+    char args[8][32];
+} ejob;
+
+static int job_init(ejob *j, const char *tag) {
+    memset(j, 0, sizeof *j);
+    const char *base = getenv("TMPDIR");
+    snprintf(j->dir, sizeof j->dir, "%s/adt_test_elastic_%s_XXXXXX", base && *base ? base : "/tmp", tag);
+    if (!mkdtemp(j->dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return -1;
+    }
+    snprintf(j->jobdir, sizeof j->jobdir, "%s/job", j->dir);
+    snprintf(j->outdir, sizeof j->outdir, "%s/out", j->dir);
+    mkdir(j->outdir, 0755);
+    j->port = free_port();
+    snprintf(j->addr, sizeof j->addr, "127.0.0.1:%d", j->port);
+    j->samples = 288, j->batch = 12, j->shard = 24, j->epochs = 2, j->step_ms = 15, j->every = 4;
+    j->max_fail = 50, j->lease_timeout = 10;
+    return 0;
+}
+
+static void job_start_master(ejob *j) {
+    char log[700];
+    snprintf(log, sizeof log, "%s/master.log", j->dir);
+    /* it lingers after the job, so that the test can still ask it; job_end ends it (SIGTERM) */
+    static const char *const flags[] = {"--linger",       "60", "--blacklist-cooldown", "0.5:2",
+                                        "--max-restarts", "50", "--join-wait",          "0.3",
+                                        "--nosync",       NULL};
+    const char *argv[48] = {g_adtrain, "master", "--job", j->jobdir, "--listen", j->addr};
+    int n = 6;
+    for (int i = 0; flags[i]; i++)
+        argv[n++] = flags[i];
+    for (int i = 0; i < j->n_master_extra; i++)
+        argv[n++] = j->master_extra[i];
+    argv[n] = NULL;
+    j->master = spawn(log, argv);
+}
+
+static void job_start_agent(ejob *j, int i) {
+    char log[700], node[16], nproc[16];
+    snprintf(log, sizeof log, "%s/agent%d.log", j->dir, i);
+    snprintf(node, sizeof node, "n%d", i);
+    snprintf(nproc, sizeof nproc, "%d", j->nproc[i]);
+    snprintf(j->args[0], 32, "%d", j->samples);
+    snprintf(j->args[1], 32, "%d", j->batch);
+    snprintf(j->args[2], 32, "%d", j->shard);
+    snprintf(j->args[3], 32, "%d", j->epochs);
+    snprintf(j->args[4], 32, "%d", j->step_ms);
+    snprintf(j->args[5], 32, "%d", j->every);
+    snprintf(j->args[6], 32, "%g", j->lease_timeout);
+    snprintf(j->args[7], 32, "%d", j->max_fail);
+    const char *argv[48] = {g_adtrain, "agent", "--master", j->addr, "--nproc-per-node", nproc, "--node-id", node};
+    int n = 8;
+    for (int k = 0; k < j->n_agent_extra; k++)
+        argv[n++] = j->agent_extra[k];
+    const char *tail[] = {"--", g_worker,   j->outdir,  j->args[0], j->args[1], j->args[2], j->args[3],
+                          "77", j->args[4], j->args[5], j->args[6], j->args[7], NULL};
+    for (int k = 0; tail[k]; k++)
+        argv[n++] = tail[k];
+    argv[n] = NULL;
+    j->agent[i] = spawn(log, argv);
+}
+
+/* Master, then n agents of `nproc` slots each. */
+static void job_start(ejob *j, int n, int nproc) {
+    job_start_master(j);
+    j->n_agents = n;
+    for (int i = 0; i < n; i++) {
+        j->nproc[i] = nproc;
+        job_start_agent(j, i);
+    }
+}
+
+static cJSON *api(const ejob *j, const char *method, const char *path, const char *body, int *status) {
+    int st = 0;
+    char *reply = NULL;
+    cJSON *r = NULL;
+    if (adt_master_call(j->addr, NULL, method, path, body, 3.0, &st, &reply) == ADT_OK) r = cJSON_Parse(reply);
+    free(reply);
+    if (status) *status = st;
+    return r;
+}
+
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Polls GET path until pred(reply) holds; 1 if it did within timeout. */
+static int poll_until(const ejob *j, const char *path, int (*pred)(const cJSON *, const void *), const void *arg,
+                      double timeout) {
+    double end = adt_now_s() + timeout;
+    while (adt_now_s() < end) {
+        reap_all();
+        cJSON *r = api(j, "GET", path, NULL, NULL);
+        int ok = r && pred(r, arg);
+        cJSON_Delete(r);
+        if (ok) return 1;
+        sleep_s(0.02);
+    }
+    return 0;
+}
+
+static int pred_finished(const cJSON *r, const void *arg) {
+    (void)arg;
+    return !strcmp(jstr(r, "job_state"), "done") || !strcmp(jstr(r, "job_state"), "failed");
+}
+
+/* GET /v1/generation: generation >= want[0], running, a step >= want[1] reported */
+static int pred_progress(const cJSON *r, const void *arg) {
+    const double *want = arg;
+    return jnum(r, "generation") >= want[0] && !strcmp(jstr(r, "state"), "running") &&
+           jnum(r, "max_reported_step") >= want[1];
+}
+
+/* Waits until generation >= gen runs and has reported step >= step. */
+static int wait_progress(const ejob *j, double gen, double step, double timeout) {
+    double want[2] = {gen, step};
+    return poll_until(j, "/v1/generation", pred_progress, want, timeout);
+}
+
+static int current_gen(const ejob *j) {
+    cJSON *r = api(j, "GET", "/v1/generation", NULL, NULL);
+    int g = r ? (int)jnum(r, "generation") : -1;
+    cJSON_Delete(r);
+    return g;
+}
+
+/* The pid of rank `rank` of the running world, 0 if unknown. */
+static pid_t worker_pid(const ejob *j, int rank) {
+    cJSON *r = api(j, "GET", "/v1/workers", NULL, NULL);
+    pid_t pid = 0;
+    for (const cJSON *w = r ? r->child : NULL; w; w = w->next)
+        if ((int)jnum(w, "rank") == rank) pid = (pid_t)jnum(w, "pid");
+    cJSON_Delete(r);
+    return pid;
+}
+
+static int wait_job_end(ejob *j, double timeout, char *state, size_t cap) {
+    int ok = poll_until(j, "/v1/job", pred_finished, NULL, timeout);
+    cJSON *r = api(j, "GET", "/v1/job", NULL, NULL);
+    snprintf(state, cap, "%s (%s)", r ? jstr(r, "job_state") : "no answer", r ? jstr(r, "reason") : "");
+    cJSON_Delete(r);
+    return ok;
+}
+
+/* The workers' model after the last commit: every sample of each epoch's first P positions
+ * trained exactly once, the others never. */
+static void check_model(const ejob *j, const adt_ledger_status *st) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", j->outdir, st->checkpoint);
+    FILE *f = fopen(path, "rb");
+    int32_t h[4];
+    int64_t N = j->samples, E = j->epochs, P = (N / j->batch) * j->batch;
+    int32_t *m = malloc((size_t)(N * E) * sizeof *m);
+    int ok = f && fread(h, sizeof h, 1, f) == 1 && fread(m, sizeof *m, (size_t)(N * E), f) == (size_t)(N * E);
+    if (f) fclose(f);
+    CHECK(ok && h[1] == st->committed_steps && h[2] == E && h[3] == N, "final checkpoint %s unreadable", path);
+    if (ok) {
+        int64_t *perm = malloc((size_t)N * sizeof *perm), bad = 0, first = -1;
+        for (int64_t e = 0; e < E; e++) {
+            adt_sample_permutation(perm, N, 77, e);
+            for (int64_t p = 0; p < N; p++) {
+                int want = p < P;
+                if (m[e * N + perm[p]] != want) {
+                    if (first < 0) first = e * N + perm[p];
+                    bad++;
+                }
+            }
+        }
+        CHECK(bad == 0, "the workers' model counts %lld samples wrongly (first: epoch %lld id %lld, count %d)",
+              (long long)bad, (long long)(first / N), (long long)(first % N), first >= 0 ? m[first] : 0);
+        free(perm);
+    }
+    free(m);
+}
+
+/* Audit (the CLI and the library) and the model. Returns the samples the audit says were
+ * trained again (consumed, then discarded by a rewind); -1 if it could not tell. */
+static int64_t job_verify(ejob *j) {
+    char log[700];
+    snprintf(log, sizeof log, "%s/audit.log", j->dir);
+    const char *argv[] = {g_adtrain, "audit", "--job", j->jobdir, "--complete", NULL};
+    int rc = run_cmd(log, argv, 30);
+    CHECK(rc == 0, "adtrain audit --job %s --complete: exit %d (see %s)", j->jobdir, rc, log);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
+    adt_ledger *L;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY)) {
+        CHECK(0, "%s", adt_error_message());
+        return -1;
+    }
+    adt_ledger_audit a;
+    adt_ledger_status st;
+    int64_t retrained = -1;
+    CHECK(adt_ledger_get_status(L, &st) == ADT_OK, "%s", adt_error_message());
+    if (adt_ledger_audit_run(L, &a) == ADT_OK) {
+        CHECK(a.ok && a.complete, "audit: ok %d complete %d", a.ok, a.complete);
+        for (int64_t e = 0; e < a.n_epochs; e++)
+            CHECK(a.epoch[e].duplicated == 0 && a.epoch[e].missing == 0 && a.epoch[e].trained == a.epoch[e].samples,
+                  "epoch %lld: trained %lld of %lld, duplicated %lld, missing %lld", (long long)e,
+                  (long long)a.epoch[e].trained, (long long)a.epoch[e].samples, (long long)a.epoch[e].duplicated,
+                  (long long)a.epoch[e].missing);
+        retrained = a.retrained;
+        adt_ledger_audit_free(&a);
+    } else {
+        CHECK(0, "audit: %s", adt_error_message());
+    }
+    adt_ledger_close(L);
+    CHECK(st.committed_steps == (int64_t)j->epochs * (j->samples / j->batch), "committed %lld steps",
+          (long long)st.committed_steps);
+    check_model(j, &st);
+    return retrained;
+}
+
+/* Every process of the job ended with exit code 0: the agents on their own (within timeout),
+ * the master, which lingers after the job, when asked (SIGTERM). */
+static void job_end(ejob *j, double timeout) {
+    for (int i = 0; i < j->n_agents; i++)
+        if (j->agent[i]) {
+            CHECK(proc_wait(j->agent[i], timeout), "agent %d did not exit after the job", i);
+            CHECK(exit_code(j->agent[i]) == 0, "agent %d exit %d", i, exit_code(j->agent[i]));
+        }
+    if (!j->master->done) kill(j->master->pid, SIGTERM);
+    CHECK(proc_wait(j->master, timeout), "the master did not exit after the job");
+    CHECK(exit_code(j->master) == 0, "master exit %d", exit_code(j->master));
+}
+
+static void job_cleanup(ejob *j, int keep) {
+    for (int i = 0; i < g_nprocs; i++)
+        if (!g_procs[i].done) kill(g_procs[i].pid, SIGKILL);
+    for (int i = 0; i < g_nprocs; i++)
+        proc_wait(&g_procs[i], 5);
+    /* orphans of killed agents are ours to reap; they must all be gone by now */
+    double end = adt_now_s() + 3;
+    for (;;) {
+        reap_all();
+        if (waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD) break;
+        if (adt_now_s() > end) {
+            CHECK(0, "processes still running 3 s after their job ended");
+            break;
+        }
+        sleep_s(0.01);
+    }
+    g_nprocs = 0;
+    if (!keep && !getenv("ADT_TEST_KEEP")) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", j->dir);
+        if (system(cmd)) {
+        }
+    } else {
+        fprintf(stderr, "  kept %s\n", j->dir);
+    }
+}
+
+/* Waits (at most timeout s) for the job to end, which it must have done by finishing. */
+static void expect_done(ejob *j, double timeout) {
+    char state[300];
+    CHECK(wait_job_end(j, timeout, state, sizeof state), "job not finished: %s", state);
+    CHECK(strstr(state, "done") == state, "job %s", state);
+}
+
+/* Audits the job, ends its processes and removes its files (kept when a check failed); returns
+ * what job_verify says was trained again. */
+static int64_t job_close(ejob *j) {
+    int64_t again = job_verify(j);
+    job_end(j, 10);
+    job_cleanup(j, check_cur_failed);
+    return again;
+}
+
+/* The wall time at which every rank had completed its first step of generation `gen` (from the
+ * workers' step logs); 0 if none. */
+static double first_step_done(const ejob *j, int gen, int ranks) {
+    double worst = 0;
+    for (int r = 0; r < ranks; r++) {
+        char path[800];
+        snprintf(path, sizeof path, "%s/steps-g%d-r%d.txt", j->outdir, gen, r);
+        FILE *f = fopen(path, "r");
+        long long s, n;
+        double t;
+        if (!f || fscanf(f, "step %lld n %lld t %lf", &s, &n, &t) != 3) {
+            if (f) fclose(f);
+            return 0;
+        }
+        fclose(f);
+        if (t > worst) worst = t;
+    }
+    return worst;
+}
+
+static int count_events(const ejob *j, const char *kind) {
+    int st;
+    char *reply = NULL;
+    int n = 0;
+    if (adt_master_call(j->addr, NULL, "GET", "/v1/events", NULL, 3.0, &st, &reply) == ADT_OK && reply) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"kind\":\"%s\"", kind);
+        for (const char *p = reply; (p = strstr(p, pat)); p++)
+            n++;
+    }
+    free(reply);
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Runs
+ */
+static void test_clean_run(void) {
+    ejob j;
+    if (job_init(&j, "clean")) return;
+    job_start(&j, 2, 2);
+    expect_done(&j, 60);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "generation") == 1 && jnum(r, "world_size") == 4,
+          "restarts %g generation %g world %g", jnum(r, "restarts"), jnum(r, "generation"), jnum(r, "world_size"));
+    cJSON_Delete(r);
+    job_close(&j);
+}
+
+static double g_recovery[64];
+static int g_n_recovery;
+
+/* Kill at t_kill (wall) in generation gen: the seconds until every rank of generation gen + 1
+ * completed its first step (its world has one agent fewer if the victim's node sat out its
+ * cooldown), recorded for the MEASURE line; 0 if it never did. */
+static double recovery(const ejob *j, int gen, int ranks, double t_kill) {
+    int next_ranks = 0;
+    for (int r = ranks; r >= 1 && !next_ranks; r--) {
+        char p[800];
+        snprintf(p, sizeof p, "%s/steps-g%d-r%d.txt", j->outdir, gen + 1, r - 1);
+        if (access(p, F_OK) == 0) next_ranks = r;
+    }
+    double t_step = next_ranks ? first_step_done(j, gen + 1, next_ranks) : 0;
+    if (t_step <= t_kill) return 0;
+    if (g_n_recovery < 64) g_recovery[g_n_recovery++] = t_step - t_kill;
+    return t_step - t_kill;
+}
+
+/* kill -9 of a worker at a random step; the time until every rank of the next generation has
+ * completed a step. */
+static void kill_worker_run(const char *tag, int agents, int nproc) {
+    ejob j;
+    if (job_init(&j, tag)) return;
+    j.step_ms = 25;
+    job_start(&j, agents, nproc);
+    int ranks = agents * nproc;
+    double at_step = (double)(int)rnd(2, 20);
+    CHECK(wait_progress(&j, 1, at_step, 30), "generation 1 never reached step %g", at_step);
+    int victim = (int)rnd(0, ranks - 0.01);
+    pid_t pid = worker_pid(&j, victim);
+    int gen = current_gen(&j);
+    CHECK(pid > 0, "no pid for rank %d", victim);
+    double t_kill = adt_wall_s();
+    if (pid > 0) kill(pid, SIGKILL);
+    expect_done(&j, 60);
+    double took = recovery(&j, gen, ranks, t_kill);
+    if (took > 0)
+        fprintf(stderr, "  %s: rank %d killed at step >= %g; the next generation completed a step %.3f s later\n", tag,
+                victim, at_step, took);
+    CHECK(took > 0 && took < 10, "recovery took %.2f s", took);
+    CHECK(count_events(&j, "death") >= 1, "no death event");
+    job_close(&j);
+}
+
+static void test_kill_worker(void) {
+    kill_worker_run("kw1", 1, 2);
+    kill_worker_run("kw2", 2, 2);
+}
+
+/* kill -9 of an agent: its workers die with it; the master misses its heartbeats and re-plans
+ * without it; the node comes back (a new agent process, same node id) and rejoins. */
+static void test_kill_agent(void) {
+    ejob j;
+    if (job_init(&j, "ka")) return;
+    job_start(&j, 2, 2);
+    CHECK(wait_progress(&j, 1, rnd(2, 20), 30), "no progress");
+    pid_t w2 = worker_pid(&j, 2), w3 = worker_pid(&j, 3);
+    kill(j.agent[1]->pid, SIGKILL);
+    double t0 = adt_now_s();
+    CHECK(proc_wait(j.agent[1], 5), "agent not gone");
+    /* its workers die with it (PR_SET_PDEATHSIG), reaped here as orphans */
+    double end = adt_now_s() + 5;
+    while ((kill(w2, 0) == 0 || kill(w3, 0) == 0) && adt_now_s() < end)
+        reap_all(), sleep_s(0.01);
+    CHECK(kill(w2, 0) && kill(w3, 0), "the killed agent's workers outlived it");
+    CHECK(wait_progress(&j, 2, 0, 20), "no new generation after the agent died");
+    fprintf(stderr, "  agent killed: a new generation ran after %.2f s\n", adt_now_s() - t0);
+    job_start_agent(&j, 1); /* the node comes back */
+    expect_done(&j, 60);
+    CHECK(count_events(&j, "heartbeat_miss") + count_events(&j, "death") >= 1, "no heartbeat miss or death event");
+    job_close(&j);
+}
+
+/* kill -9 of the master; restarted on the same job directory, it resumes the generation. */
+static void test_kill_master(void) {
+    ejob j;
+    if (job_init(&j, "km")) return;
+    job_start(&j, 2, 2);
+    CHECK(wait_progress(&j, 1, rnd(2, 30), 30), "no progress");
+    kill(j.master->pid, SIGKILL);
+    proc_wait(j.master, 5);
+    sleep_s(rnd(0.1, 1.5));
+    job_start_master(&j);
+    expect_done(&j, 60);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0, "the master's restart cost %g worker restarts", jnum(r, "restarts"));
+    cJSON_Delete(r);
+    CHECK(count_events(&j, "master_start") == 2, "master_start events %d", count_events(&j, "master_start"));
+    job_close(&j);
+}
+
+/* SIGTERM to an agent: its node leaves at a step boundary (a planned change, nothing retrained)
+ * and the job finishes on the other. */
+static void test_agent_leave(void) {
+    ejob j;
+    if (job_init(&j, "leave")) return;
+    job_start(&j, 2, 2);
+    CHECK(wait_progress(&j, 1, rnd(2, 20), 30), "no progress");
+    kill(j.agent[1]->pid, SIGTERM);
+    CHECK(proc_wait(j.agent[1], 20), "the agent did not leave");
+    CHECK(exit_code(j.agent[1]) == 1, "a leaving agent exits 1, not %d", exit_code(j.agent[1]));
+    j.agent[1] = NULL;
+    expect_done(&j, 60);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 1 && jnum(r, "world_size") == 2,
+          "restarts %g planned %g world %g", jnum(r, "restarts"), jnum(r, "planned_changes"), jnum(r, "world_size"));
+    cJSON_Delete(r);
+    CHECK(count_events(&j, "leave") == 1 && count_events(&j, "stop_request") == 1, "leave/stop_request events");
+    int64_t again = job_close(&j);
+    CHECK(again == 0, "a planned leave retrained %lld samples", (long long)again);
+}
+
+/* The master dies for good: each agent stops its workers after --master-grace and gives up
+ * (exit 1) after --master-timeout. */
+static void test_lost_master(void) {
+    ejob j;
+    if (job_init(&j, "lost")) return;
+    j.agent_extra[j.n_agent_extra++] = "--master-grace";
+    j.agent_extra[j.n_agent_extra++] = "1";
+    j.agent_extra[j.n_agent_extra++] = "--master-timeout";
+    j.agent_extra[j.n_agent_extra++] = "3";
+    j.step_ms = 40;
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, 2, 30), "no progress");
+    pid_t w0 = worker_pid(&j, 0), w1 = worker_pid(&j, 1);
+    kill(j.master->pid, SIGKILL);
+    double t0 = adt_now_s();
+    proc_wait(j.master, 5);
+    while ((kill(w0, 0) == 0 || kill(w1, 0) == 0) && adt_now_s() - t0 < 10)
+        reap_all(), sleep_s(0.01);
+    double t_stop = adt_now_s() - t0;
+    CHECK(kill(w0, 0) && kill(w1, 0), "workers still run 10 s after the master died");
+    /* the agent counts from the master's last reply, up to one long-poll (1 s) before the kill */
+    CHECK(t_stop < 4, "workers stopped %.2f s after the master died (grace 1 s)", t_stop);
+    CHECK(proc_wait(j.agent[0], 10), "the agent did not give up");
+    double t_exit = adt_now_s() - t0;
+    CHECK(exit_code(j.agent[0]) == 1 && t_exit >= 1.9 && t_exit > t_stop, "agent exit %d after %.2f s (timeout 3 s)",
+          exit_code(j.agent[0]), t_exit);
+    fprintf(stderr, "  master gone: workers stopped after %.2f s, the agent gave up after %.2f s\n", t_stop, t_exit);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* The id of an active lease of `replica` that nothing was reported on yet, 0 if none. */
+static int64_t replica_lease(const ejob *j, int replica) {
+    cJSON *r = api(j, "GET", "/v1/shards", NULL, NULL);
+    int64_t id = 0;
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(r, "leases");
+    for (const cJSON *l = ls ? ls->child : NULL; l; l = l->next)
+        if ((int)jnum(l, "replica") == replica && jnum(l, "cursor") == jnum(l, "start")) id = (int64_t)jnum(l, "id");
+    cJSON_Delete(r);
+    return id;
+}
+
+/* A zombie: rank 1 stopped (SIGSTOP) past its lease deadline. The master takes the leases back
+ * and ends the generation; the agent's SIGTERM waits in the stopped process. Continued, the
+ * zombie finishes its step and reports late: refused; it exits, and the next generation redoes
+ * the data. */
+static int pred_gen_ended(const cJSON *r, const void *arg) {
+    const double *gen = arg;
+    return jnum(r, "generation") > *gen || !strcmp(jstr(r, "state"), "ending");
+}
+
+static void test_zombie(void) {
+    ejob j;
+    if (job_init(&j, "zombie")) return;
+    j.lease_timeout = 1.0;
+    j.step_ms = 40; /* 48 steps: time enough to stop a rank mid-job on a loaded machine */
+    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
+    j.agent_extra[j.n_agent_extra++] = "30";
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
+    pid_t z = worker_pid(&j, 1);
+    CHECK(z > 0, "no pid for rank 1");
+    /* stop it while it holds a lease it has not reported (most of a step: its "compute"); a
+     * report already on its way may still land, so look again once it is stopped */
+    int held = 0;
+    for (int tries = 0; tries < 50 && !held; tries++) {
+        int64_t lease = replica_lease(&j, 1);
+        if (lease <= 0) {
+            sleep_s(0.005);
+            continue;
+        }
+        kill(z, SIGSTOP);
+        sleep_s(0.1);
+        held = replica_lease(&j, 1) == lease;
+        if (!held) kill(z, SIGCONT);
+    }
+    CHECK(held, "could not stop rank 1 while it held a lease");
+    double t0 = adt_now_s(), gen = 1;
+    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
+    double t_end = adt_now_s() - t0;
+    sleep_s(0.3);
+    kill(z, SIGCONT);
+    expect_done(&j, 60);
+    char path[800];
+    snprintf(path, sizeof path, "%s/refused-g1-r1.txt", j.outdir);
+    CHECK(access(path, F_OK) == 0, "the zombie's late request was not refused (no %s)", path);
+    CHECK(count_events(&j, "lease_expired") >= 1, "no lease_expired event");
+    CHECK(count_events(&j, "stale") >= 1, "no stale event");
+    fprintf(stderr, "  zombie: generation ended %.2f s after SIGSTOP (lease timeout %.1f s)\n", t_end, j.lease_timeout);
+    int st;
+    char *metrics = NULL;
+    CHECK(adt_master_call(j.addr, NULL, "GET", "/metrics", NULL, 3, &st, &metrics) == ADT_OK && st == 200, "metrics");
+    const char *m = metrics ? strstr(metrics, "\nadtrain_stale_requests_total ") : NULL;
+    CHECK(m && atoi(m + 30) >= 1, "adtrain_stale_requests_total not counted");
+    free(metrics);
+    job_close(&j);
+}
+
+/* A rank stopped at a random moment - often between two steps, holding no lease - is found by
+ * the progress watchdog (--progress-timeout) and the world restarted without losing data. */
+static void test_hang(void) {
+    ejob j;
+    if (job_init(&j, "hang")) return;
+    j.step_ms = 40;
+    j.master_extra[j.n_master_extra++] = "--progress-timeout";
+    j.master_extra[j.n_master_extra++] = "2";
+    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
+    j.agent_extra[j.n_agent_extra++] = "0";
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
+    pid_t z = worker_pid(&j, (int)rnd(0, 1.99));
+    kill(z, SIGSTOP);
+    double t0 = adt_now_s(), gen = 1;
+    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 10), "the hang was not noticed");
+    double took = adt_now_s() - t0;
+    CHECK(took >= 1.5 && took < 5, "the hang was noticed after %.2f s (progress timeout 2 s)", took);
+    CHECK(count_events(&j, "hang") == 1, "no hang event");
+    fprintf(stderr, "  hang: noticed %.2f s after SIGSTOP (progress timeout 2 s)\n", took);
+    kill(z, SIGCONT); /* SIGKILL reached it anyway */
+    expect_done(&j, 60);
+    job_close(&j);
+}
+
+/* Planned scaling 2 -> 1 -> 3 workers on one agent of 3 slots: each change stops at a step
+ * boundary, so no failure is counted and nothing is trained twice. */
+static int pred_world(const cJSON *r, const void *arg) {
+    const double *want = arg; /* generation >= want[0], world size want[1], a step past want[2] */
+    return jnum(r, "generation") >= want[0] && jnum(r, "world_size") == want[1] &&
+           !strcmp(jstr(r, "state"), "running") && jnum(r, "max_reported_step") >= want[2];
+}
+
+static void test_scale(void) {
+    ejob j;
+    if (job_init(&j, "scale")) return;
+    j.master_extra[j.n_master_extra++] = "--workers";
+    j.master_extra[j.n_master_extra++] = "2";
+    job_start(&j, 1, 3);
+    double w1[3] = {1, 2, 6};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w1, 30), "no world of 2");
+    char log[700];
+    snprintf(log, sizeof log, "%s/scale.log", j.dir);
+    const char *s1[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "1", NULL};
+    CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
+    double w2[3] = {2, 1, 16};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w2, 30), "no world of 1");
+    const char *s2[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "3", NULL};
+    CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
+    double w3[3] = {3, 3, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w3, 30), "no world of 3");
+    expect_done(&j, 60);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
+          "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"),
+          jnum(r, "generation"));
+    cJSON_Delete(r);
+    int64_t again = job_close(&j);
+    CHECK(again == 0, "planned changes retrained %lld samples", (long long)again);
+}
+
+/* Randomized trials: kill -9 of a worker, an agent or the master at a random moment. */
+static void test_random_trials(void) {
+    int trials = getenv("ADT_ELASTIC_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRIALS")) : 6;
+    int kinds[3] = {0, 0, 0};
+    for (int t = 0; t < trials; t++) {
+        int failed_before = check_cur_failed;
+        check_cur_failed = 0;
+        ejob j;
+        char tag[32];
+        snprintf(tag, sizeof tag, "trial%d", t);
+        if (job_init(&j, tag)) return;
+        job_start(&j, 2, 2);
+        int kind = t < 3 ? t : (int)rnd(0, 2.999);
+        kinds[kind]++;
+        double when = rnd(0.2, 2.0);
+        CHECK(wait_progress(&j, 1, 0, 30), "trial %d: no progress", t);
+        sleep_s(when);
+        const char *what = kind == 0 ? "worker" : kind == 1 ? "agent" : "master";
+        int gen = current_gen(&j);
+        double t_kill = adt_wall_s();
+        if (kind == 0) {
+            pid_t pid = worker_pid(&j, (int)rnd(0, 3.99));
+            if (pid > 0) kill(pid, SIGKILL);
+        } else if (kind == 1) {
+            int a = (int)rnd(0, 1.99);
+            kill(j.agent[a]->pid, SIGKILL);
+            proc_wait(j.agent[a], 5);
+            sleep_s(rnd(0, 1));
+            job_start_agent(&j, a);
+        } else {
+            kill(j.master->pid, SIGKILL);
+            proc_wait(j.master, 5);
+            sleep_s(rnd(0.05, 1.0));
+            job_start_master(&j);
+        }
+        char state[300];
+        CHECK(wait_job_end(&j, 90, state, sizeof state), "trial %d (%s killed at +%.2f s): not finished: %s", t, what,
+              when, state);
+        CHECK(strstr(state, "done") == state, "trial %d: job %s", t, state);
+        /* a kill after the last step ended nothing: no next generation to time */
+        if (kind == 0 && strstr(state, "done") == state) recovery(&j, gen, 4, t_kill);
+        job_verify(&j);
+        job_end(&j, 10);
+        if (check_cur_failed) fprintf(stderr, "  trial %d (%s killed at +%.2f s) FAILED\n", t, what, when);
+        job_cleanup(&j, check_cur_failed);
+        check_cur_failed |= failed_before;
+    }
+    fprintf(stderr, "  %d trials: %d worker, %d agent, %d master kills\n", trials, kinds[0], kinds[1], kinds[2]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The API's edges, on an in-process master
+ */
+/* Sends raw bytes, returns the HTTP status of the answer (0 if the connection closed without
+ * one) and the body in body (cap bytes). */
+static int raw_http(int port, const char *req, size_t n, char *body, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        close(fd);
+        return -1;
+    }
+    if (send(fd, req, n, MSG_NOSIGNAL) < 0) {
+    }
+    shutdown(fd, SHUT_WR);
+    char buf[65536];
+    size_t got = 0;
+    ssize_t k;
+    while (got < sizeof buf - 1 && (k = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0)
+        got += (size_t)k;
+    buf[got] = 0;
+    close(fd);
+    int status = 0;
+    sscanf(buf, "HTTP/1.%*d %d", &status);
+    const char *b = strstr(buf, "\r\n\r\n");
+    snprintf(body, cap, "%s", b ? b + 4 : "");
+    return status;
+}
+
+static void test_http_malformed(void) {
+    adt_master *m;
+    adt_master_config cfg = {
+        .job_dir = ":memory:", .listen = "127.0.0.1:0", .max_wait_ms = 200, .ledger_flags = ADT_LEDGER_NOSYNC};
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "%s", adt_error_message());
+        return;
+    }
+    int port = adt_master_port(m);
+    /* method, path, body (NULL: none) -> the status our handler must answer */
+    static const struct {
+        const char *method, *path, *body;
+        int status;
+    } cases[] = {
+        {"GET", "/v1/nothing", NULL, 404},
+        {"DELETE", "/v1/job", NULL, 405},
+        {"POST", "/v1/data/lease", "{\"gen\":1", 400},
+        {"POST", "/v1/data/report", "[]", 400},
+        {"POST", "/v1/data/report", "", 400},
+        {"POST", "/v1/agents", "{\"node\":7,\"slots\":\"many\"}", 400},
+        {"POST", "/v1/agents", "{\"node\":\"a\",\"slots\":1e300}", 400},
+        {"POST", "/v1/agents", "{\"node\":\"\",\"slots\":1}", 400},
+        {"POST", "/v1/agents/heartbeat", "{\"agent\":4242}", 404},
+        {"POST", "/v1/agents/event", "{\"agent\":\"x\"}", 400},
+        {"POST", "/v1/data/commit", "{\"generation\":9,\"steps\":4}", 409},
+        {"POST", "/v1/data/report", "{\"generation\":0,\"replica\":0,\"step\":0,\"ranges\":[[1,2]]}",
+         409}, /* fenced first */
+        {"POST", "/v1/data/init", "{\"generation\":0,\"job\":{\"samples\":-5}}", 400},
+        {"POST", "/v1/scale", "{\"workers\":-3}", 400},
+        {"POST", "/v1/scale", "{}", 400},
+        {"POST", "/v1/kvs", "null", 400},
+        {"GET", "/v1/events?after=-1", NULL, 400},
+        {"GET", "/v1/shards?leases=some", NULL, 503},
+    };
+    char body[4096], req[2048];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n = snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", cases[i].method,
+                         cases[i].path);
+        if (cases[i].body)
+            n += snprintf(req + n, sizeof req - (size_t)n, "Content-Length: %zu\r\n\r\n%s", strlen(cases[i].body),
+                          cases[i].body);
+        else
+            n += snprintf(req + n, sizeof req - (size_t)n, "\r\n");
+        int st = raw_http(port, req, (size_t)n, body, sizeof body);
+        CHECK(st == cases[i].status, "%s %s %s: status %d, expected %d", cases[i].method, cases[i].path,
+              cases[i].body ? cases[i].body : "", st, cases[i].status);
+        cJSON *j = cJSON_Parse(body);
+        CHECK(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "error")), "case %zu: no JSON error: %.200s", i, body);
+        cJSON_Delete(j);
+    }
+    /* what libmicrohttpd answers itself (or closes): garbage, a bad version, a lying length */
+    static const char *const raw[] = {"\x01\x02garbage\xff\r\n\r\n", "GET / HTTP/9.9\r\n\r\n",
+                                      "POST /v1/data/init HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{"};
+    for (int i = 0; i < 3; i++) {
+        int st = raw_http(port, raw[i], strlen(raw[i]), body, sizeof body);
+        CHECK(st == 0 || (st >= 400 && st < 600), "raw case %d: status %d", i, st);
+    }
+    /* a body above the limit, streamed */
+    size_t big = (5u << 20);
+    char *bigreq = malloc(big + 200);
+    int h = snprintf(bigreq, 200,
+                     "POST /v1/kvs HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", big);
+    memset(bigreq + h, '[', big);
+    int st = raw_http(port, bigreq, (size_t)h + big, body, sizeof body);
+    CHECK(st == 413, "5 MiB body: status %d", st);
+    free(bigreq);
+    /* the handler directly: a NUL inside the body, no method */
+    adt_http_reply rp;
+    adt_http_request rq = {.method = "POST", .path = "/v1/agents", .body = "{\"node\":\"a\0\"}", .body_len = 13};
+    adt_master_handle(m, &rq, &rp);
+    CHECK(rp.status == 400, "NUL in body: %d", rp.status);
+    adt_http_reply_free(&rp);
+    rq = (adt_http_request){0};
+    adt_master_handle(m, &rq, &rp);
+    CHECK(rp.status == 400, "no method: %d", rp.status);
+    adt_http_reply_free(&rp);
+    /* and it still serves */
+    int status;
+    char *reply;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    CHECK(adt_master_call(addr, NULL, "GET", "/v1/job", NULL, 3, &status, &reply) == ADT_OK && status == 200,
+          "the master stopped answering: %d", status);
+    free(reply);
+    CHECK(adt_master_call(addr, NULL, "GET", "/metrics", NULL, 3, &status, &reply) == ADT_OK && status == 200 &&
+              reply && strstr(reply, "# TYPE adtrain_generation gauge") &&
+              strstr(reply, "adtrain_http_requests_total{code=\"4xx\"}"),
+          "metrics: %d", status);
+    free(reply);
+    adt_master_free(m);
+}
+
+/* Off loopback the master needs a token and then requires it on every request. */
+static void test_token(void) {
+    adt_master *m;
+    adt_master_config cfg = {.job_dir = ":memory:", .listen = "0.0.0.0:0", .max_wait_ms = 100};
+    CHECK(adt_master_create(&m, &cfg) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_master_start(m) == ADT_ERR_ARG && strstr(adt_error_message(), "token"),
+          "a master off loopback without a token must refuse to start: %s", adt_error_message());
+    adt_master_free(m);
+    cfg.token = "s3cret-token";
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "%s", adt_error_message());
+        return;
+    }
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    const char *paths[] = {"/v1/job", "/metrics", "/v1/events", "/v1/agents"};
+    for (int i = 0; i < 4; i++) {
+        int st;
+        char *reply;
+        CHECK(adt_master_call(addr, NULL, "GET", paths[i], NULL, 3, &st, &reply) == ADT_OK && st == 401,
+              "%s without a token: %d", paths[i], st);
+        free(reply);
+        CHECK(adt_master_call(addr, "wrong", "GET", paths[i], NULL, 3, &st, &reply) == ADT_OK && st == 401,
+              "%s with a wrong token: %d", paths[i], st);
+        free(reply);
+        CHECK(adt_master_call(addr, "s3cret-token", "GET", paths[i], NULL, 3, &st, &reply) == ADT_OK && st == 200,
+              "%s with the token: %d", paths[i], st);
+        free(reply);
+    }
+    int st;
+    char *reply;
+    CHECK(adt_master_call(addr, "s3cret-tokenX", "POST", "/v1/scale", "{\"workers\":1}", 3, &st, &reply) == ADT_OK &&
+              st == 401,
+          "a longer token: %d", st);
+    free(reply);
+    /* an agent with a wrong token is refused for good: it says so and exits 1 */
+    char log[256];
+    snprintf(log, sizeof log, "%s/adt_test_elastic_token_%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    const char *argv[] = {g_adtrain, "agent", "--master", addr, "--token", "wrong", "--", "/bin/true", NULL};
+    CHECK(run_cmd(log, argv, 20) == 1, "an agent with a wrong token must exit 1");
+    FILE *f = fopen(log, "r");
+    char text[4096] = "";
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    unlink(log);
+    CHECK(strstr(text, "refused by the master") && strstr(text, "401"), "the agent's message: %.300s", text);
+    adt_master_free(m);
+    /* on loopback without a token: open */
+    adt_master_config lo = {.job_dir = ":memory:", .listen = "127.0.0.1:0"};
+    if (adt_master_create(&m, &lo) || adt_master_start(m)) {
+        CHECK(0, "%s", adt_error_message());
+        return;
+    }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    CHECK(adt_master_call(addr, NULL, "GET", "/v1/job", NULL, 3, &st, &reply) == ADT_OK && st == 200, "loopback: %d",
+          st);
+    free(reply);
+    adt_master_free(m);
+}
+
+/* adtrain launch: a master and an agent in one process; the workers get the torchrun
+ * environment. Then the same with the elastic worker, audited. */
+static void test_launch(void) {
+    ejob j;
+    if (job_init(&j, "launch")) return;
+    char script[1400], log[700];
+    snprintf(script, sizeof script, "env > %s/env-$RANK.txt", j.outdir);
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv[] = {g_adtrain, "launch", "--nproc-per-node", "2",  "--no-pmi", "--job",
+                          j.jobdir,  "--",     "/bin/sh",          "-c", script,     NULL};
+    CHECK(run_cmd(log, argv, 30) == 0, "adtrain launch (plain command) failed: see %s", log);
+    for (int r = 0; r < 2; r++) {
+        char path[800], text[16384] = "";
+        snprintf(path, sizeof path, "%s/env-%d.txt", j.outdir, r);
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        text[n] = 0;
+        if (f) fclose(f);
+        char want[64];
+        snprintf(want, sizeof want, "\nRANK=%d\n", r);
+        CHECK(strstr(text, want), "rank %d: RANK missing", r);
+        snprintf(want, sizeof want, "\nLOCAL_RANK=%d\n", r);
+        CHECK(strstr(text, want), "rank %d: LOCAL_RANK missing", r);
+        const char *all[] = {"\nWORLD_SIZE=2\n",          "\nLOCAL_WORLD_SIZE=2\n", "\nGROUP_RANK=0\n",
+                             "\nMASTER_ADDR=127.0.0.1\n", "\nMASTER_PORT=",         "\nTORCHELASTIC_RESTART_COUNT=0\n",
+                             "\nADT_GENERATION=1\n",      "\nADT_MASTER=127.0.0.1:"};
+        for (int k = 0; k < 8; k++)
+            CHECK(strstr(text, all[k]), "rank %d: %s missing", r, all[k] + 1);
+    }
+    job_cleanup(&j, check_cur_failed);
+
+    if (job_init(&j, "launch2")) return;
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv2[] = {g_adtrain, "launch", "--nproc-per-node",
+                           "3",       "--job",  j.jobdir,
+                           "--",      g_worker, j.outdir,
+                           "288",     "12",     "24",
+                           "2",       "77",     "15",
+                           "4",       "10",     "50",
+                           NULL};
+    CHECK(run_cmd(log, argv2, 60) == 0, "adtrain launch (elastic worker) failed: see %s", log);
+    job_verify(&j);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* Flags and files the commands refuse, with exit 2. */
+static void test_cli_errors(void) {
+    char log[] = "/dev/null";
+    const char *a1[] = {g_adtrain, "master", "--listen", "127.0.0.1:1", NULL};
+    CHECK(run_cmd(log, a1, 10) == 2, "master without --job");
+    const char *a2[] = {g_adtrain, "agent", "--master", "nohostport", "--", "/bin/true", NULL};
+    CHECK(run_cmd(log, a2, 10) == 2, "agent with a bad --master");
+    const char *a3[] = {g_adtrain, "audit", "--job", "/nonexistent/dir", NULL};
+    CHECK(run_cmd(log, a3, 10) == 2, "audit of a missing ledger");
+    const char *a4[] = {g_adtrain, "master", "--job", "/tmp/x", "--nnodes", "3:2", NULL};
+    CHECK(run_cmd(log, a4, 10) == 2, "master --nnodes 3:2");
+    const char *a5[] = {g_adtrain, "master", "--job", "/tmp/x", "--samples", "100", NULL};
+    CHECK(run_cmd(log, a5, 10) == 2, "master --samples without --global-batch");
+    const char *a6[] = {g_adtrain, "scale", "--master", "127.0.0.1:1", NULL};
+    CHECK(run_cmd(log, a6, 10) == 2, "scale without a target");
+    const char *a7[] = {g_adtrain, "launch", "--nproc-per-node", "0", "--", "/bin/true", NULL};
+    CHECK(run_cmd(log, a7, 10) == 2, "launch --nproc-per-node 0");
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    char dir[2048];
+    snprintf(dir, sizeof dir, "%s", argv[0]);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    snprintf(g_worker, sizeof g_worker, "%s/elastic_worker", dir);
+    snprintf(g_adtrain, sizeof g_adtrain, "%s/../adtrain", dir);
+    if (access(g_worker, X_OK) || access(g_adtrain, X_OK)) {
+        fprintf(stderr, "test_elastic: %s or %s missing (make tests)\n", g_worker, g_adtrain);
+        return 1;
+    }
+    const char *s = getenv("ADT_TEST_SEED");
+    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    fprintf(stderr, "test_elastic: seed %llu (ADT_TEST_SEED to repeat)\n", (unsigned long long)g_seed);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    signal(SIGPIPE, SIG_IGN);
+    const char *only = getenv("ADT_ELASTIC_ONLY");
+#define MAYBE(fn)                                                                                                      \
+    if (!only || strstr(only, #fn)) RUN(fn)
+    MAYBE(test_cli_errors);
+    MAYBE(test_http_malformed);
+    MAYBE(test_token);
+    MAYBE(test_clean_run);
+    MAYBE(test_launch);
+    MAYBE(test_kill_worker);
+    MAYBE(test_kill_agent);
+    MAYBE(test_kill_master);
+    MAYBE(test_agent_leave);
+    MAYBE(test_lost_master);
+    MAYBE(test_zombie);
+    MAYBE(test_hang);
+    MAYBE(test_scale);
+    MAYBE(test_random_trials);
+    if (g_n_recovery) {
+        double lo = g_recovery[0], hi = g_recovery[0], sum = 0;
+        for (int i = 0; i < g_n_recovery; i++)
+            lo = g_recovery[i] < lo ? g_recovery[i] : lo, hi = g_recovery[i] > hi ? g_recovery[i] : hi,
+            sum += g_recovery[i];
+        printf("MEASURE kill_worker_to_next_step mean=%.3f s min=%.3f max=%.3f (%d runs)\n", sum / g_n_recovery, lo, hi,
+               g_n_recovery);
+    }
+    reap_all();
+    if (g_orphans) fprintf(stderr, "test_elastic: reaped %d orphaned workers of killed agents\n", g_orphans);
+    return check_finish();
+}
