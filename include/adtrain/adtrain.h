@@ -6,6 +6,7 @@
 
 #include "adtrain/base.h"
 #include "adtrain/tensor.h"
+#include "adtrain/comm.h"
 #include "adtrain/graph.h"
 #include "adtrain/ops.h"
 #include "adtrain/exec.h"
