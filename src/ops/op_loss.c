@@ -140,7 +140,8 @@ static int xent_backward(adt_graph *g, int node, const int *dout, const int *nee
 }
 
 static int xent_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
-    int c = 0, r = OP_IN(g, n, 0)->shape.ndim;
+    /* the rank of the logits: input 0 of the loss, input 1 (probs) of its backward */
+    int c = 0, r = OP_IN(g, n, n->op == ADT_OP_SOFTMAX_XENT ? 0 : 1)->shape.ndim;
     if (n->op == ADT_OP_SOFTMAX_XENT)
         for (int ax = 0; ax < r - 1; ax++) op_sig(g, n, out, &c, max, "S%d S%d -> P S%d", ax, ax, ax);
     else
@@ -215,7 +216,8 @@ static int bce_backward(adt_graph *g, int node, const int *dout, const int *need
 }
 
 static int bce_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
-    int c = 0, r = OP_IN(g, n, 0)->shape.ndim;
+    /* the rank of the logits: input 0 of the loss, input 1 of its backward */
+    int c = 0, r = OP_IN(g, n, n->op == ADT_OP_BCE_LOGITS ? 0 : 1)->shape.ndim;
     if (n->op == ADT_OP_BCE_LOGITS)
         for (int ax = 0; ax < r; ax++) op_sig(g, n, out, &c, max, "S%d S%d -> P", ax, ax);
     else
