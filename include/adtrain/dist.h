@@ -57,6 +57,14 @@ unsigned adt_ndsbp_partial_mask(const adt_ndsbp *s);
 adt_ndsbp adt_ndsbp_all_b(int mesh_ndim);
 /* The block of a tensor of shape `global` held at `coord` (nested block splits, outer first). */
 adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord, adt_shape global);
+/* The intersection of two boxes of the same logical tensor (out->global = a->global); returns
+ * its element count, 0 when they are disjoint. */
+int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out);
+/* Copies the part of block sb (contiguous, row-major, at src) that lies inside block db into
+ * dst (block db, contiguous); add = 1 adds instead (f32). Elements of db outside sb are left
+ * alone. Both boxes are of the same logical tensor. Packing a sub-box for a message and placing
+ * a received one are both this. */
+void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add);
 /* The smallest and largest block length of each tensor axis over all coordinates. */
 void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
                             adt_shape *hi);
@@ -249,6 +257,16 @@ typedef struct adt_dist_local {
  * by global index equals the serial one. Errors name the node or value and the layouts. */
 int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *coord, adt_dist_local *out);
 void adt_dist_local_free(adt_dist_local *l);
+
+/* The default data-parallel plan on mesh m (src/dist/plan_dp.c; `adtrain train` runs it under
+ * mpiexec until the planner's expert plans replace it): fed inputs and labels split on their
+ * first (batch) axis over every mesh axis, every other leaf replicated (B), each node the usable
+ * signature whose inputs need the cheapest boxing from their producers' layouts, optimizer updates
+ * all-B; so the only communication is one P -> B all-reduce per gradient. Allocates node_sig and
+ * leaf_sbp; free them with adt_dist_dp_plan_free. ADT_ERR_ARG when a fed batch has fewer samples
+ * than the mesh has ranks. */
+int adt_dist_dp_plan(const adt_graph *g, const adt_mesh *m, adt_dist_plan *out);
+void adt_dist_dp_plan_free(adt_dist_plan *p);
 
 /* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
  * communicator's run() starts from. */

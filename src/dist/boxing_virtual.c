@@ -13,8 +13,7 @@
 #include "adtrain/base.h"
 #include "adtrain/dist.h"
 
-/* Copies (or adds, f32) the overlap of source block sb into destination block db. */
-static void box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add) {
+void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add) {
     int nd = db->global.ndim;
     int64_t lo[ADT_MAX_DIMS] = {0}, len[ADT_MAX_DIMS] = {0};
     if (nd < 1) return;
@@ -90,14 +89,14 @@ int adt_boxing_step_local(const adt_boxing_step *st, const adt_mesh *m, const in
         for (int j = 0; j < m->dim[ax]; j++) { /* the group: my coordinate with axis ax = j */
             c[ax] = j;
             adt_box sb = adt_ndsbp_block(&st->from, m, c, global);
-            box_transfer(out, &db, group[j], &sb, es, reduce);
+            adt_box_transfer(out, &db, group[j], &sb, es, reduce);
         }
         break;
     default: /* SLICE, ZERO_FILL, KEEP_ONE: my own data cut, or placed into zeros (coordinate 0
               * keeps its data on KEEP_ONE, the others leave zeros) */
         if (st->kind != ADT_BOXING_KEEP_ONE || coord[ax] == 0) {
             adt_box sb = adt_ndsbp_block(&st->from, m, coord, global);
-            box_transfer(out, &db, group[coord[ax]], &sb, es, 0);
+            adt_box_transfer(out, &db, group[coord[ax]], &sb, es, 0);
         }
         break;
     }

@@ -97,6 +97,22 @@ adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord,
     return b;
 }
 
+int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out) {
+    memset(out, 0, sizeof *out);
+    out->global = a->global;
+    out->shape.ndim = a->shape.ndim;
+    int64_t n = 1;
+    for (int d = 0; d < a->shape.ndim; d++) {
+        int64_t lo = a->offset[d] > b->offset[d] ? a->offset[d] : b->offset[d];
+        int64_t ea = a->offset[d] + a->shape.dim[d], eb = b->offset[d] + b->shape.dim[d];
+        int64_t hi = ea < eb ? ea : eb;
+        out->offset[d] = lo;
+        out->shape.dim[d] = hi > lo ? hi - lo : 0;
+        n *= out->shape.dim[d];
+    }
+    return n;
+}
+
 void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape global, adt_shape *lo,
                             adt_shape *hi) {
     *lo = *hi = global;
