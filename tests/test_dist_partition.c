@@ -198,7 +198,7 @@ static void run_plan(const model *md, const adt_mesh *m, const adt_nd_sig *sig, 
         rk[r].c = vc;
         rk[r].rank = r;
         adt_mesh_coord(m, r, rk[r].coord);
-        rk[r].hook = (adt_comm_hook){vcomm_run, &rk[r]};
+        rk[r].hook = (adt_comm_hook){.run = vcomm_run, .ctx = &rk[r]};
         int rc = adt_dist_partition(g, &plan, rk[r].coord, &loc[r]);
         CHECK(rc == ADT_OK, "%s: partition for rank %d: %s", what, r, adt_error_message());
         if (rc) {
