@@ -15,7 +15,7 @@
  *                 again run where they stand (comm_sync), gives the serial run's loss at every
  *                 one of 5 steps within 1e-5 relative and the same parameters and optimizer
  *                 state at the end within float tolerance; its only communication is one
- *                 all-reduce per gradient;
+ *                 all-reduce per gradient, done in place in the gradient's buffer;
  *   random_<family>  two random plans per world (any usable n-D signature per node, as in
  *                 tests/test_dist_partition.c; on (N), and for N = 4 one on (2,2)) the same, one
  *                 with collectives overlapped and one blocking;
@@ -173,6 +173,7 @@ static double state_err(const float *x, const float *ref, int64_t n) {
 
 typedef struct run_info {
     int n_boxing, n_allreduce_of_grads;
+    int n_inplace; /* all-reduces whose output shares its input's buffer */
     adt_exec_stats stats;
     char *schedule;
     double worst_loss, worst_state;
@@ -204,6 +205,11 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
         return -1;
     }
     adt_exec_init_params(ex);
+    const adt_memplan *mp = adt_exec_memplan(ex);
+    for (int i = 0; i < loc.g->n_nodes; i++) {
+        const adt_node *n = &loc.g->nodes[i];
+        info->n_inplace += n->op == ADT_OP_BOXING && mp->root[n->out[0]] == mp->root[n->in[0]];
+    }
     const adt_mesh *m = adt_mesh_comm_mesh(mc);
     const int *coord = adt_mesh_comm_coord(mc);
     int64_t big = 1;
@@ -296,6 +302,7 @@ static void case_dp(const char *name) {
             CHECK(ri.n_boxing == n_grads && ri.n_allreduce_of_grads == n_grads,
                   "%s: %d boxing nodes, %d of them gradient all-reduces; expected one per gradient (%d)", what,
                   ri.n_boxing, ri.n_allreduce_of_grads, n_grads);
+            CHECK(ri.n_inplace == n_grads, "%s: %d of %d gradient all-reduces in place", what, ri.n_inplace, n_grads);
             CHECK(ri.stats.comm_ops == ri.n_boxing, "%s: %lld collectives in the last run, %d boxing nodes", what,
                   (long long)ri.stats.comm_ops, ri.n_boxing);
             CHECK(ri.stats.comm_flight_s > 0 && ri.stats.comm_wait_s >= 0 && ri.stats.comm_wait_s <= ri.stats.run_s,

@@ -60,9 +60,10 @@ int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int
 /* The same for a schedule in which node order[p] keeps reading its inputs and writing its outputs
  * up to position read_until[p] (>= p; n = to the end of the step): an asynchronous collective
  * started at p and waited for just before position read_until[p]. NULL: every node at its own
- * position. */
+ * position. share[v] >= 0 (share may be NULL) puts value v in value share[v]'s storage, the way
+ * views are: one root, one lifetime. */
 int adt_memplan_build_sched(adt_memplan *mp, const adt_graph *g, const int *order, int n, int no_reuse,
-                            const int *read_until);
+                            const int *read_until, const int *share);
 void adt_memplan_free(adt_memplan *mp);
 
 typedef struct adt_exec_opts {

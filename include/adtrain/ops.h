@@ -117,6 +117,10 @@ typedef struct adt_comm_hook {
     int (*start)(void *ctx, const struct adt_kctx *k);
     int (*test)(void *ctx, const struct adt_kctx *k, int *done);
     int (*finish)(void *ctx, const struct adt_kctx *k);
+    /* 1: an all-reduce step may be given its input's buffer as its output (k->out[0] ==
+     * k->in[0]); the executor then does so when nothing else reads the input, saving a copy and
+     * a buffer per gradient. */
+    int inplace_allreduce;
 } adt_comm_hook;
 
 /* What a kernel sees: the node, its values, and the buffers the executor assigned. */

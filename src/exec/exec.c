@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/dist.h"
 #include "adtrain/ops.h"
 
 /* One event of a split schedule: run a compute node, start a communication node, or wait for it. */
@@ -152,6 +153,34 @@ static int run_updates_by_arrival(sched *s, int i0) {
     return 1;
 }
 
+/* share[] for the memory plan: the output of an all-reduce step whose input nothing else reads
+ * (a partial gradient) takes the input's buffer, when the hook allows; NULL if none does. */
+static int *inplace_allreduces(const adt_graph *g) {
+    int *share = NULL, *readers = adt_calloc((size_t)(g->n_values + 1), sizeof *readers);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) readers[root_of(g, g->nodes[i].in[k])]++;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (!is_comm(g, i) || (n->a.i[0] & 0xff) != ADT_BOXING_ALL_REDUCE) continue; /* ops.h: i0 = kind | ... */
+        /* the input may be a view (a reshaped gradient): then the views between it and its root
+         * are the root's only other readers */
+        int r = n->in[0], links = 0, ok = 1;
+        for (; g->values[r].alias_of >= 0; r = g->values[r].alias_of, links++) {
+            const adt_value *v = &g->values[r];
+            ok &= v->producer >= 0 && adt_op_get(g->nodes[v->producer].op)->view_of >= 0 && !v->is_output;
+        }
+        const adt_value *root = &g->values[r];
+        if (!ok || root->producer < 0 || root->is_output || readers[r] != links + 1) continue;
+        if (!share) {
+            share = adt_malloc((size_t)g->n_values * sizeof *share);
+            for (int v = 0; v < g->n_values; v++) share[v] = -1;
+        }
+        share[n->out[0]] = n->in[0];
+    }
+    free(readers);
+    return share;
+}
+
 static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) {
     const adt_graph *g = ex->g;
     int nn = g->n_nodes;
@@ -206,10 +235,11 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
     ex->split = h && h->start && h->test && h->finish && !ex->o.comm_sync;
     int any_comm = 0;
     for (int i = 0; i < g->n_nodes; i++) any_comm |= is_comm(g, i);
+    int *share = any_comm && h->inplace_allreduce ? inplace_allreduces(g) : NULL;
     if (ex->split && any_comm) {
         int *order, *read_until;
         build_schedule(ex, &order, &read_until);
-        adt_memplan_build_sched(&ex->mp, g, order, g->n_nodes, ex->o.no_reuse, read_until);
+        adt_memplan_build_sched(&ex->mp, g, order, g->n_nodes, ex->o.no_reuse, read_until, share);
         free(order);
         free(read_until);
         ex->pend = adt_malloc((size_t)g->n_nodes * sizeof *ex->pend);
@@ -218,8 +248,9 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
     } else {
         ex->split = 0;
-        adt_memplan_build(&ex->mp, g, NULL, g->n_nodes, ex->o.no_reuse);
+        adt_memplan_build_sched(&ex->mp, g, NULL, g->n_nodes, ex->o.no_reuse, NULL, share);
     }
+    free(share);
     ex->arena = adt_alloc_aligned((size_t)ex->mp.arena_bytes);
     ex->state = adt_alloc_aligned((size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);

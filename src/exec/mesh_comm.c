@@ -269,7 +269,8 @@ const adt_comm_hook *adt_mesh_comm_hook(adt_mesh_comm *mc, const adt_graph *lg) 
     b->mc = mc;
     b->lg = lg;
     b->x = adt_calloc((size_t)(lg->n_nodes ? lg->n_nodes : 1), sizeof *b->x);
-    b->hook = (adt_comm_hook){.run = hook_run, .ctx = b, .start = hook_start, .test = hook_test, .finish = hook_finish};
+    b->hook = (adt_comm_hook){.run = hook_run, .ctx = b, .start = hook_start, .test = hook_test, .finish = hook_finish,
+                              .inplace_allreduce = 1};
     b->next = mc->bindings;
     mc->bindings = b;
     return &b->hook;
