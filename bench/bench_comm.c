@@ -7,11 +7,14 @@
  *
  *   mpiexec -n 2 build/bench/bench_comm [--ops allreduce,reduce_scatter,allgather]
  *                                       [--min-bytes 65536] [--max-bytes 67108864]
- *                                       [--reps 30] [--warmup 3]
+ *                                       [--reps 30] [--warmup 3] [--budget-s 20]
  *
  * Sizes go from --min-bytes to --max-bytes by factors of 4. For each op and size the three paths
  * take turns, rep by rep, and the order rotates every rep, so that whatever else the machine
- * does hits them alike. Each timed call starts after an MPI_Barrier; its time is the slowest
+ * does hits them alike; after --budget-s seconds on one op and size it stops at the rep it is on
+ * (at least 5 reps; "reps" in the output says how many ran), because some bare calls crawl when
+ * ranks outnumber cores (4 ranks on 2 cores: MPI_Allgatherv of 16 MiB took seconds). Each timed
+ * call starts after an MPI_Barrier; its time is the slowest
  * rank's. Rank 0 prints one JSON line per op and size on stdout: per path ("adtrain", "mpi",
  * "mpi_nb") the median, min/max and 10th/90th percentiles in microseconds and the bus bandwidth
  * of the median; the ratio of adtrain's bandwidth to MPI's blocking call (mpi time / adtrain
@@ -41,12 +44,13 @@ typedef struct opts {
     int ops[OP_N];
     long long min_bytes, max_bytes;
     int reps, warmup;
+    double budget_s;
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: mpiexec -n P bench_comm [--ops allreduce,reduce_scatter,allgather]\n"
                "                                [--min-bytes 65536] [--max-bytes 67108864]\n"
-               "                                [--reps 30] [--warmup 3]\n");
+               "                                [--reps 30] [--warmup 3] [--budget-s 20]\n");
 }
 
 static int parse_ll(const char *flag, const char *v, long long lo, long long *out) {
@@ -61,7 +65,7 @@ static int parse_ll(const char *flag, const char *v, long long lo, long long *ou
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {
-    *o = (opts){.ops = {1, 1, 1}, .min_bytes = 65536, .max_bytes = 64LL << 20, .reps = 30, .warmup = 3};
+    *o = (opts){.ops = {1, 1, 1}, .min_bytes = 65536, .max_bytes = 64LL << 20, .reps = 30, .warmup = 3, .budget_s = 20};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long long x;
@@ -91,6 +95,9 @@ static int parse_opts(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--warmup")) {
             if (parse_ll(a, v, 0, &x) || x > 1000) return -1;
             o->warmup = (int)x, i++;
+        } else if (!strcmp(a, "--budget-s")) {
+            if (parse_ll(a, v, 1, &x)) return -1;
+            o->budget_s = (double)x, i++;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -185,7 +192,15 @@ int main(int argc, char **argv) {
             int64_t n = bytes / 4;
             adt_comm_block_counts(n, p, B.counts);
             for (int i = 0, off = 0; i < p; off += B.icounts[i], i++) B.icounts[i] = (int)B.counts[i], B.displs[i] = off;
-            for (int rep = -o.warmup; rep < o.reps && !failed; rep++) {
+            int reps = o.reps;
+            double start = MPI_Wtime();
+            for (int rep = -o.warmup; rep < reps && !failed; rep++) {
+                int stop = rep >= 5 && MPI_Wtime() - start > o.budget_s;
+                MPI_Bcast(&stop, 1, MPI_INT, 0, MPI_COMM_WORLD); /* rank 0's clock decides */
+                if (stop) {
+                    reps = rep;
+                    break;
+                }
                 for (int k = 0; k < P_N; k++) {
                     int path = (k + rep + o.warmup) % P_N; /* each path first in every third rep */
                     MPI_Barrier(MPI_COMM_WORLD);
@@ -198,19 +213,19 @@ int main(int argc, char **argv) {
             int any = failed;
             MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
             if ((failed = any)) break;
-            for (int k = 0; k < P_N; k++) MPI_Reduce(t[k], tmax[k], o.reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+            for (int k = 0; k < P_N; k++) MPI_Reduce(t[k], tmax[k], reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
             if (rank) continue;
-            for (int i = 0; i < o.reps; i++) ratio[i] = tmax[P_MPI][i] / tmax[P_ADT][i];
-            qsort(ratio, (size_t)o.reps, sizeof(double), cmp_d);
+            for (int i = 0; i < reps; i++) ratio[i] = tmax[P_MPI][i] / tmax[P_ADT][i];
+            qsort(ratio, (size_t)reps, sizeof(double), cmp_d);
             double st[P_N][5];
             for (int k = 0; k < P_N; k++) {
-                qsort(tmax[k], (size_t)o.reps, sizeof(double), cmp_d);
-                st[k][0] = tmax[k][0], st[k][1] = quant(tmax[k], o.reps, 0.1), st[k][2] = quant(tmax[k], o.reps, 0.5);
-                st[k][3] = quant(tmax[k], o.reps, 0.9), st[k][4] = tmax[k][o.reps - 1];
+                qsort(tmax[k], (size_t)reps, sizeof(double), cmp_d);
+                st[k][0] = tmax[k][0], st[k][1] = quant(tmax[k], reps, 0.1), st[k][2] = quant(tmax[k], reps, 0.5);
+                st[k][3] = quant(tmax[k], reps, 0.9), st[k][4] = tmax[k][reps - 1];
             }
             double factor = op == OP_AR ? 2.0 * (p - 1) / p : (double)(p - 1) / p;
             printf("{\"op\": \"%s\", \"bytes\": %lld, \"ranks\": %d, \"reps\": %d, \"poll\": \"%s\"", OP_NAMES[op],
-                   bytes, p, o.reps, poll && *poll ? poll : "auto");
+                   bytes, p, reps, poll && *poll ? poll : "auto");
             for (int k = 0; k < P_N; k++) {
                 const char *nm = PATH_NAMES[k];
                 printf(", \"%s_us\": {\"min\": %.2f, \"p10\": %.2f, \"median\": %.2f, \"p90\": %.2f, \"max\": %.2f}", nm,
@@ -219,8 +234,8 @@ int main(int argc, char **argv) {
             }
             printf(", \"ratio_of_medians\": %.4f, \"ratio_paired\": {\"p10\": %.4f, \"median\": %.4f, \"p90\": %.4f}"
                    ", \"nb_ratio_of_medians\": %.4f}\n",
-                   st[P_MPI][2] / st[P_ADT][2], quant(ratio, o.reps, 0.1), quant(ratio, o.reps, 0.5),
-                   quant(ratio, o.reps, 0.9), st[P_NB][2] / st[P_ADT][2]);
+                   st[P_MPI][2] / st[P_ADT][2], quant(ratio, reps, 0.1), quant(ratio, reps, 0.5),
+                   quant(ratio, reps, 0.9), st[P_NB][2] / st[P_ADT][2]);
             fflush(stdout);
         }
     }

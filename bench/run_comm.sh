@@ -12,6 +12,7 @@
 #
 # Environment (all optional):
 #   REPS=30  WARMUP=3  MIN_BYTES=65536  MAX_BYTES=67108864  OPS=allreduce,reduce_scatter,allgather
+#   BUDGET_S=20   seconds per op and size before a run stops early (at least 5 reps)
 #   CONFIGS="2:auto 4:auto 4:busy"   ranks:ADT_COMM_POLL per launch
 #   MPIEXEC   the launcher (default: mpiexec.mpich if present, else mpiexec)
 #   PYTHON=/usr/bin/python3
@@ -21,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 REPS=${REPS:-30}
 WARMUP=${WARMUP:-3}
+BUDGET_S=${BUDGET_S:-20}
 MIN_BYTES=${MIN_BYTES:-65536}
 MAX_BYTES=${MAX_BYTES:-67108864}
 OPS=${OPS:-allreduce,reduce_scatter,allgather}
@@ -56,6 +58,7 @@ for cfg in $CONFIGS; do
     poll=${cfg#*:}
     echo "mpiexec -n $n, ADT_COMM_POLL=$poll ..." >&2
     ADT_COMM_POLL=$poll "$MPIEXEC" -n "$n" "$BIN" --ops "$OPS" --reps "$REPS" --warmup "$WARMUP" \
+        --budget-s "$BUDGET_S" \
         --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" > "$RUN"
     sed -n "s/^{/{\"config\": \"$n:$poll\", /p" "$RUN" >> "$OUT"
 done
@@ -80,13 +83,13 @@ print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)
 print(f"MPICH {meta.get('mpich_package')}, UCX {meta.get('ucx_package')}, launcher {meta.get('mpiexec')}; "
       f"{meta.get('reps')} timed reps per path and size after {meta.get('warmup')} warmup")
 print()
-print("| ranks | polling | op | size | adtrain us | (p10..p90) | MPI us | (p10..p90) | MPI nb us "
+print("| ranks | polling | op | size | reps | adtrain us | (p10..p90) | MPI us | (p10..p90) | MPI nb us "
       "| adtrain busbw GB/s | MPI busbw GB/s | bw ratio | paired ratio | vs nb |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     a, m, nb = r["adtrain_us"], r["mpi_us"], r["mpi_nb_us"]
     pr = r["ratio_paired"]
-    print(f"| {r['ranks']} | {r['poll']} | {r['op']} | {size(r['bytes'])} | {a['median']:.1f} | "
+    print(f"| {r['ranks']} | {r['poll']} | {r['op']} | {size(r['bytes'])} | {r['reps']} | {a['median']:.1f} | "
           f"{a['p10']:.1f}..{a['p90']:.1f} | {m['median']:.1f} | {m['p10']:.1f}..{m['p90']:.1f} | "
           f"{nb['median']:.1f} | {r['adtrain_busbw_gbs']:.3f} | {r['mpi_busbw_gbs']:.3f} | "
           f"{r['ratio_of_medians']:.3f} | {pr['median']:.3f} ({pr['p10']:.2f}..{pr['p90']:.2f}) | "

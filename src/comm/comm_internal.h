@@ -46,7 +46,7 @@ typedef struct comm_op {
 struct adt_comm_req {
     adt_comm *comm; /* NULL once an orphan's communicator was freed                          */
     comm_op op;
-    void *be;       /* the backend's state for this operation                                 */
+    void *be;       /* the backend's state for this operation, in the same allocation          */
     int done;       /* completed (possibly with an error), seen by adt_comm_progress           */
     int status;     /* when done                                                              */
     char *errmsg;   /* when done with an error: the full message, owned                       */
@@ -74,6 +74,8 @@ struct adt_comm {
 struct comm_backend {
     const char *name;
     adt_comm_backend kind;
+    /* Bytes of per-request state the backend needs for op on c (r->be points at them). */
+    size_t (*req_size)(const adt_comm *c, const comm_op *op);
     /* Starts r->op on c. ADT_OK, or an error code with the reason in why. */
     int (*start)(adt_comm *c, adt_comm_req *r, char *why);
     /* Polls r once without blocking; *done = 1 when it finished, then returns its status (reason
@@ -83,8 +85,6 @@ struct comm_backend {
     int (*stuck)(const adt_comm_req *r);
     /* After a timeout: withdraws r if it can (a recv); 1 when r is finished and can be freed. */
     int (*cancel)(adt_comm_req *r);
-    /* Frees r->be (r finished, or the process gives up on it). */
-    void (*release)(adt_comm_req *r);
     /* Collective over c: this rank's part of a split; a member (color >= 0) gets *bs and checks
      * that the backend agrees on its rank and size. */
     int (*split)(adt_comm *c, int color, int key, int new_rank, int new_size, void **bs,

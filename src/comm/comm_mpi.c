@@ -107,18 +107,22 @@ int comm_mpi_finalize(double timeout_s, char *why) {
     return e == MPI_SUCCESS ? ADT_OK : mpi_why(e, "MPI_Finalize", why);
 }
 
-static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
-    const comm_op *op = &r->op;
-    MPI_Comm mc = comm_of(c);
-    MPI_Datatype t = mpi_type(op->elem);
+static size_t mpi_req_size(const adt_comm *c, const comm_op *op) {
     int p = c->size;
     int nints = op->kind == OP_REDUCE_SCATTER ? p
               : op->kind == OP_ALLGATHER      ? 2 * p
               : op->kind == OP_ALLTOALL       ? 4 * p
                                               : 0;
-    mpi_req *q = adt_malloc(sizeof *q + (size_t)nints * sizeof(int));
+    return sizeof(mpi_req) + (size_t)nints * sizeof(int);
+}
+
+static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
+    const comm_op *op = &r->op;
+    MPI_Comm mc = comm_of(c);
+    MPI_Datatype t = mpi_type(op->elem);
+    int p = c->size;
+    mpi_req *q = r->be;
     q->mr = MPI_REQUEST_NULL;
-    r->be = q;
     /* The front end checked that every count and every running sum fits an int. */
     int *cnt = q->ints, *dsp = q->ints + p, e = MPI_SUCCESS;
     const char *call = "?";
@@ -209,11 +213,6 @@ static int mpi_cancel(adt_comm_req *r) {
     return flag;
 }
 
-static void mpi_release(adt_comm_req *r) {
-    free(r->be);
-    r->be = NULL;
-}
-
 static int mpi_split(adt_comm *c, int color, int key, int new_rank, int new_size, void **bs,
                      char *why) {
     char what[256];
@@ -262,11 +261,11 @@ const char *adt_comm_mpi_library(void) {
 const comm_backend comm_mpi_backend = {
     .name = "mpi",
     .kind = ADT_COMM_MPI,
+    .req_size = mpi_req_size,
     .start = mpi_start,
     .test = mpi_test,
     .stuck = mpi_stuck,
     .cancel = mpi_cancel,
-    .release = mpi_release,
     .split = mpi_split,
     .free = mpi_free,
     .abort = mpi_abort,

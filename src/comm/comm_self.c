@@ -96,12 +96,19 @@ static int self_recv(self_state *s, adt_comm_req *r, self_req *q) {
     return ADT_OK;
 }
 
+static size_t self_req_size(const adt_comm *c, const comm_op *op) {
+    (void)c, (void)op;
+    return sizeof(self_req);
+}
+
 static int self_start(adt_comm *c, adt_comm_req *r, char *why) {
     self_state *s = c->bs;
     const comm_op *op = &r->op;
     size_t es = comm_elem_size(op->elem);
-    self_req *q = adt_calloc(1, sizeof *q);
-    r->be = q;
+    self_req *q = r->be;
+    q->waiting = 0;
+    q->status = ADT_OK;
+    q->why[0] = 0;
     switch (op->kind) {
     case OP_ALLREDUCE: /* the sum over one rank is its own buffer */
     case OP_BCAST:     /* the root is this rank */
@@ -149,11 +156,6 @@ static int self_cancel(adt_comm_req *r) {
     return 1;
 }
 
-static void self_release(adt_comm_req *r) {
-    free(r->be);
-    r->be = NULL;
-}
-
 static int self_split(adt_comm *c, int color, int key, int new_rank, int new_size, void **bs,
                       char *why) {
     (void)c, (void)key, (void)why;
@@ -185,11 +187,11 @@ static void self_abort(adt_comm *c, int code) {
 const comm_backend comm_self_backend = {
     .name = "self",
     .kind = ADT_COMM_SELF,
+    .req_size = self_req_size,
     .start = self_start,
     .test = self_test,
     .stuck = self_stuck,
     .cancel = self_cancel,
-    .release = self_release,
     .split = self_split,
     .free = self_free,
     .abort = self_abort,
