@@ -169,6 +169,20 @@ static inline int mpi_all_done(const mpi_world *wd, int p) {
     return 1;
 }
 
+/* A child rank's start: the MPI world, with log lines tagged by the rank; NULL (the reason
+ * printed) if MPI did not start. */
+static inline adt_comm *mpi_child_world(void) {
+    adt_comm *w = NULL;
+    if (adt_comm_init(ADT_COMM_MPI, &w)) {
+        fprintf(stderr, "FAIL adt_comm_init: %s\n", adt_error_message());
+        return NULL;
+    }
+    static char tag[32];
+    snprintf(tag, sizeof tag, "rank %d", adt_comm_rank(w));
+    adt_log_set_tag(tag);
+    return w;
+}
+
 /* A child's report of one case. */
 static inline void mpi_report(const char *name, int r, int p, int ok) {
     printf("CASE %s rank=%d size=%d %s\n", name, r, p, ok ? "ok" : "FAIL");

@@ -587,15 +587,9 @@ static const mpi_case CASES[] = {
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
 static int child_main(void) {
-    if (adt_comm_init(ADT_COMM_MPI, &g_world)) {
-        fprintf(stderr, "FAIL adt_comm_init: %s\n", adt_error_message());
-        return 1;
-    }
+    if (!(g_world = mpi_child_world())) return 1;
     g_rank = adt_comm_rank(g_world);
     g_size = adt_comm_size(g_world);
-    char tag[32];
-    snprintf(tag, sizeof tag, "rank %d", g_rank);
-    adt_log_set_tag(tag);
     for (int i = 0; i < N_CASES; i++) {
         check_cur_failed = 0;
         check_cur_name = CASES[i].name;
