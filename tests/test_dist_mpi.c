@@ -21,7 +21,8 @@
  *                 with collectives overlapped and one blocking;
  *   overlap       the split schedule of a data-parallel MLP starts gradient all-reduces during
  *                 the backward pass and waits for each just before the update that reads it,
- *                 and the executor's communication counters add up.
+ *                 and the executor's communication counters add up;
+ *   mesh_mismatch a mesh with more devices than the world has ranks is refused, naming both.
  * Then, in this process: `mpiexec -n 2 adtrain train` logs the losses (and validation loss and
  * accuracy) of the 1-process run for a GPT and an MLP, prints its progress once, and a flag that
  * only rank 0 trips (an unwritable --log), or a failure of rank 0 while training (an unwritable
@@ -573,6 +574,18 @@ static void case_overlap(void) {
     adt_graph_free(f.g);
 }
 
+/* A mesh of another size than the world is refused before any communication, naming both. */
+static void case_mesh_mismatch(void) {
+    adt_mesh m;
+    int n = g_size + 1;
+    adt_mesh_init(&m, 1, &n);
+    adt_mesh_comm *mc = (adt_mesh_comm *)&mc;
+    int rc = adt_mesh_comm_create(&mc, g_world, &m);
+    char want[128];
+    snprintf(want, sizeof want, "mesh (%d) has %d devices, but the world (world) has %d ranks", n, n, g_size);
+    CHECK(rc == ADT_ERR_ARG && mc == NULL && strstr(adt_error_message(), want), "rc %d: %s", rc, adt_error_message());
+}
+
 typedef struct mpi_case {
     const char *name;
     void (*fn)(void);
@@ -582,7 +595,7 @@ static const mpi_case CASES[] = {
     {"boxing_steps", case_boxing_steps}, {"dp_gpt", case_dp_gpt},         {"dp_mlp", case_dp_mlp},
     {"dp_vgg", case_dp_vgg},             {"dp_dlrm", case_dp_dlrm},       {"random_gpt", case_random_gpt},
     {"random_mlp", case_random_mlp},     {"random_vgg", case_random_vgg}, {"random_dlrm", case_random_dlrm},
-    {"random_wide", case_random_wide},   {"overlap", case_overlap},
+    {"random_wide", case_random_wide},   {"overlap", case_overlap},       {"mesh_mismatch", case_mesh_mismatch},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
