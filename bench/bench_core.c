@@ -36,7 +36,8 @@
  * "world", "batch_per_rank", the aggregate samples_per_s (N x per-rank batch / median step),
  * and the executor's communication counters per step (medians): comm_wait_ms (blocked in waits),
  * comm_flight_ms (collectives in flight), comm_start_ms, comm_poll_ms, and comm_hidden, the
- * fraction of in-flight time not spent blocked (1 - wait / flight over all timed steps).
+ * fraction of in-flight time not spent blocked (1 - wait / flight over all timed steps); and
+ * rank 0's CPU time per step (cpu_ms_median, its run without the closing barrier).
  * --gemm-reps 0 skips the GEMM replay (the DP mode always does).
  *
  * --profile turns on the executor's per-node timers and prints to stderr the top ops by time
@@ -601,7 +602,7 @@ static int bench_model_dp(const char *name, const opts *o) {
     adt_mesh_comm *mc = NULL;
     adt_exec *ex = NULL;
     void *x = NULL, *y = NULL;
-    double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL;
+    double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL, *cpu = NULL;
     int rc = -1;
     if (build_model(g, name, g_nranks, &spec, &io)) goto out;
     adt_mesh m;
@@ -636,17 +637,19 @@ static int bench_model_dp(const char *name, const opts *o) {
     flight = calloc((size_t)n, sizeof *flight);
     start = calloc((size_t)n, sizeof *start);
     poll = calloc((size_t)n, sizeof *poll);
-    if (!times || !wait || !flight || !start || !poll) abort();
+    cpu = calloc((size_t)n, sizeof *cpu);
+    if (!times || !wait || !flight || !start || !poll || !cpu) abort();
     double sum_wait = 0, sum_flight = 0;
     float loss_first = NAN, loss_last = NAN;
     for (int i = 0; i < o->warmup + n; i++) {
         adt_comm_barrier(g_world);
-        double t0 = adt_now_s();
+        double t0 = adt_now_s(), c0 = cpu_now_s();
         adt_exec_set_lr_step(ex, spec.lr, (int32_t)(i + 1));
         if (adt_exec_run(ex)) {
             fprintf(stderr, "bench_core: %s: step %d: %s\n", name, i + 1, adt_error_message());
             adt_comm_abort(g_world, 1);
         }
+        double cms = (cpu_now_s() - c0) * 1e3; /* this rank's own step, before the barrier */
         adt_comm_barrier(g_world);
         double ms = (adt_now_s() - t0) * 1e3;
         adt_exec_stats st;
@@ -654,7 +657,7 @@ static int bench_model_dp(const char *name, const opts *o) {
         if (i >= o->warmup) {
             int k = i - o->warmup;
             times[k] = ms, wait[k] = st.comm_wait_s * 1e3, flight[k] = st.comm_flight_s * 1e3;
-            start[k] = st.comm_start_s * 1e3, poll[k] = st.comm_poll_s * 1e3;
+            start[k] = st.comm_start_s * 1e3, poll[k] = st.comm_poll_s * 1e3, cpu[k] = cms;
             sum_wait += st.comm_wait_s, sum_flight += st.comm_flight_s;
         }
         if (i == 0 || i + 1 == o->warmup + n) { /* outside the timed window */
@@ -688,6 +691,7 @@ static int bench_model_dp(const char *name, const opts *o) {
         cJSON_AddNumberToObject(j, "steps", n);
         cJSON_AddNumberToObject(j, "warmup", o->warmup);
         cJSON_AddNumberToObject(j, "samples_per_s", round4(g_nranks * spec.batch / (med / 1e3)));
+        cJSON_AddNumberToObject(j, "cpu_ms_median", round4(median_of(cpu, n)));
         cJSON_AddNumberToObject(j, "comm_wait_ms", round4(median_of(wait, n)));
         cJSON_AddNumberToObject(j, "comm_flight_ms", round4(median_of(flight, n)));
         cJSON_AddNumberToObject(j, "comm_start_ms", round4(median_of(start, n)));
@@ -711,6 +715,7 @@ out:
     free(flight);
     free(start);
     free(poll);
+    free(cpu);
     free(x);
     free(y);
     adt_exec_free(ex);

@@ -2,7 +2,7 @@
  * adtrain/exec.h - the liveness memory plan and the executor of a (local) training graph.
  *
  * The executor runs any graph: the serial training graph, or one rank's local graph made by the
- * partitioner. It knows nothing of meshes; communication ops (later) are ops like any other.
+ * partitioner. The executor itself knows nothing of meshes: communication nodes go to a hook.
  *
  * Memory: persistent values (parameters, optimizer state) and fed values (inputs, labels, lr,
  * step) live in one "state" block, for the life of the executor. Every other value (activations,
@@ -23,7 +23,9 @@
  * leaf (a parameter or a fed input) starts where the partitioner placed it, and one that carries
  * a forward value into the backward pass or the update is not moved into the forward pass.
  * Optimizer updates, which are independent of one another, run in the order their gradients'
- * collectives were started, so the update whose gradient arrived first goes first.
+ * collectives were started, so the update whose gradient arrived first goes first. A hook that
+ * allows it (inplace_allreduce) gets an all-reduce's input buffer as its output when nothing
+ * else reads the input (a partial gradient): no copy, one buffer.
  * The module also holds the MPI implementation of the hook (adt_mesh_comm, below).
  */
 #ifndef ADTRAIN_EXEC_H
