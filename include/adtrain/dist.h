@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "adtrain/graph.h"
+#include "adtrain/models.h"
 #include "adtrain/ops.h"
 #include "adtrain/tensor.h"
 
@@ -271,6 +272,159 @@ void adt_dist_dp_plan_free(adt_dist_plan *p);
 /* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
  * communicator's run() starts from. */
 int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh *m, adt_boxing_step *st);
+
+/* ---- signatures as text, and the check that a signature is one the op has ---------------------- */
+
+/* Parses the text form of an n-D signature of node `node` ("(S(0),B) (B,S(1)) -> (S(0),S(1))":
+ * one nd-SBP per input, "->", one per output; an nd-SBP may hold blanks inside its parentheses),
+ * each nd-SBP against its value's rank. ADT_OK or ADT_ERR_ARG saying what was expected. */
+int adt_nd_sig_parse(const char *text, const adt_graph *g, int node, int mesh_ndim, adt_nd_sig *out);
+/* Whether every mesh axis of s is one of the node's registered 1-D signatures (ops.h) and the
+ * product is usable on m (adt_nd_sig_check). ADT_OK, or an error naming the node, the mesh axis
+ * and the signature. A shape check alone would let "(S(-1)) (S(0)) -> (B)" through for a matmul
+ * whose true output is P. */
+int adt_nd_sig_valid(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m);
+
+/* ---- greedy signatures: the seed of expert plans and of the planner ------------------------------
+ * Chooses every node's n-D signature in topological (graph) order: among the node's usable
+ * signatures on the mesh, the one whose inputs are cheapest to box from the layouts they are in
+ * (each value's produced or held layout; a layout a value was already boxed to costs nothing, as
+ * the partitioner reuses it), plus its compute time (FLOPs over the product of the mesh axes on
+ * which some input or output is split, at flop_rate); ties go to more split outputs, then to the
+ * first signature. In-place updates (optimizer steps) must read their state as it is held. */
+
+/* May signature s be chosen for node `node`? `layout` holds the current layout of every value
+ * (produced, or held for leaves; ndim 0 while a leaf's layout is still open). */
+typedef int (*adt_sig_filter)(void *ctx, const adt_graph *g, int node, const adt_nd_sig *s, const adt_ndsbp *layout);
+
+typedef struct adt_greedy_opts {
+    adt_comm_cost cost;   /* prices boxing, as the partitioner will */
+    double flop_rate;     /* FLOP/s for the compute term; 0 leaves compute out */
+    adt_sig_filter allow; /* NULL: every usable signature. When no signature of a node passes,
+                             the node takes the cheapest usable one regardless */
+    void *ctx;
+} adt_greedy_opts;
+
+/* leaf_sbp [g->n_values]: the layout of each leaf; entries with ndim 0 are open and are set to
+ * the layout their first reader chooses (P read as B). Fills node_sig [g->n_nodes]; returns
+ * ADT_OK or an error naming the node that has no usable signature. */
+int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts *o, adt_ndsbp *leaf_sbp,
+                    adt_nd_sig *node_sig);
+
+/* ---- plans ---------------------------------------------------------------------------------------
+ * A plan is everything a run needs to place a training graph on devices (DESIGN.md section 2):
+ *   - the devices: a mesh (shape, a name per axis, the global rank at each coordinate, the
+ *     intra-node axis);
+ *   - pipeline stages: contiguous ranges of layer tags, stage s running on the slice s of the
+ *     mesh along the pipeline axis (the "stage mesh": the mesh without that axis; the whole mesh
+ *     when there is no pipeline), and the number of microbatches a step is cut into;
+ *   - one n-D signature per node and the layout of every leaf, on the stage mesh;
+ *   - what it was made for: the model config, the global batch, the optimizer kind, and the
+ *     training graph's node count, value count, layer count and structure checksum (a graph
+ *     built from that model at batch / microbatches, with autodiff and that optimizer).
+ * Plans are JSON files (docs/formats.md, "Plan files"): adt_plan_parse reads everything but the
+ * layouts, which need the graph to be resolved; adt_plan_bind checks the graph and resolves them.
+ */
+#define ADT_PLAN_AXIS_LEN 16
+#define ADT_PLAN_MAX_STAGES 64
+
+typedef struct adt_plan {
+    char name[256];       /* the file (or "plan"): every error message starts with it          */
+    char strategy[64];    /* how it was made ("dp=2,tp=2"), for people                          */
+    adt_model_cfg model;
+    int batch;            /* global samples per step                                            */
+    int microbatches;     /* a step runs batch / microbatches samples at a time                 */
+    adt_optim_kind optim;
+    int momentum;         /* SGD with a momentum state                                          */
+    adt_mesh mesh;        /* every device; mesh.ranks is owned by the plan                      */
+    char axis[ADT_MAX_MESH_DIMS][ADT_PLAN_AXIS_LEN];
+    int pp_axis;          /* the mesh axis across pipeline stages, or -1                        */
+    int n_stages;
+    int stage_first[ADT_PLAN_MAX_STAGES], stage_last[ADT_PLAN_MAX_STAGES]; /* layer tags     */
+    int n_nodes, n_values, n_layers; /* the graph's; n_layers = largest layer tag + 1          */
+    uint32_t checksum;    /* adt_plan_graph_checksum of the graph                               */
+    adt_nd_sig *node_sig; /* [n_nodes], on the stage mesh (NULL until bound)                    */
+    adt_ndsbp *leaf_sbp;  /* [n_values]; ndim 0: the partitioner's default                      */
+    adt_comm_cost cost;   /* link prices the plan was made with                                  */
+    char *pending;        /* parsed, not yet bound layouts (JSON text)                          */
+} adt_plan;
+
+void adt_plan_free(adt_plan *p);
+/* A structure checksum of a graph (crc32c over each value's name, dtype, role and shape and each
+ * node's op, inputs, outputs, layer tag and pass): equal graphs, equal plans. */
+uint32_t adt_plan_graph_checksum(const adt_graph *g);
+/* The stage mesh of stage s (the mesh without the pipeline axis, at coordinate s along it);
+ * ranks[] (mesh.nranks entries) receives its global ranks and out->ranks points at it. */
+int adt_plan_stage_mesh(const adt_plan *p, int stage, adt_mesh *out, int *ranks);
+/* Where global rank `rank` sits: its stage and its coordinate on that stage's mesh. */
+int adt_plan_locate(const adt_plan *p, int rank, int *stage, int *coord);
+/* The stage of a layer tag, or -1. */
+int adt_plan_stage_of(const adt_plan *p, int layer_tag);
+/* What the partitioner takes for stage s: the stage mesh (ranks in ranks[]), the signatures, the
+ * leaf layouts and the costs. */
+adt_dist_plan adt_plan_dist(const adt_plan *p, int stage, int *ranks);
+/* The training graph a plan is made for: the model at batch / microbatches, autodiff, and the
+ * optimizer oc (NULL: the plan's kind with default hyperparameters; else its kind must be the
+ * plan's). The caller frees *out. */
+int adt_plan_build_graph(const adt_plan *p, const adt_optim_cfg *oc, adt_graph **out);
+/* Checks that a model config and global batch are the ones the plan was made for; the message
+ * names the first field that differs. */
+int adt_plan_check_model(const adt_plan *p, const adt_model_cfg *c, int batch);
+/* Checks what a plan says on its own: the ranks are a permutation of 0..N-1, the intra-node and
+ * pipeline axes exist, the stages are one per coordinate of the pipeline axis and cover the
+ * layers 0..n_layers-1 in order with non-empty ranges. */
+int adt_plan_check(const adt_plan *p);
+/* Checks a bound plan against a graph: the graph's counts and checksum, the mesh and stages,
+ * every signature registered and usable on the stage mesh, every leaf layout B or S with
+ * non-empty blocks, and every in-place update reading its state as held. */
+int adt_plan_validate(const adt_plan *p, const adt_graph *g);
+
+/* Plan files. parse: the JSON text of a plan (name_for_errors starts every message); load: the
+ * same from a file; bind: resolves the layouts of a parsed plan against the graph (which must be
+ * the one adt_plan_build_graph gives), then validates; to_json / save: the file form of a bound
+ * plan (layers with the same structure and the same layouts are written once). */
+int adt_plan_parse(adt_plan *p, const char *json_text, const char *name_for_errors);
+int adt_plan_load(adt_plan *p, const char *path);
+int adt_plan_bind(adt_plan *p, const adt_graph *g);
+char *adt_plan_to_json(const adt_plan *p, const adt_graph *g); /* free() it */
+int adt_plan_save(const adt_plan *p, const adt_graph *g, const char *path);
+/* group_of[t] (n_layers entries): the first layer with layer t's structure and layouts (t itself
+ * when none before it has them); the file ties such layers into one entry. */
+void adt_plan_layer_groups(const adt_plan *p, const adt_graph *g, int *group_of);
+
+/* ---- expert plans ----------------------------------------------------------------------------------
+ * Strategies (src/dist/README.md): a comma-separated list of
+ *   dp[=N]   data parallel: the batch split, parameters and optimizer state replicated
+ *   zero     with dp: optimizer state, its update and the stored weights split over the dp axis
+ *   tp[=N]   tensor (Megatron) parallel: column/row-split weights per model family
+ *   pp[=N]   pipeline: contiguous stages of layer tags balanced by FLOPs
+ * At most one degree may be left out: it takes what the device count leaves. The mesh axes are
+ * "pp", "dp", "tp" in that order (those asked for; tp, else dp, is the intra-node axis). */
+typedef struct adt_strategy {
+    int dp, tp, pp; /* degrees, 1 when not asked for */
+    int zero;
+} adt_strategy;
+
+int adt_strategy_parse(const char *text, int devices, adt_strategy *out);
+
+typedef struct adt_expert_opts {
+    const char *strategy;
+    int devices;
+    int batch;        /* global batch; the graph is built at batch / microbatches */
+    int microbatches; /* 0 or 1: none */
+    adt_comm_cost cost; /* all zero: adt_comm_cost_default() */
+    double flop_rate;   /* 0: 1e11 FLOP/s */
+} adt_expert_opts;
+
+/* Link prices for planning without a calibrated cluster: 10 us and 10 GB/s per mesh axis, the
+ * intra-node axis 2 us and 50 GB/s. */
+adt_comm_cost adt_comm_cost_default(const adt_mesh *m);
+
+/* Makes the plan of a strategy for the training graph g of model c (built at batch /
+ * microbatches). Refuses, naming the reason, a strategy that cannot apply: degrees that do not
+ * multiply to the device count, a batch that does not split over dp and the microbatches, more
+ * stages than layers, zero without a dp axis of 2 or more. */
+int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert_opts *o, adt_plan *out);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,6 @@
  * prints its size, cost and planned memory, and writes it as JSON (for tools) or DOT (for people).
  * Nothing is allocated for the tensors themselves, so it also sizes models too big to train here.
  */
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,17 +35,12 @@ static void graph_usage(FILE *f) {
 
 #define graph_fail(...) cli_fail("graph", __VA_ARGS__)
 
-static int graph_apply(graph_opts *o, const char *f, const char *v) {
+static int graph_apply(void *opts, const char *f, const char *v) {
+    graph_opts *o = opts;
     if (!strcmp(f, "--model")) o->model_path = v;
     else if (!strcmp(f, "-o") || !strcmp(f, "--output")) o->out_path = v;
-    else if (!strcmp(f, "--batch")) {
-        char *end;
-        errno = 0;
-        long b = strtol(v, &end, 10);
-        if (!*v || *end || errno || b < 1 || b > (1 << 20))
-            return graph_fail(2, "--batch: expected an integer in [1, %d], got '%s'", 1 << 20, v);
-        o->batch = b;
-    } else if (!strcmp(f, "--format")) {
+    else if (!strcmp(f, "--batch")) return cli_parse_long("graph", f, v, 1, 1 << 20, &o->batch);
+    else if (!strcmp(f, "--format")) {
         if (!strcmp(v, "json")) o->format = 0;
         else if (!strcmp(v, "dot")) o->format = 1;
         else return graph_fail(2, "--format: expected 'json' or 'dot', got '%s'", v);
@@ -63,30 +57,7 @@ static int graph_apply(graph_opts *o, const char *f, const char *v) {
 /* Returns 0 to go on, -1 after --help, else an exit code. */
 static int graph_parse(graph_opts *o, int argc, char **argv) {
     *o = (graph_opts){.batch = 16, .format = -1, .optimizer = ADT_OPTIM_ADAMW};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            graph_usage(stdout);
-            return -1;
-        }
-        if (a[0] != '-') return graph_fail(2, "unexpected argument '%s' (see adtrain graph --help)", a);
-        char flag[64];
-        const char *v = NULL, *eq = strchr(a, '=');
-        if (eq && a[1] == '-' && (size_t)(eq - a) < sizeof flag) {
-            memcpy(flag, a, (size_t)(eq - a));
-            flag[eq - a] = 0;
-            v = eq + 1;
-        } else {
-            snprintf(flag, sizeof flag, "%s", a);
-        }
-        if (!v) {
-            if (i + 1 >= argc) return graph_fail(2, "%s: missing value (see adtrain graph --help)", flag);
-            v = argv[++i];
-        }
-        int rc = graph_apply(o, flag, v);
-        if (rc) return rc;
-    }
-    return 0;
+    return cli_parse_flags("graph", argc, argv, graph_usage, graph_apply, o);
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -148,12 +119,6 @@ int cli_graph(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     adt_model_cfg m;
     char label[320];
-    if (o.model_path) {
-        if (adt_model_cfg_load(&m, o.model_path)) return graph_fail(2, "--model: %s", adt_error_message());
-        snprintf(label, sizeof label, "%s (%s)", o.model_path, adt_model_type_name(m.type));
-    } else {
-        adt_model_cfg_default(&m);
-        snprintf(label, sizeof label, "built-in gpt-tiny (gpt)");
-    }
+    if ((rc = cli_load_model("graph", o.model_path, &m, label, sizeof label))) return rc;
     return build_and_dump(&o, &m, label);
 }

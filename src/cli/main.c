@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train     train a model (adtrain train --help)\n"
             "  graph     build a model's training graph and dump it as JSON or DOT\n"
+            "  plan      make an expert parallel plan (dp, zero, tp, pp) and write it as a plan file\n"
             "  version   print the version\n");
 }
 
@@ -34,6 +35,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "train")) return cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "graph")) return cli_graph(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return cli_plan(argc - 1, argv + 1);
     fprintf(stderr, "adtrain: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -216,6 +216,94 @@ int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig
     return usable;
 }
 
+/* ---- signatures as text; registered signatures ------------------------------------------------ */
+
+/* The next nd-SBP token of a signature: a parenthesised group (blanks allowed inside) or a run
+ * of non-blank characters; "->" comes back as itself. Returns the length, 0 at the end, -1 when
+ * a '(' is not closed. */
+static int next_token(const char **pp, char *tok, size_t cap) {
+    const char *p = *pp;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    const char *start = p;
+    if (*p == '(') {
+        int depth = 0;
+        do {
+            depth += *p == '(' ? 1 : *p == ')' ? -1 : 0;
+            p++;
+        } while (*p && depth > 0);
+        if (depth > 0) return -1;
+    } else {
+        while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') p++;
+    }
+    size_t n = (size_t)(p - start);
+    if (n >= cap) n = cap - 1;
+    memcpy(tok, start, n);
+    tok[n] = 0;
+    *pp = p;
+    return (int)(p - start);
+}
+
+int adt_nd_sig_parse(const char *text, const adt_graph *g, int node, int mesh_ndim, adt_nd_sig *out) {
+    const adt_node *n = &g->nodes[node];
+    *out = adt_nd_sig_all_b(mesh_ndim, n->n_in, n->n_out);
+    /* count first, so a wrong arity is reported as such rather than as a bad nd-SBP */
+    int count[2] = {0, 0}, side = 0, len;
+    char tok[128];
+    for (const char *p = text; (len = next_token(&p, tok, sizeof tok)) > 0;) {
+        if (strcmp(tok, "->")) count[side]++;
+        else if (side++) return adt_error(ADT_ERR_ARG, "signature '%.80s': '->' appears twice", text);
+    }
+    if (len < 0) return adt_error(ADT_ERR_ARG, "signature '%.80s': a '(' is not closed", text);
+    if (!side || count[0] != n->n_in || count[1] != n->n_out)
+        return adt_error(ADT_ERR_ARG,
+                         "signature '%.80s' of node %s (%s): %d input and %d output nd-SBP(s)%s, expected %d input "
+                         "nd-SBP(s), '->', then %d output nd-SBP(s)",
+                         text, n->name, adt_op_name(n->op), count[0], count[1], side ? "" : " and no '->'", n->n_in,
+                         n->n_out);
+    side = 0;
+    int idx = 0;
+    for (const char *p = text; next_token(&p, tok, sizeof tok) > 0;) {
+        if (!strcmp(tok, "->")) {
+            side = 1, idx = 0;
+            continue;
+        }
+        int v = side ? n->out[idx] : n->in[idx];
+        adt_ndsbp *dst = side ? &out->out[idx] : &out->in[idx];
+        if (adt_ndsbp_parse(tok, mesh_ndim, g->values[v].shape.ndim, dst))
+            return adt_error_prefix(ADT_ERR_ARG, "signature '%.80s', %s %d ('%s'): ", text, side ? "output" : "input",
+                                    idx, g->values[v].name);
+        idx++;
+    }
+    return ADT_OK;
+}
+
+static int sbp_eq(adt_sbp a, adt_sbp b) { return a.kind == b.kind && (a.kind != ADT_SBP_S || a.axis == b.axis); }
+
+int adt_nd_sig_valid(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m) {
+    if (node < 0 || node >= g->n_nodes) return adt_error(ADT_ERR_ARG, "signature check: no node %d", node);
+    const adt_node *n = &g->nodes[node];
+    if (s->ndim != m->ndim)
+        return adt_error(ADT_ERR_ARG, "node %s: a signature for %d mesh axes on a %d-axis mesh", n->name, s->ndim,
+                         m->ndim);
+    adt_sbp_sig sigs1d[MAX_SIGS_1D];
+    int n1d = adt_node_sbp_signatures(g, n, sigs1d, MAX_SIGS_1D);
+    for (int a = 0; a < m->ndim; a++) {
+        int found = 0;
+        for (int k = 0; k < n1d && !found; k++) {
+            int same = 1;
+            for (int i = 0; i < n->n_in && same; i++) same = sbp_eq(sigs1d[k].in[i], s->in[i].s[a]);
+            for (int o = 0; o < n->n_out && same; o++) same = sbp_eq(sigs1d[k].out[o], s->out[o].s[a]);
+            found = same;
+        }
+        if (found) continue;
+        char sig[512];
+        return adt_error(ADT_ERR_ARG, "node %s: signature %s: mesh axis %d is not a signature of op %s (its 1-D "
+                         "signatures are listed by adt_node_sbp_signatures)",
+                         n->name, adt_nd_sig_str(s, n->n_in, n->n_out, sig, sizeof sig), a, adt_op_name(n->op));
+    }
+    return adt_nd_sig_check(g, node, s, m);
+}
+
 /* ---- local graph pieces -------------------------------------------------------------------- */
 
 int adt_dist_add_local_leaf(adt_graph *lg, const adt_graph *g, int value, const adt_box *b) {

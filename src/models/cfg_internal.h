@@ -42,6 +42,13 @@ int adt_cfg_get_int_array(const cJSON *obj, const char *field, int n_min, int n_
 /* For configs built in code: v in [lo, hi], else the message parsing would have given. */
 int adt_cfg_check_range(long v, const char *what, long lo, long hi, const char *name);
 
+/* The whole file `path` as a NUL-terminated string (free() it): refused, naming the file and
+ * `what` it should be ("model config"), when it cannot be read, is not a regular file, is larger
+ * than max_bytes, or holds a NUL byte (which would cut the JSON short unnoticed). */
+int adt_cfg_read_text(const char *path, const char *what, long max_bytes, char **out);
+/* The error for JSON text cJSON refused: line, column and the text near `end`. */
+int adt_cfg_json_error(const char *text, const char *end, const char *name);
+
 /* The families kept in their own files: parse the fields of `root` (type already known), check
  * a config built in code, count its parameters (after a successful check). */
 int adt_cfg_parse_vgg(adt_vgg_cfg *c, const cJSON *root, const char *name);

@@ -244,7 +244,7 @@ static void text_position(const char *text, size_t off, int *line, int *col) {
     }
 }
 
-static int json_error(const char *text, const char *end, const char *name) {
+int adt_cfg_json_error(const char *text, const char *end, const char *name) {
     size_t off = end && end >= text ? (size_t)(end - text) : 0;
     size_t len = strlen(text);
     if (off > len) off = len;
@@ -265,26 +265,26 @@ int adt_model_cfg_parse(adt_model_cfg *c, const char *json_text, const char *nam
     memset(c, 0, sizeof *c);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(json_text, &end, 1);
-    if (!root) return json_error(json_text, end, name);
+    if (!root) return adt_cfg_json_error(json_text, end, name);
     int rc = parse_root(c, root, name);
     cJSON_Delete(root);
     return rc;
 }
 
 /* The whole file as a NUL-terminated string; a NUL inside would cut the JSON short unnoticed. */
-static int read_text(const char *path, char **out) {
+int adt_cfg_read_text(const char *path, const char *what, long max_bytes, char **out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
-    if (!f) return adt_error(ADT_ERR_IO, "%s: cannot open model config: %s", path, strerror(errno));
+    if (!f) return adt_error(ADT_ERR_IO, "%s: cannot open %s: %s", path, what, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return adt_error(ADT_ERR_IO, "%s: not a regular file, expected a JSON model config", path);
+        return adt_error(ADT_ERR_IO, "%s: not a regular file, expected a JSON %s", path, what);
     }
-    if (st.st_size > CFG_MAX_FILE_BYTES) {
+    if (st.st_size > max_bytes) {
         fclose(f);
-        return adt_error(ADT_ERR_FORMAT, "%s: %lld bytes, a model config is expected to be at most %d bytes", path,
-                         (long long)st.st_size, CFG_MAX_FILE_BYTES);
+        return adt_error(ADT_ERR_FORMAT, "%s: %lld bytes, a %s is expected to be at most %ld bytes", path,
+                         (long long)st.st_size, what, max_bytes);
     }
     char *buf = adt_malloc((size_t)st.st_size + 1);
     size_t n = fread(buf, 1, (size_t)st.st_size, f);
@@ -306,7 +306,7 @@ static int read_text(const char *path, char **out) {
 
 int adt_model_cfg_load(adt_model_cfg *c, const char *path) {
     char *text;
-    int rc = read_text(path, &text);
+    int rc = adt_cfg_read_text(path, "model config", CFG_MAX_FILE_BYTES, &text);
     if (rc) return rc;
     rc = adt_model_cfg_parse(c, text, path);
     free(text);

@@ -1,0 +1,234 @@
+/*
+ * plan.c - `adtrain plan`: makes an expert plan (dp, zero, tp, pp and their combinations) for a
+ * model on a device count, prints what it does (the mesh, the stages, per layer the layouts of
+ * its parameters and the signatures of its matrix products, and the boxing bytes each step
+ * sends, from the boxing programs the partitioner inserts), and writes it as a plan file.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/dist.h"
+#include "adtrain/models.h"
+#include "cli.h"
+
+typedef struct plan_opts {
+    const char *model_path; /* NULL: the built-in gpt-tiny */
+    const char *out_path;
+    const char *strategy;
+    long devices, batch, microbatches;
+    adt_optim_kind optimizer;
+    int momentum;
+} plan_opts;
+
+#define plan_fail(...) cli_fail("plan", __VA_ARGS__)
+
+static void plan_usage(FILE *f) {
+    fprintf(f,
+            "usage: adtrain plan --devices N --strategy S [--model CFG.json] [--batch B] [--microbatches M]\n"
+            "                    [--optimizer adamw|sgd|sgd-momentum] [-o PLAN.json]\n"
+            "\n"
+            "Makes the expert plan of a strategy for a model (default: built-in gpt-tiny) on N devices,\n"
+            "prints a summary (mesh, stages, per layer the parameter layouts and matmul signatures, the\n"
+            "boxing bytes per step) and with -o writes the plan file (docs/formats.md, \"Plan files\").\n"
+            "\n"
+            "strategies: a comma-separated list; one degree may be left out and takes the rest\n"
+            "  dp[=N]    data parallel: batch split, parameters and optimizer state replicated\n"
+            "  zero      with dp: optimizer state, update and stored weights split over dp\n"
+            "  tp[=N]    tensor (Megatron) parallel: column/row-split weights\n"
+            "  pp[=N]    pipeline stages balanced by FLOPs (use --microbatches)\n"
+            "  e.g. dp   zero   tp   dp=2,tp=2   dp=2,pp=2   dp=2,tp=2,zero\n"
+            "\n"
+            "  --batch B          global samples per step (default 16)\n"
+            "  --microbatches M   a step in M microbatches of B/M samples (default 1)\n"
+            "  --optimizer K      the optimizer the training graph ends with (default adamw)\n"
+            "\n"
+            "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"
+            "cannot apply (the message says why)\n");
+}
+
+static int plan_apply(void *opts, const char *f, const char *v) {
+    plan_opts *o = opts;
+    if (!strcmp(f, "--model")) o->model_path = v;
+    else if (!strcmp(f, "-o") || !strcmp(f, "--output")) o->out_path = v;
+    else if (!strcmp(f, "--strategy")) o->strategy = v;
+    else if (!strcmp(f, "--devices")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->devices);
+    else if (!strcmp(f, "--batch")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->batch);
+    else if (!strcmp(f, "--microbatches")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->microbatches);
+    else if (!strcmp(f, "--optimizer")) {
+        if (!strcmp(v, "adamw")) o->optimizer = ADT_OPTIM_ADAMW, o->momentum = 0;
+        else if (!strcmp(v, "sgd")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 0;
+        else if (!strcmp(v, "sgd-momentum")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 1;
+        else return plan_fail(2, "--optimizer: expected 'adamw', 'sgd' or 'sgd-momentum', got '%s'", v);
+    } else {
+        return plan_fail(2, "unknown flag '%s' (see adtrain plan --help)", f);
+    }
+    return 0;
+}
+
+/* ---- the summary ------------------------------------------------------------------------------- */
+
+static const char *bytes_str(double b, char *buf, size_t n) {
+    if (b >= 1024.0 * 1024.0) snprintf(buf, n, "%.2f MiB", b / (1024.0 * 1024.0));
+    else if (b >= 1024.0) snprintf(buf, n, "%.1f KiB", b / 1024.0);
+    else snprintf(buf, n, "%.0f B", b);
+    return buf;
+}
+
+/* What one rank's boxing sends per step, by layer tag and by kind (rank 0 of stage 0). */
+typedef struct boxing_tally {
+    int *steps;     /* [n_layers] */
+    double *bytes;  /* [n_layers] */
+    int kind_steps[ADT_BOXING_KIND_COUNT];
+    double kind_bytes[ADT_BOXING_KIND_COUNT];
+    double time;
+} boxing_tally;
+
+static int tally_boxing(const adt_plan *p, const adt_graph *g, boxing_tally *t) {
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
+    adt_dist_plan dp = adt_plan_dist(p, 0, ranks);
+    int coord[ADT_MAX_MESH_DIMS] = {0};
+    adt_dist_local loc;
+    int rc = adt_dist_partition(g, &dp, coord, &loc);
+    if (!rc) {
+        for (int i = 0; i < loc.g->n_nodes; i++) {
+            const adt_node *n = &loc.g->nodes[i];
+            adt_boxing_step st;
+            if (n->op != ADT_OP_BOXING || adt_boxing_node_step(loc.g, n, &dp.mesh, &st)) continue;
+            int tag = n->layer_tag >= 0 && n->layer_tag < p->n_layers ? n->layer_tag : 0;
+            t->steps[tag]++;
+            t->bytes[tag] += st.bytes;
+            t->kind_steps[st.kind]++;
+            t->kind_bytes[st.kind] += st.bytes;
+        }
+        t->time = loc.boxing_time;
+        adt_dist_local_free(&loc);
+    }
+    free(ranks);
+    return rc;
+}
+
+static int is_product(int op) { return op == ADT_OP_MATMUL || op == ADT_OP_CONV2D || op == ADT_OP_EMBEDDING; }
+
+static void print_layer(const adt_plan *p, const adt_graph *g, int t) {
+    char sh[64], lay[128], sig[1024];
+    for (int v = 0; v < g->n_values; v++) {
+        const adt_value *val = &g->values[v];
+        if (val->role != ADT_ROLE_PARAM || val->layer_tag != t) continue;
+        printf("    %-34s %-14s %s\n", val->name, adt_shape_str(&val->shape, sh, sizeof sh),
+               adt_ndsbp_str(&p->leaf_sbp[v], lay, sizeof lay));
+    }
+    for (int i = 0; i < g->n_forward_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (n->layer_tag != t || !is_product(n->op)) continue;
+        printf("    %-34s %s\n", n->name, adt_nd_sig_str(&p->node_sig[i], n->n_in, n->n_out, sig, sizeof sig));
+    }
+}
+
+static void print_summary(const adt_plan *p, const adt_graph *g, const char *label, const boxing_tally *t) {
+    char b1[32], b2[64];
+    printf("strategy    %s on %d devices\n", p->strategy, p->mesh.nranks);
+    printf("mesh        %s, axes", adt_mesh_str(&p->mesh, b2, sizeof b2));
+    for (int a = 0; a < p->mesh.ndim; a++) printf("%s%s", a ? "," : " ", p->axis[a]);
+    printf(", intra-node axis %s, ranks", p->mesh.intra_axis >= 0 ? p->axis[p->mesh.intra_axis] : "none");
+    for (int i = 0; i < p->mesh.nranks && i < 32; i++) printf(" %d", p->mesh.ranks[i]);
+    printf("%s\n", p->mesh.nranks > 32 ? " ..." : "");
+    printf("model       %s, %lld parameters, global batch %d in %d microbatch(es), optimizer %s%s\n", label,
+           (long long)adt_graph_param_count(g), p->batch, p->microbatches, p->optim == ADT_OPTIM_ADAMW ? "adamw" : "sgd",
+           p->momentum ? " with momentum" : "");
+    printf("graph       %d nodes, %d values, %d layers, checksum %08x\n", p->n_nodes, p->n_values, p->n_layers,
+           (unsigned)p->checksum);
+    if (p->pp_axis < 0) printf("pipeline    none\n");
+    else {
+        double *f = adt_calloc((size_t)p->n_stages, sizeof *f);
+        for (int i = 0; i < g->n_nodes; i++) f[adt_plan_stage_of(p, g->nodes[i].layer_tag)] += adt_node_flops(g, &g->nodes[i]);
+        printf("pipeline    %d stages over axis %s:", p->n_stages, p->axis[p->pp_axis]);
+        for (int s = 0; s < p->n_stages; s++)
+            printf("%s layers %d-%d (%.4g GFLOP/microbatch)", s ? "," : "", p->stage_first[s], p->stage_last[s], f[s] * 1e-9);
+        printf("\n");
+        free(f);
+    }
+    int total_steps = 0;
+    double total_bytes = 0;
+    for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) total_steps += t->kind_steps[k], total_bytes += t->kind_bytes[k];
+    printf("boxing      rank 0 per %s: %d steps sending %s, predicted %.3g ms\n",
+           p->microbatches > 1 ? "microbatch" : "step", total_steps, bytes_str(total_bytes, b1, sizeof b1), t->time * 1e3);
+    for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)
+        if (t->kind_steps[k])
+            printf("            %-15s %4d steps %s\n", adt_boxing_kind_name(k), t->kind_steps[k],
+                   bytes_str(t->kind_bytes[k], b1, sizeof b1));
+    int *group_of = adt_malloc((size_t)p->n_layers * sizeof *group_of);
+    adt_plan_layer_groups(p, g, group_of);
+    printf("\nper layer: parameter layouts, forward matrix products (inputs -> outputs), boxing per step\n");
+    for (int l = 0; l < p->n_layers; l++) {
+        printf("layer %d (stage %d): boxing %d steps, %s", l, adt_plan_stage_of(p, l), t->steps[l],
+               bytes_str(t->bytes[l], b1, sizeof b1));
+        if (group_of[l] != l) printf("; layouts as layer %d\n", group_of[l]);
+        else {
+            printf("\n");
+            print_layer(p, g, l);
+        }
+    }
+    free(group_of);
+}
+
+/* ---- the command --------------------------------------------------------------------------------- */
+
+static int make_plan(const plan_opts *o, const adt_model_cfg *m, const char *label) {
+    if (o->batch % o->microbatches)
+        return plan_fail(2, "--microbatches: %ld does not divide --batch %ld", o->microbatches, o->batch);
+    adt_graph *g = adt_graph_create();
+    adt_model_io io;
+    int rc = 0;
+    adt_plan p;
+    memset(&p, 0, sizeof p);
+    boxing_tally t = {0};
+    if (adt_model_build(g, m, (int)(o->batch / o->microbatches), &io)) {
+        rc = plan_fail(2, "--model %s: %s", label, adt_error_message());
+        goto done;
+    }
+    adt_optim_cfg oc = o->optimizer == ADT_OPTIM_SGD ? adt_optim_sgd(o->momentum ? 0.9f : 0.0f, 0.0f)
+                                                     : adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.0f);
+    adt_graph_backward(g, io.loss);
+    adt_graph_optimizer(g, &oc);
+    if (adt_graph_error(g)) {
+        rc = plan_fail(1, "building the training graph: %s", adt_graph_error_message(g));
+        goto done;
+    }
+    adt_expert_opts eo = {.strategy = o->strategy, .devices = (int)o->devices, .batch = (int)o->batch,
+                          .microbatches = (int)o->microbatches};
+    if (adt_expert_plan(g, m, &eo, &p)) {
+        rc = plan_fail(2, "--strategy %s on --devices %ld: %s", o->strategy, o->devices, adt_error_message());
+        goto done;
+    }
+    t.steps = adt_calloc((size_t)p.n_layers, sizeof *t.steps);
+    t.bytes = adt_calloc((size_t)p.n_layers, sizeof *t.bytes);
+    if (tally_boxing(&p, g, &t)) {
+        rc = plan_fail(1, "partitioning the plan: %s", adt_error_message());
+        goto done;
+    }
+    print_summary(&p, g, label, &t);
+    if (o->out_path) {
+        if (adt_plan_save(&p, g, o->out_path)) rc = plan_fail(1, "-o: %s", adt_error_message());
+        else printf("\nwrote       %s\n", o->out_path);
+    }
+done:
+    free(t.steps);
+    free(t.bytes);
+    adt_plan_free(&p);
+    adt_graph_free(g);
+    return rc;
+}
+
+int cli_plan(int argc, char **argv) {
+    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW};
+    int rc = cli_parse_flags("plan", argc, argv, plan_usage, plan_apply, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!o.devices) return plan_fail(2, "--devices: missing; expected the number of devices to plan for");
+    if (!o.strategy) return plan_fail(2, "--strategy: missing; expected e.g. dp, zero, tp, dp=2,tp=2 or dp=2,pp=2");
+    adt_model_cfg m;
+    char label[320];
+    if ((rc = cli_load_model("plan", o.model_path, &m, label, sizeof label))) return rc;
+    return make_plan(&o, &m, label);
+}
