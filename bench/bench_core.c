@@ -29,7 +29,7 @@
  * hands it to PyTorch too, so that both frameworks run the same GEMM kernels.
  *
  * Under mpiexec (N > 1 ranks) it measures data parallelism instead: the global graph of N times
- * the per-rank batch, partitioned under the default data-parallel plan (adt_dist_dp_plan), every
+ * the per-rank batch, partitioned under the data-parallel expert plan (adt_expert_plan "dp"), every
  * rank running its part with gradient all-reduces overlapped with the backward pass (or, with
  * --no-overlap, each run where it stands). Each step is timed on rank 0 between barriers, so the
  * slowest rank sets the time, as torch_ddp.py times DDP. Rank 0 prints the JSON line with
@@ -199,27 +199,30 @@ static double peer_mlp_flops(void) {
     return f;
 }
 
-/* Appends model, loss, backward pass and optimizer to g, for `ranks` times the batch. */
-static int build_model(adt_graph *g, const char *name, int ranks, model_spec *spec, adt_model_io *io) {
+/* Appends model, loss, backward pass and optimizer to g, for `ranks` times the batch; *cfg gets
+ * the model's config (what an expert plan is made for). */
+static int build_model(adt_graph *g, const char *name, int ranks, model_spec *spec, adt_model_io *io,
+                       adt_model_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    adt_optim_cfg oc;
     if (!strcmp(name, "gpt-s")) {
-        adt_gpt_cfg c = {.vocab_size = GPT_V, .n_ctx = GPT_T, .n_layer = GPT_L, .n_embd = GPT_C,
-                         .n_head = GPT_H, .dropout = 0.0f};
+        cfg->type = ADT_MODEL_GPT;
+        cfg->gpt = (adt_gpt_cfg){.vocab_size = GPT_V, .n_ctx = GPT_T, .n_layer = GPT_L, .n_embd = GPT_C,
+                                 .n_head = GPT_H, .dropout = 0.0f};
         *spec = (model_spec){name, GPT_B, 3e-4f, "AdamW", peer_gpt_flops()};
-        adt_model_gpt(g, &c, GPT_B * ranks, io);
-        adt_graph_backward(g, io->loss);
         /* torch.optim.AdamW(model.parameters(), ...) is one group: every parameter decays. */
-        adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
+        oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
         oc.decay_1d = 1;
-        adt_graph_optimizer(g, &oc);
     } else {
-        adt_mlp_cfg c = {.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
-        for (int i = 0; i < MLP_N; i++) c.sizes[i] = mlp_sizes[i];
+        cfg->type = ADT_MODEL_MLP;
+        cfg->mlp = (adt_mlp_cfg){.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
+        for (int i = 0; i < MLP_N; i++) cfg->mlp.sizes[i] = mlp_sizes[i];
         *spec = (model_spec){name, MLP_B, 0.01f, "SGD", peer_mlp_flops()};
-        adt_model_mlp(g, &c, MLP_B * ranks, io);
-        adt_graph_backward(g, io->loss);
-        adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.0f);
-        adt_graph_optimizer(g, &oc);
+        oc = adt_optim_sgd(0.9f, 0.0f);
     }
+    adt_model_build(g, cfg, spec->batch * ranks, io);
+    adt_graph_backward(g, io->loss);
+    adt_graph_optimizer(g, &oc);
     if (adt_graph_error(g)) {
         fprintf(stderr, "bench_core: building %s: %s\n", name, adt_graph_error_message(g));
         return -1;
@@ -476,7 +479,8 @@ static int bench_model(const char *name, const opts *o) {
     gemm_list gl = {0};
     double *times = NULL, *cpu = NULL, *sec0 = NULL, *sec = NULL;
     int rc = -1;
-    if (build_model(g, name, 1, &spec, &io)) goto out;
+    adt_model_cfg cfg;
+    if (build_model(g, name, 1, &spec, &io, &cfg)) goto out;
 
     adt_exec_opts eo = {.threads = o->threads, .seed = o->seed, .profile = o->profile};
     if (adt_exec_create(&ex, g, &eo)) {
@@ -597,18 +601,23 @@ static int bench_model_dp(const char *name, const opts *o) {
     adt_graph *g = adt_graph_create();
     adt_model_io io;
     model_spec spec;
-    adt_dist_plan plan = {0};
+    adt_model_cfg cfg;
+    adt_plan xp = {0};
     adt_dist_local loc = {0};
     adt_mesh_comm *mc = NULL;
     adt_exec *ex = NULL;
     void *x = NULL, *y = NULL;
     double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL, *cpu = NULL;
-    int rc = -1;
-    if (build_model(g, name, g_nranks, &spec, &io)) goto out;
-    adt_mesh m;
-    adt_mesh_init(&m, 1, &g_nranks);
-    if (adt_dist_dp_plan(g, &m, &plan) || adt_mesh_comm_create(&mc, g_world, &m) ||
-        adt_dist_partition(g, &plan, adt_mesh_comm_coord(mc), &loc)) {
+    int rc = -1, ranks[64];
+    if (build_model(g, name, g_nranks, &spec, &io, &cfg)) goto out;
+    adt_expert_opts xo = {.strategy = "dp", .devices = g_nranks, .batch = spec.batch * g_nranks};
+    if (adt_expert_plan(g, &cfg, &xo, &xp)) {
+        fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
+        goto out;
+    }
+    adt_dist_plan plan = adt_plan_dist(&xp, 0, ranks);
+    const adt_mesh m = plan.mesh;
+    if (adt_mesh_comm_create(&mc, g_world, &m) || adt_dist_partition(g, &plan, adt_mesh_comm_coord(mc), &loc)) {
         fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
         goto out;
     }
@@ -721,7 +730,7 @@ out:
     adt_exec_free(ex);
     adt_mesh_comm_free(mc);
     adt_dist_local_free(&loc);
-    adt_dist_dp_plan_free(&plan);
+    adt_plan_free(&xp);
     adt_graph_free(g);
     return rc;
 }

@@ -10,7 +10,7 @@
  *                 step through adt_mesh_comm_step on each rank's own block, equals
  *                 adt_boxing_run_virtual bit for bit (values are small integers, so sums are
  *                 exact in any order);
- *   dp_<family>   the default data-parallel plan of a tiny GPT (with dropout), an MLP, a small
+ *   dp_<family>   the data-parallel expert plan of a tiny GPT (with dropout), an MLP, a small
  *                 VGG and a small DLRM, run with collectives overlapped (split schedule) and
  *                 again run where they stand (comm_sync), gives the serial run's loss at every
  *                 one of 5 steps within 1e-5 relative and the same parameters and optimizer
@@ -22,9 +22,13 @@
  *   overlap       the split schedule of a data-parallel MLP starts gradient all-reduces during
  *                 the backward pass and waits for each just before the update that reads it,
  *                 and the executor's communication counters add up;
- *   mesh_mismatch a mesh with more devices than the world has ranks is refused, naming both.
+ *   mesh_mismatch a mesh with more devices than the world has ranks is refused, naming both;
+ *   expert_<family>  the other expert plans the world allows: dp with ZeRO, Megatron tensor
+ *                 parallelism, and on 4 ranks dp x tp on a (2,2) mesh, with and without ZeRO.
  * Then, in this process: `mpiexec -n 2 adtrain train` logs the losses (and validation loss and
- * accuracy) of the 1-process run for a GPT and an MLP, prints its progress once, and a flag that
+ * accuracy) of the 1-process run for a GPT and an MLP, data parallel by default and under plan
+ * files `adtrain plan` wrote (tensor parallel, ZeRO), prints its progress once; a plan for another
+ * number of devices is refused; and a flag that
  * only rank 0 trips (an unwritable --log), or a failure of rank 0 while training (an unwritable
  * --save), ends both ranks promptly with the error.
  *
@@ -58,6 +62,7 @@ static int irand(int lo, int hi) {
 
 typedef struct family {
     const char *name;
+    adt_model_cfg cfg;
     adt_graph *g;
     adt_model_io io;
     int id_hi;        /* i32 input values lie in [0, id_hi) */
@@ -68,39 +73,44 @@ static void family_build(family *f, const char *name) {
     memset(f, 0, sizeof *f);
     f->name = name;
     f->g = adt_graph_create();
+    adt_model_cfg *c = &f->cfg;
     adt_optim_cfg oc;
     if (!strcmp(name, "gpt")) {
-        adt_gpt_cfg c = {.vocab_size = 11, .n_ctx = 5, .n_layer = 1, .n_embd = 12, .n_head = 2, .dropout = 0.1f};
-        adt_model_gpt(f->g, &c, BATCH, &f->io);
+        c->type = ADT_MODEL_GPT;
+        c->gpt = (adt_gpt_cfg){.vocab_size = 11, .n_ctx = 5, .n_layer = 1, .n_embd = 12, .n_head = 2, .dropout = 0.1f};
         f->id_hi = f->label_hi = 11;
         /* a large eps keeps AdamW's step linear in small gradients, whose rounding differs by layout */
         oc = adt_optim_adamw(0.9f, 0.95f, 1e-2f, 0.01f);
-    } else if (!strcmp(name, "mlp")) {
-        adt_mlp_cfg c = {.n_sizes = 4, .sizes = {9, 16, 12, 5}, .activation = ADT_ACT_GELU};
-        adt_model_mlp(f->g, &c, BATCH, &f->io);
-        f->label_hi = 5;
-        oc = adt_optim_sgd(0.9f, 0.01f);
-    } else if (!strcmp(name, "wide")) { /* messages above the eager limit: MPI reads and writes the
-                                          * buffers long after the start */
-        adt_mlp_cfg c = {.n_sizes = 4, .sizes = {64, 384, 384, 8}, .activation = ADT_ACT_RELU};
-        adt_model_mlp(f->g, &c, BATCH, &f->io);
-        f->label_hi = 8;
-        oc = adt_optim_sgd(0.9f, 0.0f);
+    } else if (!strcmp(name, "mlp") || !strcmp(name, "wide")) {
+        /* wide: messages above the eager limit, which MPI reads and writes long after the start */
+        int wide = !strcmp(name, "wide");
+        c->type = ADT_MODEL_MLP;
+        c->mlp = wide ? (adt_mlp_cfg){.n_sizes = 4, .sizes = {64, 384, 384, 8}, .activation = ADT_ACT_RELU}
+                      : (adt_mlp_cfg){.n_sizes = 4, .sizes = {9, 16, 12, 5}, .activation = ADT_ACT_GELU};
+        f->label_hi = wide ? 8 : 5;
+        oc = adt_optim_sgd(0.9f, wide ? 0.0f : 0.01f);
     } else if (!strcmp(name, "vgg")) {
-        adt_vgg_cfg c = {.in_channels = 2, .height = 6, .width = 6, .n_blocks = 2, .n_convs = {1, 1},
-                         .channels = {{4}, {6}}, .n_fc = 1, .fc = {8}, .classes = 3};
-        adt_model_vgg(f->g, &c, BATCH, &f->io);
+        c->type = ADT_MODEL_VGG;
+        c->vgg = (adt_vgg_cfg){.in_channels = 2, .height = 6, .width = 6, .n_blocks = 2, .n_convs = {1, 1},
+                               .channels = {{4}, {6}}, .n_fc = 1, .fc = {8}, .classes = 3};
         f->label_hi = 3;
         oc = adt_optim_sgd(0.9f, 0.0f);
     } else {
-        adt_dlrm_cfg c = {.n_dense = 3, .n_tables = 2, .table_rows = {5, 7}, .emb_dim = 4, .n_bottom = 2,
-                          .bottom = {6, 4}, .n_top = 2, .top = {5, 1}};
-        adt_model_dlrm(f->g, &c, BATCH, &f->io);
+        c->type = ADT_MODEL_DLRM;
+        c->dlrm = (adt_dlrm_cfg){.n_dense = 3, .n_tables = 2, .table_rows = {5, 7}, .emb_dim = 4, .n_bottom = 2,
+                                 .bottom = {6, 4}, .n_top = 2, .top = {5, 1}};
         f->id_hi = 5;
         oc = adt_optim_adamw(0.9f, 0.95f, 1e-2f, 0.0f);
     }
+    adt_model_build(f->g, c, BATCH, &f->io);
     adt_graph_backward(f->g, f->io.loss);
     adt_graph_optimizer(f->g, &oc);
+}
+
+/* An expert plan (src/dist/expert.c) of a strategy for this world's ranks. */
+static int expert_plan(const family *f, const char *strategy, adt_plan *p) {
+    adt_expert_opts eo = {.strategy = strategy, .devices = g_size, .batch = BATCH};
+    return adt_expert_plan(f->g, &f->cfg, &eo, p);
 }
 
 /* Global data of fed value v at a step: a pure function of (seed, step, name), so every rank
@@ -282,41 +292,83 @@ static adt_mesh_comm *mesh_comm_1d(void) {
 
 /* ---- cases ------------------------------------------------------------------------------------ */
 
+/* Runs the expert plan of `strategy` overlapped (and blocking too when both is set); returns the
+ * boxing nodes of the last run, -1 when the strategy does not apply to this model and world. */
+static int run_expert(const family *f, const reference *ref, const char *strategy, int both, run_info *last) {
+    adt_plan p;
+    if (expert_plan(f, strategy, &p)) return -1;
+    int ranks[64], n = -1;
+    adt_dist_plan d = adt_plan_dist(&p, 0, ranks);
+    adt_mesh_comm *mc = NULL;
+    int rc = adt_mesh_comm_create(&mc, g_world, &d.mesh);
+    CHECK(rc == ADT_OK, "%s: mesh comm: %s", strategy, adt_error_message());
+    for (int sync = 0; sync <= both && !rc; sync++) {
+        char what[128], mb[32];
+        snprintf(what, sizeof what, "%s, %s on mesh %s, %s", f->name, strategy, adt_mesh_str(&d.mesh, mb, sizeof mb),
+                 sync ? "blocking" : "overlapped");
+        run_info ri;
+        if (dist_run(f, mc, &d, sync, ref, what, &ri)) break;
+        if (g_rank == 0)
+            fprintf(stderr, "%s: %d boxing nodes, worst loss error %.2e, state %.2e\n", what, ri.n_boxing, ri.worst_loss,
+                    ri.worst_state);
+        free(last->schedule);
+        *last = ri;
+        n = ri.n_boxing;
+    }
+    adt_mesh_comm_free(mc);
+    adt_plan_free(&p);
+    return n;
+}
+
 static void case_dp(const char *name) {
     family f;
     family_build(&f, name);
     CHECK(!adt_graph_error(f.g), "%s: %s", name, adt_graph_error_message(f.g));
     reference ref = {0};
-    adt_mesh_comm *mc = mesh_comm_1d();
-    if (mc && !serial_run(&f, &ref)) {
-        adt_dist_plan p;
-        int rc = adt_dist_dp_plan(f.g, adt_mesh_comm_mesh(mc), &p);
-        CHECK(rc == ADT_OK, "%s: dp plan: %s", name, adt_error_message());
+    if (!serial_run(&f, &ref)) {
         int n_grads = 0;
         for (int v = 0; v < f.g->n_values; v++) n_grads += f.g->values[v].role == ADT_ROLE_PARAM && f.g->values[v].grad >= 0;
-        for (int sync = 0; sync <= 1 && !rc; sync++) {
-            char what[96];
-            snprintf(what, sizeof what, "%s, data parallel over %d ranks, %s", name, g_size, sync ? "blocking" : "overlapped");
-            run_info ri;
-            if (dist_run(&f, mc, &p, sync, &ref, what, &ri)) break;
-            /* data parallelism: gradients all-reduced, nothing else moves */
+        run_info ri = {0};
+        int n = run_expert(&f, &ref, "dp", 1, &ri);
+        CHECK(n >= 0, "%s: no data-parallel plan over %d ranks: %s", name, g_size, adt_error_message());
+        if (n >= 0) {
+            /* data parallelism: gradients all-reduced in their own buffers, nothing else moves */
             CHECK(ri.n_boxing == n_grads && ri.n_allreduce_of_grads == n_grads,
-                  "%s: %d boxing nodes, %d of them gradient all-reduces; expected one per gradient (%d)", what,
+                  "%s: %d boxing nodes, %d of them gradient all-reduces; expected one per gradient (%d)", name,
                   ri.n_boxing, ri.n_allreduce_of_grads, n_grads);
-            CHECK(ri.n_inplace == n_grads, "%s: %d of %d gradient all-reduces in place", what, ri.n_inplace, n_grads);
-            CHECK(ri.stats.comm_ops == ri.n_boxing, "%s: %lld collectives in the last run, %d boxing nodes", what,
+            CHECK(ri.n_inplace == n_grads, "%s: %d of %d gradient all-reduces in place", name, ri.n_inplace, n_grads);
+            CHECK(ri.stats.comm_ops == ri.n_boxing, "%s: %lld collectives in the last run, %d boxing nodes", name,
                   (long long)ri.stats.comm_ops, ri.n_boxing);
             CHECK(ri.stats.comm_flight_s > 0 && ri.stats.comm_wait_s >= 0 && ri.stats.comm_wait_s <= ri.stats.run_s,
-                  "%s: in flight %.3g s, blocked %.3g s, run %.3g s", what, ri.stats.comm_flight_s,
+                  "%s: in flight %.3g s, blocked %.3g s, run %.3g s", name, ri.stats.comm_flight_s,
                   ri.stats.comm_wait_s, ri.stats.run_s);
-            if (g_rank == 0)
-                fprintf(stderr, "%s: worst loss error %.2e, state %.2e\n", what, ri.worst_loss, ri.worst_state);
-            free(ri.schedule);
         }
-        if (!rc) adt_dist_dp_plan_free(&p);
+        free(ri.schedule);
     }
     reference_free(&f, &ref);
-    adt_mesh_comm_free(mc);
+    adt_graph_free(f.g);
+}
+
+/* The other expert strategies a world of this size allows (ZeRO, Megatron tensor parallelism,
+ * both axes on 4 ranks), with collectives overlapped. */
+static void case_expert(const char *name) {
+    family f;
+    family_build(&f, name);
+    reference ref = {0};
+    if (!serial_run(&f, &ref)) {
+        const char *strategies[] = {"dp,zero", "tp", g_size == 4 ? "dp=2,tp=2" : NULL, g_size == 4 ? "dp=2,tp=2,zero" : NULL};
+        int ran = 0;
+        for (size_t k = 0; k < sizeof strategies / sizeof *strategies; k++) {
+            if (!strategies[k]) continue;
+            run_info ri = {0};
+            if (run_expert(&f, &ref, strategies[k], 0, &ri) >= 0) ran++;
+            else if (g_rank == 0) fprintf(stderr, "%s, %s over %d ranks: not applicable: %s\n", name, strategies[k], g_size,
+                                          adt_error_message());
+            free(ri.schedule);
+        }
+        CHECK(ran > 0, "%s: no expert strategy applied over %d ranks", name, g_size);
+    }
+    reference_free(&f, &ref);
     adt_graph_free(f.g);
 }
 
@@ -381,6 +433,10 @@ static void case_random_wide(void) {
     adt_graph_free(f.g);
 }
 
+static void case_expert_gpt(void) { case_expert("gpt"); }
+static void case_expert_mlp(void) { case_expert("mlp"); }
+static void case_expert_vgg(void) { case_expert("vgg"); }
+static void case_expert_dlrm(void) { case_expert("dlrm"); }
 static void case_dp_gpt(void) { case_dp("gpt"); }
 static void case_dp_mlp(void) { case_dp("mlp"); }
 static void case_dp_vgg(void) { case_dp("vgg"); }
@@ -531,10 +587,12 @@ static void case_overlap(void) {
     family_build(&f, "mlp");
     reference ref = {0};
     adt_mesh_comm *mc = mesh_comm_1d();
-    adt_dist_plan p;
-    if (!mc || serial_run(&f, &ref) || adt_dist_dp_plan(f.g, adt_mesh_comm_mesh(mc), &p)) {
+    adt_plan xp;
+    if (!mc || serial_run(&f, &ref) || expert_plan(&f, "dp", &xp)) {
         CHECK(0, "setup: %s", adt_error_message());
     } else {
+        int ranks[64];
+        adt_dist_plan p = adt_plan_dist(&xp, 0, ranks);
         run_info ri;
         if (!dist_run(&f, mc, &p, 0, &ref, "overlap", &ri)) {
             CHECK(ri.schedule != NULL, "the executor did not split its collectives");
@@ -567,7 +625,7 @@ static void case_overlap(void) {
             adt_dist_local_free(&loc);
             free(ri.schedule);
         }
-        adt_dist_dp_plan_free(&p);
+        adt_plan_free(&xp);
     }
     reference_free(&f, &ref);
     adt_mesh_comm_free(mc);
@@ -596,6 +654,8 @@ static const mpi_case CASES[] = {
     {"dp_vgg", case_dp_vgg},             {"dp_dlrm", case_dp_dlrm},       {"random_gpt", case_random_gpt},
     {"random_mlp", case_random_mlp},     {"random_vgg", case_random_vgg}, {"random_dlrm", case_random_dlrm},
     {"random_wide", case_random_wide},   {"overlap", case_overlap},       {"mesh_mismatch", case_mesh_mismatch},
+    {"expert_gpt", case_expert_gpt},     {"expert_mlp", case_expert_mlp}, {"expert_vgg", case_expert_vgg},
+    {"expert_dlrm", case_expert_dlrm},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -684,8 +744,9 @@ static int count_of(const char *hay, const char *needle) {
     return n;
 }
 
-/* `mpiexec -n 2 adtrain train` against `adtrain train` on one process. */
-static void cli_compare(const char *label, const char *model_json, const char *flags) {
+/* `mpiexec -n 2 adtrain train` against `adtrain train` on one process; with plan_flags, under a
+ * plan file `adtrain plan <plan_flags>` writes. */
+static void cli_compare(const char *label, const char *model_json, const char *flags, const char *plan_flags) {
     const char *cfg = check_tmp_path("cli_model.json");
     write_text(cfg, model_json);
     char cfgp[512], serial_log[512], dist_log[512], args[2048], out[32768];
@@ -695,13 +756,21 @@ static void cli_compare(const char *label, const char *model_json, const char *f
     snprintf(args, sizeof args, "train --model '%s' %s --log '%s'", cfgp, flags, serial_log);
     int rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0, "%s: serial run: exit %d:\n%s", label, rc, out);
+    char planp[512];
+    snprintf(planp, sizeof planp, "%s", check_tmp_path("plan.json"));
+    if (plan_flags) {
+        snprintf(args, sizeof args, "plan --devices 2 --model '%s' %s -o '%s'", cfgp, plan_flags, planp);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", label, args, rc, out);
+    }
     /* the same flags, split into argv for mpiexec */
     const char *argv[48];
     int k = 0;
     char flagbuf[1024];
     snprintf(flagbuf, sizeof flagbuf, "%s", flags);
     argv[k++] = g_bin, argv[k++] = "train", argv[k++] = "--model", argv[k++] = cfgp;
-    for (char *t = strtok(flagbuf, " "); t && k < 44; t = strtok(NULL, " ")) argv[k++] = t;
+    for (char *t = strtok(flagbuf, " "); t && k < 42; t = strtok(NULL, " ")) argv[k++] = t;
+    if (plan_flags) argv[k++] = "--plan", argv[k++] = planp;
     argv[k++] = "--log", argv[k++] = dist_log, argv[k] = NULL;
     mpi_world wd = {.n = 2, .argv = argv};
     mpi_run_world(&wd, check_tmpdir(), 120);
@@ -724,20 +793,27 @@ static void cli_compare(const char *label, const char *model_json, const char *f
         CHECK(a.val_acc[i] == b.val_acc[i], "%s: evaluation %d: val_acc %.6f on 2 ranks, %.6f on one", label, i + 1,
               b.val_acc[i], a.val_acc[i]);
     }
+    if (plan_flags) CHECK(strstr(wd.err, "plan.json (") != NULL, "%s: the banner does not name the plan file", label);
     mpi_world_free(&wd);
     unlink(serial_log);
     unlink(dist_log);
     unlink(cfgp);
+    unlink(planp);
 }
 
 static void test_cli_train_dp(void) {
     if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
-    cli_compare("gpt", "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":1,\"n_embd\":16,\"n_head\":2,"
-                       "\"dropout\":0.1}\n",
-                "--data synthetic:text --steps 8 --batch 5 --lr 3e-3 --eval-every 4 --eval-batches 2 --seed 11");
-    cli_compare("mlp", "{\"type\":\"mlp\",\"sizes\":[16,24,4],\"activation\":\"relu\"}\n",
-                "--data synthetic:mlp --steps 8 --batch 9 --optimizer sgd --momentum 0.9 --lr 0.1 --eval-every 4 "
-                "--eval-batches 3 --seed 5");
+    const char *gpt = "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":1,\"n_embd\":16,\"n_head\":2,"
+                      "\"dropout\":0.1}\n";
+    const char *mlp = "{\"type\":\"mlp\",\"sizes\":[16,24,4],\"activation\":\"relu\"}\n";
+    const char *gpt_flags = "--data synthetic:text --steps 8 --batch 5 --lr 3e-3 --eval-every 4 --eval-batches 2 --seed 11";
+    const char *mlp_flags = "--data synthetic:mlp --steps 8 --batch 9 --optimizer sgd --momentum 0.9 --lr 0.1 "
+                            "--eval-every 4 --eval-batches 3 --seed 5";
+    cli_compare("gpt", gpt, gpt_flags, NULL);
+    cli_compare("mlp", mlp, mlp_flags, NULL);
+    /* plan files: Megatron tensor parallelism, and ZeRO */
+    cli_compare("gpt, tp plan file", gpt, gpt_flags, "--strategy tp --batch 5");
+    cli_compare("mlp, zero plan file", mlp, mlp_flags, "--strategy dp,zero --batch 9 --optimizer sgd-momentum");
 }
 
 /* A check that only rank 0 makes (opening --log) fails there, or rank 0 fails while training
@@ -761,12 +837,20 @@ static void test_cli_one_rank_fails(void) {
     CHECK(w3.secs < 30, "took %.1f s to end", w3.secs);
     CHECK(count_of(w3.err, "--save:") == 1, "the error, once:\n%s", w3.err);
     mpi_world_free(&w3);
-    /* --plan files are not read yet: a clear refusal on every rank, printed once */
-    const char *argv2[] = {g_bin, "train", "--plan", "plan.json", "--steps", "2", NULL};
+    /* a plan for 4 devices under 2 ranks: a clear refusal on every rank, printed once */
+    char planp[512], args[1024], out[8192];
+    snprintf(planp, sizeof planp, "%s", check_tmp_path("plan4.json"));
+    snprintf(args, sizeof args, "plan --devices 4 --strategy dp --model configs/mlp-mnist.json --batch 4 -o '%s'", planp);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "adtrain %s: exit %d:\n%s", args, rc, out);
+    const char *argv2[] = {g_bin, "train", "--data", "synthetic:mlp", "--model", "configs/mlp-mnist.json", "--steps", "2",
+                           "--batch", "4", "--plan", planp, NULL};
     mpi_world w2 = {.n = 2, .argv = argv2};
     mpi_run_world(&w2, check_tmpdir(), 60);
-    CHECK(w2.status == 2 && count_of(w2.err, "--plan plan.json: reading plan files is not supported") == 1, "exit %d:\n%s", w2.status, w2.err);
+    CHECK(w2.status == 2 && count_of(w2.err, "has 4 devices, but 2 ranks were started; expected mpiexec -n 4") == 1,
+          "exit %d:\n%s", w2.status, w2.err);
     mpi_world_free(&w2);
+    unlink(planp);
 }
 
 int main(int argc, char **argv) {

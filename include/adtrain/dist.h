@@ -259,16 +259,6 @@ typedef struct adt_dist_local {
 int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *coord, adt_dist_local *out);
 void adt_dist_local_free(adt_dist_local *l);
 
-/* The default data-parallel plan on mesh m (src/dist/plan_dp.c; `adtrain train` runs it under
- * mpiexec until the planner's expert plans replace it): fed inputs and labels split on their
- * first (batch) axis over every mesh axis, every other leaf replicated (B), each node the usable
- * signature whose inputs need the cheapest boxing from their producers' layouts, optimizer updates
- * all-B; so the only communication is one P -> B all-reduce per gradient. Allocates node_sig and
- * leaf_sbp; free them with adt_dist_dp_plan_free. ADT_ERR_ARG when a fed batch has fewer samples
- * than the mesh has ranks. */
-int adt_dist_dp_plan(const adt_graph *g, const adt_mesh *m, adt_dist_plan *out);
-void adt_dist_dp_plan_free(adt_dist_plan *p);
-
 /* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
  * communicator's run() starts from. */
 int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh *m, adt_boxing_step *st);

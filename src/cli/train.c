@@ -43,11 +43,10 @@ static int build_graph(trainer *t) {
     t->g = adt_graph_create();
     if (adt_model_build(t->g, &t->model, (int)t->o.batch, &t->io))
         return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
-    adt_optim_cfg oc = t->o.optimizer == ADT_OPTIM_SGD
-                           ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
-                           : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
+    t->oc = t->o.optimizer == ADT_OPTIM_SGD ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
+                                            : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
     adt_graph_backward(t->g, t->io.loss);
-    adt_graph_optimizer(t->g, &oc);
+    adt_graph_optimizer(t->g, &t->oc);
     if (adt_graph_error(t->g))
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
     /* Accuracy and AUC read the logits after a forward run. */

@@ -33,7 +33,7 @@ typedef struct train_opts {
     const char *log_path;
     const char *init_path, *resume_path, *save_path;
     long save_every;
-    const char *plan_path; /* --plan: not read yet (train_dist.c) */
+    const char *plan_path; /* --plan PLAN.json (train_dist.c) */
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -70,8 +70,12 @@ typedef struct trainer {
     /* distributed (train_dist.c): started by an MPI launcher with more than one rank */
     adt_comm *world;      /* NULL: one process */
     int rank, nranks;
-    adt_dist_plan plan;
-    const char *plan_label;
+    adt_plan xplan;       /* the plan: --plan's file, or the data-parallel expert plan */
+    adt_dist_plan plan;   /* what the partitioner takes from it (its stage mesh and layouts) */
+    int *plan_ranks;      /* the stage mesh's ranks */
+    int coord[ADT_MAX_MESH_DIMS]; /* this rank's place on that mesh */
+    char plan_label[320];
+    adt_optim_cfg oc;     /* the run's optimizer (a plan must be made for its kind) */
     adt_dist_local loc;   /* the local graph the executor runs (loc.g), and where each value lives */
     adt_mesh_comm *mc;
     void *stage[3];       /* the fed samples of this rank's part of a batch: input, input2, label */

@@ -3,8 +3,8 @@
  * part of a partitioned training graph, and the run logs what one process would log.
  *
  * Every rank parses the same flags, opens the same data and builds the same global graph; the
- * plan (the default data-parallel one, until plan files are read) is partitioned for the rank's
- * mesh coordinate, and the executor runs the local graph with its BOXING nodes over MPI. A batch
+ * plan (--plan's file, else the data-parallel expert plan) is partitioned for the rank's mesh
+ * coordinate, and the executor runs the local graph with its BOXING nodes over MPI. A batch
  * is still the global batch, filled from the sampler's sample ids: each rank writes only the
  * samples of its block of every fed input, so the samples and their order never depend on the
  * number of ranks. The loss printed and logged is the global one (the partial sums of the loss's
@@ -64,7 +64,8 @@ void train_world_end(trainer *t) {
     adt_mesh_comm_free(t->mc);
     t->mc = NULL;
     adt_dist_local_free(&t->loc);
-    adt_dist_dp_plan_free(&t->plan);
+    adt_plan_free(&t->xplan);
+    free(t->plan_ranks);
     for (int i = 0; i < 3; i++) free(t->stage[i]);
     for (int i = 0; i < 2; i++) free(t->gathered[i]);
     if (t->world && adt_comm_finalize(t->world)) train_fail(EXIT_RUNTIME, "MPI: %s", adt_error_message());
@@ -77,21 +78,43 @@ void train_world_fatal(trainer *t, int rc) {
 
 /* ---- plan and local graph ----------------------------------------------------------------------- */
 
-/* The plan: a file given with --plan (not read yet), else data parallelism over every rank. */
+/* The plan: the file given with --plan, else the data-parallel expert plan over every rank.
+ * Either must be made for this model, batch and optimizer and for as many devices as there are
+ * ranks, and have a single stage: pipelines are not run yet. */
 static int make_plan(trainer *t) {
     char mb[32];
-    if (t->o.plan_path) /* the hook for plan files (docs/formats.md), read by the planner's loader */
-        return train_fail(EXIT_USAGE, "--plan %s: reading plan files is not supported by this build yet; without "
-                          "--plan, a run under mpiexec uses data parallelism over all ranks", t->o.plan_path);
-    adt_mesh m;
-    adt_mesh_init(&m, 1, &t->nranks);
-    if (adt_dist_dp_plan(t->g, &m, &t->plan))
-        return train_fail(EXIT_USAGE, "--batch %ld over %d ranks: %s", t->o.batch, t->nranks, adt_error_message());
-    t->plan_label = "data parallel (the default)";
-    if (t->plan.mesh.nranks != t->nranks)
-        return train_fail(EXIT_USAGE, "--plan %s: the plan's mesh %s has %d devices, but %d ranks were started; "
-                          "expected mpiexec -n %d", t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb),
-                          t->plan.mesh.nranks, t->nranks, t->plan.mesh.nranks);
+    const char *flag = t->o.plan_path ? "--plan" : "the default plan";
+    if (t->o.plan_path) {
+        if (adt_plan_load(&t->xplan, t->o.plan_path)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+        snprintf(t->plan_label, sizeof t->plan_label, "%s (%s)", t->o.plan_path, t->xplan.strategy);
+    } else {
+        adt_expert_opts eo = {.strategy = "dp", .devices = t->nranks, .batch = (int)t->o.batch};
+        if (adt_expert_plan(t->g, &t->model, &eo, &t->xplan))
+            return train_fail(EXIT_USAGE, "--batch %ld over %d ranks: %s", t->o.batch, t->nranks, adt_error_message());
+        snprintf(t->plan_label, sizeof t->plan_label, "data parallel (the default)");
+    }
+    const adt_plan *p = &t->xplan;
+    if (p->mesh.nranks != t->nranks)
+        return train_fail(EXIT_USAGE, "%s %s: the plan's mesh %s has %d devices, but %d rank%s started; expected "
+                          "mpiexec -n %d", flag, p->name, adt_mesh_str(&p->mesh, mb, sizeof mb), p->mesh.nranks,
+                          t->nranks, t->nranks == 1 ? " was" : "s were", p->mesh.nranks);
+    if (p->n_stages > 1 || p->microbatches > 1)
+        return train_fail(EXIT_USAGE, "%s %s: %d pipeline stages and %d microbatches; adtrain train runs plans of one "
+                          "stage and no microbatches yet", flag, p->name, p->n_stages, p->microbatches);
+    if (t->o.plan_path) {
+        int momentum = t->oc.kind == ADT_OPTIM_SGD && t->oc.momentum != 0;
+        if (adt_plan_check_model(p, &t->model, (int)t->o.batch))
+            return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+        if (p->optim != t->oc.kind || (p->optim == ADT_OPTIM_SGD && p->momentum != momentum))
+            return train_fail(EXIT_USAGE, "--plan %s: made for --optimizer %s%s, this run has %s%s", p->name,
+                              p->optim == ADT_OPTIM_SGD ? "sgd" : "adamw", p->momentum ? " with --momentum" : "",
+                              t->oc.kind == ADT_OPTIM_SGD ? "sgd" : "adamw", momentum ? " with --momentum" : "");
+        if (adt_plan_bind(&t->xplan, t->g)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+    }
+    int stage;
+    t->plan_ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *t->plan_ranks);
+    t->plan = adt_plan_dist(p, 0, t->plan_ranks);
+    if (adt_plan_locate(p, t->rank, &stage, t->coord)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
     return 0;
 }
 
@@ -116,12 +139,10 @@ static int check_ckpt_flags(trainer *t) {
 }
 
 int train_dist_partition(trainer *t) {
-    if (!t->world) return t->o.plan_path ? make_plan(t) : 0;
+    if (!t->world) return t->o.plan_path ? make_plan(t) : 0; /* a plan of one device runs serially */
     int rc = make_plan(t);
     if (rc) return rc;
-    int coord[ADT_MAX_MESH_DIMS];
-    adt_mesh_coord(&t->plan.mesh, t->rank, coord);
-    if (adt_dist_partition(t->g, &t->plan, coord, &t->loc))
+    if (adt_dist_partition(t->g, &t->plan, t->coord, &t->loc))
         return train_fail(EXIT_RUNTIME, "partitioning the training graph: %s", adt_error_message());
     if ((rc = check_ckpt_flags(t))) return rc;
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
@@ -157,14 +178,11 @@ int train_fill(trainer *t, const train_source *s, int64_t *idx) {
                                  t->io.input2 >= 0 ? train_value(t, t->io.input2) : NULL, train_value(t, t->io.label));
     /* the samples any of this rank's blocks covers (blocks of the batch axis, or all of it) */
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
-    const adt_mesh *m = &t->plan.mesh;
-    int coord[ADT_MAX_MESH_DIMS];
-    adt_mesh_coord(m, t->rank, coord);
     int64_t lo = B, hi = 0;
     adt_box blk[3];
     for (int i = 0; i < 3; i++) {
         if (fed[i] < 0) continue;
-        blk[i] = adt_ndsbp_block(&t->loc.layout[fed[i]], m, coord, t->g->values[fed[i]].shape);
+        blk[i] = adt_ndsbp_block(&t->loc.layout[fed[i]], &t->plan.mesh, t->coord, t->g->values[fed[i]].shape);
         if (blk[i].offset[0] < lo) lo = blk[i].offset[0];
         if (blk[i].offset[0] + blk[i].shape.dim[0] > hi) hi = blk[i].offset[0] + blk[i].shape.dim[0];
     }
