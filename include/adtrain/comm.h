@@ -27,9 +27,9 @@
  * Progress: MPI moves data only inside MPI calls. Blocking operations and waits poll; to overlap
  * a non-blocking operation with computation, call adt_comm_test or adt_comm_progress now and
  * then. Waiting ranks spin while there are at least as many cores as ranks on the node; when
- * ranks are oversubscribed (more ranks than cores, as in tests) they yield and then sleep in
- * growing steps, so a rank that waits does not take the core from one that computes
- * (ADT_COMM_POLL=auto|busy|polite overrides the choice).
+ * ranks are oversubscribed (more ranks than cores, as in tests) they yield while the operation's
+ * data could still be moving and then sleep in short steps, so a rank that waits does not take
+ * the core from one that computes (ADT_COMM_POLL=auto|busy|polite overrides the choice).
  *
  * Threads: a communicator is used from one thread at a time, the MPI backend from the thread
  * that called adt_comm_init (MPI_THREAD_FUNNELED).
