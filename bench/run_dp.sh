@@ -52,7 +52,7 @@ if command -v mpiexec.mpich >/dev/null 2>&1; then MPIEXEC=${MPIEXEC:-mpiexec.mpi
 bench_setup dp
 
 CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
-MPIV=$("$MPIEXEC" --version 2>/dev/null | sed -n 's/^Version:[[:space:]]*//p' | head -n 1)
+MPIV=$("$MPIEXEC" --version 2>/dev/null | sed -n 's/^[[:space:]]*Version:[[:space:]]*//p' | head -n 1)
 TORCHPKG=$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)
 LOAD=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo unknown)
 "$PYTHON" - "$CPU" "$NCPU" "$MPIV" "$LOAD" "$TORCHPKG" "$OPENBLAS_CORETYPE" "$CORE_FROM" "$ROUNDS" "$STEPS" \
@@ -147,8 +147,9 @@ for m in models:
         print(f"| {m} | {c} | {world} | {b} | {med(ms):.2f} | {spread(ms)} | {med(sps):.1f} | {spread(sps)} |")
 print()
 print("| model | adtrain efficiency | (per round) | PyTorch efficiency | (per round) | adtrain/PyTorch aggregate "
-      "| (per round) | hidden (in flight) | hidden (vs blocking) | blocked ms overlap / blocking |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "| (per round) | hidden (in flight) | hidden (vs blocking) | blocked ms overlap / blocking "
+      "| adtrain CPU ms 1 rank / 2 ranks |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for m in models:
     a1, a2, a2s = pick(m, "adtrain-1", "samples_per_s"), pick(m, "adtrain-2", "samples_per_s"), \
         pick(m, "adtrain-2-sync", "samples_per_s")
@@ -161,13 +162,16 @@ for m in models:
     hid = pick(m, "adtrain-2", "comm_hidden")
     w_ov, w_sy = pick(m, "adtrain-2", "comm_wait_ms"), pick(m, "adtrain-2-sync", "comm_wait_ms")
     hid_sync = 1 - med(w_ov) / med(w_sy) if w_sy and med(w_sy) > 0 else float("nan")
+    c1, c2 = pick(m, "adtrain-1", "cpu_ms_median"), pick(m, "adtrain-2", "cpu_ms_median")
     print(f"| {m} | {med(a2) / (2 * med(a1)):.3f} | {min(ea):.3f}..{max(ea):.3f} | {med(t2) / (2 * med(t1)):.3f} | "
           f"{min(et):.3f}..{max(et):.3f} | {med(a2) / med(t2):.2f} | {min(ratio):.2f}..{max(ratio):.2f} | "
-          f"{med(hid):.3f} | {hid_sync:.3f} | {med(w_ov):.2f} / {med(w_sy):.2f} |")
+          f"{med(hid):.3f} | {hid_sync:.3f} | {med(w_ov):.2f} / {med(w_sy):.2f} | {med(c1):.1f} / {med(c2):.1f} |")
 print()
 print("efficiency: 2-rank aggregate samples/s / (2 x 1-rank samples/s), of the medians over rounds (per round: "
       "min..max of the same ratio within each round);")
 print("hidden (in flight): 1 - time blocked in waits / time collectives were in flight, adtrain-2 median; "
       "hidden (vs blocking): 1 - blocked time with overlap / blocked time without (medians).")
+print("CPU ms: the process CPU time of a step on rank 0 (2 ranks: its own run, before the closing barrier); wall "
+      "time far above it is time the scheduler gave to other processes.")
 print("targets: adtrain aggregate >= 1.5 x PyTorch's, adtrain efficiency >= 0.85")
 EOF
