@@ -28,6 +28,18 @@
  * prints the kernel family OpenBLAS runs after that correction and exits: bench/run_core.sh
  * hands it to PyTorch too, so that both frameworks run the same GEMM kernels.
  *
+ * Under mpiexec (N > 1 ranks) it measures data parallelism instead: the global graph of N times
+ * the per-rank batch, partitioned under the data-parallel expert plan (adt_expert_plan "dp"), every
+ * rank running its part with gradient all-reduces overlapped with the backward pass (or, with
+ * --no-overlap, each run where it stands). Each step is timed on rank 0 between barriers, so the
+ * slowest rank sets the time, as torch_ddp.py times DDP. Rank 0 prints the JSON line with
+ * "world", "batch_per_rank", the aggregate samples_per_s (N x per-rank batch / median step),
+ * and the executor's communication counters per step (medians): comm_wait_ms (blocked in waits),
+ * comm_flight_ms (collectives in flight), comm_start_ms, comm_poll_ms, and comm_hidden, the
+ * fraction of in-flight time not spent blocked (1 - wait / flight over all timed steps); and
+ * rank 0's CPU time per step (cpu_ms_median, its run without the closing barrier).
+ * --gemm-reps 0 skips the GEMM replay (the DP mode always does).
+ *
  * --profile turns on the executor's per-node timers and prints to stderr the top ops by time
  * per step (aggregated by op name and phase) as a mean and as the sum of each node's fastest
  * step (which load from other processes can only make slower), the phase totals, and the
@@ -52,13 +64,18 @@
 
 typedef struct opts {
     const char *model; /* "gpt-s", "mlp" or "all" */
-    int threads, warmup, steps, gemm_reps, profile;
+    int threads, warmup, steps, gemm_reps, profile, no_overlap;
     uint64_t seed;
 } opts;
 
+/* Data-parallel mode: the world and this rank (NULL world: one process). */
+static adt_comm *g_world;
+static int g_rank, g_nranks = 1;
+
 static void usage(FILE *f) {
     fprintf(f, "usage: bench_core [--model gpt-s|mlp|all] [--threads N] [--warmup N] [--steps N]\n"
-               "                  [--gemm-reps N] [--seed N] [--profile]\n"
+               "                  [--gemm-reps N] [--seed N] [--profile] [--no-overlap]\n"
+               "       mpiexec -n N bench_core ...   (data parallel over N ranks)\n"
                "       bench_core --blas-core   (print the OpenBLAS kernel family in use)\n"
                "  defaults: --model all --threads 1 --warmup 3 --steps 20 --gemm-reps 9 --seed 0\n");
 }
@@ -81,6 +98,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--profile")) {
             o->profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-overlap")) {
+            o->no_overlap = 1;
             continue;
         }
         if (!strcmp(a, "--blas-core")) {
@@ -107,7 +128,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &o->threads);
         else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &o->warmup);
         else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &o->steps);
-        else if (!strcmp(a, "--gemm-reps")) rc = parse_int(a, v, 1, &o->gemm_reps);
+        else if (!strcmp(a, "--gemm-reps")) rc = parse_int(a, v, 0, &o->gemm_reps);
         else if (!strcmp(a, "--seed")) {
             rc = parse_int(a, v, 0, &seed);
             o->seed = (uint64_t)seed;
@@ -181,27 +202,30 @@ static double peer_mlp_flops(void) {
     return f;
 }
 
-/* Appends model, loss, backward pass and optimizer to g. */
-static int build_model(adt_graph *g, const char *name, model_spec *spec, adt_model_io *io) {
+/* Appends model, loss, backward pass and optimizer to g, for `ranks` times the batch; *cfg gets
+ * the model's config (what an expert plan is made for). */
+static int build_model(adt_graph *g, const char *name, int ranks, model_spec *spec, adt_model_io *io,
+                       adt_model_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    adt_optim_cfg oc;
     if (!strcmp(name, "gpt-s")) {
-        adt_gpt_cfg c = {.vocab_size = GPT_V, .n_ctx = GPT_T, .n_layer = GPT_L, .n_embd = GPT_C,
-                         .n_head = GPT_H, .dropout = 0.0f};
+        cfg->type = ADT_MODEL_GPT;
+        cfg->gpt = (adt_gpt_cfg){.vocab_size = GPT_V, .n_ctx = GPT_T, .n_layer = GPT_L, .n_embd = GPT_C,
+                                 .n_head = GPT_H, .dropout = 0.0f};
         *spec = (model_spec){name, GPT_B, 3e-4f, "AdamW", peer_gpt_flops()};
-        adt_model_gpt(g, &c, GPT_B, io);
-        adt_graph_backward(g, io->loss);
         /* torch.optim.AdamW(model.parameters(), ...) is one group: every parameter decays. */
-        adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
+        oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
         oc.decay_1d = 1;
-        adt_graph_optimizer(g, &oc);
     } else {
-        adt_mlp_cfg c = {.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
-        for (int i = 0; i < MLP_N; i++) c.sizes[i] = mlp_sizes[i];
+        cfg->type = ADT_MODEL_MLP;
+        cfg->mlp = (adt_mlp_cfg){.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
+        for (int i = 0; i < MLP_N; i++) cfg->mlp.sizes[i] = mlp_sizes[i];
         *spec = (model_spec){name, MLP_B, 0.01f, "SGD", peer_mlp_flops()};
-        adt_model_mlp(g, &c, MLP_B, io);
-        adt_graph_backward(g, io->loss);
-        adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.0f);
-        adt_graph_optimizer(g, &oc);
+        oc = adt_optim_sgd(0.9f, 0.0f);
     }
+    adt_model_build(g, cfg, spec->batch * ranks, io);
+    adt_graph_backward(g, io->loss);
+    adt_graph_optimizer(g, &oc);
     if (adt_graph_error(g)) {
         fprintf(stderr, "bench_core: building %s: %s\n", name, adt_graph_error_message(g));
         return -1;
@@ -209,13 +233,15 @@ static int build_model(adt_graph *g, const char *name, model_spec *spec, adt_mod
     return 0;
 }
 
-/* One batch of random data, drawn once and reused every step as the peer does. The GPT's
- * targets are its inputs shifted by one position (idx[:, :-1], idx[:, 1:]). */
-static void feed_data(adt_exec *ex, const adt_graph *g, const adt_model_io *io, uint64_t seed) {
+/* One batch of random data, drawn once and reused every step as the peer does, into x and y
+ * (the global batch: data parallelism splits it). The GPT's targets are its inputs shifted by
+ * one position (idx[:, :-1], idx[:, 1:]). */
+static void feed_data(const adt_graph *g, const adt_model_io *io, uint64_t seed, void *xp, void *yp) {
     if (g->values[io->input].dtype == ADT_I32) {
         uint64_t key = adt_rng_key(seed, "bench.gpt.idx");
-        int32_t *x = adt_exec_data(ex, io->input), *y = adt_exec_data(ex, io->label);
-        for (int b = 0; b < GPT_B; b++)
+        int32_t *x = xp, *y = yp;
+        int64_t B = g->values[io->input].shape.dim[0];
+        for (int64_t b = 0; b < B; b++)
             for (int t = 0; t < GPT_T; t++) {
                 uint64_t i = (uint64_t)b * (GPT_T + 1) + (uint64_t)t;
                 x[b * GPT_T + t] = (int32_t)(adt_rng_u32(key, i) % GPT_V);
@@ -223,8 +249,8 @@ static void feed_data(adt_exec *ex, const adt_graph *g, const adt_model_io *io, 
             }
     } else {
         uint64_t kx = adt_rng_key(seed, "bench.mlp.x"), ky = adt_rng_key(seed, "bench.mlp.y");
-        float *x = adt_exec_data(ex, io->input);
-        int32_t *y = adt_exec_data(ex, io->label);
+        float *x = xp;
+        int32_t *y = yp;
         int64_t nx = adt_value_numel(g, io->input), ny = adt_value_numel(g, io->label);
         for (int64_t i = 0; i < nx; i++) x[i] = adt_rng_normal(kx, (uint64_t)i);
         for (int64_t i = 0; i < ny; i++) y[i] = (int32_t)(adt_rng_u32(ky, (uint64_t)i) % (uint32_t)mlp_sizes[MLP_N - 1]);
@@ -459,7 +485,8 @@ static int bench_model(const char *name, const opts *o) {
     gemm_list gl = {0};
     double *times = NULL, *cpu = NULL, *sec0 = NULL, *sec = NULL, *prev = NULL, *sec_min = NULL;
     int rc = -1;
-    if (build_model(g, name, &spec, &io)) goto out;
+    adt_model_cfg cfg;
+    if (build_model(g, name, 1, &spec, &io, &cfg)) goto out;
 
     adt_exec_opts eo = {.threads = o->threads, .seed = o->seed, .profile = o->profile};
     if (adt_exec_create(&ex, g, &eo)) {
@@ -467,7 +494,7 @@ static int bench_model(const char *name, const opts *o) {
         goto out;
     }
     adt_exec_init_params(ex);
-    feed_data(ex, g, &io, o->seed);
+    feed_data(g, &io, o->seed, adt_exec_data(ex, io.input), adt_exec_data(ex, io.label));
 
     times = calloc((size_t)o->steps, sizeof *times);
     cpu = calloc((size_t)o->steps, sizeof *cpu);
@@ -524,7 +551,7 @@ static int bench_model(const char *name, const opts *o) {
         fprintf(stderr, "bench_core: %s: note: matmul FLOPs %.0f differ from the peer's formula %.0f\n", name,
                 mm_flops, spec.peer_flops);
     openblas_set_num_threads(o->threads);
-    double gflops = replay_gemms(&gl, o->gemm_reps);
+    double gflops = o->gemm_reps ? replay_gemms(&gl, o->gemm_reps) : NAN;
     double floor_ms = mm_flops / (gflops * 1e9) * 1e3;
 
     if (o->profile) {
@@ -537,7 +564,10 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddStringToObject(j, "model", name);
     cJSON_AddStringToObject(j, "framework", "adtrain");
     cJSON_AddNumberToObject(j, "threads", o->threads);
+    cJSON_AddNumberToObject(j, "world", 1);
     cJSON_AddNumberToObject(j, "batch", spec.batch);
+    cJSON_AddNumberToObject(j, "batch_per_rank", spec.batch);
+    cJSON_AddNumberToObject(j, "samples_per_s", round4(spec.batch / (med / 1e3)));
     cJSON_AddNumberToObject(j, "params", (double)adt_graph_param_count(g));
     cJSON_AddNumberToObject(j, "step_ms_median", round4(med));
     cJSON_AddNumberToObject(j, "step_ms_p10", round4(percentile(times, o->steps, 10)));
@@ -551,10 +581,12 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
     cJSON_AddStringToObject(j, "blas_core", adt_blas_core_name());
     cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
-    cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
-    cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
-    cJSON_AddNumberToObject(j, "gemm_floor_ms", round4(floor_ms));
-    cJSON_AddNumberToObject(j, "step_over_floor", round4(med / floor_ms));
+    if (o->gemm_reps) {
+        cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
+        cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
+        cJSON_AddNumberToObject(j, "gemm_floor_ms", round4(floor_ms));
+        cJSON_AddNumberToObject(j, "step_over_floor", round4(med / floor_ms));
+    }
     cJSON_AddNumberToObject(j, "cpu_ms_median", round4(cpu_med));
     cJSON_AddNumberToObject(j, "loss_first", loss_first);
     cJSON_AddNumberToObject(j, "loss_last", loss_last);
@@ -580,17 +612,168 @@ out:
     return rc;
 }
 
+/* ---- data parallel ------------------------------------------------------------------------- */
+
+/* One model, data parallel over the world: the same model and per-rank batch as one process. */
+static int bench_model_dp(const char *name, const opts *o) {
+    adt_graph *g = adt_graph_create();
+    adt_model_io io;
+    model_spec spec;
+    adt_model_cfg cfg;
+    adt_plan xp = {0};
+    adt_dist_local loc = {0};
+    adt_mesh_comm *mc = NULL;
+    adt_exec *ex = NULL;
+    void *x = NULL, *y = NULL;
+    double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL, *cpu = NULL;
+    int rc = -1, ranks[64];
+    if (build_model(g, name, g_nranks, &spec, &io, &cfg)) goto out;
+    adt_expert_opts xo = {.strategy = "dp", .devices = g_nranks, .batch = spec.batch * g_nranks};
+    if (adt_expert_plan(g, &cfg, &xo, &xp)) {
+        fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
+        goto out;
+    }
+    adt_dist_plan plan = adt_plan_dist(&xp, 0, ranks);
+    const adt_mesh m = plan.mesh;
+    if (adt_mesh_comm_create(&mc, g_world, &m) || adt_dist_partition(g, &plan, adt_mesh_comm_coord(mc), &loc)) {
+        fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
+        goto out;
+    }
+    adt_exec_opts eo = {.threads = o->threads, .seed = o->seed, .comm = adt_mesh_comm_hook(mc, loc.g),
+                        .comm_sync = o->no_overlap};
+    if (adt_exec_create(&ex, loc.g, &eo)) {
+        fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
+        goto out;
+    }
+    adt_exec_init_params(ex);
+    /* the global batch, drawn once; each rank keeps its block */
+    x = malloc((size_t)adt_value_bytes(g, io.input));
+    y = malloc((size_t)adt_value_bytes(g, io.label));
+    feed_data(g, &io, o->seed, x, y);
+    int fed[2] = {io.input, io.label};
+    void *src[2] = {x, y};
+    for (int k = 0; k < 2; k++) {
+        const adt_value *v = &g->values[fed[k]];
+        adt_box all = {.global = v->shape, .shape = v->shape};
+        adt_box b = adt_ndsbp_block(&loc.layout[fed[k]], &m, adt_mesh_comm_coord(mc), v->shape);
+        adt_box_transfer(adt_exec_data(ex, loc.value[fed[k]]), &b, src[k], &all, 4, 0);
+    }
+    int n = o->steps;
+    times = calloc((size_t)n, sizeof *times);
+    wait = calloc((size_t)n, sizeof *wait);
+    flight = calloc((size_t)n, sizeof *flight);
+    start = calloc((size_t)n, sizeof *start);
+    poll = calloc((size_t)n, sizeof *poll);
+    cpu = calloc((size_t)n, sizeof *cpu);
+    if (!times || !wait || !flight || !start || !poll || !cpu) abort();
+    double sum_wait = 0, sum_flight = 0;
+    float loss_first = NAN, loss_last = NAN;
+    for (int i = 0; i < o->warmup + n; i++) {
+        adt_comm_barrier(g_world);
+        double t0 = adt_now_s(), c0 = cpu_now_s();
+        adt_exec_set_lr_step(ex, spec.lr, (int32_t)(i + 1));
+        if (adt_exec_run(ex)) {
+            fprintf(stderr, "bench_core: %s: step %d: %s\n", name, i + 1, adt_error_message());
+            adt_comm_abort(g_world, 1);
+        }
+        double cms = (cpu_now_s() - c0) * 1e3; /* this rank's own step, before the barrier */
+        adt_comm_barrier(g_world);
+        double ms = (adt_now_s() - t0) * 1e3;
+        adt_exec_stats st;
+        adt_exec_get_stats(ex, &st, NULL);
+        if (i >= o->warmup) {
+            int k = i - o->warmup;
+            times[k] = ms, wait[k] = st.comm_wait_s * 1e3, flight[k] = st.comm_flight_s * 1e3;
+            start[k] = st.comm_start_s * 1e3, poll[k] = st.comm_poll_s * 1e3, cpu[k] = cms;
+            sum_wait += st.comm_wait_s, sum_flight += st.comm_flight_s;
+        }
+        if (i == 0 || i + 1 == o->warmup + n) { /* outside the timed window */
+            float l = NAN;
+            adt_mesh_comm_gather(mc, &loc.layout[g->loss], g->values[g->loss].shape, ADT_F32,
+                                 adt_exec_data(ex, loc.value[g->loss]), &l);
+            if (i == 0) loss_first = l;
+            else loss_last = l;
+        }
+    }
+    qsort(times, (size_t)n, sizeof *times, cmp_double);
+    double med = percentile(times, n, 50);
+    int64_t ops;
+    double bytes;
+    adt_mesh_comm_counts(mc, &ops, &bytes);
+    if (g_rank == 0) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model", name);
+        cJSON_AddStringToObject(j, "framework", "adtrain-dp");
+        cJSON_AddNumberToObject(j, "world", g_nranks);
+        cJSON_AddNumberToObject(j, "threads", o->threads);
+        cJSON_AddNumberToObject(j, "batch_per_rank", spec.batch);
+        cJSON_AddNumberToObject(j, "params", (double)adt_graph_param_count(g));
+        cJSON_AddBoolToObject(j, "overlap", adt_exec_overlaps(ex));
+        cJSON_AddNumberToObject(j, "collectives_per_step", loc.n_boxing);
+        cJSON_AddNumberToObject(j, "sent_bytes_per_step", bytes / (double)(o->warmup + n));
+        cJSON_AddNumberToObject(j, "step_ms_median", round4(med));
+        cJSON_AddNumberToObject(j, "step_ms_p10", round4(percentile(times, n, 10)));
+        cJSON_AddNumberToObject(j, "step_ms_p90", round4(percentile(times, n, 90)));
+        cJSON_AddNumberToObject(j, "step_ms_min", round4(times[0]));
+        cJSON_AddNumberToObject(j, "steps", n);
+        cJSON_AddNumberToObject(j, "warmup", o->warmup);
+        cJSON_AddNumberToObject(j, "samples_per_s", round4(g_nranks * spec.batch / (med / 1e3)));
+        cJSON_AddNumberToObject(j, "cpu_ms_median", round4(median_of(cpu, n)));
+        cJSON_AddNumberToObject(j, "comm_wait_ms", round4(median_of(wait, n)));
+        cJSON_AddNumberToObject(j, "comm_flight_ms", round4(median_of(flight, n)));
+        cJSON_AddNumberToObject(j, "comm_start_ms", round4(median_of(start, n)));
+        cJSON_AddNumberToObject(j, "comm_poll_ms", round4(median_of(poll, n)));
+        cJSON_AddNumberToObject(j, "comm_hidden", round4(sum_flight > 0 ? 1 - sum_wait / sum_flight : 0));
+        cJSON_AddStringToObject(j, "blas_core", adt_blas_core_name());
+        cJSON_AddStringToObject(j, "mpi_library", adt_comm_mpi_library());
+        cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
+        cJSON_AddNumberToObject(j, "loss_first", loss_first);
+        cJSON_AddNumberToObject(j, "loss_last", loss_last);
+        char *txt = cJSON_PrintUnformatted(j);
+        if (txt) printf("%s\n", txt);
+        fflush(stdout);
+        cJSON_free(txt);
+        cJSON_Delete(j);
+    }
+    rc = 0;
+out:
+    free(times);
+    free(wait);
+    free(flight);
+    free(start);
+    free(poll);
+    free(cpu);
+    free(x);
+    free(y);
+    adt_exec_free(ex);
+    adt_mesh_comm_free(mc);
+    adt_dist_local_free(&loc);
+    adt_plan_free(&xp);
+    adt_graph_free(g);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     adt_blas_fix_coretype(argv); /* may re-execute this program once, before any BLAS call */
     opts o;
     if (parse_args(argc, argv, &o)) return 2;
     /* The thread count is fixed before any BLAS call, as the peer does before any tensor work. */
     openblas_set_num_threads(o.threads);
+    if (adt_comm_launched()) {
+        if (adt_comm_init(ADT_COMM_MPI, &g_world)) {
+            fprintf(stderr, "bench_core: MPI: %s\n", adt_error_message());
+            return 1;
+        }
+        g_rank = adt_comm_rank(g_world);
+        g_nranks = adt_comm_size(g_world);
+    }
     const char *all[] = {"gpt-s", "mlp"};
-    int first = 0, last = 1;
+    int first = 0, last = 1, rc = 0;
     if (!strcmp(o.model, "gpt-s")) last = 0;
     else if (!strcmp(o.model, "mlp")) first = 1;
-    for (int m = first; m <= last; m++)
-        if (bench_model(all[m], &o)) return 1;
-    return 0;
+    for (int m = first; m <= last && !rc; m++)
+        rc = g_nranks > 1 ? bench_model_dp(all[m], &o) : bench_model(all[m], &o);
+    if (rc && g_world) adt_comm_abort(g_world, 1);
+    if (g_world) adt_comm_finalize(g_world);
+    return rc ? 1 : 0;
 }

@@ -38,28 +38,8 @@ OPENBLAS_NUM_THREADS=$THREADS
 OMP_NUM_THREADS=$THREADS
 export OPENBLAS_NUM_THREADS OMP_NUM_THREADS
 
-# Only the benchmark binary is built: it needs libadtrain.a and nothing else of `make bench`,
-# so a half-edited CLI elsewhere in the tree cannot stop a measurement.
-${MAKE:-make} --no-print-directory "$BIN" >&2
-
-# OpenBLAS picks its kernels from the CPU model when it loads, and a release older than the CPU
-# falls back to its SSE3 ones. adtrain corrects that itself (adt_blas_fix_coretype); PyTorch does
-# not. So that both run the same GEMM kernels, the family adtrain ends up with is set for both,
-# unless the caller chose one (OPENBLAS_CORETYPE=Prescott reproduces the uncorrected library).
-if [ -n "${OPENBLAS_CORETYPE-}" ]; then
-    CORE_FROM=caller
-else
-    OPENBLAS_CORETYPE=$("$BIN" --blas-core)
-    CORE_FROM=bench_core
-fi
-export OPENBLAS_CORETYPE
-
-mkdir -p bench/results
-[ -f bench/results/.gitignore ] || printf '*\n!.gitignore\n' > bench/results/.gitignore
-OUT=bench/results/core-$(date -u +%Y%m%d-%H%M%S).jsonl
-TMP=$(mktemp)
-trap 'rm -f "$TMP"' EXIT
-trap 'exit 130' INT TERM
+. bench/bench_env.sh
+bench_setup core
 
 # One line about the machine, for the record.
 CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)

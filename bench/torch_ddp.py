@@ -41,6 +41,10 @@ def run_rank(rank, world, args, init_file, out_q):
         torch.manual_seed(1 + rank)  # each rank its own samples
         data = tuple(torch.randint_like(d, 0, 10) if d.dtype == torch.int64 else torch.randn_like(d) for d in data)
         if world > 1:
+            # The GPT's causal mask (bool) and positions (int64) are constants built alike on every
+            # rank; gloo cannot broadcast a bool tensor, so DDP leaves those buffers alone.
+            consts = [n for n, b in model.named_buffers() if not b.is_floating_point()]
+            torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, consts)
             model = torch.nn.parallel.DistributedDataParallel(model)
         model.train()
         times = []

@@ -153,7 +153,7 @@ static int dr_run_plan(const adt_graph *g, const adt_dist_plan *plan, dr_feed_fn
         rk[r].c = vc;
         rk[r].rank = r;
         adt_mesh_coord(m, r, rk[r].coord);
-        rk[r].hook = (adt_comm_hook){dr_comm_run, &rk[r]};
+        rk[r].hook = (adt_comm_hook){.run = dr_comm_run, .ctx = &rk[r]};
         int rc = adt_dist_partition(g, plan, rk[r].coord, &loc[r]);
         CHECK(rc == ADT_OK, "%s: partition for rank %d: %s", what, r, adt_error_message());
         if (rc) {

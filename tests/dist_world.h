@@ -177,7 +177,7 @@ static inline void world_create(world *w, const adt_graph *g, const adt_mesh *m,
         k->c = w->vc;
         k->rank = r;
         adt_mesh_coord(m, r, k->coord);
-        k->hook = (adt_comm_hook){vcomm_run, k};
+        k->hook = (adt_comm_hook){.run = vcomm_run, .ctx = k};
         int rc = adt_dist_partition(g, &plan, k->coord, &w->loc[r]);
         CHECK(rc == ADT_OK, "%s: partition for rank %d: %s", what, r, adt_error_message());
         if (rc) {

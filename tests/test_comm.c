@@ -20,13 +20,14 @@
  *
  * The mpiexec is $ADT_MPIEXEC, else mpiexec.mpich (Debian's name, when the library is MPICH),
  * else mpiexec on PATH. Under AddressSanitizer the children run with LeakSanitizer on, with
- * tests/lsan-mpi.supp (UCX only) and HWLOC_COMPONENTS=-pci (see main).
+ * tests/lsan-mpi.supp (UCX only) and HWLOC_COMPONENTS=-pci (tests/mpi_world.h).
  */
 #include "adtrain/base.h"
 #include "adtrain/comm.h"
 #include "adtrain/tensor.h"
 
 #include "check.h"
+#include "mpi_world.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -53,10 +54,7 @@
 
 static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
 
-static void nap(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
+#define nap mpi_nap
 
 /* ---- values with exact sums ----------------------------------------------------------------
  * f32: multiples of 1/4 below 8, so sums over 4 ranks are exact; i64 beyond 32 bits. */
@@ -730,21 +728,12 @@ static const tcase CASES[] = {
 
 /* ---- one rank of a launched world ---------------------------------------------------------- */
 
-static void report(const char *name, int r, int p, int ok) {
-    printf("CASE %s rank=%d size=%d %s\n", name, r, p, ok ? "ok" : "FAIL");
-    fflush(stdout);
-}
+#define report mpi_report
 
 static int child_main(void) {
-    adt_comm *w = NULL;
-    if (adt_comm_init(ADT_COMM_MPI, &w)) {
-        fprintf(stderr, "FAIL adt_comm_init: %s\n", adt_error_message());
-        return 1;
-    }
+    adt_comm *w = mpi_child_world();
+    if (!w) return 1;
     int r = adt_comm_rank(w), p = adt_comm_size(w);
-    char tag[32];
-    snprintf(tag, sizeof tag, "rank %d", r);
-    adt_log_set_tag(tag);
     for (int i = 0; i < N_CASES; i++) {
         check_cur_failed = 0;
         check_cur_name = CASES[i].name;
@@ -852,33 +841,6 @@ static int child_abort(void) {
 /* ---- the parent: launching worlds ---------------------------------------------------------- */
 
 static char g_self[PATH_MAX];
-static char g_mpiexec[PATH_MAX];
-
-static int on_path(const char *name, char *out) {
-    const char *path = getenv("PATH");
-    if (!path) return 0;
-    char buf[PATH_MAX];
-    for (const char *p = path; *p;) {
-        size_t n = strcspn(p, ":");
-        snprintf(buf, sizeof buf, "%.*s/%s", (int)n, p, name);
-        if (access(buf, X_OK) == 0) {
-            snprintf(out, PATH_MAX, "%s", buf);
-            return 1;
-        }
-        p += n + (p[n] == ':');
-    }
-    return 0;
-}
-
-static int find_mpiexec(void) {
-    const char *e = getenv("ADT_MPIEXEC");
-    if (e && *e) {
-        snprintf(g_mpiexec, sizeof g_mpiexec, "%s", e);
-        return 1;
-    }
-    if (contains(adt_comm_mpi_library(), "MPICH") && on_path("mpiexec.mpich", g_mpiexec)) return 1;
-    return on_path("mpiexec", g_mpiexec);
-}
 
 typedef struct world {
     int n;            /* ranks; 0: the singleton (no launcher) */
@@ -888,85 +850,19 @@ typedef struct world {
     char *out, *err;
 } world;
 
-static char *slurp(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return adt_strdup("");
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc((size_t)(n > 0 ? n : 0) + 1);
-    size_t got = fread(b, 1, (size_t)(n > 0 ? n : 0), fp);
-    b[got] = 0;
-    fclose(fp);
-    return b;
-}
-
-/* Runs one world with stdout and stderr in files, ended (process group) at `limit` seconds. */
+/* Runs `[mpiexec -n N] test_comm MODE` (tests/mpi_world.h), ended at `limit` seconds. */
 static void run_world(world *wd, double limit) {
-    char outp[PATH_MAX], errp[PATH_MAX];
-    snprintf(outp, sizeof outp, "%s/world%d%s.out", check_tmpdir(), wd->n, wd->mode);
-    snprintf(errp, sizeof errp, "%s/world%d%s.err", check_tmpdir(), wd->n, wd->mode);
-    double t0 = adt_now_s();
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        int fo = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fo < 0 || fe < 0) _exit(120);
-        dup2(fo, 1), dup2(fe, 2);
-        close(fo), close(fe);
-        if (wd->n == 0) {
-            execl(g_self, g_self, wd->mode, (char *)NULL);
-        } else {
-            char nb[16];
-            snprintf(nb, sizeof nb, "%d", wd->n);
-            execl(g_mpiexec, g_mpiexec, "-n", nb, g_self, wd->mode, (char *)NULL);
-        }
-        fprintf(stderr, "exec %s: %s\n", wd->n ? g_mpiexec : g_self, strerror(errno));
-        _exit(127);
-    }
-    setpgid(pid, pid);
-    int st = 0, killed = 0;
-    for (;;) {
-        pid_t got = waitpid(pid, &st, WNOHANG);
-        if (got == pid) break;
-        if (got < 0 && errno != EINTR) break;
-        double el = adt_now_s() - t0;
-        if (!killed && el > limit) {
-            kill(-pid, SIGTERM);
-            killed = 1;
-        } else if (killed == 1 && el > limit + 3) {
-            kill(-pid, SIGKILL);
-            killed = 2;
-        }
-        nap(0.02);
-    }
-    wd->secs = adt_now_s() - t0;
-    wd->status = killed ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    wd->out = slurp(outp);
-    wd->err = slurp(errp);
-    unlink(outp);
-    unlink(errp);
+    const char *argv[] = {g_self, wd->mode, NULL};
+    mpi_world w = {.n = wd->n, .argv = argv};
+    mpi_run_world(&w, check_tmpdir(), limit);
+    wd->status = w.status, wd->secs = w.secs, wd->out = w.out, wd->err = w.err;
 }
 
-static void print_tail(const char *label, const char *text, int lines) {
-    const char *p = text + strlen(text);
-    for (int k = 0; p > text; p--)
-        if (p[-1] == '\n' && ++k > lines) break;
-    fprintf(stderr, "  %s (tail):\n", label);
-    for (const char *q = p; *q;) {
-        size_t n = strcspn(q, "\n");
-        fprintf(stderr, "    | %.*s\n", (int)n, q);
-        q += n + (q[n] == '\n');
-    }
-}
+#define print_tail mpi_print_tail
 
 /* Whether rank r of the world reported case `name` ok. */
 static int case_ok(const world *wd, const char *name, int r, int p) {
-    char line[160];
-    snprintf(line, sizeof line, "CASE %s rank=%d size=%d ok\n", name, r, p);
-    return contains(wd->out, line);
+    return mpi_case_ok(&(mpi_world){.out = wd->out}, name, r, p);
 }
 
 /* Judges one launched world's report: one result per case (ok when every rank reported it ok)
@@ -990,12 +886,7 @@ static void judge_world(const world *wd, int quiet, int *passed, int *failed) {
             ++*passed;
         }
     }
-    int done = 1;
-    for (int r = 0; r < p; r++) {
-        char line[64];
-        snprintf(line, sizeof line, "DONE rank=%d size=%d\n", r, p);
-        done &= contains(wd->out, line);
-    }
+    int done = mpi_all_done(&(mpi_world){.out = wd->out}, p);
     if (wd->status == 0 && done) {
         ++*passed;
     } else {
@@ -1006,16 +897,7 @@ static void judge_world(const world *wd, int quiet, int *passed, int *failed) {
         ++*failed, bad = 1;
     }
     if (quiet) return;
-    if (bad) {
-        /* the ranks' own CHECK failures, then the end of everything they printed */
-        for (const char *q = wd->err; *q;) {
-            size_t n = strcspn(q, "\n");
-            if (n >= 6 && !strncmp(q, "  FAIL", 6)) fprintf(stderr, "    %.*s\n", (int)n, q);
-            q += n + (q[n] == '\n');
-        }
-        print_tail("stderr", wd->err, 30);
-        print_tail("stdout", wd->out, 10);
-    }
+    if (bad) mpi_print_failure(&(mpi_world){.out = wd->out, .err = wd->err});
     fprintf(stderr, "%s %s: %.1f s\n", bad ? "FAILED" : "ok", label, wd->secs);
 }
 
@@ -1027,7 +909,7 @@ static void free_world(world *wd) {
 static const double WORLD_LIMIT_S = 180;
 
 static void test_mpi_worlds(void) {
-    CHECK(find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
+    CHECK(mpi_find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
     world singleton = {.n = 0, .mode = "--child"};
     run_world(&singleton, WORLD_LIMIT_S);
     judge_world(&singleton, 0, &check_n_passed, &check_n_failed);
@@ -1202,20 +1084,7 @@ int main(int argc, char **argv) {
     /* The children: a hang ends in 20 s with an error, not at the 300 s default. */
     setenv("ADT_COMM_TIMEOUT", "20", 1);
     unsetenv("ADT_COMM_POLL");
-#if defined(__SANITIZE_ADDRESS__)
-    /* LeakSanitizer stays on in the children, with tests/lsan-mpi.supp (third-party frames
-     * only: UCX objects a rank leaving through MPI_Abort never frees; tests run from the
-     * repository root). hwloc's PCI plugin (loaded by MPICH) leaks a few allocations too but is
-     * unloaded before LeakSanitizer runs, so its frames have no name a suppression could match:
-     * the children skip PCI discovery, which MPICH does not need on one node. */
-    char cwd[PATH_MAX], lsan[3 * PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd)) cwd[0] = 0;
-    const char *old = getenv("LSAN_OPTIONS");
-    snprintf(lsan, sizeof lsan, "suppressions=%s/tests/lsan-mpi.supp:print_suppressions=0%s%s", cwd,
-             old && *old ? ":" : "", old && *old ? old : "");
-    setenv("LSAN_OPTIONS", lsan, 1);
-    setenv("HWLOC_COMPONENTS", "-pci", 1);
-#endif
+    mpi_world_sanitizer_env();
     RUN(test_mpi_worlds);
     RUN(test_world_stuck_peer);
     RUN(test_world_watchdog);

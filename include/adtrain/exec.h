@@ -2,19 +2,39 @@
  * adtrain/exec.h - the liveness memory plan and the executor of a (local) training graph.
  *
  * The executor runs any graph: the serial training graph, or one rank's local graph made by the
- * partitioner. It knows nothing of meshes; communication ops (later) are ops like any other.
+ * partitioner. The executor itself knows nothing of meshes: communication nodes go to a hook.
  *
  * Memory: persistent values (parameters, optimizer state) and fed values (inputs, labels, lr,
  * step) live in one "state" block, for the life of the executor. Every other value (activations,
  * gradients) gets an offset in one "arena", planned once from the node order: a buffer is reused
  * as soon as its last reader has run. Views (reshape) and in-place updates share their base's
  * storage and extend its lifetime.
+ *
+ * Communication: a partitioned graph's BOXING nodes run through the hook in adt_exec_opts.comm.
+ * When the hook has the split form (start / test / finish, ops.h) the executor overlaps them
+ * with computation: a collective is started as soon as its input is ready (right after the node
+ * that produces it; a gradient's all-reduce starts while the rest of the backward pass runs) and
+ * waited for only just before the first node that reads its result, or that updates its input in
+ * place; between nodes the executor polls the oldest collective in flight, since MPI moves data
+ * only inside MPI calls. The schedule (start, run, wait events) is fixed when the executor is
+ * created and is the same on every rank, so collectives start in the same order everywhere. The
+ * memory plan is made for that schedule: a collective's input and output buffers stay allocated
+ * from its start to its wait. Two restraints keep memory bounded: a collective whose input is a
+ * leaf (a parameter or a fed input) starts where the partitioner placed it, and one that carries
+ * a forward value into the backward pass or the update is not moved into the forward pass.
+ * Optimizer updates, which are independent of one another, run in the order their gradients'
+ * collectives were started, so the update whose gradient arrived first goes first. A hook that
+ * allows it (inplace_allreduce) gets an all-reduce's input buffer as its output when nothing
+ * else reads the input (a partial gradient): no copy, one buffer.
+ * The module also holds the MPI implementation of the hook (adt_mesh_comm, below).
  */
 #ifndef ADTRAIN_EXEC_H
 #define ADTRAIN_EXEC_H
 
 #include <stdint.h>
 
+#include "adtrain/comm.h"
+#include "adtrain/dist.h"
 #include "adtrain/graph.h"
 #include "adtrain/ops.h"
 
@@ -39,6 +59,13 @@ typedef struct adt_memplan {
 /* Plans the arena for `order` (node ids, n of them; NULL = 0..n_nodes-1). no_reuse = 1 gives
  * every value its own buffer (a debugging aid and the test's yardstick). */
 int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int n, int no_reuse);
+/* The same for a schedule in which node order[p] keeps reading its inputs and writing its outputs
+ * up to position read_until[p] (>= p; n = to the end of the step): an asynchronous collective
+ * started at p and waited for just before position read_until[p]. NULL: every node at its own
+ * position. share[v] >= 0 (share may be NULL) puts value v in value share[v]'s storage, the way
+ * views are: one root, one lifetime. */
+int adt_memplan_build_sched(adt_memplan *mp, const adt_graph *g, const int *order, int n, int no_reuse,
+                            const int *read_until, const int *share);
 void adt_memplan_free(adt_memplan *mp);
 
 typedef struct adt_exec_opts {
@@ -48,7 +75,25 @@ typedef struct adt_exec_opts {
     int profile;   /* accumulate per-node times                       */
     const adt_comm_hook *comm; /* runs communication (boxing) nodes; required when the graph
                                   has any, and must outlive the executor */
+    int comm_sync; /* run every communication node to completion where it stands: no overlap
+                      (the yardstick for how much the overlap hides) */
 } adt_exec_opts;
+
+/* What the runs spent on communication. Per collective, "in flight" is the time from the return
+ * of its start to its completion as the executor saw it (a poll between nodes, or the end of its
+ * wait); the part of it not spent blocked in a wait ran behind computation. So the fraction of
+ * communication hidden is 1 - comm_wait_s / comm_flight_s; a run with comm_sync has none hidden.
+ * (Completion is seen only between nodes, so flight time can exceed the transfer itself; the
+ * blocked time is exact.) */
+typedef struct adt_exec_stats {
+    int64_t runs;         /* adt_exec_run* calls counted                                   */
+    int64_t comm_ops;     /* communication nodes performed                                 */
+    double run_s;         /* wall time inside the runs                                     */
+    double comm_start_s;  /* inside the hook's start (packing, posting)                    */
+    double comm_poll_s;   /* polling between nodes                                         */
+    double comm_wait_s;   /* blocked in waits (and blocking runs), unpacking included      */
+    double comm_flight_s; /* summed start-to-completion spans                              */
+} adt_exec_stats;
 
 typedef struct adt_exec adt_exec;
 
@@ -71,15 +116,66 @@ void adt_exec_set_lr_step(adt_exec *ex, float lr, int32_t step);
 
 /* Runs the whole step (forward, backward, update), or the forward nodes only (evaluation: no
  * parameter changes, dropout off). A forward-only run reuses the arena: gradients of the last
- * step are overwritten. */
+ * step are overwritten. Returns ADT_OK, or the error a communication node reported (a timeout,
+ * a broken communicator): then collectives may be left in flight and the ranks out of step, so
+ * the caller should end the world rather than run again. */
 int adt_exec_run(adt_exec *ex);
 int adt_exec_run_forward(adt_exec *ex);
 /* The forward nodes with dropout as in training (gradient checks need the training function). */
 int adt_exec_run_forward_mode(adt_exec *ex, int training);
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex);
+/* Communication counters of the last run and of all runs so far (either pointer may be NULL). */
+void adt_exec_get_stats(const adt_exec *ex, adt_exec_stats *last, adt_exec_stats *total);
+void adt_exec_reset_stats(adt_exec *ex);
+/* Whether communication nodes run split (started early, waited for late) in this executor. */
+int adt_exec_overlaps(const adt_exec *ex);
+/* The split schedule, one event per line: "start <node> <name>", "run <node> <name>" or
+ * "wait <node> <name>"; NULL when the executor does not split. The caller frees it. */
+char *adt_exec_schedule_str(const adt_exec *ex);
 /* Per-node accumulated seconds when opts.profile was set (indexed by node id). */
 const double *adt_exec_node_seconds(const adt_exec *ex);
+
+/* ---- a partitioned graph over a communicator ---------------------------------------------------
+ * adt_mesh_comm: this rank's place in a device mesh, the communicator along each mesh axis
+ * (adt_comm_mesh_axis), and the hook that runs BOXING nodes over them. Each step kind becomes
+ * the collective of that kind within the step's group (the ranks that differ only in the step's
+ * mesh axis) on the local blocks, exactly as adt_boxing_step_local defines what every rank holds
+ * before and after: all_reduce (in place on the output), reduce_scatter and all_gather with the
+ * counts of uneven blocks, all_to_all with per-peer counts, the local kinds (slice, keep_one,
+ * zero_fill) without communication. Sub-blocks that are not contiguous in a rank's block are
+ * packed into a staging buffer before the send and placed after the receive (adt_box_transfer);
+ * contiguous ones go straight from the input or into the output. Staging buffers belong to the
+ * node and are kept from step to step.
+ */
+typedef struct adt_mesh_comm adt_mesh_comm;
+
+/* Collective over `world`: the mesh must have exactly as many ranks as the world (mesh->ranks
+ * NULL: world rank i is mesh position i). Creates one sub-communicator per mesh axis. */
+int adt_mesh_comm_create(adt_mesh_comm **out, adt_comm *world, const adt_mesh *mesh);
+/* Frees the sub-communicators and every hook (no collective may be in flight). NULL: no-op. */
+int adt_mesh_comm_free(adt_mesh_comm *mc);
+adt_comm *adt_mesh_comm_world(const adt_mesh_comm *mc);
+const adt_mesh *adt_mesh_comm_mesh(const adt_mesh_comm *mc);
+/* This rank's coordinate in the mesh. */
+const int *adt_mesh_comm_coord(const adt_mesh_comm *mc);
+/* The hook (with the split form) for the BOXING nodes of local graph lg, partitioned for this
+ * rank's coordinate; the same lg gives the same hook. It holds per-node state: release it
+ * (adt_mesh_comm_release) before lg is freed if another graph may later take its address. */
+const adt_comm_hook *adt_mesh_comm_hook(adt_mesh_comm *mc, const adt_graph *lg);
+void adt_mesh_comm_release(adt_mesh_comm *mc, const adt_graph *lg);
+/* One boxing step on this rank's block, blocking: `in` is its block of st->from (shape by
+ * adt_ndsbp_block), `out` receives its block of st->to. What the hook does for a BOXING node. */
+int adt_mesh_comm_step(adt_mesh_comm *mc, const adt_boxing_step *st, adt_shape global, adt_dtype dt,
+                       const void *in, void *out);
+/* Collective over the world: the logical tensor of a value held as `layout` (each rank passes
+ * its block) lands whole in `full` on every rank; P parts are summed (f32), each replica counted
+ * once. For reading the loss, metrics and results; not for the training step itself. */
+int adt_mesh_comm_gather(adt_mesh_comm *mc, const adt_ndsbp *layout, adt_shape global, adt_dtype dt,
+                         const void *block, void *full);
+/* Collectives performed through this mesh comm, and the bytes this rank sent by the cost model's
+ * count (adt_boxing_bytes), since creation. */
+void adt_mesh_comm_counts(const adt_mesh_comm *mc, int64_t *ops, double *bytes);
 
 /* OpenBLAS picks its kernels when it loads, from the CPU model; on a CPU newer than the
  * library it falls back to SSE3 kernels. Call first thing in main(): if that happened, the

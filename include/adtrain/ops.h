@@ -100,12 +100,27 @@ typedef enum adt_op_kind {
 
 struct adt_kctx;
 
-/* How a communication op (BOXING) reaches the ranks' communicator: the executor hands every
- * kernel the hook it was given (adt_exec_opts.comm). run() performs node k->n on k->in / k->out
- * with the other ranks and returns ADT_OK or an error code (left in ctx for the caller). */
+/* How a communication op (BOXING) reaches the ranks' communicator: the executor calls the hook
+ * it was given (adt_exec_opts.comm) for every communication node. run() performs node k->n on
+ * k->in / k->out with the other ranks and returns ADT_OK or an error code (the message set
+ * with adt_error, or left in ctx).
+ *
+ * A hook may also offer the split form, all three of start / test / finish or none: start()
+ * posts the node's communication and returns at once; test() polls it without blocking (*done
+ * = 1 once it completed); finish() completes it (a bounded wait) and leaves the result in
+ * k->out. Between start and finish the executor keeps k->in and k->out alive and unwritten by
+ * anything else, so a hook may send from and receive into them directly. With the split form
+ * the executor overlaps communication with computation (exec.h). */
 typedef struct adt_comm_hook {
     int (*run)(void *ctx, const struct adt_kctx *k);
     void *ctx;
+    int (*start)(void *ctx, const struct adt_kctx *k);
+    int (*test)(void *ctx, const struct adt_kctx *k, int *done);
+    int (*finish)(void *ctx, const struct adt_kctx *k);
+    /* 1: an all-reduce step may be given its input's buffer as its output (k->out[0] ==
+     * k->in[0]); the executor then does so when nothing else reads the input, saving a copy and
+     * a buffer per gradient. */
+    int inplace_allreduce;
 } adt_comm_hook;
 
 /* What a kernel sees: the node, its values, and the buffers the executor assigned. */

@@ -87,4 +87,13 @@ int cli_token_flag(const char *command, const char *name, const char *value, cha
  * SIGPIPE is ignored. */
 int cli_stop_fd(void);
 
+/* Distributed runs: every rank makes the same checks, and only rank 0 speaks. cli_quiet is set on
+ * the other ranks (no banner, progress or notices); their error lines name the rank. */
+extern int cli_quiet;
+void cli_set_rank(int rank, int nranks);
+/* While on, cli_fail keeps its first message instead of printing it, so that ranks can first
+ * agree on who failed and then print one message (cli_print_deferred). */
+void cli_defer_errors(int on);
+void cli_print_deferred(void);
+
 #endif

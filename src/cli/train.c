@@ -1,5 +1,6 @@
 /*
- * train.c - `adtrain train`: trains a model from a JSON config on a dataset in one process.
+ * train.c - `adtrain train`: trains a model from a JSON config on a dataset, in one process or,
+ * under mpiexec, on every rank of an MPI world (train_dist.c).
  *
  * The flow is the one every later (distributed, elastic) trainer follows: parse and check every
  * flag before touching data, open the data, build the training graph (model, backward,
@@ -23,7 +24,8 @@
  * too big for the machine is better refused with its size before that. */
 static int check_memory(const trainer *t) {
     adt_memplan mp;
-    if (adt_memplan_build(&mp, t->g, NULL, t->g->n_nodes, 0))
+    const adt_graph *g = train_run_graph(t);
+    if (adt_memplan_build(&mp, g, NULL, g->n_nodes, 0))
         return train_fail(EXIT_RUNTIME, "memory plan: %s", adt_error_message());
     double need = (double)(mp.arena_bytes + mp.state_bytes + mp.scratch_bytes);
     adt_memplan_free(&mp);
@@ -36,29 +38,38 @@ static int check_memory(const trainer *t) {
     return 0;
 }
 
+/* The global training graph, and on a distributed run the rank's part of it. */
 static int build_graph(trainer *t) {
     t->g = adt_graph_create();
     if (adt_model_build(t->g, &t->model, (int)t->o.batch, &t->io))
         return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
-    adt_optim_cfg oc = t->o.optimizer == ADT_OPTIM_SGD
-                           ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
-                           : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
+    t->oc = t->o.optimizer == ADT_OPTIM_SGD ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
+                                            : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
     adt_graph_backward(t->g, t->io.loss);
-    adt_graph_optimizer(t->g, &oc);
+    adt_graph_optimizer(t->g, &t->oc);
     if (adt_graph_error(t->g))
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
     /* Accuracy and AUC read the logits after a forward run. */
     if (t->model.type != ADT_MODEL_GPT) adt_graph_mark_output(t->g, t->io.logits);
-    int rc = check_memory(t);
-    if (rc) return rc;
+    int rc = train_dist_partition(t);
+    return rc ? rc : check_memory(t);
+}
+
+/* The executor (collective on a distributed run) and the initial parameters. */
+static int make_executor(trainer *t) {
     adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed};
-    if (adt_exec_create(&t->ex, t->g, &eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+    if (t->world) {
+        int rc = train_dist_executor(t, &eo);
+        if (rc) return rc;
+    } else if (adt_exec_create(&t->ex, t->g, &eo)) {
+        return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+    }
     adt_exec_init_params(t->ex);
     return 0;
 }
 
 static int open_log(trainer *t) {
-    if (!t->o.log_path) return 0;
+    if (!t->o.log_path || t->rank != 0) return 0;
     /* A resumed run continues its log. */
     t->log = fopen(t->o.log_path, t->start_step ? "a" : "w");
     if (!t->log) return train_fail(EXIT_USAGE, "--log: cannot open '%s' for writing: %s", t->o.log_path, strerror(errno));
@@ -80,10 +91,18 @@ static void print_banner(const trainer *t) {
     fprintf(stderr, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d; %.3g GFLOP/step; eval %s\n",
             t->o.steps, t->o.batch, t->o.shuffle ? "on" : "off", (unsigned long long)t->o.seed, t->o.threads,
             adt_graph_flops(t->g) * 1e-9, t->o.eval_every > 0 ? "on" : "off");
+    if (t->world) {
+        char mb[32];
+        fprintf(stderr, "dist   %d ranks (MPI), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
+                "--threads %d per rank\n",
+                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb), t->loc.n_boxing,
+                adt_exec_overlaps(t->ex) ? "overlapped with computation" : "blocking", t->o.threads);
+    }
 }
 
 static void trainer_free(trainer *t) {
     adt_exec_free(t->ex);
+    train_world_end(t);
     adt_graph_free(t->g);
     adt_sampler_free(&t->sampler);
     train_data_free(t);
@@ -91,13 +110,18 @@ static void trainer_free(trainer *t) {
     if (t->log) fclose(t->log);
 }
 
-static int trainer_setup(trainer *t) {
-    int rc;
-    if ((rc = train_load_model(t)) || (rc = train_open_data(t))) return rc;
-    t->T = t->model.type == ADT_MODEL_GPT ? t->model.gpt.n_ctx : 1;
-    if ((rc = train_check_batches(t)) || (rc = build_graph(t)) || (rc = train_ckpt_init(t)) ||
-        (rc = train_ckpt_resume(t)) || (rc = open_log(t)))
-        return rc;
+/* Setup in two halves with the ranks' agreement after each: first what each rank does alone
+ * (flags, config, data, graph, plan, log file), then the collective part (communicators,
+ * executor) and the checkpoints every rank reads. One process agrees with itself. */
+static int trainer_setup(trainer *t, int rc) {
+    if (!rc && !(rc = train_load_model(t)) && !(rc = train_open_data(t))) {
+        t->T = t->model.type == ADT_MODEL_GPT ? t->model.gpt.n_ctx : 1;
+        if (!(rc = train_check_batches(t)) && !(rc = build_graph(t))) rc = open_log(t);
+    }
+    if ((rc = train_world_agree(t, rc))) return rc;
+    cli_defer_errors(t->world != NULL);
+    if (!(rc = make_executor(t)) && !(rc = train_ckpt_init(t))) rc = train_ckpt_resume(t);
+    if ((rc = train_world_agree(t, rc))) return rc;
     t->idx = adt_malloc((size_t)t->o.batch * sizeof *t->idx);
     if (t->model.type == ADT_MODEL_DLRM) {
         size_t n = (size_t)t->o.eval_batches * (size_t)t->o.batch;
@@ -105,7 +129,7 @@ static int trainer_setup(trainer *t) {
         t->labels = adt_malloc(n * sizeof *t->labels);
     }
     t->tty = isatty(STDERR_FILENO);
-    print_banner(t);
+    if (!cli_quiet) print_banner(t);
     return 0;
 }
 /* ============================================================================================
@@ -121,14 +145,6 @@ static double lr_at(const train_opts *o, long s) {
     return min_lr + 0.5 * (1.0 + cos(M_PI * p)) * (o->lr - min_lr);
 }
 
-static int fill_batch(trainer *t, const train_source *s, int64_t *idx) {
-    void *input2 = t->io.input2 >= 0 ? adt_exec_data(t->ex, t->io.input2) : NULL;
-    return train_source_fill(s, idx, (int)t->o.batch, adt_exec_data(t->ex, t->io.input), input2,
-                             adt_exec_data(t->ex, t->io.label));
-}
-
-static float read_loss(trainer *t) { return *(const float *)adt_exec_data(t->ex, t->io.loss); }
-
 /* Mean loss (and the family's metric) over the first K validation batches: the same batches
  * every time, so successive evaluations compare like with like. */
 static int evaluate(trainer *t, double *mean) {
@@ -139,10 +155,11 @@ static int evaluate(trainer *t, double *mean) {
     train_metric_reset(t);
     for (int64_t b = 0; b < K; b++) {
         for (int k = 0; k < B; k++) idx[k] = b * B + k;
-        if (fill_batch(t, &t->val, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
-        if (adt_exec_run_forward(t->ex)) return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
-        sum += read_loss(t);
-        train_metric_add(t, B);
+        if (train_fill(t, &t->val, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
+        double loss;
+        if (adt_exec_run_forward(t->ex) || train_read_loss(t, &loss) || train_metric_add(t, B))
+            return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
+        sum += loss;
     }
     *mean = sum / (double)K;
     return 0;
@@ -189,10 +206,10 @@ static int run_eval(trainer *t, long step) {
     double vl = 0;
     int rc = evaluate(t, &vl);
     if (rc) return rc;
-    if (t->tty) fprintf(stderr, "\r\033[K");
+    if (t->tty && !cli_quiet) fprintf(stderr, "\r\033[K");
     char json[64], text[160];
     train_metric_format(t, json, sizeof json, text, sizeof text);
-    fprintf(stderr, "eval step %ld/%ld: val_loss %.4f%s\n", step, t->o.steps, vl, text);
+    if (!cli_quiet) fprintf(stderr, "eval step %ld/%ld: val_loss %.4f%s\n", step, t->o.steps, vl, text);
     return log_line(t, "{\"step\":%ld,\"val_loss\":%.9g%s}\n", step, vl, json);
 }
 
@@ -201,13 +218,13 @@ static int train_step(trainer *t, long step, step_stats *st) {
     int64_t *idx = t->idx;
     double t0 = adt_now_s();
     adt_sampler_batch(&t->sampler, step - 1, idx);
-    if (fill_batch(t, &t->train, idx))
+    if (train_fill(t, &t->train, idx))
         return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     st->step = step;
     st->lr = lr_at(&t->o, step);
     adt_exec_set_lr_step(t->ex, (float)st->lr, (int32_t)step);
-    if (adt_exec_run(t->ex)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
-    st->loss = read_loss(t);
+    if (adt_exec_run(t->ex) || train_read_loss(t, &st->loss))
+        return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
     double dt = adt_now_s() - t0;
     st->total_s += dt;
     st->ms = dt * 1e3;
@@ -232,25 +249,27 @@ static int train_loop(trainer *t) {
                       loss_json, st.lr, st.ms, t->model.type == ADT_MODEL_GPT ? "tokens_per_s" : "samples_per_s", st.per_s,
                       st.total_s);
         if (rc) return rc;
-        if (!isfinite(st.loss)) {
-            if (t->tty) fprintf(stderr, "\n");
+        if (!isfinite(st.loss)) { /* the global loss: every rank stops here */
+            if (t->tty && !cli_quiet) fprintf(stderr, "\n");
             return train_fail(EXIT_RUNTIME, "step %ld: the loss is %g (training diverged); expected a finite loss - "
                               "try a lower --lr (now %g)", s, st.loss, t->o.lr);
         }
         int last = s == t->o.steps;
         double now = adt_now_s();
         win_s += st.ms * 1e-3, win_n++;
-        if (t->tty ? (now - last_print > 0.1 || last || s == first) : (s == first || s % 10 == 0 || last)) {
+        if (cli_quiet) {
+        } else if (t->tty ? (now - last_print > 0.1 || last || s == first) : (s == first || s % 10 == 0 || last)) {
             print_progress(t, &st, win_s / win_n);
             last_print = now, win_s = 0, win_n = 0;
         }
         if (t->o.eval_every > 0 && (s % t->o.eval_every == 0 || last) && (rc = run_eval(t, s))) return rc;
         if (t->o.save_every && s % t->o.save_every == 0 && (rc = train_ckpt_save(t, t->o.save_path, s))) return rc;
     }
-    if (t->tty) fprintf(stderr, "\n");
+    if (t->tty && !cli_quiet) fprintf(stderr, "\n");
     long done = t->o.steps - t->start_step;
-    fprintf(stderr, "done: %ld steps in %.2f s (%.3g ms/step); loss %.4f -> %.4f\n", done, st.total_s,
-            st.total_s * 1e3 / (double)done, first_loss, st.loss);
+    if (!cli_quiet)
+        fprintf(stderr, "done: %ld steps in %.2f s (%.3g ms/step); loss %.4f -> %.4f\n", done, st.total_s,
+                st.total_s * 1e3 / (double)done, first_loss, st.loss);
     int saved_in_loop = t->o.save_every && t->o.steps % t->o.save_every == 0;
     if (t->o.save_path && !saved_in_loop) {
         int rc = train_ckpt_save(t, t->o.save_path, t->o.steps);
@@ -261,10 +280,16 @@ static int train_loop(trainer *t) {
 
 int cli_train(int argc, char **argv) {
     trainer t = {0};
-    int rc = train_parse_opts(&t.o, argc, argv);
-    if (rc) return rc < 0 ? 0 : rc;
-    rc = trainer_setup(&t);
-    if (!rc) rc = train_loop(&t);
+    int rc = train_world_init(&t);
+    if (rc) return rc;
+    cli_defer_errors(t.world != NULL);
+    rc = trainer_setup(&t, train_parse_opts(&t.o, argc, argv));
+    if (!rc) {
+        rc = train_loop(&t);
+        /* a rank that fails alone (a write, a read, a collective) must not leave the others
+         * waiting in the next collective */
+        if (rc && t.world) train_world_fatal(&t, rc);
+    }
     trainer_free(&t);
-    return rc;
+    return rc < 0 ? 0 : rc;
 }

@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "adtrain/comm.h"
 #include "adtrain/data.h"
+#include "adtrain/dist.h"
 #include "adtrain/exec.h"
 #include "adtrain/graph.h"
 #include "adtrain/models.h"
@@ -31,6 +33,7 @@ typedef struct train_opts {
     const char *log_path;
     const char *init_path, *resume_path, *save_path;
     long save_every;
+    const char *plan_path; /* --plan PLAN.json (train_dist.c) */
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -64,6 +67,19 @@ typedef struct trainer {
     /* evaluation metric beyond the loss: accuracy (mlp, vgg) or AUC (dlrm) */
     int64_t metric_hits, metric_n;
     float *scores, *labels; /* dlrm: [eval batches * batch] */
+    /* distributed (train_dist.c): started by an MPI launcher with more than one rank */
+    adt_comm *world;      /* NULL: one process */
+    int rank, nranks;
+    adt_plan xplan;       /* the plan: --plan's file, or the data-parallel expert plan */
+    adt_dist_plan plan;   /* what the partitioner takes from it (its stage mesh and layouts) */
+    int *plan_ranks;      /* the stage mesh's ranks */
+    int coord[ADT_MAX_MESH_DIMS]; /* this rank's place on that mesh */
+    char plan_label[320];
+    adt_optim_cfg oc;     /* the run's optimizer (a plan must be made for its kind) */
+    adt_dist_local loc;   /* the local graph the executor runs (loc.g), and where each value lives */
+    adt_mesh_comm *mc;
+    void *stage[3];       /* the fed samples of this rank's part of a batch: input, input2, label */
+    void *gathered[2];    /* whole values read back for metrics (logits, label) */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -76,8 +92,25 @@ int train_source_fill(const train_source *s, int64_t *idx, int n, void *input, v
 void train_data_free(trainer *t);
 /* The metric of the validation batches since the last reset (after each forward run: add). */
 void train_metric_reset(trainer *t);
-void train_metric_add(trainer *t, int batch);
+int train_metric_add(trainer *t, int batch);
 void train_metric_format(trainer *t, char *json, size_t nj, char *text, size_t nt);
+
+/* train_dist.c: the run over MPI ranks, and what both kinds of run read and write through. */
+int train_world_init(trainer *t);            /* MPI when launched by mpiexec; sets rank, nranks */
+int train_world_agree(trainer *t, int rc);   /* every rank's setup result -> the common one     */
+void train_world_end(trainer *t);
+void train_world_fatal(trainer *t, int rc);  /* a failure while training: ends every rank      */
+int train_dist_partition(trainer *t);        /* plan and local graph (no communication)        */
+int train_dist_executor(trainer *t, const adt_exec_opts *eo); /* collective: comms, executor  */
+const adt_graph *train_run_graph(const trainer *t); /* the graph the executor runs             */
+void *train_value(trainer *t, int v);        /* this rank's storage of global value v          */
+/* Writes the batch of source sample indices idx[0..batch) into the fed inputs (this rank's part
+ * of each). idx entries are turned into dataset ids in place. */
+int train_fill(trainer *t, const train_source *s, int64_t *idx);
+/* The whole of global value v (io.logits or io.label) after a run; slot 0 or 1 says which buffer
+ * holds it on a distributed run. Collective there. */
+int train_read(trainer *t, int v, int slot, const void **out);
+int train_read_loss(trainer *t, double *loss); /* the global mean loss; collective */
 
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */

@@ -20,7 +20,9 @@
 
 #define CKPT_FORMAT "adtrain-train-state-1"
 
-static void *exec_data(void *ctx, int v) { return adt_exec_data(ctx, v); }
+/* Storage of a global value on this rank (a checkpoint names the global values; under
+ * data parallelism every rank holds each persistent value whole). */
+static void *exec_data(void *ctx, int v) { return train_value(ctx, v); }
 
 /* The training vocabulary as hex ("0a20..."): metadata values are strings. */
 static void vocab_hex(const trainer *t, char *buf, size_t n) {
@@ -38,6 +40,7 @@ static void save_path_for(const char *pattern, long step, char *buf, size_t n) {
 }
 
 int train_ckpt_save(trainer *t, const char *pattern, long step) {
+    if (t->rank != 0) return 0; /* every rank holds the same state: rank 0 writes it */
     char path[4096];
     save_path_for(pattern, step, path, sizeof path);
     char s_step[32], s_seed[32], s_batch[32], s_samples[32], vocab[520];
@@ -60,7 +63,7 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
         "adtrain.model_config", model_json,
         "adtrain.vocab", vocab,
     };
-    int rc = adt_ckpt_save(path, t->g, exec_data, t->ex, 1, meta, (int)(sizeof meta / sizeof *meta / 2));
+    int rc = adt_ckpt_save(path, t->g, exec_data, t, 1, meta, (int)(sizeof meta / sizeof *meta / 2));
     free(model_json);
     if (rc) return train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     if (!t->tty || step == t->o.steps) fprintf(stderr, "saved %s (step %ld)\n", path, step);
@@ -92,7 +95,7 @@ int train_ckpt_init(trainer *t) {
     int rc = open_ckpt("--init", t->o.init_path, &f);
     if (rc) return rc;
     rc = check_vocab(t, f, "--init");
-    if (!rc && adt_ckpt_load(f, t->g, exec_data, t->ex, 0))
+    if (!rc && adt_ckpt_load(f, t->g, exec_data, t, 0))
         rc = train_fail(EXIT_USAGE, "--init: %s", adt_error_message());
     adt_st_close(f);
     return rc;
@@ -137,7 +140,7 @@ static int resume_from(trainer *t, const adt_st_file *f) {
     if (step >= t->o.steps)
         return train_fail(EXIT_USAGE, "--resume %s: the checkpoint is at step %ld already; expected --steps above it "
                           "(the total for the whole run)", adt_st_name(f), step);
-    if (adt_ckpt_load(f, t->g, exec_data, t->ex, 1)) return train_fail(EXIT_USAGE, "--resume: %s", adt_error_message());
+    if (adt_ckpt_load(f, t->g, exec_data, t, 1)) return train_fail(EXIT_USAGE, "--resume: %s", adt_error_message());
     t->start_step = step;
     return 0;
 }
@@ -149,6 +152,6 @@ int train_ckpt_resume(trainer *t) {
     if (rc) return rc;
     rc = resume_from(t, f);
     adt_st_close(f);
-    if (!rc) fprintf(stderr, "resume %s: continuing after step %ld\n", t->o.resume_path, t->start_step);
+    if (!rc && !cli_quiet) fprintf(stderr, "resume %s: continuing after step %ld\n", t->o.resume_path, t->start_step);
     return rc;
 }

@@ -65,9 +65,10 @@ static const char *default_data(const adt_model_cfg *m) {
     static const char *const syn[] = {[ADT_MODEL_GPT] = "synthetic:text", [ADT_MODEL_MLP] = "synthetic:mlp",
                                       [ADT_MODEL_VGG] = "synthetic:vgg", [ADT_MODEL_DLRM] = "synthetic:dlrm"};
     if (m->type == ADT_MODEL_GPT && access(TRAIN_DEFAULT_TEXT, R_OK) == 0) {
-        fprintf(stderr, "adtrain train: no --data given: using text:%s\n", TRAIN_DEFAULT_TEXT);
+        if (!cli_quiet) fprintf(stderr, "adtrain train: no --data given: using text:%s\n", TRAIN_DEFAULT_TEXT);
         return "text:" TRAIN_DEFAULT_TEXT;
     }
+    if (cli_quiet) return syn[m->type];
     if (m->type == ADT_MODEL_GPT)
         fprintf(stderr, "adtrain train: no --data given and %s not found: using synthetic:text\n", TRAIN_DEFAULT_TEXT);
     else fprintf(stderr, "adtrain train: no --data given: using %s\n", syn[m->type]);
@@ -166,11 +167,14 @@ void train_metric_reset(trainer *t) {
 }
 
 /* After a forward run on a validation batch: classifiers count correct argmaxes, DLRM keeps the
- * scores and labels for the AUC. */
-void train_metric_add(trainer *t, int B) {
-    const float *logits = adt_exec_data(t->ex, t->io.logits);
+ * scores and labels for the AUC. Collective on a distributed run (the whole logits). */
+int train_metric_add(trainer *t, int B) {
+    if (t->model.type == ADT_MODEL_GPT) return 0;
+    const void *lp, *yp;
+    if (train_read(t, t->io.logits, 0, &lp) || train_read(t, t->io.label, 1, &yp)) return -1;
+    const float *logits = lp;
     if (t->model.type == ADT_MODEL_MLP || t->model.type == ADT_MODEL_VGG) {
-        const int32_t *y = adt_exec_data(t->ex, t->io.label);
+        const int32_t *y = yp;
         int C = t->model.type == ADT_MODEL_MLP ? t->model.mlp.sizes[t->model.mlp.n_sizes - 1] : t->model.vgg.classes;
         for (int b = 0; b < B; b++) {
             int best = 0;
@@ -180,13 +184,14 @@ void train_metric_add(trainer *t, int B) {
         }
         t->metric_n += B;
     } else if (t->model.type == ADT_MODEL_DLRM) {
-        const float *y = adt_exec_data(t->ex, t->io.label);
+        const float *y = yp;
         for (int b = 0; b < B; b++) {
             t->scores[t->metric_n + b] = logits[b];
             t->labels[t->metric_n + b] = y[b];
         }
         t->metric_n += B;
     }
+    return 0;
 }
 
 /* ",\"val_acc\":0.97" for the log line and " val_acc 0.9700" for the terminal; empty for GPT. */

@@ -15,10 +15,13 @@
 static void train_usage(FILE *f) {
     fprintf(f,
             "usage: adtrain train [options]\n"
+            "       mpiexec -n N adtrain train [options]\n"
             "\n"
-            "Trains a model on one process. With no options: the built-in tiny GPT (2 layers, width 64,\n"
-            "4 heads, n_ctx 64) on Tiny Shakespeare if " TRAIN_DEFAULT_TEXT " exists,\n"
-            "else on synthetic:text.\n"
+            "Trains a model on one process, or under mpiexec on N processes (data parallel: each rank\n"
+            "takes its part of every batch; the logged losses are those of the one-process run; only\n"
+            "rank 0 prints and writes the log). With no options: the built-in tiny GPT (2 layers, width\n"
+            "64, 4 heads, n_ctx 64) on Tiny Shakespeare if " TRAIN_DEFAULT_TEXT "\n"
+            "exists, else on synthetic:text.\n"
             "\n"
             "model and data:\n"
             "  --model CFG.json        model config (configs/*.json); default: built-in gpt-tiny,\n"
@@ -37,7 +40,10 @@ static void train_usage(FILE *f) {
             "  --schedule constant|cosine   after warmup; cosine decays to 10%% of lr (default cosine)\n"
             "  --shuffle on|off        per-epoch seeded permutation of samples (default on)\n"
             "  --seed S                initialisation, dropout and shuffling (default 1337)\n"
-            "  --threads T             BLAS threads (default 1)\n"
+            "  --threads T             BLAS threads, per rank (default 1)\n"
+            "  --plan PLAN.json        the parallel plan of an mpiexec run (adtrain plan -o PLAN.json; made\n"
+            "                          for this model, --batch and optimizer, one device per rank, one\n"
+            "                          stage); default: data parallel over all ranks\n"
             "evaluation and logging:\n"
             "  --eval-every N          validation loss every N steps and at the end (default 0: off)\n"
             "  --eval-batches K        validation batches per evaluation (default 20)\n"
@@ -105,6 +111,7 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
     else if (!strcmp(f, "--init")) o->init_path = v;
     else if (!strcmp(f, "--resume")) o->resume_path = v;
     else if (!strcmp(f, "--save")) o->save_path = v;
+    else if (!strcmp(f, "--plan")) o->plan_path = v;
     else if (!strcmp(f, "--save-every")) rc = parse_long(f, v, 1, INT32_MAX, &o->save_every);
     else if (!strcmp(f, "--steps")) rc = parse_long(f, v, 1, INT32_MAX, &o->steps);
     else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, 1 << 20, &o->batch);
@@ -126,7 +133,7 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
 static const char *const train_flags[] = {
     "--model", "--data", "--val", "--steps", "--batch", "--optimizer", "--lr", "--momentum", "--weight-decay",
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
-    "--init", "--resume", "--save", "--save-every", NULL,
+    "--init", "--resume", "--save", "--save-every", "--plan", NULL,
 };
 
 /* The flag `arg` names ("--steps" or "--steps=10"); *inline_val gets the part after '='. */
@@ -163,7 +170,7 @@ int train_parse_opts(train_opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            train_usage(stdout);
+            if (!cli_quiet) train_usage(stdout);
             return -1;
         }
         const char *f = find_flag(a, &v);

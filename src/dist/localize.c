@@ -170,6 +170,17 @@ static int sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const ad
                          adt_mesh_str(m, mbuf, sizeof mbuf), is_out ? "output" : "input", bad, v->name,
                          adt_shape_str(&v->shape, sh, sizeof sh));
     }
+    for (int i = 0; i < n->n_in + n->n_out; i++) { /* only f32 sums: integer ids are never partial */
+        int is_in = i < n->n_in, v = is_in ? n->in[i] : n->out[i - n->n_in];
+        const adt_ndsbp *sb = is_in ? &s->in[i] : &s->out[i - n->n_in];
+        if (g->values[v].dtype == ADT_F32 || !adt_ndsbp_partial_mask(sb)) continue;
+        char sigs[512], mbuf[32];
+        return adt_error(ADT_ERR_SHAPE, "node %s: signature %s on mesh %s: %s %d ('%s') is %s data, which is never "
+                         "held as partial sums",
+                         n->name, adt_nd_sig_str(s, n->n_in, n->n_out, sigs, sizeof sigs),
+                         adt_mesh_str(m, mbuf, sizeof mbuf), is_in ? "input" : "output", is_in ? i : i - n->n_in,
+                         g->values[v].name, adt_dtype_name(g->values[v].dtype));
+    }
     return check_coords(g, node, s, m, sg);
 }
 

@@ -1,12 +1,14 @@
 /*
  * exec.c - runs a training graph: one state block, one planned arena, one scratch buffer, and
- * the nodes in order through the op registry's kernels.
+ * the nodes in order through the op registry's kernels; communication nodes through the hook,
+ * split into start and wait around the computation when the hook allows (split schedule below).
  *
- * The run order is the graph's with each optimizer update moved up to right after the last
- * node it conflicts with (schedule below); the memory plan is made for that order.
- * Two fusions: a matmul whose product only a bias_add reads runs as a product-plus-bias that
- * writes the bias_add's output directly, and the bias_add is skipped; a weight gradient's
- * matmul feeding an SGD update with momentum accumulates into the momentum buffer (fold_nodes).
+ * Without split communication the run order is the graph's with each optimizer update moved up
+ * to right after the last node it conflicts with (schedule below); with it, the split schedule
+ * decides. The memory plan is made for the order that runs. Two fusions: a matmul whose product
+ * only a bias_add reads runs as a product-plus-bias that writes the bias_add's output directly,
+ * and the bias_add is skipped; a weight gradient's matmul feeding an SGD update with momentum
+ * accumulates into the momentum buffer (fold_nodes).
  */
 #include "adtrain/exec.h"
 
@@ -16,7 +18,14 @@
 #include <sys/mman.h>
 
 #include "adtrain/base.h"
+#include "adtrain/dist.h"
 #include "adtrain/ops.h"
+
+/* One event of a split schedule: run a compute node, start a communication node, or wait for it. */
+enum { EV_RUN, EV_START, EV_WAIT };
+typedef struct sched_ev {
+    int kind, node;
+} sched_ev;
 
 struct adt_exec {
     const adt_graph *g;
@@ -26,13 +35,27 @@ struct adt_exec {
     float *scratch;
     void **ptr; /* [n_values] */
     double *node_s;
+    /* split communication (hook with start / test / finish, and not comm_sync) */
+    int split;
+    sched_ev *ev, *fev; /* the whole step; the forward pass only */
+    int n_ev, n_fev;
+    int *pend, n_pend;    /* started communication nodes not finished yet, in start order */
+    unsigned char *done;  /* [n_nodes] completion seen by a poll                          */
+    double *t_start;      /* [n_nodes] when the start returned                            */
+    double *t_done;       /* [n_nodes] when a poll saw it complete                        */
+    adt_exec_stats last, total;
     int *bias_of;       /* [n_nodes] for a matmul: the bias_add folded into it, else -1 */
     unsigned char *done_by_matmul; /* [n_nodes] bias_adds folded into their matmul       */
     int *momentum_of;   /* [n_nodes] for a matmul: the SGD update it accumulates for, or -1 */
     unsigned char *momentum_done;  /* [n_nodes] SGD updates whose momentum a matmul made  */
-    int *order;         /* [n_nodes] node ids in the order they run                      */
+    int *order;         /* [n_nodes] node ids in the order they run (or start)           */
     int *pos;           /* [n_nodes] a node's position in that order (the plan's time)   */
 };
+
+static int root_of(const adt_graph *g, int v) {
+    while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
+    return v;
+}
 
 /* The arena and the state block, zeroed. A step streams them through the TLB several times
  * (every weight, gradient and optimizer moment), and with 4 KiB pages a model of some MB
@@ -54,11 +77,6 @@ static void *exec_block(size_t n) {
     return adt_alloc_aligned(n);
 }
 
-static int storage_root(const adt_graph *g, int v) {
-    while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
-    return v;
-}
-
 /* The run order: the graph's, except that each optimizer node runs as soon as every earlier
  * node it conflicts with has run (one that writes storage it reads, or reads or writes storage
  * it writes): right after its parameter's last use in the backward pass, once its gradient is
@@ -67,26 +85,26 @@ static int storage_root(const adt_graph *g, int v) {
  * at the end, and each gradient buffer is free for reuse earlier. Nothing moves past a node it
  * depends on or that depends on it: nodes after an optimizer node in the graph still run after
  * it. */
-typedef struct sched {
+typedef struct opt_sched {
     /* after[0]: optimizer nodes that conflict with no earlier node; after[i + 1]: those that
      * run right after node i. Each a list through next[]. */
     int *after, *next, *order, *pos, n;
-} sched;
+} opt_sched;
 
-static void sched_emit(sched *s, int i) {
+static void sched_emit(opt_sched *s, int i) {
     s->pos[i] = s->n;
     s->order[s->n++] = i;
     for (int o = s->after[i + 1]; o >= 0; o = s->next[o]) sched_emit(s, o);
 }
 
-static void schedule(adt_exec *ex) {
+static void schedule_updates_early(adt_exec *ex) {
     const adt_graph *g = ex->g;
     int nn = g->n_nodes;
     /* per storage root: the last node that wrote it, and the last that read or wrote it */
     int *last_w = adt_malloc((size_t)(g->n_values + 1) * sizeof *last_w);
     int *last_rw = adt_malloc((size_t)(g->n_values + 1) * sizeof *last_rw);
     int *tail = adt_malloc((size_t)(nn + 1) * sizeof *tail);
-    sched s = {adt_malloc((size_t)(nn + 1) * sizeof(int)), adt_malloc((size_t)(nn + 1) * sizeof(int)),
+    opt_sched s = {adt_malloc((size_t)(nn + 1) * sizeof(int)), adt_malloc((size_t)(nn + 1) * sizeof(int)),
                ex->order, ex->pos, 0};
     for (int v = 0; v < g->n_values; v++) last_w[v] = last_rw[v] = -1;
     for (int i = 0; i <= nn; i++) s.after[i] = tail[i] = -1;
@@ -95,11 +113,11 @@ static void schedule(adt_exec *ex) {
         if (n->is_optimizer) {
             int a = -1;
             for (int k = 0; k < n->n_in; k++) {
-                int t = last_w[storage_root(g, n->in[k])];
+                int t = last_w[root_of(g, n->in[k])];
                 a = t > a ? t : a;
             }
             for (int k = 0; k < n->n_out; k++) {
-                int t = last_rw[storage_root(g, n->out[k])];
+                int t = last_rw[root_of(g, n->out[k])];
                 a = t > a ? t : a;
             }
             s.next[i] = -1;
@@ -107,9 +125,9 @@ static void schedule(adt_exec *ex) {
             else s.next[tail[a + 1]] = i;
             tail[a + 1] = i;
         }
-        for (int k = 0; k < n->n_in; k++) last_rw[storage_root(g, n->in[k])] = i;
+        for (int k = 0; k < n->n_in; k++) last_rw[root_of(g, n->in[k])] = i;
         for (int k = 0; k < n->n_out; k++) {
-            int r = storage_root(g, n->out[k]);
+            int r = root_of(g, n->out[k]);
             last_w[r] = last_rw[r] = i;
         }
     }
@@ -232,6 +250,186 @@ static void fold_nodes(adt_exec *ex) {
     free(reader);
 }
 
+static int node_phase(const adt_node *n) { return n->is_optimizer ? 2 : n->is_backward ? 1 : 0; }
+static int is_comm(const adt_graph *g, int i) { return adt_op_get(g->nodes[i].op)->is_comm; }
+
+/* ---- the split schedule ----------------------------------------------------------------------
+ * Built once: node order with every communication node started as soon as its input is ready and
+ * waited for just before the first node that reads its output (or updates its input in place).
+ * `order` lists the started and run nodes (the memory plan's positions) and read_until[p] the
+ * position before which node order[p]'s wait comes, so that its buffers outlive the transfer.
+ */
+typedef struct sched {
+    const adt_graph *g;
+    sched_ev *ev;
+    int n_ev;
+    int *order, n_order, *pos, *read_until;
+    int *pend, n_pend;
+    unsigned char *started;
+    int *comm_nodes, n_comm;
+} sched;
+
+static void emit(sched *s, int kind, int node) {
+    s->ev[s->n_ev++] = (sched_ev){kind, node};
+    if (kind == EV_WAIT) {
+        s->read_until[s->pos[node]] = s->n_order; /* in flight until just before the next position */
+        int j = 0;
+        while (s->pend[j] != node) j++;
+        memmove(s->pend + j, s->pend + j + 1, (size_t)(s->n_pend - j - 1) * sizeof *s->pend);
+        s->n_pend--;
+        return;
+    }
+    s->pos[node] = s->n_order;
+    s->read_until[s->n_order] = s->n_order;
+    s->order[s->n_order++] = node;
+    if (kind == EV_START) {
+        s->started[node] = 1;
+        s->pend[s->n_pend++] = node;
+    }
+}
+
+/* Waits for every pending collective node i depends on: one whose output it reads, or (an
+ * in-place update) one whose input shares storage with what it overwrites. */
+static void wait_for(sched *s, int i) {
+    const adt_graph *g = s->g;
+    const adt_node *n = &g->nodes[i];
+    int inplace = adt_op_get(n->op)->inplace;
+    for (int j = 0; j < s->n_pend;) {
+        const adt_node *b = &g->nodes[s->pend[j]];
+        int dep = 0;
+        for (int k = 0; k < n->n_in && !dep; k++)
+            dep = n->in[k] == b->out[0] || (inplace && root_of(g, n->in[k]) == root_of(g, b->in[0]));
+        if (dep) emit(s, EV_WAIT, s->pend[j]); /* removes entry j */
+        else j++;
+    }
+}
+
+/* A collective may start right after its input's producer unless the input is a leaf (it starts
+ * where the partitioner put it) or a forward value that a later phase reads (it would hold a
+ * buffer across the whole forward pass). */
+static int hoistable(const adt_graph *g, int c) {
+    int p = g->values[g->nodes[c].in[0]].producer;
+    if (p < 0 || is_comm(g, p)) return 0;
+    return !(node_phase(&g->nodes[p]) == 0 && node_phase(&g->nodes[c]) != 0);
+}
+
+static void start_readers(sched *s, int i) {
+    const adt_node *n = &s->g->nodes[i];
+    for (int j = 0; j < s->n_comm; j++) {
+        int c = s->comm_nodes[j];
+        if (c <= i || s->started[c] || !hoistable(s->g, c)) continue;
+        for (int k = 0; k < n->n_out; k++)
+            if (s->g->nodes[c].in[0] == n->out[k]) {
+                emit(s, EV_START, c);
+                break;
+            }
+    }
+}
+
+/* Key of an optimizer node: the latest start among the collectives it waits for. */
+static int ready_key(const sched *s, int i) {
+    const adt_node *n = &s->g->nodes[i];
+    int key = -1;
+    for (int j = 0; j < s->n_pend; j++)
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] == s->g->nodes[s->pend[j]].out[0] && j > key) key = j;
+    return key;
+}
+
+/* From node i0 on, the optimizer updates only, every collective they wait for already started:
+ * they are independent, so run them in the order their collectives started. 1 when done. */
+static int run_updates_by_arrival(sched *s, int i0) {
+    const adt_graph *g = s->g;
+    int n = g->n_nodes - i0;
+    for (int i = i0; i < g->n_nodes; i++)
+        if (is_comm(g, i) ? !s->started[i] : !g->nodes[i].is_optimizer) return 0;
+    int *ids = adt_malloc((size_t)n * sizeof *ids), *key = adt_malloc((size_t)n * sizeof *key), m = 0;
+    for (int i = i0; i < g->n_nodes; i++)
+        if (!is_comm(g, i)) ids[m] = i, key[m++] = ready_key(s, i);
+    for (int a = 1; a < m; a++) /* stable insertion sort by key */
+        for (int b = a; b > 0 && key[b - 1] > key[b]; b--) {
+            int t = key[b]; key[b] = key[b - 1]; key[b - 1] = t;
+            t = ids[b]; ids[b] = ids[b - 1]; ids[b - 1] = t;
+        }
+    for (int a = 0; a < m; a++) {
+        wait_for(s, ids[a]);
+        emit(s, EV_RUN, ids[a]);
+    }
+    free(ids);
+    free(key);
+    return 1;
+}
+
+/* share[] for the memory plan: the output of an all-reduce step whose input nothing else reads
+ * (a partial gradient) takes the input's buffer, when the hook allows; NULL if none does. */
+static int *inplace_allreduces(const adt_graph *g) {
+    int *share = NULL, *readers = adt_calloc((size_t)(g->n_values + 1), sizeof *readers);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) readers[root_of(g, g->nodes[i].in[k])]++;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (!is_comm(g, i) || (n->a.i[0] & 0xff) != ADT_BOXING_ALL_REDUCE) continue; /* ops.h: i0 = kind | ... */
+        /* the input may be a view (a reshaped gradient): then the views between it and its root
+         * are the root's only other readers */
+        int r = n->in[0], links = 0, ok = 1;
+        for (; g->values[r].alias_of >= 0; r = g->values[r].alias_of, links++) {
+            const adt_value *v = &g->values[r];
+            ok &= v->producer >= 0 && adt_op_get(g->nodes[v->producer].op)->view_of >= 0 && !v->is_output;
+        }
+        const adt_value *root = &g->values[r];
+        if (!ok || root->producer < 0 || root->is_output || readers[r] != links + 1) continue;
+        if (!share) {
+            share = adt_malloc((size_t)g->n_values * sizeof *share);
+            for (int v = 0; v < g->n_values; v++) share[v] = -1;
+        }
+        share[n->out[0]] = n->in[0];
+    }
+    free(readers);
+    return share;
+}
+
+static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) {
+    const adt_graph *g = ex->g;
+    int nn = g->n_nodes;
+    sched s = {.g = g};
+    s.ev = adt_malloc((size_t)(2 * nn + 1) * sizeof *s.ev);
+    s.order = adt_malloc((size_t)(nn + 1) * sizeof *s.order);
+    s.pos = adt_calloc((size_t)(nn + 1), sizeof *s.pos);
+    s.read_until = adt_calloc((size_t)(nn + 1), sizeof *s.read_until);
+    s.pend = adt_malloc((size_t)(nn + 1) * sizeof *s.pend);
+    s.started = adt_calloc((size_t)(nn + 1), 1);
+    s.comm_nodes = adt_malloc((size_t)(nn + 1) * sizeof *s.comm_nodes);
+    for (int i = 0; i < nn; i++)
+        if (is_comm(g, i)) s.comm_nodes[s.n_comm++] = i;
+    for (int i = 0; i < nn; i++) {
+        if (g->nodes[i].is_optimizer && !is_comm(g, i) && run_updates_by_arrival(&s, i)) break;
+        if (is_comm(g, i)) {
+            if (s.started[i]) continue;
+            wait_for(&s, i);
+            emit(&s, EV_START, i);
+            continue;
+        }
+        wait_for(&s, i);
+        emit(&s, EV_RUN, i);
+        start_readers(&s, i);
+    }
+    while (s.n_pend) emit(&s, EV_WAIT, s.pend[0]);
+    ex->ev = s.ev;
+    ex->n_ev = s.n_ev;
+    ex->fev = adt_malloc((size_t)(s.n_ev + 1) * sizeof *ex->fev);
+    for (int e = 0; e < s.n_ev; e++)
+        if (node_phase(&g->nodes[s.ev[e].node]) == 0) ex->fev[ex->n_fev++] = s.ev[e];
+    ADT_ASSERT(s.n_order == nn);
+    memcpy(ex->order, s.order, (size_t)nn * sizeof *ex->order);
+    memcpy(ex->pos, s.pos, (size_t)nn * sizeof *ex->pos);
+    *order_out = s.order;
+    *read_until_out = s.read_until;
+    free(s.pos);
+    free(s.pend);
+    free(s.started);
+    free(s.comm_nodes);
+}
+
 int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
     *out = NULL;
     if (g->status) return adt_error(g->status, "%s", g->err);
@@ -243,10 +441,29 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
     ex->g = g;
     if (opts) ex->o = *opts;
     if (ex->o.threads > 0) openblas_set_num_threads(ex->o.threads);
+    const adt_comm_hook *h = ex->o.comm;
+    ex->split = h && h->start && h->test && h->finish && !ex->o.comm_sync;
+    int any_comm = 0;
+    for (int i = 0; i < g->n_nodes; i++) any_comm |= is_comm(g, i);
     ex->order = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->order);
     ex->pos = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->pos);
-    schedule(ex);
-    adt_memplan_build(&ex->mp, g, ex->order, g->n_nodes, ex->o.no_reuse);
+    int *share = any_comm && h->inplace_allreduce ? inplace_allreduces(g) : NULL;
+    if (ex->split && any_comm) {
+        int *order, *read_until;
+        build_schedule(ex, &order, &read_until);
+        adt_memplan_build_sched(&ex->mp, g, order, g->n_nodes, ex->o.no_reuse, read_until, share);
+        free(order);
+        free(read_until);
+        ex->pend = adt_malloc((size_t)g->n_nodes * sizeof *ex->pend);
+        ex->done = adt_calloc((size_t)g->n_nodes, 1);
+        ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
+        ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
+    } else {
+        ex->split = 0;
+        schedule_updates_early(ex);
+        adt_memplan_build_sched(&ex->mp, g, ex->order, g->n_nodes, ex->o.no_reuse, NULL, share);
+    }
+    free(share);
     ex->arena = exec_block((size_t)ex->mp.arena_bytes);
     ex->state = exec_block((size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);
@@ -274,6 +491,12 @@ void adt_exec_free(adt_exec *ex) {
     adt_free_aligned(ex->scratch);
     free(ex->ptr);
     free(ex->node_s);
+    free(ex->ev);
+    free(ex->fev);
+    free(ex->pend);
+    free(ex->done);
+    free(ex->t_start);
+    free(ex->t_done);
     free(ex->bias_of);
     free(ex->done_by_matmul);
     free(ex->momentum_of);
@@ -335,62 +558,191 @@ void adt_exec_set_lr_step(adt_exec *ex, float lr, int32_t step) {
     if (ex->g->step_input >= 0) *(int32_t *)ex->ptr[ex->g->step_input] = step;
 }
 
-static void run_node(adt_exec *ex, int id, int training) {
+/* The node to run for compute node id: the graph's, or its fused form (matmul with the bias
+ * or into the momentum buffer, the SGD update left after that); NULL when a fusion did its work. */
+static const adt_node *fused_node(adt_exec *ex, int id, adt_node *fused) {
     const adt_graph *g = ex->g;
     const adt_node *n = &g->nodes[id];
-    if (ex->done_by_matmul[id]) return;
-    adt_node fused = *n; /* the node run in place of the graph's (matmul_forward, sgd) */
+    if (ex->done_by_matmul[id]) return NULL;
+    *fused = *n;
     if (ex->bias_of[id] >= 0) { /* the bias as a third input, writing the bias_add's output */
         const adt_node *ba = &g->nodes[ex->bias_of[id]];
-        fused.n_in = 3;
-        fused.in[2] = ba->in[1];
-        fused.out[0] = ba->out[0];
-        n = &fused;
-    } else if (ex->momentum_of[id] >= 0) { /* m = beta m + product, beta 0 at step 1 */
+        fused->n_in = 3;
+        fused->in[2] = ba->in[1];
+        fused->out[0] = ba->out[0];
+        return fused;
+    }
+    if (ex->momentum_of[id] >= 0) { /* m = beta m + product, beta 0 at step 1 */
         const adt_node *u = &g->nodes[ex->momentum_of[id]];
         int32_t step = *(const int32_t *)ex->ptr[u->in[4]];
-        fused.out[0] = u->in[2];
-        fused.a.i[3] = 1;
-        fused.a.f[0] = step <= 1 ? 0.0f : u->a.f[0];
-        n = &fused;
-    } else if (ex->momentum_done[id]) { /* w -= lr m: plain SGD with m as the gradient */
-        fused.n_in = 4;
-        fused.in[1] = n->in[2];
-        fused.in[2] = n->in[3];
-        fused.in[3] = n->in[4];
-        fused.n_out = 1;
-        fused.a.f[0] = 0.0f;
-        n = &fused;
+        fused->out[0] = u->in[2];
+        fused->a.i[3] = 1;
+        fused->a.f[0] = step <= 1 ? 0.0f : u->a.f[0];
+        return fused;
     }
-    void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
+    if (ex->momentum_done[id]) { /* w -= lr m: plain SGD with m as the gradient */
+        fused->n_in = 4;
+        fused->in[1] = n->in[2];
+        fused->in[2] = n->in[3];
+        fused->in[3] = n->in[4];
+        fused->n_out = 1;
+        fused->a.f[0] = 0.0f;
+        return fused;
+    }
+    return n;
+}
+
+static adt_kctx make_kctx(adt_exec *ex, const adt_node *n, int training, void **in, void **outp) {
     for (int i = 0; i < n->n_in; i++) in[i] = ex->ptr[n->in[i]];
     for (int k = 0; k < n->n_out; k++) outp[k] = ex->ptr[n->out[k]];
-    adt_kctx k = {.g = g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed,
-                 .training = training, .comm = ex->o.comm};
-    if (ex->o.profile) {
-        double t0 = adt_now_s();
+    return (adt_kctx){.g = ex->g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed,
+                      .training = training, .comm = ex->o.comm};
+}
+
+/* A node where it stands: a kernel, or a communication node run to completion. */
+static int run_node(adt_exec *ex, int id, int training) {
+    adt_node fused;
+    const adt_node *n = is_comm(ex->g, id) ? &ex->g->nodes[id] : fused_node(ex, id, &fused);
+    if (!n) return ADT_OK;
+    void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
+    adt_kctx k = make_kctx(ex, n, training, in, outp);
+    const adt_comm_hook *h = ex->o.comm;
+    double t0 = ex->o.profile ? adt_now_s() : 0;
+    int rc = ADT_OK;
+    if (!is_comm(ex->g, id)) {
         adt_op_get(n->op)->forward(&k);
-        ex->node_s[id] += adt_now_s() - t0;
     } else {
-        adt_op_get(n->op)->forward(&k);
+        double c0 = adt_now_s(), c1 = c0;
+        if (h->start && h->finish) {
+            rc = h->start(h->ctx, &k);
+            c1 = adt_now_s();
+            if (!rc) rc = h->finish(h->ctx, &k);
+        } else {
+            rc = h->run(h->ctx, &k);
+        }
+        double c2 = adt_now_s();
+        ex->last.comm_ops++;
+        ex->last.comm_start_s += c1 - c0;
+        ex->last.comm_wait_s += c2 - c1;
+        ex->last.comm_flight_s += c2 - c1;
     }
+    if (ex->o.profile) ex->node_s[id] += adt_now_s() - t0;
+    return rc;
 }
 
-int adt_exec_run(adt_exec *ex) {
-    for (int p = 0; p < ex->g->n_nodes; p++) run_node(ex, ex->order[p], 1);
-    return ADT_OK;
-}
-
-int adt_exec_run_forward_mode(adt_exec *ex, int training) {
-    for (int p = 0; p < ex->g->n_nodes; p++) {
-        int i = ex->order[p];
-        const adt_node *n = &ex->g->nodes[i];
-        if (!n->is_backward && !n->is_optimizer) run_node(ex, i, training);
+/* Polls the oldest collectives in flight until one is not complete yet: MPI progresses every
+ * operation inside any of its calls, so one test moves them all. */
+static int poll_pending(adt_exec *ex) {
+    const adt_comm_hook *h = ex->o.comm;
+    double t0 = adt_now_s();
+    int rc = ADT_OK;
+    for (int j = 0; j < ex->n_pend && !rc; j++) {
+        int b = ex->pend[j];
+        if (ex->done[b]) continue;
+        void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
+        adt_kctx k = make_kctx(ex, &ex->g->nodes[b], 1, in, outp);
+        int d = 0;
+        rc = h->test(h->ctx, &k, &d);
+        if (!d) break;
+        ex->done[b] = 1;
+        ex->t_done[b] = adt_now_s();
     }
-    return ADT_OK;
+    ex->last.comm_poll_s += adt_now_s() - t0;
+    return rc;
 }
 
-int adt_exec_run_forward(adt_exec *ex) { return adt_exec_run_forward_mode(ex, 0); }
+static int run_event(adt_exec *ex, const sched_ev *e, int training) {
+    const adt_comm_hook *h = ex->o.comm;
+    int b = e->node, rc;
+    if (e->kind == EV_RUN) {
+        rc = run_node(ex, b, training);
+        return rc ? rc : ex->n_pend ? poll_pending(ex) : ADT_OK;
+    }
+    void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
+    adt_kctx k = make_kctx(ex, &ex->g->nodes[b], training, in, outp);
+    double t0 = adt_now_s();
+    if (e->kind == EV_START) {
+        rc = h->start(h->ctx, &k);
+        ex->t_start[b] = adt_now_s();
+        ex->done[b] = 0;
+        ex->pend[ex->n_pend++] = b;
+        ex->last.comm_ops++;
+        ex->last.comm_start_s += ex->t_start[b] - t0;
+        if (ex->o.profile) ex->node_s[b] += ex->t_start[b] - t0;
+        return rc;
+    }
+    rc = h->finish(h->ctx, &k);
+    double t1 = adt_now_s();
+    ex->last.comm_wait_s += t1 - t0;
+    ex->last.comm_flight_s += (ex->done[b] ? ex->t_done[b] : t1) - ex->t_start[b];
+    if (ex->o.profile) ex->node_s[b] += t1 - t0;
+    int j = 0;
+    while (j < ex->n_pend && ex->pend[j] != b) j++;
+    if (j < ex->n_pend) memmove(ex->pend + j, ex->pend + j + 1, (size_t)(ex->n_pend - j - 1) * sizeof *ex->pend);
+    ex->n_pend--;
+    return rc;
+}
+
+static void stats_add(adt_exec_stats *t, const adt_exec_stats *a) {
+    t->runs += a->runs;
+    t->comm_ops += a->comm_ops;
+    t->run_s += a->run_s;
+    t->comm_start_s += a->comm_start_s;
+    t->comm_poll_s += a->comm_poll_s;
+    t->comm_wait_s += a->comm_wait_s;
+    t->comm_flight_s += a->comm_flight_s;
+}
+
+/* forward_only: the forward nodes only (evaluation or gradient checks). */
+static int exec_run(adt_exec *ex, int forward_only, int training) {
+    double t0 = adt_now_s();
+    memset(&ex->last, 0, sizeof ex->last);
+    ex->last.runs = 1;
+    int rc = ADT_OK;
+    if (ex->split) {
+        const sched_ev *ev = forward_only ? ex->fev : ex->ev;
+        int n = forward_only ? ex->n_fev : ex->n_ev;
+        for (int e = 0; e < n && !rc; e++) rc = run_event(ex, &ev[e], training);
+        ex->n_pend = 0; /* after an error the collectives left in flight are the caller's to end */
+    } else {
+        for (int p = 0; p < ex->g->n_nodes && !rc; p++) {
+            int i = ex->order[p];
+            const adt_node *n = &ex->g->nodes[i];
+            if (!forward_only || (!n->is_backward && !n->is_optimizer)) rc = run_node(ex, i, training);
+        }
+    }
+    ex->last.run_s = adt_now_s() - t0;
+    stats_add(&ex->total, &ex->last);
+    return rc;
+}
+
+int adt_exec_run(adt_exec *ex) { return exec_run(ex, 0, 1); }
+int adt_exec_run_forward_mode(adt_exec *ex, int training) { return exec_run(ex, 1, training); }
+int adt_exec_run_forward(adt_exec *ex) { return exec_run(ex, 1, 0); }
+
+void adt_exec_get_stats(const adt_exec *ex, adt_exec_stats *last, adt_exec_stats *total) {
+    if (last) *last = ex->last;
+    if (total) *total = ex->total;
+}
+
+void adt_exec_reset_stats(adt_exec *ex) {
+    memset(&ex->last, 0, sizeof ex->last);
+    memset(&ex->total, 0, sizeof ex->total);
+}
+
+int adt_exec_overlaps(const adt_exec *ex) { return ex->split; }
+
+char *adt_exec_schedule_str(const adt_exec *ex) {
+    if (!ex->split) return NULL;
+    static const char *const kind[] = {"run", "start", "wait"};
+    size_t cap = (size_t)ex->n_ev * (ADT_NAME_LEN + 24) + 1, k = 0;
+    char *s = adt_malloc(cap);
+    s[0] = 0;
+    for (int e = 0; e < ex->n_ev; e++)
+        k += (size_t)snprintf(s + k, cap - k, "%s %d %s\n", kind[ex->ev[e].kind], ex->ev[e].node,
+                              ex->g->nodes[ex->ev[e].node].name);
+    return s;
+}
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex) { return &ex->mp; }
 const double *adt_exec_node_seconds(const adt_exec *ex) { return ex->node_s; }

@@ -5,6 +5,11 @@
  * last position that reads it or any view of it. Roots are placed largest first at the lowest
  * offset that overlaps no already-placed root alive at the same time ("greedy by size", as in
  * TFLite's arena planner): simple, and within a few percent of optimal on layer graphs.
+ *
+ * A node that runs asynchronously (a collective started early and waited for later) reads its
+ * input and writes its output until its wait: read_until extends both lifetimes to that point.
+ * `share` lets the caller put a value in another's storage (an all-reduce done in place on its
+ * input's buffer).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +22,14 @@
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) & ~(int64_t)(ALIGN - 1); }
 
-static int value_root(const adt_graph *g, int v) {
-    while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
-    return v;
+/* The value owning v's storage: through views and in-place updates, and through the caller's
+ * extra sharing (share[v] >= 0). */
+static int value_root(const adt_graph *g, const int *share, int v) {
+    for (;;) {
+        if (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
+        else if (share && share[v] >= 0) v = share[v];
+        else return v;
+    }
 }
 
 static int is_state(const adt_graph *g, int v) {
@@ -50,6 +60,11 @@ static int cmp_off(const void *a, const void *b) {
 }
 
 int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int n, int no_reuse) {
+    return adt_memplan_build_sched(mp, g, order, n, no_reuse, NULL, NULL);
+}
+
+int adt_memplan_build_sched(adt_memplan *mp, const adt_graph *g, const int *order, int n, int no_reuse,
+                            const int *read_until, const int *share) {
     memset(mp, 0, sizeof *mp);
     int nv = g->n_values;
     mp->n_values = nv;
@@ -62,19 +77,20 @@ int adt_memplan_build(adt_memplan *mp, const adt_graph *g, const int *order, int
         mp->offset[v] = -1;
         mp->state_offset[v] = -1;
         mp->first[v] = mp->last[v] = -1;
-        mp->root[v] = value_root(g, v);
+        mp->root[v] = value_root(g, share, v);
     }
     if (!order) n = g->n_nodes;
     for (int p = 0; p < n; p++) {
         const adt_node *nd = &g->nodes[order ? order[p] : p];
+        int until = read_until && read_until[p] > p ? read_until[p] : p; /* a node still in flight */
         for (int k = 0; k < nd->n_out; k++) {
             int r = mp->root[nd->out[k]];
             if (mp->first[r] < 0) mp->first[r] = p;
-            if (mp->last[r] < p) mp->last[r] = p;
+            if (mp->last[r] < until) mp->last[r] = until;
         }
         for (int i = 0; i < nd->n_in; i++) {
             int r = mp->root[nd->in[i]];
-            if (mp->last[r] < p) mp->last[r] = p;
+            if (mp->last[r] < until) mp->last[r] = until;
         }
         int64_t s = 0;
         const adt_op_def *def = adt_op_get(nd->op);
