@@ -6,6 +6,10 @@
  * exact shape, and every tensor in the file must be one the model knows (or one of the few that
  * PyTorch checkpoints carry and adtrain has no use for). A checkpoint of another model therefore
  * fails with the names that differ instead of half-loading.
+ *
+ * Shapes are file shapes (adt_value_file_shape): a value the graph holds with its axes regrouped
+ * (GPT's c_attn.weight [C,3,C]) is written and expected in PyTorch's shape ([C,3C]); the bytes
+ * are the same, row-major.
  */
 #include <stdio.h>
 #include <string.h>
@@ -25,7 +29,8 @@ int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, v
     for (int i = 0; i < g->n_values && !rc; i++) {
         const adt_value *v = &g->values[i];
         if (!is_saved(v, with_state)) continue;
-        rc = adt_st_writer_add(w, v->name, ADT_ST_F32, v->shape.ndim, v->shape.dim, data(ctx, i));
+        adt_shape fs = adt_value_file_shape(g, i); /* Hugging Face's shape where the graph regroups axes */
+        rc = adt_st_writer_add(w, v->name, ADT_ST_F32, fs.ndim, fs.dim, data(ctx, i));
     }
     for (int i = 0; i < n_meta && !rc; i++) rc = adt_st_writer_set_metadata(w, meta[2 * i], meta[2 * i + 1]);
     if (!rc) rc = adt_st_writer_save(w, path);
@@ -102,7 +107,8 @@ int adt_ckpt_load(const adt_st_file *f, const adt_graph *g, adt_ckpt_data_fn dat
         const adt_value *v = &g->values[i];
         if (!is_saved(v, with_state)) continue;
         const adt_st_tensor *t = find_tensor(f, v->name);
-        int rc = adt_st_read_f32(f, t->name, data(ctx, i), v->shape.ndim, v->shape.dim);
+        adt_shape fs = adt_value_file_shape(g, i);
+        int rc = adt_st_read_f32(f, t->name, data(ctx, i), fs.ndim, fs.dim);
         if (rc) return rc;
     }
     return ADT_OK;
