@@ -108,7 +108,7 @@ static void matmul_forward(const adt_kctx *k) {
     int64_t M, N, K, Kb, batch;
     matmul_dims(k->g, k->n, &M, &N, &K, &Kb, &batch);
     int ta = (int)k->n->a.i[0], tb = (int)k->n->a.i[1];
-    if (!k->n->a.i[2])
+    if (batch == 1)
         adt_k_matmul(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), M, N, K, ta, tb);
     else
         adt_k_matmul_batched(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), batch, M, N, K, ta, tb, M * K,
