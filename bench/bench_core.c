@@ -290,27 +290,6 @@ static void gemm_add(gemm_list *l, int64_t M, int64_t N, int64_t K, int ta, int 
     l->s[l->n++] = (gemm_shape){M, N, K, ta, tb, phase, count, 0};
 }
 
-/* M, N, K, batch count of a matmul node, by the rule of op_math.c: non-batched operands are
- * viewed as [prod(leading), last]. */
-static void matmul_node_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N,
-                             int64_t *K, int64_t *batch) {
-    const adt_shape *a = &g->values[n->in[0]].shape, *b = &g->values[n->in[1]].shape;
-    int ta = (int)n->a.i[0], tb = (int)n->a.i[1];
-    int64_t ar, ac, br, bc;
-    if (n->a.i[2]) {
-        *batch = adt_shape_prod(a, 0, a->ndim - 2);
-        ar = a->dim[a->ndim - 2], ac = a->dim[a->ndim - 1];
-        br = b->dim[b->ndim - 2], bc = b->dim[b->ndim - 1];
-    } else {
-        *batch = 1;
-        ar = adt_shape_prod(a, 0, a->ndim - 1), ac = a->dim[a->ndim - 1];
-        br = adt_shape_prod(b, 0, b->ndim - 1), bc = b->dim[b->ndim - 1];
-    }
-    *M = ta ? ac : ar;
-    *K = ta ? ar : ac;
-    *N = tb ? br : bc;
-}
-
 /* Collects every GEMM of the step. The fused attention ops become their per-(batch, head)
  * products at the full T x T size, which is what their FLOP count (and the peer's) assumes;
  * the kernel itself skips the masked blocks, so it does somewhat less work than that. Returns
@@ -322,12 +301,12 @@ static double collect_gemms(const adt_graph *g, gemm_list *l) {
         int phase = n->is_backward ? 1 : 0;
         if (n->op == ADT_OP_MATMUL) {
             int64_t M, N, K, batch;
-            matmul_node_dims(g, n, &M, &N, &K, &batch);
+            adt_matmul_dims(g, n, &M, &N, &K, &batch);
             gemm_add(l, M, N, K, (int)n->a.i[0], (int)n->a.i[1], phase, batch);
             flops += 2.0 * (double)(batch * M * N * K);
         } else if (n->op == ADT_OP_ATTENTION || n->op == ADT_OP_ATTENTION_BWD) {
             const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
-            int64_t B = q->dim[0], T = q->dim[1], C = q->dim[2] / 3, H = n->a.i[0], D = C / H;
+            int64_t B = q->dim[0], T = q->dim[1], C = q->dim[3], H = n->a.i[0], D = C / H; /* qkv [B,T,3,C] */
             int64_t bh = B * H;
             gemm_add(l, T, T, D, 0, 1, phase, bh); /* q k^T, or dout v^T */
             gemm_add(l, T, D, T, 0, 0, phase, bh); /* P v, or dS k        */
@@ -461,7 +440,7 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
             const adt_node *n = &g->nodes[i];
             if (n->op != ADT_OP_MATMUL || (n->is_backward ? 1 : 0) != s->phase) continue;
             int64_t M, N, K, batch;
-            matmul_node_dims(g, n, &M, &N, &K, &batch);
+            adt_matmul_dims(g, n, &M, &N, &K, &batch);
             if (M != s->M || N != s->N || K != s->K || n->a.i[0] != s->ta || n->a.i[1] != s->tb) continue;
             t += sec[i];
             cnt++;

@@ -161,6 +161,76 @@ static void test_load_refusals(void) {
     adt_st_close(src);
 }
 
+/* GPT holds c_attn as weight [C,3,C] and bias [3,C]; its checkpoints hold Hugging Face's [C,3C]
+ * and [3C] (optimizer state too), every other tensor in its graph shape, and load back byte for
+ * byte. A file with the graph's own [C,3,C] is refused, naming both shapes. */
+static void test_gpt_file_shapes(void) {
+    const int C = 8, L = 2;
+    adt_gpt_cfg c = {.vocab_size = 11, .n_ctx = 5, .n_layer = L, .n_embd = C, .n_head = 2};
+    adt_graph *g[2];
+    adt_exec *ex[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        adt_model_io io;
+        g[k] = adt_graph_create();
+        adt_model_gpt(g[k], &c, 2, &io);
+        adt_graph_backward(g[k], io.loss);
+        adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.999f, 1e-8f, 0.01f);
+        adt_graph_optimizer(g[k], &oc);
+        adt_exec_opts eo = {.seed = 7 + (uint64_t)k};
+        CHECK(!adt_graph_error(g[k]) && adt_exec_create(&ex[k], g[k], &eo) == ADT_OK, "building GPT: %s %s",
+              adt_graph_error_message(g[k]), adt_error_message());
+        if (!ex[k]) return;
+        adt_exec_init_params(ex[k]);
+    }
+    fill_state(g[0], ex[0]);
+    const char *path = check_tmp_path("gpt.safetensors");
+    CHECK(adt_ckpt_save(path, g[0], exec_data, ex[0], 1, NULL, 0) == ADT_OK, "%s", adt_error_message());
+    adt_st_file *f = NULL;
+    CHECK(adt_st_open(&f, path) == ADT_OK, "%s", adt_error_message());
+    if (!f) return;
+    int checked = 0;
+    for (int i = 0; i < g[0]->n_values; i++) {
+        const adt_value *v = &g[0]->values[i];
+        if (v->role != ADT_ROLE_PARAM && v->role != ADT_ROLE_OPT_STATE) continue;
+        const adt_st_tensor *t = adt_st_find(f, v->name);
+        CHECK(t != NULL, "'%s' not in the checkpoint", v->name);
+        if (!t) continue;
+        /* the PyTorch shape, independently of the graph: c_attn flattens its (3, C) */
+        int is_w = strstr(v->name, "attn.c_attn.weight") != NULL, is_b = strstr(v->name, "attn.c_attn.bias") != NULL;
+        adt_shape want = v->shape;
+        if (is_w) want = adt_shape_2d(C, 3 * C);
+        if (is_b) want = adt_shape_1d(3 * C);
+        int same = t->ndim == want.ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want.dim[d];
+        char ws[64];
+        CHECK(same, "'%s' stored with rank %d, expected %s", v->name, t->ndim, adt_shape_str(&want, ws, sizeof ws));
+        checked += is_w || is_b;
+    }
+    CHECK(checked == 3 * 2 * L, "%d c_attn tensors (weight, bias, two moments each per layer) seen", checked);
+    CHECK(adt_ckpt_load(f, g[1], exec_data, ex[1], 1) == ADT_OK, "%s", adt_error_message());
+    CHECK(same_values(g[0], ex[0], ex[1], ADT_ROLE_PARAM) == 4 + 12 * L, "GPT weights differ after load");
+    CHECK(same_values(g[0], ex[0], ex[1], ADT_ROLE_OPT_STATE) == 2 * (4 + 12 * L), "GPT state differs after load");
+    /* the graph's [C,3,C] in a file is not PyTorch's shape: refused */
+    adt_st_writer *w = adt_st_writer_create();
+    for (int i = 0; i < adt_st_count(f); i++) {
+        const adt_st_tensor *t = adt_st_get(f, i);
+        int v = adt_graph_find_value(g[0], t->name);
+        const adt_shape *gs = &g[0]->values[v].shape;
+        adt_st_writer_add(w, t->name, t->dtype, gs->ndim, gs->dim, t->data);
+    }
+    const char *bad = check_tmp_path("gpt_graph_shapes.safetensors");
+    CHECK(adt_st_writer_save(w, bad) == ADT_OK, "%s", adt_error_message());
+    adt_st_writer_free(w);
+    adt_st_close(f);
+    CHECK(adt_st_open(&f, bad) == ADT_OK, "%s", adt_error_message());
+    int rc = f ? adt_ckpt_load(f, g[1], exec_data, ex[1], 1) : ADT_OK;
+    CHECK(rc != ADT_OK && strstr(adt_error_message(), "h.0.attn.c_attn.weight") &&
+              strstr(adt_error_message(), "[8,3,8]") && strstr(adt_error_message(), "[8,24]"),
+          "a [C,3,C] c_attn.weight loaded: %s", adt_error_message());
+    adt_st_close(f);
+    for (int k = 0; k < 2; k++) adt_exec_free(ex[k]), adt_graph_free(g[k]);
+}
+
 /* ---- through the binary ------------------------------------------------------------------- */
 
 /* A small text with some structure (vocabulary 27 symbols), written to the temp dir; the path
@@ -422,6 +492,7 @@ int main(void) {
     if (check_tmpdir_make("ckpt")) return 1;
     RUN(test_roundtrip);
     RUN(test_load_refusals);
+    RUN(test_gpt_file_shapes);
     RUN(test_resume_bit_exact);
     RUN(test_torch_loads_checkpoint);
     RUN(test_torch_init_trajectory);

@@ -2,8 +2,8 @@
  * test_dist_expert.c - the expert plans (dp, zero, tp, pp and combinations) for every model
  * family: each plan partitions, and run through the in-memory threaded executor (dist_run.h)
  * reproduces the serial run's per-step losses (1e-5 relative) and weights and optimizer state;
- * the Megatron plan communicates as Megatron does (two all-reduces per transformer block in the
- * forward pass); ZeRO keeps 1/dp of the optimizer state per rank; pipeline stages are balanced
+ * the Megatron plan splits attention by heads and communicates as Megatron does (two all-reduces
+ * per transformer block in the forward pass, no gather of qkv); ZeRO keeps 1/dp of the optimizer state per rank; pipeline stages are balanced
  * (checked against every contiguous split); strategies that cannot apply are refused with the
  * reason.
  */
@@ -29,7 +29,8 @@ typedef struct family {
 } family;
 
 static const family families[] = {
-    {"gpt", "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":32,\"n_head\":4}"},
+    /* 12 heads: every tp degree of the cases (2, 3, 4) gives each rank whole heads */
+    {"gpt", "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":48,\"n_head\":12}"},
     {"mlp", "{\"type\":\"mlp\",\"sizes\":[9,11,13,5],\"activation\":\"gelu\"}"},
     {"vgg", "{\"type\":\"vgg\",\"in_channels\":2,\"height\":8,\"width\":8,\"blocks\":[[4],[6]],\"fc\":[10],"
             "\"classes\":5}"},
@@ -161,16 +162,20 @@ static int find_node_reading(const adt_graph *g, const char *param, int op) {
 }
 
 /* Megatron: column-parallel c_attn and c_fc (weights split on their output axis, outputs split on
- * the feature axis, no communication), row-parallel c_proj (inputs split, outputs partial), and
- * per transformer block in the forward pass exactly two all-reduces on the tp axis. The fused
- * qkv attention has batch signatures only (a head split of c_attn's [C,3C] q|k|v columns is not a
- * block split), so attention runs replicated after one all-gather of qkv. */
+ * the feature axis, no communication), attention split by heads (c_attn's [C,3,C] split on its
+ * last axis gives each rank whole heads of q, k and v: qkv [B,T,3,C] S(3) in, y S(2) and the
+ * probabilities S(1) out), row-parallel c_proj (inputs split, outputs partial), and per
+ * transformer block in the forward pass exactly two all-reduces on the tp axis and nothing else:
+ * no gather of qkv. With tp alone, the backward pass of a block all-reduces the two activation
+ * gradients that Megatron does and the gradients of the replicated parameters, nothing else. */
+static int is_split(const adt_sbp *s, int axis) { return s->kind == ADT_SBP_S && s->axis == axis; }
+
 static void test_megatron(void) {
     model md;
     build(&md, &families[0], BATCH);
-    const char *strategies[] = {"tp=2", "dp=2,tp=2", "tp=4"};
-    int devices[] = {2, 4, 4};
-    for (int s = 0; s < 3; s++) {
+    const char *strategies[] = {"tp=2", "dp=2,tp=2", "tp=3", "tp=4"};
+    int devices[] = {2, 4, 3, 4};
+    for (int s = 0; s < 4; s++) {
         adt_plan p;
         int rc = make_plan(&md, strategies[s], devices[s], 0, &p);
         CHECK(rc == ADT_OK, "%s: %s", strategies[s], adt_error_message());
@@ -181,32 +186,61 @@ static void test_megatron(void) {
             char name[64];
             const char *col[] = {"attn.c_attn", "mlp.c_fc"}, *row[] = {"attn.c_proj", "mlp.c_proj"};
             for (int k = 0; k < 2; k++) {
+                /* column-parallel: the weight on its last (output) axis, [C,3,C] or [C,4C] */
                 snprintf(name, sizeof name, "h.%d.%s.weight", l, col[k]);
                 int v = adt_graph_find_value(g, name), i = find_node_reading(g, name, ADT_OP_MATMUL);
-                CHECK(v >= 0 && p.leaf_sbp[v].s[tp].kind == ADT_SBP_S && p.leaf_sbp[v].s[tp].axis == 1,
-                      "%s: %s is not split on its output axis", strategies[s], name);
-                CHECK(i >= 0 && p.node_sig[i].in[0].s[tp].kind == ADT_SBP_B && p.node_sig[i].out[0].s[tp].kind == ADT_SBP_S &&
-                          p.node_sig[i].out[0].s[tp].axis == 2,
+                int last = v >= 0 ? g->values[v].shape.ndim - 1 : -1;
+                CHECK(v >= 0 && is_split(&p.leaf_sbp[v].s[tp], last), "%s: %s is not split on its output axis",
+                      strategies[s], name);
+                int out_last = i >= 0 ? g->values[g->nodes[i].out[0]].shape.ndim - 1 : -1;
+                CHECK(i >= 0 && p.node_sig[i].in[0].s[tp].kind == ADT_SBP_B && is_split(&p.node_sig[i].out[0].s[tp], out_last),
                       "%s: %s's matmul is not column-parallel", strategies[s], name);
+                snprintf(name, sizeof name, "h.%d.%s.bias", l, col[k]);
+                v = adt_graph_find_value(g, name);
+                CHECK(v >= 0 && is_split(&p.leaf_sbp[v].s[tp], g->values[v].shape.ndim - 1),
+                      "%s: %s is not split with its layer's output", strategies[s], name);
                 snprintf(name, sizeof name, "h.%d.%s.weight", l, row[k]);
                 v = adt_graph_find_value(g, name), i = find_node_reading(g, name, ADT_OP_MATMUL);
-                CHECK(v >= 0 && p.leaf_sbp[v].s[tp].kind == ADT_SBP_S && p.leaf_sbp[v].s[tp].axis == 0,
-                      "%s: %s is not split on its input axis", strategies[s], name);
+                CHECK(v >= 0 && is_split(&p.leaf_sbp[v].s[tp], 0), "%s: %s is not split on its input axis", strategies[s],
+                      name);
                 CHECK(i >= 0 && p.node_sig[i].in[0].s[tp].kind == ADT_SBP_S && p.node_sig[i].out[0].s[tp].kind == ADT_SBP_P,
                       "%s: %s's matmul is not row-parallel", strategies[s], name);
             }
         }
+        int heads = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const adt_nd_sig *sg = &p.node_sig[i];
+            if (g->nodes[i].op == ADT_OP_ATTENTION)
+                heads += is_split(&sg->in[0].s[tp], 3) && is_split(&sg->out[0].s[tp], 2) && is_split(&sg->out[1].s[tp], 1);
+            if (g->nodes[i].op == ADT_OP_ATTENTION_BWD) /* dy, qkv, att -> dqkv */
+                heads += is_split(&sg->in[0].s[tp], 2) && is_split(&sg->in[1].s[tp], 3) && is_split(&sg->in[2].s[tp], 1) &&
+                         is_split(&sg->out[0].s[tp], 3);
+        }
+        CHECK(heads == 2 * md.cfg.gpt.n_layer, "%s: %d of %d attention nodes (forward and backward) split by heads",
+              strategies[s], heads, 2 * md.cfg.gpt.n_layer);
         boxing_count bc;
         if (!count_boxing(g, &p, &bc, NULL)) {
             for (int l = 1; l <= md.cfg.gpt.n_layer; l++) {
                 int *f = bc.n[l][0][tp];
                 CHECK(f[ADT_BOXING_ALL_REDUCE] == 2, "%s: block %d: %d all-reduces in the forward pass, Megatron has 2",
                       strategies[s], l - 1, f[ADT_BOXING_ALL_REDUCE]);
-                CHECK(f[ADT_BOXING_ALL_GATHER] == 1 && f[ADT_BOXING_REDUCE_SCATTER] == 0 && f[ADT_BOXING_ALL_TO_ALL] == 0,
-                      "%s: block %d: forward all-gathers %d (qkv for the replicated attention: 1), reduce-scatters %d, "
+                CHECK(f[ADT_BOXING_ALL_GATHER] == 0 && f[ADT_BOXING_REDUCE_SCATTER] == 0 && f[ADT_BOXING_ALL_TO_ALL] == 0,
+                      "%s: block %d: forward all-gathers %d (qkv stays split by heads: 0), reduce-scatters %d, "
                       "all-to-alls %d", strategies[s], l - 1, f[ADT_BOXING_ALL_GATHER], f[ADT_BOXING_REDUCE_SCATTER],
                       f[ADT_BOXING_ALL_TO_ALL]);
                 int *b = bc.n[l][1][tp];
+                if (p.mesh.ndim == 1) { /* tp alone: the backward pass mirrors the forward's */
+                    int whole = 0; /* gradients of the block's replicated parameters, each all-reduced */
+                    for (int v = 0; v < g->n_values; v++)
+                        whole += g->values[v].role == ADT_ROLE_PARAM && g->values[v].layer_tag == l &&
+                                 p.leaf_sbp[v].s[tp].kind == ADT_SBP_B;
+                    CHECK(b[ADT_BOXING_ALL_REDUCE] == 2 + whole && b[ADT_BOXING_ALL_GATHER] == 0 &&
+                              b[ADT_BOXING_REDUCE_SCATTER] == 0 && b[ADT_BOXING_ALL_TO_ALL] == 0,
+                          "%s: block %d: backward all-reduces %d (expected 2 + %d replicated gradients), all-gathers %d, "
+                          "reduce-scatters %d, all-to-alls %d (expected none)", strategies[s], l - 1,
+                          b[ADT_BOXING_ALL_REDUCE], whole, b[ADT_BOXING_ALL_GATHER], b[ADT_BOXING_REDUCE_SCATTER],
+                          b[ADT_BOXING_ALL_TO_ALL]);
+                }
                 if (s == 0)
                     printf("megatron %s block %d: forward all_reduce %d all_gather %d; backward all_reduce %d "
                            "reduce_scatter %d all_gather %d\n", strategies[s], l - 1, f[ADT_BOXING_ALL_REDUCE],
@@ -450,6 +484,8 @@ static void test_refusals(void) {
         {0, "dp=2,mp=2", 4, BATCH, 0, "unknown item 'mp'"},
         {0, "dp=0", 4, BATCH, 0, "dp=0, expected a degree in [1, 4]"},
         {0, "dp=2,dp=2", 4, BATCH, 0, "dp given twice"},
+        {0, "tp=5", 5, BATCH, 0, "tp=5 does not divide the gpt model's 12 attention heads (n_head)"},
+        {0, "dp=1,tp=8", 8, BATCH, 0, "tp=8 does not divide the gpt model's 12 attention heads"},
         {0, "dp,", 2, BATCH, 0, "an empty item"},
         {0, "", 2, BATCH, 0, "empty"},
         {0, "zero=2", 2, BATCH, 0, "zero takes no degree"},

@@ -86,6 +86,22 @@ static int c_matmul_wgrad(adt_graph *g) {
     int x = F("x", D(7, 12), D(11, 12), D(13, 12)), dy = F("dy", D(7, 12), D(11, 12), D(5, 24));
     return NODE(ADT_OP_MATMUL, A(.i = {1, 0, 0}), x, dy);
 }
+/* grouped products (GPT's c_attn): X[B,T,C] @ W[C,G,C] -> [B,T,G,C], its data gradient
+ * dY[B,T,G,C] @ W^T and its weight gradient X^T dY. G is q | k | v's 3 in GPT; the even pass
+ * needs it divisible by every mesh size, as any axis a signature splits. */
+#define GRP D(3, 12)
+static int c_matmul_grouped(adt_graph *g) {
+    int x = F("x", D(7, 12), D(11, 12), D(13, 12)), w = F("w", D(13, 12), GRP, D(5, 12));
+    return NODE(ADT_OP_MATMUL, A(.i = {0, 0, 0, 1, 2}), x, w);
+}
+static int c_matmul_grouped_dx(adt_graph *g) {
+    int dy = F("dy", D(7, 12), D(11, 12), GRP, D(5, 12)), w = F("w", D(13, 12), GRP, D(5, 12));
+    return NODE(ADT_OP_MATMUL, A(.i = {0, 1, 0, 2, 2}), dy, w);
+}
+static int c_matmul_grouped_dw(adt_graph *g) {
+    int x = F("x", D(7, 12), D(11, 12), D(13, 12)), dy = F("dy", D(7, 12), D(11, 12), GRP, D(5, 12));
+    return NODE(ADT_OP_MATMUL, A(.i = {1, 0, 0, 1, 2}), x, dy);
+}
 static int c_matmul_batched(adt_graph *g, int ta, int tb) {
     int64_t B = D(7, 12), H = D(3, 12), M = D(11, 12), K = D(5, 12), N = D(13, 12);
     int a = ta ? F("a", B, H, K, M) : F("a", B, H, M, K), b = tb ? F("b", B, H, N, K) : F("b", B, H, K, N);
@@ -102,6 +118,10 @@ static int c_sub(adt_graph *g) { return NODE(ADT_OP_SUB, A(0), F("a", X3), F("b"
 static int c_mul(adt_graph *g) { return NODE(ADT_OP_MUL, A(0), F("a", X3), F("b", X3)); }
 static int c_scale(adt_graph *g) { return NODE(ADT_OP_SCALE, A(.f = {-1.75f}), F("x", X3)); }
 static int c_bias_add(adt_graph *g) { return NODE(ADT_OP_BIAS_ADD, A(0), F("x", X3), F("b", D(13, 12))); }
+/* over the last two axes: qkv [B,T,G,C] + b [G,C] */
+static int c_bias_add2(adt_graph *g) {
+    return NODE(ADT_OP_BIAS_ADD, A(0), F("x", D(7, 12), D(11, 12), GRP, D(5, 12)), F("b", GRP, D(5, 12)));
+}
 static int c_reduce_0(adt_graph *g) { return NODE(ADT_OP_REDUCE_SUM, A(.i = {0, 0}), F("x", X3)); }
 static int c_reduce_12(adt_graph *g) { return NODE(ADT_OP_REDUCE_SUM, A(.i = {1, 2}), F("x", X3)); }
 static int c_reduce_1(adt_graph *g) { return NODE(ADT_OP_REDUCE_SUM, A(.i = {1, 1}), F("x", X3)); }
@@ -134,14 +154,17 @@ static int c_softmax_bwd(adt_graph *g) {
     int y = leaf(g, "y", SH(X3), FILL_PROB, 0);
     return NODE(ADT_OP_SOFTMAX_BWD, A(0), F("dy", X3), y);
 }
-/* qkv[B,T,3C], C = 12 over 3 heads */
+/* qkv[B,T,3,C] of H heads of 2 columns. Uneven: C = 12 over 6 heads, so a head split is whole
+ * heads on meshes (2), (3) and (2,3) and refused on (4) and (2,2) (blocks of 3 columns cut a
+ * head); even: 12 heads, whole on every mesh. */
+#define HEADS D(6, 12)
 static int c_attention(adt_graph *g) {
-    return NODE(ADT_OP_ATTENTION, A(.i = {3}), F("qkv", D(7, 12), D(11, 12), 36));
+    return NODE(ADT_OP_ATTENTION, A(.i = {HEADS, 2}), F("qkv", D(7, 12), D(11, 12), 3, 2 * HEADS));
 }
 static int c_attention_bwd(adt_graph *g) {
-    int64_t B = D(7, 12), T = D(11, 12);
-    int att = leaf(g, "att", SH(B, 3, T, T), FILL_PROB, 0);
-    return NODE(ADT_OP_ATTENTION_BWD, A(.i = {3}), F("dy", B, T, 12), F("qkv", B, T, 36), att);
+    int64_t B = D(7, 12), T = D(11, 12), H = HEADS;
+    int att = leaf(g, "att", SH(B, H, T, T), FILL_PROB, 0);
+    return NODE(ADT_OP_ATTENTION_BWD, A(.i = {H, 2}), F("dy", B, T, 2 * H), F("qkv", B, T, 3, 2 * H), att);
 }
 static int c_embedding(adt_graph *g) {
     int64_t V = D(13, 24);
@@ -256,8 +279,9 @@ typedef struct op_case {
 #define CASE(fn) {#fn + 2, fn}
 static const op_case cases[] = {
     CASE(c_matmul_nn), CASE(c_matmul_tn), CASE(c_matmul_nt), CASE(c_matmul_tt), CASE(c_matmul_3d),
-    CASE(c_matmul_wgrad), CASE(c_bmm_nn), CASE(c_bmm_nt), CASE(c_bmm_tn), CASE(c_add), CASE(c_add3), CASE(c_sub),
-    CASE(c_mul), CASE(c_scale), CASE(c_bias_add), CASE(c_reduce_0), CASE(c_reduce_12), CASE(c_reduce_1),
+    CASE(c_matmul_wgrad), CASE(c_matmul_grouped), CASE(c_matmul_grouped_dx), CASE(c_matmul_grouped_dw), CASE(c_bmm_nn),
+    CASE(c_bmm_nt), CASE(c_bmm_tn), CASE(c_add), CASE(c_add3), CASE(c_sub), CASE(c_mul), CASE(c_scale), CASE(c_bias_add),
+    CASE(c_bias_add2), CASE(c_reduce_0), CASE(c_reduce_12), CASE(c_reduce_1),
     CASE(c_reduce_all), CASE(c_expand_1), CASE(c_expand_0), CASE(c_expand_all), CASE(c_relu), CASE(c_gelu),
     CASE(c_sigmoid), CASE(c_relu_bwd), CASE(c_gelu_bwd), CASE(c_sigmoid_bwd), CASE(c_layernorm),
     CASE(c_layernorm_bwd), CASE(c_softmax), CASE(c_softmax_bwd), CASE(c_attention), CASE(c_attention_bwd),

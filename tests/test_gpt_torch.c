@@ -13,10 +13,10 @@
  *    weight decay 0.01 on every parameter, PyTorch's single-group default) reproduce the loss
  *    before each update, and AdamW the final wte.weight and h.0.attn.c_attn.weight.
  *  - gpt_block: one pre-LN block assembled from the public builder ops (layernorm, matmul,
- *    bias_add, attention, add, gelu) with L = sum(y * dout) reproduces y, dL/dx and the gradient
- *    of every block parameter. It pins the op-level conventions (Conv1D weight layout, q|k|v
- *    split and head order, 1/sqrt(D) scale, causal mask, tanh GELU, biased LayerNorm variance)
- *    independently of the model builder.
+ *    grouped matmul, bias_add, attention, add, gelu) with L = sum(y * dout) reproduces y, dL/dx
+ *    and the gradient of every block parameter. It pins the op-level conventions (Conv1D weight
+ *    layout, c_attn held as [C,3,C] over PyTorch's [C,3C], q|k|v split and head order, 1/sqrt(D)
+ *    scale, causal mask, tanh GELU, biased LayerNorm variance) independently of the model builder.
  *
  * Tolerances (relative to each tensor's largest magnitude, see torch_fixture.h):
  *  - One step and the block: 1e-4.
@@ -87,6 +87,16 @@ static int blk_conv1d(adt_graph *g, int x, const char *w_leaf, const char *b_lea
     return adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
 }
 
+/* x [B,T,C] @ W [C,3,C] + b [3,C] -> qkv [B,T,3,C]: c_attn with q | k | v on an axis of their
+ * own, loaded from the fixture's [C,3C] and [3C] through the file shapes */
+static int blk_c_attn(adt_graph *g, int x, int C) {
+    int w = blk_param(g, "attn.c_attn.weight", adt_shape_3d(C, 3, C));
+    int b = blk_param(g, "attn.c_attn.bias", adt_shape_2d(3, C));
+    adt_graph_set_file_shape(g, w, adt_shape_2d(C, 3 * C));
+    adt_graph_set_file_shape(g, b, adt_shape_1d(3 * C));
+    return adt_bias_add(g, adt_matmul_grouped(g, x, w, 0, 0, 1, 2), b);
+}
+
 static int blk_layernorm(adt_graph *g, int x, const char *w_leaf, const char *b_leaf, int C) {
     return adt_layernorm(g, x, blk_param(g, w_leaf, adt_shape_1d(C)), blk_param(g, b_leaf, adt_shape_1d(C)), 1e-5f);
 }
@@ -105,7 +115,7 @@ static void test_gpt_block(void) {
     int x = adt_param(g, "input.x", adt_shape_3d(B, T, C), (adt_init){ADT_INIT_ZEROS, 0, 0});
     int dout = adt_input(g, "input.dout", ADT_F32, adt_shape_3d(B, T, C));
     int h = blk_layernorm(g, x, "ln_1.weight", "ln_1.bias", C);
-    h = blk_conv1d(g, h, "attn.c_attn.weight", "attn.c_attn.bias", C, 3 * C);
+    h = blk_c_attn(g, h, C);
     h = adt_attention(g, h, H);
     h = blk_conv1d(g, h, "attn.c_proj.weight", "attn.c_proj.bias", C, C);
     int x1 = adt_add(g, x, h);

@@ -209,6 +209,29 @@ static void test_grad_matmul(void) {
         grad_check("matmul X^T Y over 3-D", g, adt_matmul(g, x, y, 1, 0, 0), NULL, NULL, 0, 1e-2);
         adt_graph_free(g);
     }
+    /* axis groupings kept through the product: op(A) rows M, contraction K and op(B) columns N
+     * of one or two axes each, every transpose (GPT's c_attn: X[B,T,C] @ W[C,3,C] -> [B,T,3,C],
+     * and its gradients dY W^T and X^T dY, are among them) */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t dm[2] = {irand(1, 4), irand(1, 4)}, dk[2] = {irand(1, 4), irand(1, 4)}, dn[2] = {irand(1, 4), irand(1, 4)};
+            int nm = irand(1, 2), nk = irand(1, 2), nn = irand(1, 2);
+            adt_shape sa = {0}, sb = {0};
+            for (int i = 0; i < (ta ? nk : nm); i++) sa.dim[sa.ndim++] = ta ? dk[i] : dm[i];
+            for (int i = 0; i < (ta ? nm : nk); i++) sa.dim[sa.ndim++] = ta ? dm[i] : dk[i];
+            for (int i = 0; i < (tb ? nn : nk); i++) sb.dim[sb.ndim++] = tb ? dn[i] : dk[i];
+            for (int i = 0; i < (tb ? nk : nn); i++) sb.dim[sb.ndim++] = tb ? dk[i] : dn[i];
+            adt_graph *g = adt_graph_create();
+            int a = adt_param(g, "a", sa, (adt_init){0}), b = adt_param(g, "b", sb, (adt_init){0});
+            int c = adt_matmul_grouped(g, a, b, ta, tb, ta ? nm : nk, tb ? nk : nn);
+            const adt_shape *sc = c >= 0 ? &g->values[c].shape : NULL;
+            int shape_ok = sc && sc->ndim == nm + nn;
+            for (int i = 0; shape_ok && i < nm + nn; i++) shape_ok = sc->dim[i] == (i < nm ? dm[i] : dn[i - nm]);
+            CHECK(c < 0 || shape_ok, "grouped matmul (%d,%d) with M %d, K %d, N %d axes: output is not [M..,N..]", ta,
+                  tb, nm, nk, nn);
+            grad_check("grouped matmul", g, c, NULL, NULL, 0, 1e-2);
+            adt_graph_free(g);
+        }
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             adt_graph *g = adt_graph_create();
@@ -241,6 +264,10 @@ static void test_grad_elementwise(void) {
     g = adt_graph_create();
     x = P(g, "x", A, B, C), y = P(g, "b", C);
     grad_check("bias_add", g, adt_bias_add(g, x, y), NULL, NULL, 0, 1e-2);
+    adt_graph_free(g);
+    g = adt_graph_create(); /* over the last two axes: qkv [..,3,C] + b [3,C] */
+    x = P(g, "x", A, B, 3, C), y = P(g, "b", 3, C);
+    grad_check("bias_add 2-D", g, adt_bias_add(g, x, y), NULL, NULL, 0, 1e-2);
     adt_graph_free(g);
     /* a value used twice: gradients from both uses add up */
     g = adt_graph_create();
@@ -327,7 +354,7 @@ static void test_grad_dropout(void) {
 static void test_grad_attention(void) {
     int64_t B = irand(1, 2), T = irand(1, 6), H = irand(1, 3), D = irand(1, 4), C = H * D;
     adt_graph *g = adt_graph_create();
-    int qkv = P(g, "qkv", B, T, 3 * C);
+    int qkv = P(g, "qkv", B, T, 3, C);
     grad_check("attention", g, adt_attention(g, qkv, (int)H), NULL, NULL, 0, 1e-2);
     adt_graph_free(g);
 }
@@ -935,9 +962,142 @@ static void test_shape_errors(void) {
     CHECK(strstr(adt_graph_error_message(g), "already used") != NULL, "%s", adt_graph_error_message(g));
     adt_graph_free(g);
     g = adt_graph_create();
-    a = adt_param(g, "q", adt_shape_3d(2, 3, 30), (adt_init){0});
+    a = adt_param(g, "q", adt_shape_4d(2, 3, 3, 30), (adt_init){0});
     CHECK(adt_attention(g, a, 4) < 0, "heads not dividing the width accepted");
     CHECK(strstr(adt_graph_error_message(g), "heads") != NULL, "%s", adt_graph_error_message(g));
+    adt_graph_free(g);
+    /* q | k | v must be an axis of its own */
+    g = adt_graph_create();
+    a = adt_param(g, "q", adt_shape_3d(2, 3, 96), (adt_init){0});
+    CHECK(adt_attention(g, a, 4) < 0 && strstr(adt_graph_error_message(g), "[B,T,3,C]"), "qkv [B,T,3C]: %s",
+          adt_graph_error_message(g));
+    adt_graph_free(g);
+    /* an attention node whose head size does not multiply out (a block that cuts a head) */
+    g = adt_graph_create();
+    a = adt_param(g, "q", adt_shape_4d(2, 3, 3, 12), (adt_init){0});
+    CHECK(adt_graph_add_node(g, ADT_OP_ATTENTION, &a, 1, &(adt_attrs){.i = {1, 8}}) < 0 &&
+              strstr(adt_graph_error_message(g), "whole heads"), "12 columns as 1 head of 8: %s",
+          adt_graph_error_message(g));
+    adt_graph_free(g);
+    /* grouped matmul: contraction axes that do not match, and more column axes than the rank */
+    g = adt_graph_create();
+    a = adt_param(g, "x", adt_shape_2d(5, 8), (adt_init){0});
+    b = adt_param(g, "w", adt_shape_3d(8, 3, 8), (adt_init){0});
+    CHECK(adt_matmul_grouped(g, a, b, 0, 0, 1, 3) < 0 && strstr(adt_graph_error_message(g), "rank >= 4"), "%s",
+          adt_graph_error_message(g));
+    adt_graph_free(g);
+    g = adt_graph_create();
+    a = adt_param(g, "x", adt_shape_2d(5, 8), (adt_init){0});
+    b = adt_param(g, "w", adt_shape_3d(8, 3, 8), (adt_init){0});
+    CHECK(adt_matmul_grouped(g, a, b, 0, 1, 1, 2) < 0 && strstr(adt_graph_error_message(g), "inner dimension of 8"),
+          "%s", adt_graph_error_message(g));
+    adt_graph_free(g);
+    /* a bias whose shape is not the last axes of x */
+    g = adt_graph_create();
+    a = adt_param(g, "x", adt_shape_4d(2, 3, 3, 8), (adt_init){0});
+    b = adt_param(g, "b", adt_shape_2d(8, 3), (adt_init){0});
+    CHECK(adt_bias_add(g, a, b) < 0 && strstr(adt_graph_error_message(g), "[3,8] (the last dims of input 0)"), "%s",
+          adt_graph_error_message(g));
+    adt_graph_free(g);
+}
+
+/* The grouped forms against plain loops in double: y = X[B,T,C] @ W[C,G,N] + b[G,N], its data
+ * gradient form dY[B,T,G,N] @ W^T and weight gradient form X^T dY. Finite differences check the
+ * gradients relative to the forward; this pins the forward itself (every index of the groups). */
+static void test_grouped_forward(void) {
+    int64_t B = irand(1, 3), T = irand(1, 4), C = irand(1, 5), G = irand(1, 4), N = irand(1, 5);
+    adt_graph *g = adt_graph_create();
+    int x = adt_input(g, "x", ADT_F32, adt_shape_3d(B, T, C));
+    int w = adt_input(g, "w", ADT_F32, adt_shape_3d(C, G, N));
+    int b = adt_input(g, "b", ADT_F32, adt_shape_2d(G, N));
+    int dy = adt_input(g, "dy", ADT_F32, adt_shape_4d(B, T, G, N));
+    int y = adt_bias_add(g, adt_matmul_grouped(g, x, w, 0, 0, 1, 2), b);
+    int dx = adt_matmul_grouped(g, dy, w, 0, 1, 2, 2);
+    int dw = adt_matmul_grouped(g, x, dy, 1, 0, 1, 2);
+    int outs[3] = {y, dx, dw};
+    for (int k = 0; k < 3; k++) adt_graph_mark_output(g, outs[k]);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_exec *ex = NULL;
+    adt_exec_opts o = {.threads = 1};
+    if (adt_graph_error(g) || adt_exec_create(&ex, g, &o)) {
+        CHECK(0, "executor: %s", adt_error_message());
+        adt_graph_free(g);
+        return;
+    }
+    int ins[4] = {x, w, b, dy};
+    for (int k = 0; k < 4; k++) fill_default("", adt_exec_data(ex, ins[k]), adt_value_numel(g, ins[k]));
+    adt_exec_run_forward_mode(ex, 0);
+    const float *X = adt_exec_data(ex, x), *W = adt_exec_data(ex, w), *Bi = adt_exec_data(ex, b), *DY = adt_exec_data(ex, dy);
+    const float *Y = adt_exec_data(ex, y), *DX = adt_exec_data(ex, dx), *DW = adt_exec_data(ex, dw);
+    double worst = 0;
+    for (int64_t r = 0; r < B * T; r++) /* y[r,j,n] = sum_c x[r,c] w[c,j,n] + b[j,n]; dx[r,c] = sum_jn dy[r,j,n] w[c,j,n] */
+        for (int64_t c = 0; c < C; c++) {
+            double sx = 0;
+            for (int64_t jn = 0; jn < G * N; jn++) sx += (double)DY[r * G * N + jn] * W[c * G * N + jn];
+            worst = fmax(worst, fabs(sx - DX[r * C + c]));
+        }
+    for (int64_t r = 0; r < B * T; r++)
+        for (int64_t jn = 0; jn < G * N; jn++) {
+            double sy = Bi[jn];
+            for (int64_t c = 0; c < C; c++) sy += (double)X[r * C + c] * W[c * G * N + jn];
+            worst = fmax(worst, fabs(sy - Y[r * G * N + jn]));
+        }
+    for (int64_t c = 0; c < C; c++) /* dw[c,j,n] = sum_r x[r,c] dy[r,j,n] */
+        for (int64_t jn = 0; jn < G * N; jn++) {
+            double sw = 0;
+            for (int64_t r = 0; r < B * T; r++) sw += (double)X[r * C + c] * DY[r * G * N + jn];
+            worst = fmax(worst, fabs(sw - DW[c * G * N + jn]));
+        }
+    CHECK(worst < 1e-5, "grouped products differ from the loops by %.3g (seed %llu)", worst, (unsigned long long)g_seed);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+}
+
+/* File shapes: set on a parameter, inherited by its optimizer state, read back by
+ * adt_value_file_shape; refused with the element counts or on a value that is not a parameter. */
+static void test_file_shape(void) {
+    adt_graph *g = adt_graph_create();
+    int x = adt_input(g, "x", ADT_F32, adt_shape_3d(2, 4, 5));
+    int w = adt_param(g, "w", adt_shape_3d(5, 3, 5), (adt_init){ADT_INIT_NORMAL, 0.1f, 0});
+    int b = adt_param(g, "b", adt_shape_2d(3, 5), (adt_init){0});
+    CHECK(adt_graph_set_file_shape(g, w, adt_shape_2d(5, 15)) == w, "%s", adt_graph_error_message(g));
+    CHECK(adt_graph_set_file_shape(g, b, adt_shape_1d(15)) == b, "%s", adt_graph_error_message(g));
+    int y = adt_bias_add(g, adt_matmul_grouped(g, x, w, 0, 0, 1, 2), b);
+    adt_graph_backward(g, adt_reduce_sum(g, y, 0, 3));
+    adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.99f, 1e-8f, 0.1f);
+    oc.decay_1d = 0;
+    adt_graph_optimizer(g, &oc);
+    CHECK(!adt_graph_error(g), "%s", adt_graph_error_message(g));
+    adt_shape fw = adt_value_file_shape(g, w), fx = adt_value_file_shape(g, x);
+    CHECK(fw.ndim == 2 && fw.dim[0] == 5 && fw.dim[1] == 15, "file shape of w");
+    CHECK(adt_shape_equal(&fx, &g->values[x].shape), "a value without a file shape: its shape");
+    int states = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        if (g->values[v].role != ADT_ROLE_OPT_STATE) continue;
+        adt_shape fs = adt_value_file_shape(g, v), fp = adt_value_file_shape(g, g->values[v].param);
+        CHECK(adt_shape_equal(&fs, &fp), "state '%s' lost its parameter's file shape", g->values[v].name);
+        states++;
+    }
+    CHECK(states == 4, "%d optimizer states", states);
+    /* weight decay follows the PyTorch rank: the [3,5] bias is 1-D there, so it is not decayed */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (n->op != ADT_OP_ADAMW) continue;
+        float want = n->in[0] == w ? 0.1f : 0.0f;
+        CHECK(n->a.f[3] == want, "weight decay of '%s' is %g, expected %g", g->values[n->in[0]].name, (double)n->a.f[3],
+              (double)want);
+    }
+    adt_graph_free(g);
+    g = adt_graph_create();
+    w = adt_param(g, "w", adt_shape_3d(5, 3, 5), (adt_init){0});
+    CHECK(adt_graph_set_file_shape(g, w, adt_shape_2d(5, 16)) < 0 &&
+              strstr(adt_graph_error_message(g), "expected a shape of the 75 elements of [5,3,5]"), "%s",
+          adt_graph_error_message(g));
+    adt_graph_free(g);
+    g = adt_graph_create();
+    x = adt_input(g, "x", ADT_F32, adt_shape_2d(2, 4));
+    CHECK(adt_graph_set_file_shape(g, x, adt_shape_1d(8)) < 0 && strstr(adt_graph_error_message(g), "not a parameter"),
+          "%s", adt_graph_error_message(g));
     adt_graph_free(g);
 }
 
@@ -994,6 +1154,8 @@ int main(void) {
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)g_seed);
     RUN(test_grad_matmul);
+    RUN(test_grouped_forward);
+    RUN(test_file_shape);
     RUN(test_grad_elementwise);
     RUN(test_grad_reduce_expand);
     RUN(test_grad_activations);

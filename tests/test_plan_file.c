@@ -280,7 +280,7 @@ static const bad_case bad[] = {
     {"signature type", m_sig_type, "is a number, expected a signature string"},
     {"leaf name", m_leaf_name, "field \"layouts[1].leaves.h.0.nope\": no leaf of that name in layer 1"},
     {"leaf axis", m_leaf_axis, "field \"layouts[1].leaves.h.0.attn.c_attn.weight\": nd-SBP '(B,S(5))': entry 1 splits axis "
-                               "5 of a rank-2 tensor"},
+                               "5 of a rank-3 tensor"}, /* held as [C,3,C] */
     {"leaf partial", m_leaf_partial, "leaf 'h.0.ln_1.weight' [32] cannot be held as (P,B)"},
     {"leaf in place", m_leaf_inplace, "updates 'h.0.ln_1.weight' in place as (B,B), but the plan holds it as (B,S(0))"},
     {"strategy", m_strategy, "field \"strategy\" is a number, expected a string"},

@@ -57,10 +57,14 @@ static inline const char *meta_str(const adt_st_file *f, const char *key) {
     return s;
 }
 
+/* The shape PyTorch gives value v: its file shape, and a parameter gradient its parameter's
+ * (GPT's c_attn.weight is [C,3,C] in the graph and [C,3C] in the fixture, the same bytes). */
 static inline int value_dims(const adt_graph *g, int v, int64_t *dims) {
-    const adt_value *val = &g->values[v];
-    for (int d = 0; d < val->shape.ndim; d++) dims[d] = val->shape.dim[d];
-    return val->shape.ndim;
+    adt_shape s = adt_value_file_shape(g, v);
+    for (int p = 0; p < g->n_values; p++)
+        if (g->values[p].role == ADT_ROLE_PARAM && g->values[p].grad == v) s = adt_value_file_shape(g, p);
+    for (int d = 0; d < s.ndim; d++) dims[d] = s.dim[d];
+    return s.ndim;
 }
 
 /* A fixture tensor as a fresh float array of the given shape; NULL (and a failure) if absent or

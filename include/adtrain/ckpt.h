@@ -4,7 +4,10 @@
  *
  * Tensor names are the graph's value names, which the model builders make PyTorch's: a GPT
  * checkpoint holds "wte.weight", "h.0.attn.c_attn.weight", ... in Hugging Face's shapes, an MLP
- * "layers.0.weight" [out,in]. Optimizer state follows under "opt.m.<param>" (SGD momentum, AdamW
+ * "layers.0.weight" [out,in]. Shapes are the values' file shapes (adt_value_file_shape): where the
+ * graph holds a tensor with its axes regrouped (GPT's c_attn.weight [C,3,C] and bias [3,C], so
+ * that tensor parallelism can split heads), the file holds PyTorch's shape ([C,3C], [3C]) of the
+ * same bytes; optimizer state follows its parameter. Optimizer state follows under "opt.m.<param>" (SGD momentum, AdamW
  * first moment) and "opt.v.<param>" (AdamW second moment). Everything a run needs to continue
  * exactly where it stopped that is not a tensor (step, seed, batch, data, vocabulary) goes into
  * the file's string metadata, written and checked by the caller (the trainer).
@@ -54,7 +57,7 @@ typedef struct adt_ckpt_view {
 int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state,
                   const char *const *meta, int n_meta);
 
-/* Loads every PARAM of g from f (and, with_state, every OPT_STATE), checking names and shapes.
+/* Loads every PARAM of g from f (and, with_state, every OPT_STATE), checking names and (file) shapes.
  * Accepted on top of the model's own names: a "transformer." prefix (Hugging Face's GPT2LMHeadModel
  * files), the attention-mask buffers "h.{i}.attn.bias" / "h.{i}.attn.masked_bias", a tied
  * "lm_head.weight", and - without with_state - optimizer state, all ignored. Anything else is an
@@ -132,6 +135,10 @@ typedef struct adt_dckpt_tensor {
     adt_st_dtype dtype;
     int ndim;
     int64_t shape[ADT_MAX_DIMS];
+    /* the shape a one-file export writes (PyTorch's, where the graph regroups axes: GPT's
+     * c_attn [C,3,C] exports as [C,3C]); same elements; file_ndim 0 when it is `shape` */
+    int file_ndim;
+    int64_t file_shape[ADT_MAX_DIMS];
 } adt_dckpt_tensor;
 
 typedef struct adt_dckpt_slice {

@@ -78,6 +78,10 @@ typedef struct adt_value {
      * agree with the serial run element by element (dropout) use it. */
     adt_shape global_shape;
     int64_t offset[ADT_MAX_DIMS];
+    /* Persistent values: the shape a checkpoint stores the value in when it differs from the
+     * graph's (same elements, same row-major order), e.g. Hugging Face's c_attn.weight [C,3C]
+     * held as [C,3,C]; ndim 0 when the two agree. Read it with adt_value_file_shape(). */
+    adt_shape file_shape;
 } adt_value;
 
 /* Op attributes: small fixed arrays whose meaning each op documents (ops.h). */
@@ -136,18 +140,31 @@ void adt_graph_mark_output(adt_graph *g, int v);
 int adt_input(adt_graph *g, const char *name, adt_dtype dt, adt_shape shape);
 int adt_label(adt_graph *g, const char *name, adt_dtype dt, adt_shape shape);
 int adt_param(adt_graph *g, const char *name, adt_shape shape, adt_init init);
+/* Declares the shape parameter v has in checkpoint files, when the graph holds it in another
+ * shape of the same elements (a regrouping of axes: row-major, the bytes are the same). Its
+ * optimizer state inherits it. Returns v, or -1 (the graph's error) when v is not a parameter or
+ * the element counts differ. */
+int adt_graph_set_file_shape(adt_graph *g, int v, adt_shape file_shape);
+/* The shape value v has in checkpoint files: its file shape if one was declared, else its shape. */
+adt_shape adt_value_file_shape(const adt_graph *g, int v);
 
 /* ---- ops (shapes in the comments; see ops.h for attributes and SBP signatures) ----------- */
 /* C = op(A) op(B). batched=0: each operand is viewed as a matrix [prod(leading), last] and a
  * non-transposed A keeps its leading dims in C (X[..,K] @ W[K,N] -> [..,N]); batched=1: both
  * have the same leading dims and each batch is multiplied. */
 int adt_matmul(adt_graph *g, int a, int b, int trans_a, int trans_b, int batched);
+/* A non-batched product that keeps an axis grouping: operand A (B) is viewed as a matrix whose
+ * columns are its last a_cols (b_cols) axes and whose rows are the others; op() swaps the two
+ * groups; the result has op(A)'s row axes then op(B)'s column axes. X[..,C] @ W[C,3,C] with
+ * b_cols 2 gives [..,3,C]: the same numbers as X @ W viewed [C,3C], with q | k | v on an axis of
+ * their own, so a split of the last axis cuts each of them alike. adt_matmul is a_cols = b_cols = 1. */
+int adt_matmul_grouped(adt_graph *g, int a, int b, int trans_a, int trans_b, int a_cols, int b_cols);
 int adt_add(adt_graph *g, int a, int b);               /* same shapes */
 int adt_add_n(adt_graph *g, const int *xs, int n);      /* sum of n same-shape values */
 int adt_sub(adt_graph *g, int a, int b);
 int adt_mul(adt_graph *g, int a, int b);
 int adt_scale(adt_graph *g, int x, float s);
-int adt_bias_add(adt_graph *g, int x, int b);           /* x[..,N] + b[N] */
+int adt_bias_add(adt_graph *g, int x, int b);           /* x[..,N] + b[N]; x[..,3,C] + b[3,C] */
 /* sum over the contiguous axes [first, last]; all axes gives a [1] tensor */
 int adt_reduce_sum(adt_graph *g, int x, int first_axis, int last_axis);
 int adt_relu(adt_graph *g, int x);
@@ -155,7 +172,9 @@ int adt_gelu(adt_graph *g, int x); /* tanh approximation */
 int adt_sigmoid(adt_graph *g, int x);
 int adt_layernorm(adt_graph *g, int x, int w, int b, float eps); /* over the last axis */
 int adt_softmax(adt_graph *g, int x);                              /* over the last axis */
-int adt_attention(adt_graph *g, int qkv, int n_head); /* qkv[B,T,3C] -> [B,T,C], causal */
+/* Causal multi-head self-attention: qkv[B,T,3,C] (q | k | v, each C = n_head heads of C/n_head)
+ * -> [B,T,C], heads concatenated. */
+int adt_attention(adt_graph *g, int qkv, int n_head);
 int adt_embedding(adt_graph *g, int ids, int table);  /* ids[...] i32, table[V,C] -> [...,C] */
 /* logits[..,V], labels[..] i32 -> loss[1] = mean over all label positions */
 int adt_softmax_xent(adt_graph *g, int logits, int labels);
@@ -187,7 +206,7 @@ typedef struct adt_optim_cfg {
     float beta1, beta2; /* AdamW */
     float eps;          /* AdamW */
     float weight_decay;
-    int decay_1d;       /* also decay 1-D parameters (biases, norms); PyTorch's default is yes */
+    int decay_1d;       /* also decay 1-D parameters (biases, norms; by file shape); PyTorch's default is yes */
 } adt_optim_cfg;
 
 adt_optim_cfg adt_optim_sgd(float momentum, float weight_decay);

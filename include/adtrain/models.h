@@ -22,8 +22,10 @@ typedef struct adt_model_io {
 
 /* GPT-2: learned positions, pre-LayerNorm (eps 1e-5), GELU (tanh), biases everywhere, LM head
  * tied to wte, final LayerNorm; Hugging Face GPT-2 parameter names (wte.weight, wpe.weight,
- * h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight [C,3C], ...). GPT-2 initialisation: N(0, 0.02),
- * residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. */
+ * h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight, ...). c_attn is held as weight [C,3,C] and bias
+ * [3,C] (q | k | v on an axis of their own, so heads can be split) with file shapes [C,3C] and
+ * [3C], Hugging Face's; every other parameter has Hugging Face's shape. GPT-2 initialisation:
+ * N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. */
 typedef struct adt_gpt_cfg {
     int vocab_size, n_ctx, n_layer, n_embd, n_head;
     float dropout; /* 0 = none */

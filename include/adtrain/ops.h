@@ -9,14 +9,19 @@
  * row of a vocabulary shard) also gets a `localize` rule that rewrites them for a block.
  *
  * Attributes per op (adt_attrs.i[] / .f[]):
- *   MATMUL          i0 trans_a, i1 trans_b, i2 batched
+ *   MATMUL          i0 trans_a, i1 trans_b, i2 batched, i3 / i4 how many trailing axes of A / B
+ *                   form a non-batched operand's matrix columns (0 or 1: the last axis; more keep
+ *                   an axis grouping through the product: adt_matmul_grouped); i5 = 1 only in
+                   the executor's fused form (accumulate into the output, op_math.c)
  *   SCALE           f0 factor
  *   REDUCE_SUM      i0 first axis, i1 last axis (inclusive)
  *   EXPAND          i0 first axis, i1 last axis, i2.. the sizes of those axes; f0 = 1 when
  *                   the input is the [1] of a reduction over every axis. The inverse of
  *                   REDUCE_SUM: broadcasts a reduced tensor back
  *   LAYERNORM       f0 eps                      outputs: y, mean[..], rstd[..]
- *   ATTENTION       i0 heads                    outputs: y[B,T,C], att[B,H,T,T]
+ *   ATTENTION       i0 heads, i1 head size D (0: C / heads); input qkv[B,T,3,C]
+ *                   outputs: y[B,T,C], att[B,H,T,T]. A block of whole heads holds
+ *                   C_local / D of them (the localize rule); a block that cuts a head is refused
  *   EMBEDDING       i0 row0 (first vocabulary row held locally; 0 serially)
  *   SOFTMAX_XENT    f0 denominator (number of label positions in the GLOBAL batch)
  *                   outputs: loss[1], probs[..,V]
@@ -175,6 +180,9 @@ int adt_op_find(const char *name); /* -1 if unknown */
 /* Generic node creation used by every builder: checks the inputs, runs the shape rule, creates
  * the outputs (role ACT, or GRAD inside autodiff) and returns the node id, or -1. */
 int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_attrs *a);
+/* The GEMM a MATMUL node runs: C[M,N] = op(A)[M,K] op(B)[K,N], batch of them (1 unless batched),
+ * from its input shapes and column groups. */
+void adt_matmul_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N, int64_t *K, int64_t *batch);
 /* FLOPs and bytes moved of one node. */
 double adt_node_flops(const adt_graph *g, const adt_node *n);
 double adt_node_bytes(const adt_graph *g, const adt_node *n);

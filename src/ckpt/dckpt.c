@@ -351,6 +351,8 @@ static int build_manifest(const char *dir, int64_t step, const adt_graph *g, int
             cJSON_AddStringToObject(t, "name", val->name);
             cJSON_AddStringToObject(t, "dtype", "F32");
             cJSON_AddItemToObject(t, "shape", dims_json(val->shape.ndim, val->shape.dim));
+            if (val->file_shape.ndim) /* the graph regroups its axes: the export restores PyTorch's shape */
+                cJSON_AddItemToObject(t, "file_shape", dims_json(val->file_shape.ndim, val->file_shape.dim));
             cJSON_AddItemToArray(ts, t);
         }
         cJSON *fs = cJSON_AddArrayToObject(root, "files");
@@ -596,7 +598,9 @@ int adt_dckpt_export(const adt_dckpt *c, const char *path, int with_state) {
     adt_st_writer *w = adt_st_writer_create();
     for (int i = 0; i < n && !rc; i++) {
         const adt_dckpt_tensor *t = adt_dckpt_tensor_get(c, i);
-        if (to[i].dst) rc = adt_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, to[i].dst);
+        if (to[i].dst)
+            rc = t->file_ndim ? adt_st_writer_add(w, t->name, t->dtype, t->file_ndim, t->file_shape, to[i].dst)
+                              : adt_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, to[i].dst);
     }
     for (int i = 0; i < adt_dckpt_metadata_count(c) && !rc; i++) {
         const char *k, *v;

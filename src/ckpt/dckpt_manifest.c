@@ -165,8 +165,8 @@ static int parse_tensors(adt_dckpt *c, const cJSON *j) {
     c->by_name = adt_calloc((size_t)n + 1, sizeof *c->by_name);
     int i = 0;
     for (const cJSON *e = j->child; e; e = e->next, i++) {
-        static const char *const fields[] = {"name", "dtype", "shape", NULL};
-        const cJSON *f[3];
+        static const char *const fields[] = {"name", "dtype", "shape", "file_shape", NULL};
+        const cJSON *f[4];
         char where[64], wn[80], wd[80];
         snprintf(where, sizeof where, "tensors[%d]", i);
         snprintf(wn, sizeof wn, "tensors[%d].name", i);
@@ -192,6 +192,16 @@ static int parse_tensors(adt_dckpt *c, const cJSON *j) {
         if (bytes > MAX_JSON_INT)
             return adt_error(ADT_ERR_FORMAT, "%s: tensor '%s' of %s elements is too large", c->name, t->name,
                              dims_str(w, sizeof w, t->ndim, t->shape));
+        if (f[3]) { /* optional: the export's shape, of the same element count */
+            snprintf(w, sizeof w, "the file_shape of tensor '%s'", t->name);
+            if ((rc = get_dims(c->name, f[3], w, -1, 0, t->file_shape, &t->file_ndim))) return rc;
+            double a = 1, b = 1;
+            for (int d = 0; d < t->ndim; d++) a *= (double)t->shape[d];
+            for (int d = 0; d < t->file_ndim; d++) b *= (double)t->file_shape[d];
+            if (a != b || t->file_ndim < 1)
+                return adt_error(ADT_ERR_FORMAT, "%s: tensor '%s' has a file_shape of %.0f elements, expected the %.0f of its shape",
+                                 c->name, t->name, b, a);
+        }
     }
     qsort(c->by_name, (size_t)c->n_tensors, sizeof *c->by_name, cmp_name_ref);
     for (int k = 1; k < c->n_tensors; k++)

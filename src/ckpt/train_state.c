@@ -6,6 +6,10 @@
  * exact shape, and every tensor in the file must be one the model knows (or one of the few that
  * PyTorch checkpoints carry and adtrain has no use for). A checkpoint of another model therefore
  * fails with the names that differ instead of half-loading.
+ *
+ * Shapes are file shapes (adt_value_file_shape): a value the graph holds with its axes regrouped
+ * (GPT's c_attn.weight [C,3,C]) is written and expected in PyTorch's shape ([C,3C]); the bytes
+ * are the same, row-major.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +46,8 @@ int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, v
     for (int i = 0; i < g->n_values && !rc; i++) {
         const adt_value *v = &g->values[i];
         if (!ckpt_is_saved(v, with_state)) continue;
-        rc = adt_st_writer_add(w, v->name, ADT_ST_F32, v->shape.ndim, v->shape.dim, data(ctx, i));
+        adt_shape fs = adt_value_file_shape(g, i); /* Hugging Face's shape where the graph regroups axes */
+        rc = adt_st_writer_add(w, v->name, ADT_ST_F32, fs.ndim, fs.dim, data(ctx, i));
     }
     for (int i = 0; i < n_meta && !rc; i++) rc = adt_st_writer_set_metadata(w, meta[2 * i], meta[2 * i + 1]);
     if (!rc) rc = adt_st_writer_save(w, path);
@@ -108,21 +113,22 @@ int ckpt_match_names(const char *file, const char *const *names, int n, const ad
     return ADT_OK;
 }
 
-/* Block `box` of file tensor t (the whole of which must have the value's global shape) into dst.
- * F32 is cut straight from the file; BF16 and F16 are widened whole first. */
-static int read_block(const adt_st_file *f, const adt_st_tensor *t, const adt_value *v, const adt_box *box,
-                      float *dst) {
+/* Block `box` of file tensor t into dst. The file holds value v whole, in its file shape fs
+ * (the same row-major bytes as the graph's shape). F32 is cut straight from the file; BF16 and
+ * F16 are widened whole first. */
+static int read_block(const adt_st_file *f, const adt_st_tensor *t, const adt_value *v, adt_shape fs,
+                      const adt_box *box, float *dst) {
     const adt_shape *gs = &v->shape;
-    if (adt_shape_equal(&box->shape, gs)) return adt_st_read_f32(f, t->name, dst, gs->ndim, gs->dim);
-    int same = t->ndim == gs->ndim;
-    for (int d = 0; same && d < gs->ndim; d++) same = t->shape[d] == gs->dim[d];
+    if (adt_shape_equal(&box->shape, gs)) return adt_st_read_f32(f, t->name, dst, fs.ndim, fs.dim);
+    int same = t->ndim == fs.ndim;
+    for (int d = 0; same && d < fs.ndim; d++) same = t->shape[d] == fs.dim[d];
     adt_box whole = {.global = *gs, .shape = *gs};
     if (same && t->dtype == ADT_ST_F32) {
         adt_box_transfer(dst, box, t->data, &whole, 4, 0);
         return ADT_OK;
     }
     float *tmp = adt_malloc((size_t)adt_shape_numel(gs) * sizeof *tmp + 1);
-    int rc = adt_st_read_f32(f, t->name, tmp, gs->ndim, gs->dim); /* checks the shape and dtype */
+    int rc = adt_st_read_f32(f, t->name, tmp, fs.ndim, fs.dim); /* checks the shape and dtype */
     if (!rc) adt_box_transfer(dst, box, tmp, &whole, 4, 0);
     free(tmp);
     return rc;
@@ -138,7 +144,9 @@ int adt_ckpt_load_local(const adt_st_file *f, const adt_ckpt_view *vw, int with_
         int v = value_of[i];
         adt_box box;
         int lv = v < 0 ? -1 : ckpt_view_block(vw, v, &box);
-        if (lv >= 0) rc = read_block(f, adt_st_get(f, i), &vw->g->values[v], &box, vw->data(vw->ctx, lv));
+        if (lv >= 0)
+            rc = read_block(f, adt_st_get(f, i), &vw->g->values[v], adt_value_file_shape(vw->g, v), &box,
+                            vw->data(vw->ctx, lv));
     }
     free(names);
     free(value_of);

@@ -7,7 +7,10 @@
  *   - on a dp axis, parameter data is read whole (B): a ZeRO-held shard is gathered at use;
  *   - on a tp axis, parameter data is read as it is held (the weights never move), and the other
  *     activations are replicated, partial, or split on their feature axis only (the channel axis
- *     of an NCHW tensor, the last axis otherwise): Megatron's layout, no batch or sequence split.
+ *     of an NCHW tensor, the heads of attention probabilities, the last axis otherwise):
+ *     Megatron's layout, no batch or sequence split. GPT attention runs split by heads (qkv
+ *     [B,T,3,C] on its last axis), so a transformer block's forward pass communicates only the
+ *     two all-reduces of its row-parallel projections.
  * Gradient synchronisation is then the boxing the partitioner inserts before each optimizer
  * step: P -> B (all-reduce) for dp, P -> S (reduce-scatter) for zero.
  */
@@ -118,11 +121,13 @@ static int name_index(const char *name, const char *prefix, const char *suffix, 
     return 1;
 }
 
-/* The tensor axis a tp axis splits in parameter `name` (its .weight or .bias), or -1 to keep it
- * whole: Megatron's column (output) / row (input) split per layer, vocabulary rows for
- * embeddings. GPT's Conv1D weights are [in, out]; nn.Linear's [out, in]; convolutions [Co, Ci,
- * k, k]. A bias follows its layer's output: split with a column split, whole with a row split. */
-static int tp_axis_of(const adt_model_cfg *c, const char *name) {
+/* The tensor axis a tp axis splits in parameter `name` (its .weight or .bias) of rank `rank`, or
+ * -1 to keep it whole: Megatron's column (output) / row (input) split per layer, vocabulary rows
+ * for embeddings. GPT's Conv1D weights are [in, out] (c_attn [C,3,C]: the output axis is the last,
+ * inside each of q, k and v, so a split gives whole heads); nn.Linear's [out, in]; convolutions
+ * [Co, Ci, k, k]. A bias follows its layer's output (its last axis, [3,C] for c_attn): split with
+ * a column split, whole with a row split. */
+static int tp_axis_of(const adt_model_cfg *c, const char *name, int rank) {
     int i, is_bias = strlen(name) > 5 && !strcmp(name + strlen(name) - 5, ".bias");
     split_kind k = KEEP;
     int conv1d = 0;
@@ -157,8 +162,8 @@ static int tp_axis_of(const adt_model_cfg *c, const char *name) {
         break;
     }
     if (k == KEEP || (is_bias && k == ROW)) return -1;
-    if (is_bias) return 0;
-    if (conv1d) return k == COL ? 1 : 0;
+    if (is_bias) return rank - 1;
+    if (conv1d) return k == COL ? rank - 1 : 0;
     return k == COL ? 0 : 1; /* nn.Linear [out,in] and conv [Co,Ci,k,k] alike */
 }
 
@@ -175,7 +180,7 @@ static adt_ndsbp param_layout(const adt_graph *g, int v, const adt_model_cfg *c,
                               int zero) {
     const adt_value *val = &g->values[v];
     adt_ndsbp s = adt_ndsbp_all_b(sm->ndim);
-    int t = ax.tp >= 0 ? tp_axis_of(c, val->name) : -1;
+    int t = ax.tp >= 0 ? tp_axis_of(c, val->name, val->shape.ndim) : -1;
     if (t >= 0 && t < val->shape.ndim) {
         s.s[ax.tp] = (adt_sbp){ADT_SBP_S, (int8_t)t};
         if (!adt_ndsbp_fits(&s, sm, val->shape)) s.s[ax.tp] = (adt_sbp){ADT_SBP_B, 0};
@@ -212,6 +217,7 @@ static void leaf_layouts(const adt_graph *g, const adt_model_cfg *c, const adt_m
 typedef struct policy {
     const adt_graph *g;
     mesh_axes ax;
+    int nchw;     /* 4-D values are images [N,C,H,W] (vgg) */
     char *weight; /* [n_values] parameter data: parameters, optimizer state, forward values of them alone */
     char *wgrad;  /* [n_values] gradients on their way into an optimizer step */
 } policy;
@@ -259,16 +265,19 @@ static void classify(policy *pl) {
     free(cons);
 }
 
-/* The axis along which a tp axis may split an activation: channels of NCHW, else the last axis;
- * vectors (per-sample numbers) not at all. */
-static int feature_axis(const adt_shape *s) {
-    if (s->ndim <= 1) return -1;
-    return s->ndim == 4 ? 1 : s->ndim - 1;
+/* The axis along which a tp axis may split an activation: channels of an NCHW image, heads of
+ * attention probabilities [B,H,T,T], else the last axis (features; heads' columns of qkv
+ * [B,T,3,C]); vectors (per-sample numbers) not at all. */
+static int feature_axis(const policy *pl, int v) {
+    const adt_value *val = &pl->g->values[v];
+    if (val->shape.ndim <= 1) return -1;
+    if (val->producer >= 0 && pl->g->nodes[val->producer].op == ADT_OP_ATTENTION && val->out_index == 1) return 1;
+    return val->shape.ndim == 4 && pl->nchw ? 1 : val->shape.ndim - 1;
 }
 
 static int activation_ok(const policy *pl, int v, adt_sbp x) {
     if (x.kind != ADT_SBP_S || pl->weight[v] || pl->wgrad[v]) return 1;
-    return x.axis == feature_axis(&pl->g->values[v].shape);
+    return x.axis == feature_axis(pl, v);
 }
 
 static int policy_allow(void *ctx, const adt_graph *g, int node, const adt_nd_sig *s, const adt_ndsbp *layout) {
@@ -365,7 +374,7 @@ static void strategy_text(const adt_strategy *st, char *buf, size_t n) {
     if (st->zero && k < n) snprintf(buf + k, n - k, "%szero", k ? "," : "");
 }
 
-/* Refusals that need the model: the batch, the microbatches and the pipeline depth. */
+/* Refusals that need the model: the batch, the microbatches, the pipeline depth and the heads. */
 static int check_fit(const adt_graph *g, const adt_model_cfg *c, const adt_expert_opts *o, const adt_strategy *st,
                      int micro) {
     if (o->batch < 1 || micro < 1 || o->batch % micro)
@@ -380,6 +389,12 @@ static int check_fit(const adt_graph *g, const adt_model_cfg *c, const adt_exper
                          "(layer tags 0..%d)", st->pp, adt_model_type_name(c->type), layers, layers - 1);
     if (st->pp > ADT_PLAN_MAX_STAGES)
         return adt_error(ADT_ERR_ARG, "expert plan: pp=%d, expected at most %d stages", st->pp, ADT_PLAN_MAX_STAGES);
+    /* Megatron splits attention by heads: a block of qkv's last axis must hold whole heads,
+     * which the block distribution gives exactly when the degree divides the head count */
+    if (c->type == ADT_MODEL_GPT && st->tp > 1 && c->gpt.n_head % st->tp)
+        return adt_error(ADT_ERR_ARG, "expert plan: tp=%d does not divide the gpt model's %d attention heads (n_head); "
+                         "tensor parallelism gives each rank whole heads, expected a tp degree that divides %d",
+                         st->tp, c->gpt.n_head, c->gpt.n_head);
     return ADT_OK;
 }
 
@@ -437,7 +452,7 @@ int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert
     p->node_sig = adt_calloc((size_t)g->n_nodes, sizeof *p->node_sig);
     p->leaf_sbp = adt_calloc((size_t)g->n_values, sizeof *p->leaf_sbp);
     leaf_layouts(g, c, &sm, ax, st.zero, p->leaf_sbp);
-    policy pl = {.g = g, .ax = ax};
+    policy pl = {.g = g, .ax = ax, .nchw = c->type == ADT_MODEL_VGG};
     classify(&pl);
     adt_greedy_opts go = {.cost = p->cost, .flop_rate = o->flop_rate > 0 ? o->flop_rate : 1e11, .allow = policy_allow,
                           .ctx = &pl};

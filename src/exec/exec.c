@@ -158,6 +158,9 @@ static int can_fold_bias(const adt_exec *ex, const int *reads, int mm, int ba) {
     const int pm = ex->pos[mm], pb = ex->pos[ba]; /* the plan's times */
     int prod = m->out[0], bias = b->in[1], y = b->out[0];
     if (m->n_in != 2 || m->a.i[2] != 0 || b->in[0] != prod || mp->root[bias] == prod) return 0;
+    int64_t M, N, K, batch; /* the bias is added to each of the product's M rows of N */
+    adt_matmul_dims(g, m, &M, &N, &K, &batch);
+    if (adt_shape_numel(&g->values[bias].shape) != N) return 0;
     if (m->is_backward != b->is_backward || m->is_optimizer != b->is_optimizer) return 0;
     if (mp->root[prod] != prod || reads[prod] != 1 || g->values[prod].is_output) return 0;
     for (int v = 0; v < g->n_values; v++)
@@ -576,7 +579,7 @@ static const adt_node *fused_node(adt_exec *ex, int id, adt_node *fused) {
         const adt_node *u = &g->nodes[ex->momentum_of[id]];
         int32_t step = *(const int32_t *)ex->ptr[u->in[4]];
         fused->out[0] = u->in[2];
-        fused->a.i[3] = 1;
+        fused->a.i[5] = 1; /* op_math.c: accumulate */
         fused->a.f[0] = step <= 1 ? 0.0f : u->a.f[0];
         return fused;
     }

@@ -143,7 +143,8 @@ int adt_graph_optimizer(adt_graph *g, const adt_optim_cfg *cfg) {
         const adt_value w = g->values[p];
         if (w.role != ADT_ROLE_PARAM || w.grad < 0) continue;
         g->cur_layer_tag = w.layer_tag;
-        float wd = (w.shape.ndim >= 2 || cfg->decay_1d) ? cfg->weight_decay : 0.0f;
+        /* the rank the parameter has in PyTorch (its file shape): a bias held as [3,C] is 1-D */
+        float wd = (adt_value_file_shape(g, p).ndim >= 2 || cfg->decay_1d) ? cfg->weight_decay : 0.0f;
         char name[ADT_NAME_LEN + 8];
         if (cfg->kind == ADT_OPTIM_SGD) {
             adt_attrs at = {.f = {cfg->momentum, wd}};

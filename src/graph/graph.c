@@ -117,12 +117,34 @@ int adt_param(adt_graph *g, const char *name, adt_shape shape, adt_init init) {
     return v;
 }
 
-/* Internal: optimizer state and other persistent values created by graph passes. */
+int adt_graph_set_file_shape(adt_graph *g, int v, adt_shape file_shape) {
+    if (g->status) return -1;
+    if (v < 0 || v >= g->n_values || g->values[v].role != ADT_ROLE_PARAM)
+        return adt_graph_fail(g, ADT_ERR_ARG, "file shape: value %d is not a parameter", v);
+    adt_value *val = &g->values[v];
+    char a[64], b[64];
+    if (file_shape.ndim < 1 || file_shape.ndim > ADT_MAX_DIMS ||
+        adt_shape_numel(&file_shape) != adt_shape_numel(&val->shape))
+        return adt_graph_fail(g, ADT_ERR_SHAPE, "parameter '%s': file shape %s, expected a shape of the %lld elements of %s",
+                              val->name, adt_shape_str(&file_shape, a, sizeof a), (long long)adt_shape_numel(&val->shape),
+                              adt_shape_str(&val->shape, b, sizeof b));
+    val->file_shape = adt_shape_equal(&file_shape, &val->shape) ? (adt_shape){0} : file_shape;
+    return v;
+}
+
+adt_shape adt_value_file_shape(const adt_graph *g, int v) {
+    const adt_value *val = &g->values[v];
+    return val->file_shape.ndim ? val->file_shape : val->shape;
+}
+
+/* Internal: optimizer state and other persistent values created by graph passes. A state has
+ * its parameter's shape, and its file shape. */
 int adt_graph_new_state(adt_graph *g, const char *name, adt_shape shape, int param) {
     if (check_leaf(g, "optimizer state", name, shape)) return -1;
     int v = new_value(g, name, ADT_F32, shape, ADT_ROLE_OPT_STATE);
     g->values[v].param = param;
     g->values[v].layer_tag = g->values[param].layer_tag;
+    if (adt_shape_equal(&shape, &g->values[param].shape)) g->values[v].file_shape = g->values[param].file_shape;
     return v;
 }
 

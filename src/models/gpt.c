@@ -1,6 +1,10 @@
 /*
  * gpt.c - the GPT-2 architecture as a graph, with Hugging Face GPT-2 names and Conv1D layouts
  * (y = x W + b, W [in, out]), so checkpoints move to and from PyTorch unchanged.
+ *
+ * c_attn is held as weight [C,3,C] and bias [3,C] (file shapes [C,3C] and [3C]: the same bytes),
+ * its output as qkv [B,T,3,C]: q, k and v on an axis of their own, so a split of the last axis
+ * gives a device the same heads of all three (tensor parallelism by heads).
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +24,15 @@ static int conv1d(adt_graph *g, int x, int layer, const char *w_leaf, const char
     int w = pname(g, "h.%d.%s", layer, w_leaf, adt_shape_2d(in, out), (adt_init){ADT_INIT_NORMAL, std, 0});
     int b = pname(g, "h.%d.%s", layer, b_leaf, adt_shape_1d(out), (adt_init){ADT_INIT_ZEROS, 0, 0});
     return adt_bias_add(g, adt_matmul(g, x, w, 0, 0, 0), b);
+}
+
+/* x [B,T,C] @ W [C,3,C] + b [3,C] -> qkv [B,T,3,C]; files see W [C,3C], b [3C] */
+static int c_attn(adt_graph *g, int x, int layer, int C, float std) {
+    int w = pname(g, "h.%d.%s", layer, "attn.c_attn.weight", adt_shape_3d(C, 3, C), (adt_init){ADT_INIT_NORMAL, std, 0});
+    int b = pname(g, "h.%d.%s", layer, "attn.c_attn.bias", adt_shape_2d(3, C), (adt_init){ADT_INIT_ZEROS, 0, 0});
+    adt_graph_set_file_shape(g, w, adt_shape_2d(C, 3 * C));
+    adt_graph_set_file_shape(g, b, adt_shape_1d(3 * C));
+    return adt_bias_add(g, adt_matmul_grouped(g, x, w, 0, 0, 1, 2), b);
 }
 
 static int layernorm(adt_graph *g, int x, int layer, const char *prefix, int C) {
@@ -59,8 +72,8 @@ int adt_model_gpt(adt_graph *g, const adt_gpt_cfg *c, int batch, adt_model_io *i
     for (int l = 0; l < L; l++) {
         adt_graph_set_layer_tag(g, l + 1);
         int h = layernorm(g, x, l, "ln_1", C);
-        int qkv = conv1d(g, h, l, "attn.c_attn.weight", "attn.c_attn.bias", C, 3 * C, std); /* [B,T,3C] */
-        int a = adt_attention(g, qkv, H);                                                  /* [B,T,C] */
+        int qkv = c_attn(g, h, l, C, std);  /* [B,T,3,C] */
+        int a = adt_attention(g, qkv, H);   /* [B,T,C] */
         a = conv1d(g, a, l, "attn.c_proj.weight", "attn.c_proj.bias", C, C, proj_std);
         a = adt_dropout(g, a, c->dropout, 2 * l + 1);
         x = adt_add(g, x, a);

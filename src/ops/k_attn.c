@@ -3,7 +3,8 @@
  *
  * Per (batch, head) everything is a handful of sgemm calls on strided views of qkv: head h's q,
  * k and v are the D-column slices at offsets h D, C + h D and 2C + h D of each 3C-wide row, so a
- * leading dimension of 3C reads them in place with no copies. The causal mask is exploited by
+ * leading dimension of 3C reads them in place with no copies (the graph's [B,T,3,C] layout, whole
+ * or a tensor-parallel block of whole heads). The causal mask is exploited by
  * splitting the T query rows into blocks of ATT_BLOCK: the rows of block [i0, i1) only see keys
  * [0, i1), so the products skip the all-zero upper-right blocks of the T x T matrices (3/8 of
  * the work at T = 128, approaching half for long sequences).

@@ -66,7 +66,9 @@ void adt_k_softmax_backward(float *dx, const float *dout, const float *out, int6
 
 /* ---- attention (k_attn.c) ------------------------------------------------------------------
  * Fused causal multi-head self-attention, GPT-2 layout:
- *   qkv[B,T,3C] holds q | k | v along the last axis, each [B,T,C] viewed as H heads of D=C/H;
+ *   qkv[B,T,3C] holds q | k | v along the last axis, each [B,T,C] viewed as H heads of D=C/H
+ *   (the graph's qkv [B,T,3,C] is these bytes; a block of whole heads, [B,T,3,C_local], is again
+ *   such a tensor with C = C_local and H = C_local / D);
  *   att[B,H,T,T] = softmax(q k^T / sqrt(D) + causal mask) (saved for backward; entries above
  *   the diagonal are written as 0); out[B,T,C] = att v, heads concatenated.
  * Uses sgemm per (b,h). Scratch: adt_k_attention_scratch_floats(). */

@@ -6,52 +6,85 @@
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
-/* The matrix view of an operand in a non-batched product: [prod(leading), last]. */
-static void mat_view(const adt_shape *s, int64_t *rows, int64_t *cols) {
-    *rows = adt_shape_prod(s, 0, s->ndim - 1);
-    *cols = s->dim[s->ndim - 1];
+/* A non-batched product views each operand X as a matrix [rows, cols]: its last q axes are the
+ * columns (q = 1, or attribute i3 for A and i4 for B), the others the rows; a transposed operand
+ * swaps the two groups. The output's axes are op(A)'s row axes followed by op(B)'s column axes,
+ * so an axis grouping survives the product and its gradients:
+ *   X[..,K] @ W[K,N]         -> [..,N]     (q 1, 1)
+ *   X[..,C] @ W[C,3,C]       -> [..,3,C]   (q 1, 2: q | k | v stay a separate axis)
+ *   dY[..,3,C] @ W[C,3,C]^T  -> [..,C]     (q 2, 2)
+ *   X[..,C]^T @ dY[..,3,C]   -> [C,3,C]    (q 1, 2)
+ * A batched product multiplies the last two axes of each batch (q must be 1). */
+typedef struct mm_axes {
+    int m0, nm; /* op(A)'s row axes: A's axes [m0, m0 + nm)                 */
+    int ka, nk; /* op(A)'s column axes, contracted: A's [ka, ka + nk)       */
+    int kb, nkb; /* op(B)'s row axes, contracted: B's [kb, kb + nkb)        */
+    int n0, nn; /* op(B)'s column axes: B's [n0, n0 + nn)                   */
+} mm_axes;
+
+static int mm_q(int64_t q) { return q > 1 ? (int)q : 1; }
+
+static mm_axes mm_axes_of(int ra, int rb, const adt_attrs *at) {
+    int qa = mm_q(at->i[3]), qb = mm_q(at->i[4]);
+    mm_axes x;
+    if (!at->i[0]) x.m0 = 0, x.nm = ra - qa, x.ka = ra - qa, x.nk = qa;
+    else x.m0 = ra - qa, x.nm = qa, x.ka = 0, x.nk = ra - qa;
+    if (!at->i[1]) x.kb = 0, x.nkb = rb - qb, x.n0 = rb - qb, x.nn = qb;
+    else x.kb = rb - qb, x.nkb = qb, x.n0 = 0, x.nn = rb - qb;
+    return x;
 }
 
-/* M, N, K and batch count of a matmul node from its input shapes. */
+/* M, N, K (as op(A) sees it; Kb as op(B) does) and batch count of a matmul node. */
 static void matmul_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N, int64_t *K,
                         int64_t *Kb, int64_t *batch) {
     const adt_shape *a = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
-    int ta = (int)n->a.i[0], tb = (int)n->a.i[1], batched = (int)n->a.i[2];
-    int64_t ar, ac, br, bc;
-    if (batched) {
+    int ta = (int)n->a.i[0], tb = (int)n->a.i[1];
+    if (n->a.i[2]) {
         *batch = adt_shape_prod(a, 0, a->ndim - 2);
-        ar = a->dim[a->ndim - 2], ac = a->dim[a->ndim - 1];
-        br = b->dim[b->ndim - 2], bc = b->dim[b->ndim - 1];
-    } else {
-        *batch = 1;
-        mat_view(a, &ar, &ac);
-        mat_view(b, &br, &bc);
+        int64_t ar = a->dim[a->ndim - 2], ac = a->dim[a->ndim - 1];
+        int64_t br = b->dim[b->ndim - 2], bc = b->dim[b->ndim - 1];
+        *M = ta ? ac : ar, *K = ta ? ar : ac;
+        *Kb = tb ? bc : br, *N = tb ? br : bc;
+        return;
     }
-    *M = ta ? ac : ar;
-    *K = ta ? ar : ac;
-    *Kb = tb ? bc : br;
-    *N = tb ? br : bc;
+    mm_axes x = mm_axes_of(a->ndim, b->ndim, &n->a);
+    *batch = 1;
+    *M = adt_shape_prod(a, x.m0, x.m0 + x.nm);
+    *K = adt_shape_prod(a, x.ka, x.ka + x.nk);
+    *Kb = adt_shape_prod(b, x.kb, x.kb + x.nkb);
+    *N = adt_shape_prod(b, x.n0, x.n0 + x.nn);
+}
+
+void adt_matmul_dims(const adt_graph *g, const adt_node *n, int64_t *M, int64_t *N, int64_t *K, int64_t *batch) {
+    int64_t Kb;
+    matmul_dims(g, n, M, N, K, &Kb, batch);
 }
 
 static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
     if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
     const adt_shape *a = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
-    int ta = (int)n->a.i[0], batched = (int)n->a.i[2];
-    if (a->ndim < 2 && !batched && !ta) { /* a vector is fine as [1,K] only via reshape */
-        return op_fail_shape(g, n, 0, "a tensor of rank >= 2");
-    }
-    if (b->ndim < 2) return op_fail_shape(g, n, 1, "a tensor of rank >= 2");
+    int batched = (int)n->a.i[2], qa = mm_q(n->a.i[3]), qb = mm_q(n->a.i[4]);
+    char exp[128];
     if (batched) {
+        if (qa != 1 || qb != 1) return op_fail_shape(g, n, 0, "a plain batched product (column groups of one axis)");
         if (a->ndim < 3 || a->ndim != b->ndim)
             return op_fail_shape(g, n, 1, "the same rank (>= 3) as input 0 for a batched matmul");
         for (int i = 0; i < a->ndim - 2; i++)
             if (a->dim[i] != b->dim[i])
                 return op_fail_shape(g, n, 1, "the same leading (batch) dims as input 0");
+    } else {
+        /* every operand needs a row axis besides its q column axes */
+        const adt_shape *s[2] = {a, b};
+        int q[2] = {qa, qb};
+        for (int i = 0; i < 2; i++)
+            if (s[i]->ndim < q[i] + 1) {
+                snprintf(exp, sizeof exp, "a tensor of rank >= %d (%d column axes and a row axis)", q[i] + 1, q[i]);
+                return op_fail_shape(g, n, i, exp);
+            }
     }
     int64_t M, N, K, Kb, batch;
     matmul_dims(g, n, &M, &N, &K, &Kb, &batch);
     if (K != Kb) {
-        char exp[96];
         snprintf(exp, sizeof exp, "an inner dimension of %lld to match input 0", (long long)K);
         return op_fail_shape(g, n, 1, exp);
     }
@@ -59,10 +92,12 @@ static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtyp
     if (batched) {
         o.dim[o.ndim - 2] = M;
         o.dim[o.ndim - 1] = N;
-    } else if (!ta && a->ndim > 2) {
-        o.dim[o.ndim - 1] = N; /* X[..,K] @ W[K,N] keeps X's leading dims */
     } else {
-        o = adt_shape_2d(M, N);
+        mm_axes x = mm_axes_of(a->ndim, b->ndim, &n->a);
+        if (x.nm + x.nn > ADT_MAX_DIMS) return op_fail_shape(g, n, 1, "an output of rank <= 6");
+        o.ndim = 0;
+        for (int i = 0; i < x.nm; i++) o.dim[o.ndim++] = a->dim[x.m0 + i];
+        for (int i = 0; i < x.nn; i++) o.dim[o.ndim++] = b->dim[x.n0 + i];
     }
     os[0] = o;
     od[0] = ADT_F32;
@@ -71,7 +106,7 @@ static int matmul_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtyp
 
 /* Two forms that graphs never hold, which the executor runs in place of graph nodes (exec.c),
  * both of a non-batched product: a third input, a bias[N] added to every row (a bias_add
- * folded in), and attribute i3 = 1, which accumulates: C = op(A) op(B) + f0 C (a momentum
+ * folded in), and attribute i5 = 1, which accumulates: C = op(A) op(B) + f0 C (a momentum
  * update folded in). */
 static void matmul_forward(const adt_kctx *k) {
     int64_t M, N, K, Kb, batch;
@@ -80,7 +115,7 @@ static void matmul_forward(const adt_kctx *k) {
     if (k->n->n_in == 3) {
         ADT_ASSERT(batch == 1);
         adt_k_matmul_bias(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), K_IN(k, 2), M, N, K, ta, tb);
-    } else if (k->n->a.i[3] == 1) {
+    } else if (k->n->a.i[5] == 1) {
         ADT_ASSERT(batch == 1);
         adt_k_matmul_acc(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), k->n->a.f[0], M, N, K, ta, tb);
     } else if (batch == 1)
@@ -97,21 +132,30 @@ static int fit_shape(adt_graph *g, int v, int like) {
     return adt_reshape(g, v, g->values[like].shape);
 }
 
+/* op(x) op(y) with column groups qx, qy */
+static int mm(adt_graph *g, int x, int y, int tx, int ty, int bt, int qx, int qy) {
+    adt_attrs at = {.i = {tx, ty, bt, qx > 1 ? qx : 0, qy > 1 ? qy : 0}};
+    return op_node_out(g, ADT_OP_MATMUL, (int[]){x, y}, 2, &at, 0);
+}
+
 static int matmul_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
     const adt_node n = g->nodes[node];
     int A = n.in[0], B = n.in[1], dC = dout[0];
     int ta = (int)n.a.i[0], tb = (int)n.a.i[1], bt = (int)n.a.i[2];
-    /* d(op(A) op(B)): each case is again one matmul with transposes */
+    int qa = mm_q(n.a.i[3]), qb = mm_q(n.a.i[4]);
+    /* dC's columns are op(B)'s column axes */
+    int qc = bt ? 1 : mm_axes_of(g->values[A].shape.ndim, g->values[B].shape.ndim, &n.a).nn;
+    /* d(op(A) op(B)): each case is again one matmul with transposes, the groupings kept */
     if (need[0]) {
         int r;
-        if (!ta) r = tb ? adt_matmul(g, dC, B, 0, 0, bt) : adt_matmul(g, dC, B, 0, 1, bt);
-        else r = tb ? adt_matmul(g, B, dC, 1, 1, bt) : adt_matmul(g, B, dC, 0, 1, bt);
+        if (!ta) r = tb ? mm(g, dC, B, 0, 0, bt, qc, qb) : mm(g, dC, B, 0, 1, bt, qc, qb);
+        else r = tb ? mm(g, B, dC, 1, 1, bt, qb, qc) : mm(g, B, dC, 0, 1, bt, qb, qc);
         din[0] = fit_shape(g, r, A);
     }
     if (need[1]) {
         int r;
-        if (!tb) r = ta ? adt_matmul(g, A, dC, 0, 0, bt) : adt_matmul(g, A, dC, 1, 0, bt);
-        else r = ta ? adt_matmul(g, dC, A, 1, 1, bt) : adt_matmul(g, dC, A, 1, 0, bt);
+        if (!tb) r = ta ? mm(g, A, dC, 0, 0, bt, qa, qc) : mm(g, A, dC, 1, 0, bt, qa, qc);
+        else r = ta ? mm(g, dC, A, 1, 1, bt, qc, qa) : mm(g, dC, A, 1, 0, bt, qc, qa);
         din[1] = fit_shape(g, r, B);
     }
     return 0;
@@ -126,30 +170,26 @@ static double matmul_flops(const adt_graph *g, const adt_node *n) {
 static int matmul_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
     int c = 0;
     int ta = (int)n->a.i[0], tb = (int)n->a.i[1], bt = (int)n->a.i[2];
-    int ra = OP_IN(g, n, 0)->shape.ndim, rb = OP_IN(g, n, 1)->shape.ndim;
+    const adt_shape *sa = &OP_IN(g, n, 0)->shape, *sb = &OP_IN(g, n, 1)->shape;
     if (bt) {
-        for (int ax = 0; ax < ra - 2; ax++) op_sig(g, n, out, &c, max, "S%d S%d -> S%d", ax, ax, ax);
+        for (int ax = 0; ax < sa->ndim - 2; ax++) op_sig(g, n, out, &c, max, "S%d S%d -> S%d", ax, ax, ax);
         /* m, n and k splits on the matrix axes */
         op_sig(g, n, out, &c, max, "S%d B -> S-2", ta ? -1 : -2);
         op_sig(g, n, out, &c, max, "B S%d -> S-1", tb ? -2 : -1);
         op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? -2 : -1, tb ? -1 : -2);
     } else {
-        /* m split: rows of op(A) */
-        if (!ta)
-            for (int ax = 0; ax < ra - 1; ax++)
-                op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ra > 2 ? ax : 0);
-        else
-            op_sig(g, n, out, &c, max, "S-1 B -> S0");
-        /* n split: columns of op(B) (only when op(B)'s column axis is a real axis) */
-        if (!tb) op_sig(g, n, out, &c, max, "B S-1 -> S-1");
-        else if (rb == 2) op_sig(g, n, out, &c, max, "B S0 -> S-1");
-        /* k split: partial sums */
-        op_sig(g, n, out, &c, max, "S%d S%d -> P", ta ? 0 : -1, tb ? -1 : 0);
-        /* X^T dY with X[B,T,K], dY[B,T,N] contracts every leading axis: any of them may split */
-        const adt_shape *sa = &OP_IN(g, n, 0)->shape, *sb = &OP_IN(g, n, 1)->shape;
-        if (ta && !tb && ra == rb && adt_shape_prod(sa, 0, ra - 1) == adt_shape_prod(sb, 0, rb - 1))
-            for (int ax = 1; ax < ra - 1; ax++)
-                if (sa->dim[ax] == sb->dim[ax]) op_sig(g, n, out, &c, max, "S%d S%d -> P", ax, ax);
+        mm_axes x = mm_axes_of(sa->ndim, sb->ndim, &n->a);
+        /* m split: any row axis of op(A); n split: any column axis of op(B) (groups kept) */
+        for (int i = 0; i < x.nm; i++) op_sig(g, n, out, &c, max, "S%d B -> S%d", x.m0 + i, i);
+        for (int j = 0; j < x.nn; j++) op_sig(g, n, out, &c, max, "B S%d -> S%d", x.n0 + j, x.nm + j);
+        /* k split: partial sums. The first contracted axis cuts both into contiguous ranges of
+         * the flattened k (the shape rule sees that the lengths agree); a later one only where
+         * both operands group k alike up to it (X^T dY over [B,T], dY W^T over (3, C)). */
+        op_sig(g, n, out, &c, max, "S%d S%d -> P", x.ka, x.kb);
+        for (int i = 1; i < x.nk && i < x.nkb; i++)
+            if (sa->dim[x.ka + i] == sb->dim[x.kb + i] &&
+                adt_shape_prod(sa, x.ka, x.ka + i) == adt_shape_prod(sb, x.kb, x.kb + i))
+                op_sig(g, n, out, &c, max, "S%d S%d -> P", x.ka + i, x.kb + i);
     }
     op_sig(g, n, out, &c, max, "P B -> P");
     op_sig(g, n, out, &c, max, "B P -> P");
@@ -163,8 +203,15 @@ const adt_op_def adt_opdef_matmul = {
 };
 
 int adt_matmul(adt_graph *g, int a, int b, int trans_a, int trans_b, int batched) {
-    adt_attrs at = {.i = {trans_a ? 1 : 0, trans_b ? 1 : 0, batched ? 1 : 0}};
-    return op_node_out(g, ADT_OP_MATMUL, (int[]){a, b}, 2, &at, 0);
+    return mm(g, a, b, trans_a ? 1 : 0, trans_b ? 1 : 0, batched ? 1 : 0, 1, 1);
+}
+
+int adt_matmul_grouped(adt_graph *g, int a, int b, int trans_a, int trans_b, int a_cols, int b_cols) {
+    if (g->status) return -1;
+    if (a_cols < 1 || b_cols < 1 || a_cols >= ADT_MAX_DIMS || b_cols >= ADT_MAX_DIMS)
+        return adt_graph_fail(g, ADT_ERR_ARG, "matmul: column groups of %d and %d axes, expected 1..%d", a_cols, b_cols,
+                              ADT_MAX_DIMS - 1);
+    return mm(g, a, b, trans_a ? 1 : 0, trans_b ? 1 : 0, 0, a_cols, b_cols);
 }
 
 /* ---- add (n-ary), sub, mul, scale --------------------------------------------------------- */
@@ -293,12 +340,23 @@ int adt_scale(adt_graph *g, int x, float s) {
 
 /* ---- bias add ----------------------------------------------------------------------------- */
 
+/* x[..,N] + b[N], or over several trailing axes: x[..,3,C] + b[3,C] (b's shape is x's last
+ * axes), so a bias held with an axis grouping splits along with its layer's output. */
 static int bias_add_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
     if (op_need_dtype(g, n, 0, ADT_F32) || op_need_dtype(g, n, 1, ADT_F32)) return -1;
     const adt_shape *x = &OP_IN(g, n, 0)->shape, *b = &OP_IN(g, n, 1)->shape;
-    if (b->ndim != 1 || b->dim[0] != x->dim[x->ndim - 1]) {
-        char exp[64];
-        snprintf(exp, sizeof exp, "[%lld] (the last dim of input 0)", (long long)x->dim[x->ndim - 1]);
+    int q = b->ndim, ok = q >= 1 && q <= x->ndim;
+    for (int i = 0; i < q && ok; i++) ok = b->dim[i] == x->dim[x->ndim - q + i];
+    if (!ok) {
+        char exp[96], xs[64];
+        adt_shape last = *x;
+        if (q >= 1 && q <= x->ndim) {
+            last.ndim = q;
+            memmove(last.dim, x->dim + x->ndim - q, (size_t)q * sizeof *last.dim);
+        } else {
+            last = adt_shape_1d(x->dim[x->ndim - 1]);
+        }
+        snprintf(exp, sizeof exp, "%s (the last dims of input 0)", adt_shape_str(&last, xs, sizeof xs));
         return op_fail_shape(g, n, 1, exp);
     }
     os[0] = *x;
@@ -307,8 +365,7 @@ static int bias_add_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dt
 }
 
 static void bias_add_forward(const adt_kctx *k) {
-    const adt_shape *x = K_SHAPE_IN(k, 0);
-    int64_t C = x->dim[x->ndim - 1], R = adt_shape_numel(x) / C;
+    int64_t C = K_NUMEL_IN(k, 1), R = K_NUMEL_IN(k, 0) / C;
     const float *in = K_IN(k, 0), *b = K_IN(k, 1);
     float *o = K_OUT(k, 0);
     for (int64_t r = 0; r < R; r++)
@@ -316,17 +373,17 @@ static void bias_add_forward(const adt_kctx *k) {
 }
 
 static int bias_add_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
-    int x = g->nodes[node].in[0];
-    int nd = g->values[x].shape.ndim;
+    const adt_node *n = &g->nodes[node];
+    int lead = g->values[n->in[0]].shape.ndim - g->values[n->in[1]].shape.ndim; /* axes b is broadcast over */
     if (need[0]) din[0] = dout[0];
-    if (need[1]) din[1] = nd > 1 ? adt_reduce_sum(g, dout[0], 0, nd - 2) : dout[0];
+    if (need[1]) din[1] = lead > 0 ? adt_reduce_sum(g, dout[0], 0, lead - 1) : dout[0];
     return 0;
 }
 
 static int bias_add_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
-    int c = 0, r = OP_IN(g, n, 0)->shape.ndim;
-    for (int ax = 0; ax < r - 1; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
-    op_sig(g, n, out, &c, max, "S-1 S0 -> S-1");
+    int c = 0, r = OP_IN(g, n, 0)->shape.ndim, q = OP_IN(g, n, 1)->shape.ndim;
+    for (int ax = 0; ax < r - q; ax++) op_sig(g, n, out, &c, max, "S%d B -> S%d", ax, ax);
+    for (int j = 0; j < q; j++) op_sig(g, n, out, &c, max, "S%d S%d -> S%d", r - q + j, j, r - q + j);
     op_sig(g, n, out, &c, max, "P P -> P");
     return c;
 }

@@ -213,23 +213,31 @@ int adt_softmax(adt_graph *g, int x) { return op_node_out(g, ADT_OP_SOFTMAX, (in
 
 /* ---- fused causal self-attention ---------------------------------------------------------- */
 
+/* qkv[B,T,3,C] holds q | k | v, each C = H heads of D. Row-major it is the [B,T,3C] of Hugging
+ * Face's c_attn output, so the kernels read either alike. A split of the last axis into blocks
+ * of whole heads is again such a tensor, [B,T,3,C_local] with C_local / D heads: that is the
+ * head split of tensor parallelism, and the localize rule below rewrites the head count. */
+static int attn_qkv_input(const adt_node *n) { return n->op == ADT_OP_ATTENTION ? 0 : 1; }
+
 static void attn_dims(const adt_shape *qkv, int64_t *B, int64_t *T, int64_t *C) {
     *B = qkv->dim[0];
     *T = qkv->dim[1];
-    *C = qkv->dim[2] / 3;
+    *C = qkv->dim[3];
 }
 
 static int attention_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
     if (op_need_dtype(g, n, 0, ADT_F32)) return -1;
     const adt_shape *q = &OP_IN(g, n, 0)->shape;
-    int64_t H = n->a.i[0];
-    if (q->ndim != 3 || q->dim[2] % 3 != 0) return op_fail_shape(g, n, 0, "[B,T,3C] (q|k|v)");
-    if (H < 1 || (q->dim[2] / 3) % H != 0) {
-        char exp[96];
-        snprintf(exp, sizeof exp, "a width 3C with C divisible by the %lld heads", (long long)H);
+    int64_t H = n->a.i[0], D = n->a.i[1];
+    if (q->ndim != 4 || q->dim[2] != 3) return op_fail_shape(g, n, 0, "[B,T,3,C] (q|k|v)");
+    int64_t C = q->dim[3];
+    if (H < 1 || D < 0 || (D ? C != H * D : C % H != 0)) {
+        char exp[128];
+        if (D) snprintf(exp, sizeof exp, "a width C of %lld heads x %lld (whole heads)", (long long)H, (long long)D);
+        else snprintf(exp, sizeof exp, "a width C divisible by the %lld heads", (long long)H);
         return op_fail_shape(g, n, 0, exp);
     }
-    int64_t B, T, C;
+    int64_t B, T;
     attn_dims(q, &B, &T, &C);
     os[0] = adt_shape_3d(B, T, C);
     os[1] = adt_shape_4d(B, H, T, T);
@@ -238,9 +246,8 @@ static int attention_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_d
 }
 
 static int64_t attention_scratch(const adt_graph *g, const adt_node *n) {
-    const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
     int64_t B, T, C;
-    attn_dims(q, &B, &T, &C);
+    attn_dims(&g->values[n->in[attn_qkv_input(n)]].shape, &B, &T, &C);
     return adt_k_attention_scratch_floats(B, T, C, n->a.i[0]);
 }
 
@@ -259,31 +266,46 @@ static int attention_backward(adt_graph *g, int node, const int *dout, const int
 }
 
 static double attention_flops(const adt_graph *g, const adt_node *n) {
-    const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
     int64_t B, T, C;
-    attn_dims(q, &B, &T, &C);
+    attn_dims(&g->values[n->in[attn_qkv_input(n)]].shape, &B, &T, &C);
     double f = 4.0 * (double)B * (double)T * (double)T * (double)C; /* q k^T and att v */
     return n->op == ADT_OP_ATTENTION ? f : 2.0 * f;
 }
 
+/* Batch split, and head split: qkv's last axis in blocks of whole heads gives each device its
+ * heads' q, k and v, its heads' columns of y and its heads' rows of att. */
 static int attention_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *out, int max) {
     int c = 0;
-    /* batch split; a head split needs the q|k|v columns grouped per head (a later layout) */
-    if (n->op == ADT_OP_ATTENTION) op_sig(g, n, out, &c, max, "S0 -> S0 S0");
-    else {
+    if (n->op == ADT_OP_ATTENTION) {
+        op_sig(g, n, out, &c, max, "S0 -> S0 S0");
+        op_sig(g, n, out, &c, max, "S3 -> S2 S1");
+    } else {
         op_sig(g, n, out, &c, max, "S0 S0 S0 -> S0");
+        op_sig(g, n, out, &c, max, "S2 S3 S1 -> S3");
         op_sig(g, n, out, &c, max, "P B B -> P"); /* linear in dy */
     }
     return c;
 }
 
+/* The heads of a block of qkv: its width over the head size (whole heads, or the shape rule
+ * refuses the block: the count then no longer multiplies out to the width). */
+static void attention_localize(const adt_node *n, const adt_box *in, const adt_box *out, adt_attrs *a) {
+    const adt_box *q = &in[attn_qkv_input(n)];
+    int64_t H = n->a.i[0], C = q->global.dim[3], D = n->a.i[1] ? n->a.i[1] : (H > 0 ? C / H : 0);
+    if (D < 1) return;
+    a->i[0] = q->shape.dim[3] / D;
+    a->i[1] = D;
+    if (a->i[0] < 1) a->i[0] = 1; /* less than a head: refused by C != H x D */
+}
+
 const adt_op_def adt_opdef_attention = {
     .name = "attention", .n_in_min = 1, .n_in_max = 1, .n_out = 2, .view_of = -1,
     .infer = attention_infer, .forward = attention_forward, .backward = attention_backward,
-    .flops = attention_flops, .scratch = attention_scratch, .sbp = attention_sbp, .is_matmul = 1,
+    .flops = attention_flops, .scratch = attention_scratch, .sbp = attention_sbp,
+    .localize = attention_localize, .is_matmul = 1,
 };
 
-/* inputs dy[B,T,C], qkv[B,T,3C], att[B,H,T,T]: the forward's rule on qkv, then the others */
+/* inputs dy[B,T,C], qkv[B,T,3,C], att[B,H,T,T]: the forward's rule on qkv, then the others */
 static int attention_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt_dtype *od) {
     adt_node fwd = *n;
     fwd.in[0] = n->in[1];
@@ -309,11 +331,17 @@ static void attention_bwd_forward(const adt_kctx *k) {
 const adt_op_def adt_opdef_attention_bwd = {
     .name = "attention_bwd", .n_in_min = 3, .n_in_max = 3, .n_out = 1, .view_of = -1,
     .infer = attention_bwd_infer, .forward = attention_bwd_forward, .flops = attention_flops,
-    .scratch = attention_scratch, .sbp = attention_sbp, .is_matmul = 1,
+    .scratch = attention_scratch, .sbp = attention_sbp, .localize = attention_localize, .is_matmul = 1,
 };
 
 int adt_attention(adt_graph *g, int qkv, int n_head) {
+    if (g->status) return -1;
     adt_attrs at = {.i = {n_head}};
+    /* the head size of the whole tensor, so that a block of it knows its own head count */
+    if (qkv >= 0 && qkv < g->n_values && n_head > 0) {
+        const adt_shape *s = &g->values[qkv].shape;
+        if (s->ndim == 4 && s->dim[3] % n_head == 0) at.i[1] = s->dim[3] / n_head;
+    }
     return op_node_out(g, ADT_OP_ATTENTION, (int[]){qkv}, 1, &at, 0);
 }
 
