@@ -102,11 +102,19 @@ FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
                -Iinclude -Isrc $(PKG_CFLAGS)
+# The library is compiled once for them (instrumented, no fuzzer main) into one archive.
+FUZZ_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+FUZZ_LIB := build/fuzz/libadtrain-fuzz.a
 .PHONY: fuzz fuzz-smoke
 fuzz: $(FUZZ_BIN)
-build/fuzz/%: fuzz/%.c fuzz/fuzz.h $(LIB_SRC) $(wildcard include/adtrain/*.h src/*/*.h)
+build/fuzz/obj/%.o: %.c $(wildcard include/adtrain/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS)
+	clang $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_CFLAGS)) -c -o $@ $<
+$(FUZZ_LIB): $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/fuzz/%: fuzz/%.c fuzz/fuzz.h $(FUZZ_LIB)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB) $(LDLIBS)
 fuzz-smoke: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); n=$${n#fuzz_}; \
 	  mkdir -p build/fuzz/work/$$n; \
