@@ -1,0 +1,392 @@
+/*
+ * test_pipe_mpi.c - pipeline-parallel training (adt_pipe: stages, send/recv, 1F1B over
+ * microbatches, gradient accumulation, tied weights) on real processes, against the serial run.
+ *
+ * Run without arguments, the program checks the 1F1B order in this process and then launches
+ * itself under `mpiexec -n N --child` for N = 2, 3, 4. In each world every rank runs, for a tiny
+ * GPT (dropout on, the LM head tied to the token embedding), an MLP, a small VGG and a small
+ * DLRM, the expert plans the world allows: pp=N (N = 2, 3, 4, where the model has the layers) and,
+ * on 4 ranks, dp=2,pp=2; each with 4 microbatches of a batch of 8. The serial reference is the
+ * plain executor on the whole batch of 8. A case passes when at each of 5 steps every rank's loss
+ * is the serial one within 1e-5 relative, and after the last step every parameter and optimizer
+ * state (gathered over its stage mesh, on every stage that holds it: a tied parameter on both of
+ * its stages) equals the serial one within float tolerance, and every parameter was compared
+ * somewhere. Then, in this process: `mpiexec -n 2 adtrain train --plan` of a pp=2 plan file logs
+ * the one-process run's losses and validation losses (GPT and MLP).
+ *
+ * The seed comes from $ADT_TEST_SEED, else the time, and is printed.
+ */
+#include <stdint.h>
+#include <time.h>
+
+#include "adtrain/adtrain.h"
+#include "check.h"
+#include "cli_run.h"
+#include "mpi_world.h"
+
+#define STEPS 5
+#define BATCH 8
+#define MICRO 4
+#define LOSS_TOL 1e-5
+#define STATE_TOL 2e-5
+
+static uint64_t g_seed;
+static adt_comm *g_world;
+static int g_rank, g_size;
+static const float LR = 0.05f;
+
+/* ---- the 1F1B order ------------------------------------------------------------------------ */
+
+/* Every microbatch forward then backward once, in order; stage s starts with min(S-1-s, M)
+ * forwards; at most S-s in flight; the last stage alternates from the start. */
+static void test_1f1b(void) {
+    for (int S = 1; S <= 5; S++)
+        for (int M = 1; M <= 6; M++)
+            for (int s = 0; s < S; s++) {
+                adt_pipe_op ops[12];
+                int n = adt_pipe_1f1b(S, s, M, ops), f = 0, b = 0, warm = 0, most = 0;
+                CHECK(n == 2 * M, "S=%d s=%d M=%d: %d ops", S, s, M, n);
+                while (warm < n && !ops[warm].backward) warm++;
+                int want = S - 1 - s < M ? S - 1 - s : M;
+                CHECK(warm == (want < M ? want + 1 : M), "S=%d s=%d M=%d: %d forwards before the first backward", S, s,
+                      M, warm);
+                for (int i = 0; i < n; i++) {
+                    if (ops[i].backward) CHECK(ops[i].microbatch == b++, "S=%d s=%d M=%d: backward order", S, s, M);
+                    else CHECK(ops[i].microbatch == f++, "S=%d s=%d M=%d: forward order", S, s, M);
+                    CHECK(b <= f, "S=%d s=%d M=%d: backward before its forward", S, s, M);
+                    if (f - b > most) most = f - b;
+                }
+                CHECK(f == M && b == M, "S=%d s=%d M=%d: %d forwards, %d backwards", S, s, M, f, b);
+                CHECK(most <= S - s, "S=%d s=%d M=%d: %d in flight", S, s, M, most);
+            }
+}
+
+/* ---- model families --------------------------------------------------------------------------- */
+
+typedef struct family {
+    const char *name;
+    adt_model_cfg cfg;
+    adt_optim_cfg oc;
+    int id_hi, label_hi; /* i32 inputs in [0, id_hi), labels in [0, label_hi) (0: f32 0/1) */
+} family;
+
+static family family_of(const char *name) {
+    family f = {.name = name};
+    adt_model_cfg *c = &f.cfg;
+    if (!strcmp(name, "gpt")) {
+        c->type = ADT_MODEL_GPT;
+        c->gpt = (adt_gpt_cfg){.vocab_size = 11, .n_ctx = 5, .n_layer = 2, .n_embd = 12, .n_head = 2, .dropout = 0.1f};
+        f.id_hi = f.label_hi = 11;
+        f.oc = adt_optim_adamw(0.9f, 0.95f, 1e-2f, 0.01f);
+    } else if (!strcmp(name, "mlp")) {
+        c->type = ADT_MODEL_MLP;
+        c->mlp = (adt_mlp_cfg){.n_sizes = 5, .sizes = {9, 16, 12, 10, 5}, .activation = ADT_ACT_GELU};
+        f.label_hi = 5;
+        f.oc = adt_optim_sgd(0.9f, 0.01f);
+    } else if (!strcmp(name, "vgg")) {
+        c->type = ADT_MODEL_VGG;
+        c->vgg = (adt_vgg_cfg){.in_channels = 2, .height = 6, .width = 6, .n_blocks = 2, .n_convs = {1, 1},
+                               .channels = {{4}, {6}}, .n_fc = 1, .fc = {8}, .classes = 3};
+        f.label_hi = 3;
+        f.oc = adt_optim_sgd(0.9f, 0.0f);
+    } else {
+        c->type = ADT_MODEL_DLRM;
+        c->dlrm = (adt_dlrm_cfg){.n_dense = 3, .n_tables = 2, .table_rows = {5, 7}, .emb_dim = 4, .n_bottom = 2,
+                                 .bottom = {6, 4}, .n_top = 2, .top = {5, 1}};
+        f.id_hi = 5;
+        f.oc = adt_optim_adamw(0.9f, 0.95f, 1e-2f, 0.0f);
+    }
+    return f;
+}
+
+static adt_graph *family_graph(const family *f, int batch, adt_model_io *io) {
+    adt_graph *g = adt_graph_create();
+    adt_model_build(g, &f->cfg, batch, io);
+    adt_graph_backward(g, io->loss);
+    adt_graph_optimizer(g, &f->oc);
+    return g;
+}
+
+static int is_data(const adt_graph *g, int v) {
+    return adt_role_is_fed(g->values[v].role) && v != g->lr_input && v != g->step_input;
+}
+
+/* The whole batch's data of fed value v (of the whole-batch graph) at a step: a function of
+ * (seed, step, name). */
+static void feed_global(const family *f, const adt_graph *g, const adt_model_io *io, int v, int step, void *buf) {
+    const adt_value *val = &g->values[v];
+    uint64_t key = adt_rng_key(g_seed + (uint64_t)step * 7919u, val->name);
+    int64_t n = adt_shape_numel(&val->shape);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = adt_rng_u32(key, (uint64_t)i);
+        if (val->dtype == ADT_I32) ((int32_t *)buf)[i] = (int32_t)(u % (uint32_t)(v == io->label ? f->label_hi : f->id_hi));
+        else if (v == io->label) ((float *)buf)[i] = (float)(u & 1);
+        else ((float *)buf)[i] = 2.0f * adt_rng_uniform(key, (uint64_t)i) - 1.0f;
+    }
+}
+
+/* ---- the serial reference ------------------------------------------------------------------------ */
+
+typedef struct reference {
+    adt_graph *g;
+    adt_model_io io;
+    float loss[STEPS];
+    float **state; /* [n_values] persistent values after the last step */
+} reference;
+
+static int serial_run(const family *f, reference *ref) {
+    ref->g = family_graph(f, BATCH, &ref->io);
+    const adt_graph *g = ref->g;
+    if (adt_graph_error(g)) return -1;
+    adt_exec *ex;
+    if (adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .seed = g_seed})) return -1;
+    adt_exec_init_params(ex);
+    for (int step = 1; step <= STEPS; step++) {
+        adt_exec_set_lr_step(ex, LR, step);
+        for (int v = 0; v < g->n_values; v++)
+            if (is_data(g, v)) feed_global(f, g, &ref->io, v, step, adt_exec_data(ex, v));
+        adt_exec_run(ex);
+        ref->loss[step - 1] = *(float *)adt_exec_data(ex, g->loss);
+    }
+    ref->state = calloc((size_t)g->n_values, sizeof *ref->state);
+    for (int v = 0; v < g->n_values; v++) {
+        if (!adt_role_is_persistent(g->values[v].role)) continue;
+        size_t bytes = (size_t)adt_value_bytes(g, v);
+        ref->state[v] = malloc(bytes);
+        memcpy(ref->state[v], adt_exec_data(ex, v), bytes);
+    }
+    adt_exec_free(ex);
+    return 0;
+}
+
+static void reference_free(reference *ref) {
+    for (int v = 0; ref->g && v < ref->g->n_values && ref->state; v++) free(ref->state[v]);
+    free(ref->state);
+    adt_graph_free(ref->g);
+}
+
+/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
+static double state_err(const float *x, const float *ref, int64_t n) {
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    if (scale == 0) scale = 1;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* ---- a pipelined run ------------------------------------------------------------------------------ */
+
+typedef struct feed_ctx {
+    const family *f;
+    const reference *ref;
+    const adt_graph *pg; /* the plan's graph (batch / MICRO) */
+    int step;
+    float *full;         /* scratch of the largest fed value */
+} feed_ctx;
+
+/* Microbatch mb's rows of the whole batch, this rank's block of each fed value its stage holds. */
+static int feed_microbatch(void *vctx, adt_pipe *pp, int mb) {
+    feed_ctx *c = vctx;
+    for (int v = 0; v < c->pg->n_values; v++) {
+        if (!is_data(c->pg, v)) continue;
+        adt_box blk;
+        void *dst = adt_pipe_value(pp, mb, v, &blk);
+        if (!dst) continue;
+        int sv = adt_graph_find_value(c->ref->g, c->pg->values[v].name);
+        feed_global(c->f, c->ref->g, &c->ref->io, sv, c->step, c->full);
+        const adt_value *val = &c->pg->values[v];
+        size_t es = adt_dtype_size(val->dtype);
+        adt_box all = {.global = val->shape, .shape = val->shape};
+        const char *rows = (const char *)c->full + (size_t)mb * (size_t)adt_shape_numel(&val->shape) * es;
+        adt_box_transfer(dst, &blk, rows, &all, es, 0);
+    }
+    return 0;
+}
+
+static void pipe_run(const family *f, const reference *ref, const char *strategy) {
+    adt_model_io pio;
+    adt_graph *pg = family_graph(f, BATCH / MICRO, &pio);
+    adt_plan p;
+    adt_expert_opts eo = {.strategy = strategy, .devices = g_size, .batch = BATCH, .microbatches = MICRO};
+    if (adt_expert_plan(pg, &f->cfg, &eo, &p)) {
+        if (g_rank == 0) fprintf(stderr, "%s, %s on %d ranks: not applicable: %s\n", f->name, strategy, g_size,
+                                 adt_error_message());
+        adt_graph_free(pg);
+        return;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s, %s (%d stages, %d microbatches)", f->name, strategy, p.n_stages, p.microbatches);
+    adt_pipe *pp = NULL;
+    int rc = adt_pipe_create(&pp, g_world, &p, pg, &(adt_exec_opts){.threads = 1, .seed = g_seed});
+    CHECK(rc == ADT_OK, "%s: adt_pipe_create: %s", what, adt_error_message());
+    int64_t big = 1;
+    for (int v = 0; v < ref->g->n_values; v++)
+        if (adt_value_numel(ref->g, v) > big) big = adt_value_numel(ref->g, v);
+    feed_ctx c = {.f = f, .ref = ref, .pg = pg, .full = malloc((size_t)big * sizeof(float))};
+    double worst_loss = 0, worst_state = 0;
+    if (!rc) {
+        adt_exec *ex = adt_pipe_exec(pp);
+        adt_exec_init_params(ex);
+        for (int step = 1; step <= STEPS && !rc; step++) {
+            adt_exec_set_lr_step(ex, LR, step);
+            c.step = step;
+            double loss = 0;
+            rc = adt_pipe_step(pp, feed_microbatch, &c, &loss);
+            CHECK(rc == ADT_OK, "%s, step %d: %s", what, step, adt_error_message());
+            double e = fabs(loss - ref->loss[step - 1]) / fabs(ref->loss[step - 1]);
+            CHECK(e <= LOSS_TOL, "%s, step %d: loss %.9g, serial %.9g (relative error %.3g; seed %llu)", what, step,
+                  loss, ref->loss[step - 1], e, (unsigned long long)g_seed);
+            if (!(e <= worst_loss)) worst_loss = e;
+        }
+        /* the state of every stage, gathered over its mesh; each parameter compared somewhere */
+        const adt_pipe_stage *st = adt_pipe_stage_info(pp);
+        const adt_dist_local *loc = adt_pipe_local(pp);
+        int32_t *seen = calloc((size_t)pg->n_values + 1, sizeof *seen);
+        int n_params = 0;
+        for (int v = 0; v < pg->n_values && !rc; v++) {
+            if (!adt_role_is_persistent(pg->values[v].role)) continue;
+            n_params += pg->values[v].role == ADT_ROLE_PARAM;
+            void *data = adt_pipe_value(pp, 0, v, NULL);
+            if (!data) continue;
+            int sv = st->local_of[v], rv = adt_graph_find_value(ref->g, pg->values[v].name);
+            rc = adt_mesh_comm_gather(adt_pipe_mesh_comm(pp), &loc->layout[sv], pg->values[v].shape, ADT_F32, data, c.full);
+            CHECK(rc == ADT_OK && rv >= 0, "%s: gathering %s: %s", what, pg->values[v].name, adt_error_message());
+            if (rc || rv < 0) break;
+            double e = state_err(c.full, ref->state[rv], adt_value_numel(pg, v));
+            CHECK(e <= STATE_TOL, "%s: '%s' on stage %d after %d steps differs from the serial run by %.3g (seed %llu)",
+                  what, pg->values[v].name, st->stage, STEPS, e, (unsigned long long)g_seed);
+            if (!(e <= worst_state)) worst_state = e;
+            seen[v] = 1;
+        }
+        if (!rc) rc = adt_comm_allreduce_i32(g_world, seen, pg->n_values);
+        int n_seen = 0;
+        for (int v = 0; v < pg->n_values; v++) n_seen += seen[v] > 0 && pg->values[v].role == ADT_ROLE_PARAM;
+        CHECK(rc == ADT_OK && n_seen == n_params, "%s: %d of %d parameters held by some stage", what, n_seen, n_params);
+        if (f->cfg.type == ADT_MODEL_GPT) { /* wte: the embedding on the first stage, the head on the last */
+            uint64_t both = 1u | (uint64_t)1 << (p.n_stages - 1);
+            CHECK(st->n_tied == 1 && st->tied[0].holders == both &&
+                  (st->tied[0].grad >= 0) == (st->stage == 0 || st->stage == p.n_stages - 1),
+                  "%s: %d tied parameters on stage %d, expected wte held by stages 0 and %d", what, st->n_tied,
+                  st->stage, p.n_stages - 1);
+        }
+        free(seen);
+    }
+    double *w = calloc(2 * (size_t)g_size, sizeof *w); /* every rank's worst, to print the largest */
+    w[2 * g_rank] = worst_loss, w[2 * g_rank + 1] = worst_state;
+    if (!rc) rc = adt_comm_allreduce_f64(g_world, w, 2 * g_size);
+    for (int r = 1; r < g_size; r++) w[0] = fmax(w[0], w[2 * r]), w[1] = fmax(w[1], w[2 * r + 1]);
+    if (g_rank == 0 && !rc)
+        fprintf(stderr, "%s on %d ranks: worst loss error %.2e, state %.2e\n", what, g_size, w[0], w[1]);
+    free(w);
+    free(c.full);
+    adt_pipe_free(pp);
+    adt_plan_free(&p);
+    adt_graph_free(pg);
+}
+
+static void case_family(const char *name) {
+    family f = family_of(name);
+    reference ref = {0};
+    int rc = serial_run(&f, &ref);
+    CHECK(rc == 0, "%s: serial run: %s", name, adt_error_message());
+    if (!rc) {
+        char s[32];
+        snprintf(s, sizeof s, "pp=%d", g_size);
+        pipe_run(&f, &ref, s);
+        if (g_size == 4) pipe_run(&f, &ref, "dp=2,pp=2");
+    }
+    reference_free(&ref);
+}
+
+static void case_gpt(void) { case_family("gpt"); }
+static void case_mlp(void) { case_family("mlp"); }
+static void case_vgg(void) { case_family("vgg"); }
+static void case_dlrm(void) { case_family("dlrm"); }
+
+typedef struct mpi_case {
+    const char *name;
+    void (*fn)(void);
+} mpi_case;
+
+static const mpi_case CASES[] = {{"pipe_gpt", case_gpt}, {"pipe_mlp", case_mlp}, {"pipe_vgg", case_vgg},
+                                 {"pipe_dlrm", case_dlrm}};
+#define N_CASES (int)(sizeof CASES / sizeof *CASES)
+
+static int child_main(void) {
+    if (!(g_world = mpi_child_world())) return 1;
+    g_rank = adt_comm_rank(g_world);
+    g_size = adt_comm_size(g_world);
+    for (int i = 0; i < N_CASES; i++) {
+        check_cur_failed = 0;
+        check_cur_name = CASES[i].name;
+        CASES[i].fn();
+        mpi_report(CASES[i].name, g_rank, g_size, !check_cur_failed);
+    }
+    int rc = adt_comm_finalize(g_world);
+    if (rc) fprintf(stderr, "FAIL rank %d: adt_comm_finalize: %s\n", g_rank, adt_error_message());
+    printf("DONE rank=%d size=%d\n", g_rank, g_size);
+    fflush(stdout);
+    return rc ? 1 : 0;
+}
+
+/* ---- the parent ------------------------------------------------------------------------------- */
+
+static char g_self[PATH_MAX];
+
+static void test_worlds(void) {
+    CHECK(mpi_find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
+    if (!g_mpiexec[0]) return;
+    for (int n = 2; n <= 4; n++) {
+        const char *argv[] = {g_self, "--child", NULL};
+        mpi_world wd = {.n = n, .argv = argv};
+        mpi_run_world(&wd, check_tmpdir(), 300);
+        int bad = 0;
+        for (int i = 0; i < N_CASES; i++) {
+            int ok = 1;
+            for (int r = 0; r < n; r++) ok &= mpi_case_ok(&wd, CASES[i].name, r, n);
+            if (!ok) {
+                fprintf(stderr, "  FAIL mpiexec -n %d: case %s: a rank failed or did not report\n", n, CASES[i].name);
+                check_n_failed++, bad = 1;
+            } else {
+                check_n_passed++;
+            }
+        }
+        int done = mpi_all_done(&wd, n);
+        CHECK(wd.status == 0 && done, "mpiexec -n %d: exit status %d after %.1f s", n, wd.status, wd.secs);
+        if (bad || wd.status || !done) mpi_print_failure(&wd);
+        else mpi_print_tail("rank 0 summary", wd.err, 30);
+        fprintf(stderr, "%s mpiexec -n %d: %.1f s\n", bad || wd.status || !done ? "FAILED" : "ok", n, wd.secs);
+        mpi_world_free(&wd);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *s = getenv("ADT_TEST_SEED");
+    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    if (argc > 1) {
+        if (!strcmp(argv[1], "--child")) return child_main();
+        fprintf(stderr, "usage: test_pipe_mpi [--child]\n");
+        return 2;
+    }
+    printf("seed %llu\n", (unsigned long long)g_seed);
+    char sb[32];
+    snprintf(sb, sizeof sb, "%llu", (unsigned long long)g_seed);
+    setenv("ADT_TEST_SEED", sb, 1);
+    ssize_t k = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+    if (k <= 0) {
+        fprintf(stderr, "cannot find this program: %s\n", strerror(errno));
+        return 1;
+    }
+    g_self[k] = 0;
+    cli_find_binary();
+    if (check_tmpdir_make("pipe_mpi")) return 1;
+    setenv("ADT_COMM_TIMEOUT", "60", 1); /* a hang ends in 60 s with an error */
+    mpi_world_sanitizer_env();
+    RUN(test_1f1b);
+    RUN(test_worlds);
+    rmdir(check_tmpdir());
+    return check_finish();
+}
