@@ -42,6 +42,7 @@
 #include "check.h"
 #include "cli_run.h"
 #include "mpi_world.h"
+#include "train_log.h"
 
 #define STEPS 5
 #define BATCH 7
@@ -712,36 +713,6 @@ static void test_worlds(void) {
         fprintf(stderr, "%s mpiexec -n %d: %.1f s\n", bad || wd.status || !done ? "FAILED" : "ok", n, wd.secs);
         mpi_world_free(&wd);
     }
-}
-
-/* Step losses and validation lines (val_loss, val_acc) of a --log file. */
-typedef struct log_lines {
-    int n, n_eval;
-    double loss[64], val_loss[16], val_acc[16];
-} log_lines;
-
-static int read_log(const char *path, log_lines *l) {
-    memset(l, 0, sizeof *l);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        const char *vl = strstr(line, "\"val_loss\":"), *va = strstr(line, "\"val_acc\":"), *lo = strstr(line, "\"loss\":");
-        if (vl && l->n_eval < 16) {
-            l->val_loss[l->n_eval] = atof(vl + 11);
-            l->val_acc[l->n_eval++] = va ? atof(va + 10) : -1;
-        } else if (lo && l->n < 64) {
-            l->loss[l->n++] = atof(lo + 7);
-        }
-    }
-    fclose(f);
-    return 0;
-}
-
-static int count_of(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
-    return n;
 }
 
 /* `mpiexec -n 2 adtrain train` against `adtrain train` on one process; with plan_flags, under a

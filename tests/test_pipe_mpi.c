@@ -11,8 +11,9 @@
  * is the serial one within 1e-5 relative, and after the last step every parameter and optimizer
  * state (gathered over its stage mesh, on every stage that holds it: a tied parameter on both of
  * its stages) equals the serial one within float tolerance, and every parameter was compared
- * somewhere. Then, in this process: `mpiexec -n 2 adtrain train --plan` of a pp=2 plan file logs
- * the one-process run's losses and validation losses (GPT and MLP).
+ * somewhere. Then, in this process: `mpiexec -n N adtrain train --plan` of plan files `adtrain
+ * plan` wrote (a GPT with dropout under pp=2 and dp=2,pp=2, an MLP under pp=3; 4 microbatches)
+ * logs the one-process run's step losses, validation losses and accuracy.
  *
  * The seed comes from $ADT_TEST_SEED, else the time, and is printed.
  */
@@ -23,6 +24,7 @@
 #include "check.h"
 #include "cli_run.h"
 #include "mpi_world.h"
+#include "train_log.h"
 
 #define STEPS 5
 #define BATCH 8
@@ -363,6 +365,73 @@ static void test_worlds(void) {
     }
 }
 
+/* `mpiexec -n N adtrain train --plan` of a plan `adtrain plan <plan_flags>` wrote (stages and
+ * microbatches) against `adtrain train` on one process: the same step losses, validation losses
+ * and accuracy, and rank 0 alone prints. */
+static void cli_compare(const char *label, int n, const char *model_json, const char *flags, const char *plan_flags) {
+    char cfgp[512], serial_log[512], pipe_log[512], planp[512], args[2048], out[32768];
+    snprintf(cfgp, sizeof cfgp, "%s", check_tmp_path("cli_model.json"));
+    write_text(cfgp, model_json);
+    snprintf(serial_log, sizeof serial_log, "%s", check_tmp_path("serial.jsonl"));
+    snprintf(pipe_log, sizeof pipe_log, "%s", check_tmp_path("pipe.jsonl"));
+    snprintf(planp, sizeof planp, "%s", check_tmp_path("plan.json"));
+    snprintf(args, sizeof args, "train --model '%s' %s --log '%s'", cfgp, flags, serial_log);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "%s: serial run: exit %d:\n%s", label, rc, out);
+    snprintf(args, sizeof args, "plan --devices %d --model '%s' %s -o '%s'", n, cfgp, plan_flags, planp);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", label, args, rc, out);
+    const char *argv[48];
+    int k = 0;
+    char flagbuf[1024];
+    snprintf(flagbuf, sizeof flagbuf, "%s", flags);
+    argv[k++] = g_bin, argv[k++] = "train", argv[k++] = "--model", argv[k++] = cfgp;
+    for (char *t = strtok(flagbuf, " "); t && k < 42; t = strtok(NULL, " ")) argv[k++] = t;
+    argv[k++] = "--plan", argv[k++] = planp, argv[k++] = "--log", argv[k++] = pipe_log, argv[k] = NULL;
+    mpi_world wd = {.n = n, .argv = argv};
+    mpi_run_world(&wd, check_tmpdir(), 120);
+    CHECK(wd.status == 0, "%s: mpiexec -n %d adtrain train: exit %d after %.1f s", label, n, wd.status, wd.secs);
+    CHECK(count_of(wd.err, "done:") == 1 && count_of(wd.err, "pipe   ") == 1,
+          "%s: expected one 'pipe' banner line and one 'done' line (rank 0 prints), got %d and %d", label,
+          count_of(wd.err, "pipe   "), count_of(wd.err, "done:"));
+    if (check_cur_failed) mpi_print_tail("stderr", wd.err, 20);
+    log_lines a, b;
+    CHECK(read_log(serial_log, &a) == 0 && read_log(pipe_log, &b) == 0, "%s: logs missing", label);
+    CHECK(a.n > 0 && a.n == b.n && a.n_eval > 0 && a.n_eval == b.n_eval, "%s: %d/%d step lines, %d/%d eval lines",
+          label, a.n, b.n, a.n_eval, b.n_eval);
+    double worst = 0;
+    for (int i = 0; i < a.n && i < b.n; i++) {
+        double e = fabs(a.loss[i] - b.loss[i]) / fabs(a.loss[i]);
+        CHECK(e <= LOSS_TOL, "%s: step %d loss %.9g on %d ranks, %.9g on one", label, i + 1, b.loss[i], n, a.loss[i]);
+        worst = fmax(worst, e);
+    }
+    for (int i = 0; i < a.n_eval && i < b.n_eval; i++) {
+        CHECK(fabs(a.val_loss[i] - b.val_loss[i]) <= LOSS_TOL * fabs(a.val_loss[i]),
+              "%s: evaluation %d: val_loss %.9g on %d ranks, %.9g on one", label, i + 1, b.val_loss[i], n, a.val_loss[i]);
+        CHECK(a.val_acc[i] == b.val_acc[i], "%s: evaluation %d: val_acc %.6f on %d ranks, %.6f on one", label, i + 1,
+              b.val_acc[i], n, a.val_acc[i]);
+    }
+    fprintf(stderr, "%s, mpiexec -n %d: worst step loss error %.2e over %d steps\n", label, n, worst, a.n);
+    mpi_world_free(&wd);
+    unlink(serial_log);
+    unlink(pipe_log);
+    unlink(cfgp);
+    unlink(planp);
+}
+
+static void test_cli_train_pipe(void) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    const char *gpt = "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":16,\"n_head\":2,"
+                      "\"dropout\":0.1}\n";
+    const char *mlp = "{\"type\":\"mlp\",\"sizes\":[16,24,12,4],\"activation\":\"relu\"}\n";
+    const char *gpt_flags = "--data synthetic:text --steps 5 --batch 8 --lr 3e-3 --eval-every 5 --eval-batches 2 --seed 11";
+    const char *mlp_flags = "--data synthetic:mlp --steps 5 --batch 8 --optimizer sgd --momentum 0.9 --lr 0.1 "
+                            "--eval-every 5 --eval-batches 3 --seed 5";
+    cli_compare("gpt, pp=2", 2, gpt, gpt_flags, "--strategy pp=2 --microbatches 4 --batch 8");
+    cli_compare("mlp, pp=3", 3, mlp, mlp_flags, "--strategy pp=3 --microbatches 4 --batch 8 --optimizer sgd-momentum");
+    cli_compare("gpt, dp=2,pp=2", 4, gpt, gpt_flags, "--strategy dp=2,pp=2 --microbatches 4 --batch 8");
+}
+
 int main(int argc, char **argv) {
     const char *s = getenv("ADT_TEST_SEED");
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
@@ -387,6 +456,7 @@ int main(int argc, char **argv) {
     mpi_world_sanitizer_env();
     RUN(test_1f1b);
     RUN(test_worlds);
+    RUN(test_cli_train_pipe);
     rmdir(check_tmpdir());
     return check_finish();
 }

@@ -226,8 +226,10 @@ typedef int (*adt_pipe_fill_fn)(void *ctx, adt_pipe *pp, int microbatch);
 /* One training step over all microbatches; *loss (may be NULL) = the mean of the microbatch
  * losses, on every rank. Collective over the world. */
 int adt_pipe_step(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss);
-/* The forward passes only (evaluation: dropout off, parameters unchanged); *loss as above. */
-int adt_pipe_forward(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss);
+/* The forward passes only (evaluation: dropout off, parameters unchanged); *loss as above.
+ * read (may be NULL) is called after each microbatch's forward pass, while its outputs (logits,
+ * say) are in its slot. */
+int adt_pipe_forward(adt_pipe *pp, adt_pipe_fill_fn fill, adt_pipe_fill_fn read, void *ctx, double *loss);
 /* This rank's storage of global value v of the plan's graph for microbatch mb (its slot), and its
  * block of v (may be NULL); NULL when this stage holds no v. Persistent values are the same in
  * every slot. */

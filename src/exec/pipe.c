@@ -261,9 +261,12 @@ int adt_pipe_step(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss) 
     return rc;
 }
 
-int adt_pipe_forward(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss) {
+int adt_pipe_forward(adt_pipe *pp, adt_pipe_fill_fn fill, adt_pipe_fill_fn read, void *ctx, double *loss) {
     int rc = ADT_OK;
-    for (int m = 0; m < pp->M && !rc; m++) rc = run_mb(pp, 0, m, fill, ctx, 0);
+    for (int m = 0; m < pp->M && !rc; m++) {
+        rc = run_mb(pp, 0, m, fill, ctx, 0);
+        if (!rc && read) rc = read(ctx, pp, m);
+    }
     if (!rc) rc = wait_sends(pp);
     if (!rc) rc = share_loss(pp, loss);
     return rc;
