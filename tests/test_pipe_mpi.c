@@ -179,6 +179,67 @@ static double state_err(const float *x, const float *ref, int64_t n) {
     return worst;
 }
 
+/* ---- microbatch slots in one process ------------------------------------------------------------
+ * The executor alone (no stages): the plan's graph of a family at BATCH / MICRO with 3 slots, the
+ * microbatches' passes interleaved as a 1F1B stage would run them (F0 F1 F2 B0 F3 B1 B2 B3), then
+ * one update: the mean of the microbatch losses and the state after STEPS steps equal the serial
+ * run on the whole batch (dropout included: each microbatch draws its rows of the whole mask). */
+static void slots_run(const char *name) {
+    family f = family_of(name);
+    reference ref = {0};
+    int rc = serial_run(&f, &ref);
+    CHECK(rc == 0, "%s: serial run: %s", name, adt_error_message());
+    adt_model_io io;
+    adt_graph *g = family_graph(&f, BATCH / MICRO, &io);
+    adt_exec *ex = NULL;
+    if (!rc) rc = adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .seed = g_seed, .microbatch_slots = 3});
+    CHECK(rc == 0, "%s: executor with slots: %s", name, adt_error_message());
+    float *full = malloc(1 << 20);
+    double worst = 0;
+    static const adt_pipe_op order[2 * MICRO] = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {0, 3}, {1, 1}, {1, 2}, {1, 3}};
+    if (!rc) adt_exec_init_params(ex);
+    for (int step = 1; step <= STEPS && !rc; step++) {
+        adt_exec_set_lr_step(ex, LR, step);
+        double loss = 0;
+        for (int i = 0; i < 2 * MICRO && !rc; i++) {
+            int mb = order[i].microbatch, slot = mb % 3;
+            if (!order[i].backward)
+                for (int v = 0; v < g->n_values; v++) {
+                    if (!is_data(g, v)) continue;
+                    feed_global(&f, ref.g, &ref.io, adt_graph_find_value(ref.g, g->values[v].name), step, full);
+                    size_t bytes = (size_t)adt_value_bytes(g, v);
+                    memcpy(adt_exec_slot_data(ex, slot, v), (char *)full + (size_t)mb * bytes, bytes);
+                }
+            adt_exec_set_microbatch(ex, mb);
+            rc = adt_exec_run_pass(ex, slot, order[i].backward);
+            if (!order[i].backward) loss += *(float *)adt_exec_slot_data(ex, slot, g->loss) / MICRO;
+        }
+        if (!rc) rc = adt_exec_run_update(ex);
+        CHECK(rc == 0, "%s, step %d: %s", name, step, adt_error_message());
+        double e = fabs(loss - ref.loss[step - 1]) / fabs(ref.loss[step - 1]);
+        CHECK(e <= LOSS_TOL, "%s, step %d: mean microbatch loss %.9g, serial %.9g", name, step, loss, ref.loss[step - 1]);
+        worst = fmax(worst, e);
+    }
+    for (int v = 0; v < g->n_values && !rc; v++) {
+        if (!adt_role_is_persistent(g->values[v].role)) continue;
+        int rv = adt_graph_find_value(ref.g, g->values[v].name);
+        double e = state_err(adt_exec_data(ex, v), ref.state[rv], adt_value_numel(g, v));
+        CHECK(e <= STATE_TOL, "%s: '%s' after %d steps differs from the serial run by %.3g", name, g->values[v].name,
+              STEPS, e);
+    }
+    CHECK(adt_exec_run_update(ex) == ADT_ERR_STATE, "%s: an update without a backward pass is refused", name);
+    fprintf(stderr, "%s: microbatch slots in one process: worst loss error %.2e\n", name, worst);
+    free(full);
+    adt_exec_free(ex);
+    adt_graph_free(g);
+    reference_free(&ref);
+}
+
+static void test_slots(void) {
+    slots_run("gpt");
+    slots_run("vgg");
+}
+
 /* ---- a pipelined run ------------------------------------------------------------------------------ */
 
 typedef struct feed_ctx {
@@ -455,6 +516,7 @@ int main(int argc, char **argv) {
     setenv("ADT_COMM_TIMEOUT", "60", 1); /* a hang ends in 60 s with an error */
     mpi_world_sanitizer_env();
     RUN(test_1f1b);
+    RUN(test_slots);
     RUN(test_worlds);
     RUN(test_cli_train_pipe);
     rmdir(check_tmpdir());
