@@ -6,7 +6,9 @@
  * itself under `mpiexec -n N --child` for N = 2, 3, 4. In each world every rank runs, for a tiny
  * GPT (dropout on, the LM head tied to the token embedding), an MLP, a small VGG and a small
  * DLRM, the expert plans the world allows: pp=N (N = 2, 3, 4, where the model has the layers) and,
- * on 4 ranks, dp=2,pp=2; each with 4 microbatches of a batch of 8. The serial reference is the
+ * on 4 ranks, dp=2,pp=2 and tp=2,pp=2 (Megatron stages: partial sums cross stage boundaries
+ * reduced, and GPT's tied wte is summed in the layout its update reads); each with 4
+ * microbatches of a batch of 8. The serial reference is the
  * plain executor on the whole batch of 8. A case passes when at each of 5 steps every rank's loss
  * is the serial one within 1e-5 relative, and after the last step every parameter and optimizer
  * state (gathered over its stage mesh, on every stage that holds it: a tied parameter on both of
@@ -360,6 +362,7 @@ static void case_family(const char *name) {
         snprintf(s, sizeof s, "pp=%d", g_size);
         pipe_run(&f, &ref, s);
         if (g_size == 4) pipe_run(&f, &ref, "dp=2,pp=2");
+        if (g_size == 4) pipe_run(&f, &ref, "tp=2,pp=2");
     }
     reference_free(&ref);
 }

@@ -424,8 +424,9 @@ int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert
  * INPUT, the global value's name) per value another stage makes: a link. Values it makes that
  * other stages read are marked outputs (alive to the end of a step, to be sent). Partition it with
  * adt_pipe_stage_dist for a coordinate of the stage mesh: all stage meshes have the same shape,
- * and a link's leaf is held in the layout its producer makes it in (which must be B or S), so the
- * rank at coordinate c of one stage sends its block to the rank at c of the other as it is.
+ * and a link's leaf is held in the layout its producer makes it in, partial sums reduced first
+ * (adt_pipe_sent_layout), so the rank at coordinate c of one stage sends its block to the rank at
+ * c of the other as it is.
  * A parameter read on several stages (tied) is held by each; each holder updates its copy from
  * its own contribution to the gradient, after the runtime has summed the contributions across the
  * holders (src/dist/README.md, "Pipeline stages"). */
@@ -442,6 +443,10 @@ typedef struct adt_pipe_tied {
     int param;        /* the global parameter                                               */
     int grad;         /* the global value of this stage's contribution to its gradient, or -1
                          when this stage does not hold it                                   */
+    int read;         /* the stage graph's value its update reads as the gradient: the
+                         contribution, or its conversion to the update's layout when the
+                         holders make theirs in different layouts (a backward node "tied.*");
+                         summed over the holders before the update. -1: not held          */
     uint64_t holders; /* bit s: stage s holds the parameter                                  */
 } adt_pipe_tied;
 
@@ -449,7 +454,8 @@ typedef struct adt_pipe_stage {
     int stage, n_stages;
     adt_graph *g;          /* the stage's graph                                                */
     int n_nodes;
-    int *node_of;          /* [g->n_nodes] the global node each of its nodes copies             */
+    int *node_of;          /* [g->n_nodes] the global node each of its nodes copies, -1 for the
+                              conversion of a tied contribution                                 */
     int *local_of;         /* [global n_values] the stage's value of a global value, or -1      */
     adt_pipe_link *links;  /* the links from or to this stage, in the plan-wide order           */
     int n_links;
@@ -461,6 +467,9 @@ typedef struct adt_pipe_stage {
 
 int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int stage, adt_pipe_stage *out);
 void adt_pipe_stage_free(adt_pipe_stage *st);
+/* The layout a link is sent and held in: the one it is made in with P read as B (the maker sums
+ * partial sums over the stage mesh before sending). */
+adt_ndsbp adt_pipe_sent_layout(const adt_ndsbp *made);
 /* What the partitioner takes for the stage graph: the stage mesh (ranks[]), its layouts. */
 adt_dist_plan adt_pipe_stage_dist(const adt_pipe_stage *st, const adt_plan *p, int *ranks);
 

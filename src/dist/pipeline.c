@@ -8,7 +8,9 @@
  * produces crosses the boundary as one message per microbatch: forward activations go down the
  * pipeline, gradient contributions come back (autodiff sums a value's contributions on its
  * producer's stage, so the sum reads the later stage's contribution). Both sides derive the same
- * list of links from the global graph, so sends and receives pair up without negotiation.
+ * list of links from the global graph, so sends and receives pair up without negotiation. A value
+ * made as partial sums (P, Megatron's residual stream between blocks) is summed on the stage that
+ * makes it before it is sent (adt_pipe_sent_layout): the reader holds it B there, as a leaf must.
  *
  * Tied parameters (a parameter read on several stages, GPT's wte by the embedding and the LM
  * head) are held by every stage that reads it. Each holder runs its own copy of the update, on
@@ -92,6 +94,23 @@ static int tied_contrib(const adt_graph *g, const int *ns, int v, int s, int *co
         if (pr >= 0 && ns[pr] == s) found = c[k], (*count)++;
     }
     return found;
+}
+
+/* Whether the holders of tied parameter v make their contributions to its gradient in different
+ * layouts (a vocabulary-parallel embedding's P and a vocabulary-split head's S(0), say): then
+ * each holder converts its own to the layout its update reads, so that the sum across holders
+ * adds like blocks. */
+static int tied_layouts_differ(const adt_graph *g, const adt_plan *p, int v) {
+    int c[ADT_MAX_INPUTS], nc = 0;
+    char *skip = adt_calloc((size_t)g->n_nodes + 1, 1);
+    collect_contribs(g, g->values[v].grad, g->values[v].layer_tag, c, &nc, ADT_MAX_INPUTS, skip);
+    free(skip);
+    for (int k = 1; k < nc; k++) {
+        const adt_value *a = &g->values[c[0]], *b = &g->values[c[k]];
+        if (!adt_ndsbp_equal(&p->node_sig[a->producer].out[a->out_index], &p->node_sig[b->producer].out[b->out_index]))
+            return 1;
+    }
+    return 0;
 }
 
 /* Whether stage s runs node i. */
@@ -203,6 +222,21 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
             }
         }
         for (int k = 0; k < n->n_in; k++) in[k] = out->local_of[input_on(g, ns, tied, i, k, s)];
+        if (ns[i] == -2 && tied_layouts_differ(g, p, n->in[0])) { /* the contribution as the update reads it */
+            sg->in_backward = 1;
+            sg->in_optimizer = 0;
+            sg->cur_layer_tag = n->layer_tag;
+            int conv = adt_scale(sg, in[1], 1.0f);
+            if (conv >= 0) {
+                adt_node *cn = &sg->nodes[sg->values[conv].producer];
+                snprintf(cn->name, sizeof cn->name, "tied.%.*s", ADT_NAME_LEN - 8, n->name);
+                cn->stage = s;
+                snprintf(sg->values[conv].name, sizeof sg->values[conv].name, "tied.grad.%.*s", ADT_NAME_LEN - 12,
+                         g->values[n->in[0]].name);
+                out->node_of[out->n_nodes++] = -1 - i; /* no global node: the update's grad layout */
+                in[1] = conv;
+            }
+        }
         sg->in_backward = n->is_backward;
         sg->in_optimizer = n->is_optimizer;
         sg->cur_layer_tag = n->layer_tag;
@@ -241,9 +275,11 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
     }
     for (int v = 0; v < g->n_values && !rc; v++) { /* every stage lists them all, held or not */
         if (!tied[v]) continue;
-        int cnt, c = out->local_of[v] >= 0 ? tied_contrib(g, ns, v, s, &cnt) : -1;
+        int cnt, c = out->local_of[v] >= 0 ? tied_contrib(g, ns, v, s, &cnt) : -1, read = -1;
+        for (int k = 0; k < sg->n_nodes && c >= 0; k++) /* what this stage's update reads */
+            if (sg->nodes[k].is_optimizer && sg->nodes[k].in[0] == out->local_of[v]) read = sg->nodes[k].in[1];
         out->tied = adt_realloc(out->tied, (size_t)(out->n_tied + 1) * sizeof *out->tied);
-        out->tied[out->n_tied++] = (adt_pipe_tied){.param = v, .grad = c, .holders = tied[v]};
+        out->tied[out->n_tied++] = (adt_pipe_tied){.param = v, .grad = c, .read = read, .holders = tied[v]};
     }
     if (!rc) {
         sg->loss = g->loss >= 0 ? out->local_of[g->loss] : -1;
@@ -253,7 +289,18 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
     if (!rc) {
         out->node_sig = adt_calloc((size_t)sg->n_nodes + 1, sizeof *out->node_sig);
         out->leaf_sbp = adt_calloc((size_t)sg->n_values + 1, sizeof *out->leaf_sbp);
-        for (int k = 0; k < out->n_nodes; k++) out->node_sig[k] = p->node_sig[out->node_of[k]];
+        for (int k = 0; k < out->n_nodes; k++) {
+            int i = out->node_of[k];
+            if (i >= 0) {
+                out->node_sig[k] = p->node_sig[i];
+                continue;
+            }
+            const adt_ndsbp *want = &p->node_sig[-1 - i].in[1]; /* the conversion: in and out as the update reads */
+            out->node_sig[k].ndim = p->node_sig[-1 - i].ndim;
+            out->node_sig[k].in[0] = *want;
+            out->node_sig[k].out[0] = *want;
+            out->node_of[k] = -1;
+        }
         for (int v = 0; v < g->n_values && !rc; v++) {
             int lv = out->local_of[v];
             if (lv < 0 || sg->values[lv].producer >= 0) continue;
@@ -262,14 +309,7 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
                 out->leaf_sbp[lv] = p->leaf_sbp[v];
                 continue;
             }
-            const adt_ndsbp *made = &p->node_sig[pr].out[g->values[v].out_index];
-            if (adt_ndsbp_partial_mask(made)) {
-                char b[64];
-                rc = adt_error(ADT_ERR_ARG, "%s: '%s' crosses from stage %d to stage %d as %s; a value sent between "
-                               "stages must be B or S (partial sums are reduced on the stage that makes them)",
-                               p->name, g->values[v].name, ns[pr], s, adt_ndsbp_str(made, b, sizeof b));
-            }
-            out->leaf_sbp[lv] = *made;
+            out->leaf_sbp[lv] = adt_pipe_sent_layout(&p->node_sig[pr].out[g->values[v].out_index]);
         }
     }
     free(links);
@@ -277,6 +317,13 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
     free(tied);
     if (rc) adt_pipe_stage_free(out);
     return rc;
+}
+
+adt_ndsbp adt_pipe_sent_layout(const adt_ndsbp *made) {
+    adt_ndsbp s = *made;
+    for (int a = 0; a < s.ndim; a++)
+        if (s.s[a].kind == ADT_SBP_P) s.s[a] = (adt_sbp){.kind = ADT_SBP_B};
+    return s;
 }
 
 void adt_pipe_stage_free(adt_pipe_stage *st) {

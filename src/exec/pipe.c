@@ -33,6 +33,8 @@ struct adt_pipe {
     int *peer;              /* [st.n_links] the world rank at the other end */
     char **stage_buf;       /* [st.n_links * M] staging of sent blocks */
     adt_comm_req **req;     /* [st.n_links * M] */
+    adt_boxing_prog *sum;   /* [st.n_links] what a link made as P takes to be sent (no steps: as is) */
+    void *sum_tmp;
     adt_pipe_op *ops;
     double *mb_loss;        /* [M] the last stage's per-microbatch losses */
 };
@@ -76,7 +78,7 @@ static int check_tied(adt_pipe *pp) {
         adt_comm *c = pp->tied_comm[k];
         if (!c) continue;
         int n = adt_comm_size(c), me = adt_comm_rank(c);
-        int lv = local_value(pp, pp->st.tied[k].grad);
+        int lv = pp->loc.value[pp->st.tied[k].read];
         int32_t *have = adt_calloc((size_t)n, sizeof *have);
         have[me] = (int32_t)adt_value_numel(pp->loc.g, lv);
         rc = adt_comm_allreduce_i32(c, have, n);
@@ -140,6 +142,22 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
     for (int j = 0; j < nl; j++)
         if (pp->st.links[j].from == pp->st.stage)
             for (int m = 0; m < M; m++) pp->stage_buf[j * M + m] = adt_malloc((size_t)link_bytes(pp, j));
+    pp->sum = adt_calloc((size_t)nl + 1, sizeof *pp->sum);
+    int64_t tmp = 0;
+    for (int j = 0; j < nl && !rc; j++) {
+        const adt_pipe_link *l = &pp->st.links[j];
+        const adt_ndsbp *made = &pp->loc.layout[l->local];
+        if (l->from != pp->st.stage || !adt_ndsbp_partial_mask(made)) continue;
+        adt_ndsbp sent = adt_pipe_sent_layout(made);
+        const adt_value *val = &pp->g->values[l->value];
+        rc = adt_boxing_plan(&pp->mesh, val->shape, val->dtype, made, &sent, &p->cost, &pp->sum[j]);
+        if (link_bytes(pp, j) > tmp) tmp = link_bytes(pp, j);
+    }
+    pp->sum_tmp = adt_malloc((size_t)tmp + 1);
+    if (rc) { /* every rank plans the same programs: they fail alike */
+        adt_pipe_free(pp);
+        return rc;
+    }
     pp->ops = adt_malloc((size_t)(2 * M) * sizeof *pp->ops);
     adt_pipe_1f1b(p->n_stages, pp->st.stage, M, pp->ops);
     pp->mb_loss = adt_calloc((size_t)M, sizeof *pp->mb_loss);
@@ -157,6 +175,8 @@ void adt_pipe_free(adt_pipe *pp) {
     for (int i = 0; pp->stage_buf && i < pp->st.n_links * pp->M; i++) free(pp->stage_buf[i]);
     free(pp->stage_buf);
     free(pp->req);
+    free(pp->sum);
+    free(pp->sum_tmp);
     free(pp->peer);
     free(pp->ops);
     free(pp->mb_loss);
@@ -182,6 +202,20 @@ void *adt_pipe_value(adt_pipe *pp, int microbatch, int v, adt_box *block) {
     return adt_exec_slot_data(pp->ex, adt_pipe_slot(pp, microbatch), lv);
 }
 
+/* A link made as partial sums, summed over the stage mesh into `out` (the sent layout's block):
+ * the program's all-reduce steps, collective within the stage, which every rank of it reaches
+ * at the same point of the same schedule. */
+static int sum_partial(adt_pipe *pp, const adt_boxing_prog *prog, const void *in, void *out) {
+    int rc = ADT_OK;
+    size_t bytes = (size_t)adt_shape_numel(&prog->global) * adt_dtype_size(prog->dtype); /* P blocks are whole */
+    memcpy(out, in, bytes);
+    for (int i = 0; i < prog->n_steps && !rc; i++) {
+        memcpy(pp->sum_tmp, out, bytes);
+        rc = adt_mesh_comm_step(pp->mc, &prog->step[i], prog->global, prog->dtype, pp->sum_tmp, out);
+    }
+    return rc;
+}
+
 /* The links of pass `phase` of microbatch mb: received before it, or sent after it. */
 static int recv_links(adt_pipe *pp, int phase, int mb) {
     int rc = ADT_OK;
@@ -204,7 +238,10 @@ static int send_links(adt_pipe *pp, int phase, int mb, int training) {
         int lv = pp->loc.value[l->local], k = j * pp->M + mb;
         rc = adt_comm_wait(&pp->req[k]); /* the last step's send from this buffer */
         if (rc) break;
-        memcpy(pp->stage_buf[k], adt_exec_slot_data(pp->ex, adt_pipe_slot(pp, mb), lv), (size_t)link_bytes(pp, j));
+        const void *data = adt_exec_slot_data(pp->ex, adt_pipe_slot(pp, mb), lv);
+        if (pp->sum[j].n_steps) rc = sum_partial(pp, &pp->sum[j], data, pp->stage_buf[k]);
+        else memcpy(pp->stage_buf[k], data, (size_t)link_bytes(pp, j));
+        if (rc) break;
         rc = adt_comm_isend(pp->world, pp->stage_buf[k], adt_value_numel(pp->loc.g, lv), pp->loc.g->values[lv].dtype,
                             pp->peer[j], l->tag % (ADT_COMM_TAG_MAX + 1), &pp->req[k]);
     }
@@ -252,7 +289,7 @@ int adt_pipe_step(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss) 
     for (int i = 0; i < 2 * pp->M && !rc; i++) rc = run_mb(pp, pp->ops[i].backward, pp->ops[i].microbatch, fill, ctx, 1);
     for (int k = 0; k < pp->st.n_tied && !rc; k++) { /* the holders' contributions summed */
         if (!pp->tied_comm[k]) continue;
-        int lv = local_value(pp, pp->st.tied[k].grad);
+        int lv = pp->loc.value[pp->st.tied[k].read];
         rc = adt_comm_allreduce_f32(pp->tied_comm[k], adt_exec_grad_acc(pp->ex, lv), adt_value_numel(pp->loc.g, lv));
     }
     if (!rc) rc = adt_exec_run_update(pp->ex);
