@@ -230,6 +230,8 @@ static void slots_run(const char *name) {
               STEPS, e);
     }
     CHECK(adt_exec_run_update(ex) == ADT_ERR_STATE, "%s: an update without a backward pass is refused", name);
+    CHECK(adt_exec_run_pass(ex, 3, 0) == ADT_ERR_ARG && strstr(adt_error_message(), "slot 3"),
+          "%s: a pass in slot 3 of 3 is refused, naming the slot: %s", name, adt_error_message());
     fprintf(stderr, "%s: microbatch slots in one process: worst loss error %.2e\n", name, worst);
     free(full);
     adt_exec_free(ex);
@@ -494,6 +496,24 @@ static void test_cli_train_pipe(void) {
     cli_compare("gpt, pp=2", 2, gpt, gpt_flags, "--strategy pp=2 --microbatches 4 --batch 8");
     cli_compare("mlp, pp=3", 3, mlp, mlp_flags, "--strategy pp=3 --microbatches 4 --batch 8 --optimizer sgd-momentum");
     cli_compare("gpt, dp=2,pp=2", 4, gpt, gpt_flags, "--strategy dp=2,pp=2 --microbatches 4 --batch 8");
+    /* checkpoints are not written under a pipeline plan: refused before training, printed once */
+    char cfgp[512], planp[512], args[2048], out[8192];
+    snprintf(cfgp, sizeof cfgp, "%s", check_tmp_path("ckpt_model.json"));
+    snprintf(planp, sizeof planp, "%s", check_tmp_path("ckpt_plan.json"));
+    write_text(cfgp, mlp);
+    snprintf(args, sizeof args, "plan --devices 2 --model '%s' --strategy pp=2 --microbatches 2 --batch 8 -o '%s'", cfgp,
+             planp);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "adtrain %s: exit %d:\n%s", args, rc, out);
+    const char *argv[] = {g_bin, "train", "--model", cfgp, "--data", "synthetic:mlp", "--steps", "2", "--batch", "8",
+                          "--plan", planp, "--save", "/tmp/never-written.safetensors", NULL};
+    mpi_world wd = {.n = 2, .argv = argv};
+    mpi_run_world(&wd, check_tmpdir(), 60);
+    CHECK(wd.status == 2 && count_of(wd.err, "--save: checkpoints of a plan with 2 pipeline stages") == 1,
+          "--save under a pipeline plan: exit %d:\n%s", wd.status, wd.err);
+    mpi_world_free(&wd);
+    unlink(cfgp);
+    unlink(planp);
 }
 
 int main(int argc, char **argv) {
