@@ -26,7 +26,9 @@
 #include "check.h"
 #include "cli_run.h"
 #include "mpi_world.h"
+#include "serial_ref.h"
 #include "train_log.h"
+#include "mpi_cases.h"
 
 #define STEPS 5
 #define BATCH 8
@@ -111,10 +113,6 @@ static adt_graph *family_graph(const family *f, int batch, adt_model_io *io) {
     return g;
 }
 
-static int is_data(const adt_graph *g, int v) {
-    return adt_role_is_fed(g->values[v].role) && v != g->lr_input && v != g->step_input;
-}
-
 /* The whole batch's data of fed value v (of the whole-batch graph) at a step: a function of
  * (seed, step, name). */
 static void feed_global(const family *f, const adt_graph *g, const adt_model_io *io, int v, int step, void *buf) {
@@ -129,56 +127,30 @@ static void feed_global(const family *f, const adt_graph *g, const adt_model_io 
     }
 }
 
-/* ---- the serial reference ------------------------------------------------------------------------ */
+/* ---- the serial reference (serial_ref.h): the plain executor on the whole batch ---------------- */
 
-typedef struct reference {
+typedef struct whole_batch {
     adt_graph *g;
     adt_model_io io;
-    float loss[STEPS];
-    float **state; /* [n_values] persistent values after the last step */
-} reference;
+    reference r;
+} whole_batch;
 
-static int serial_run(const family *f, reference *ref) {
+static const family *g_family; /* what feed_cb feeds */
+
+static void feed_cb(void *ctx, const adt_graph *g, int v, int step, void *buf) {
+    feed_global(g_family, g, &((whole_batch *)ctx)->io, v, step, buf);
+}
+
+static int serial_run(const family *f, whole_batch *ref) {
     ref->g = family_graph(f, BATCH, &ref->io);
-    const adt_graph *g = ref->g;
-    if (adt_graph_error(g)) return -1;
-    adt_exec *ex;
-    if (adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .seed = g_seed})) return -1;
-    adt_exec_init_params(ex);
-    for (int step = 1; step <= STEPS; step++) {
-        adt_exec_set_lr_step(ex, LR, step);
-        for (int v = 0; v < g->n_values; v++)
-            if (is_data(g, v)) feed_global(f, g, &ref->io, v, step, adt_exec_data(ex, v));
-        adt_exec_run(ex);
-        ref->loss[step - 1] = *(float *)adt_exec_data(ex, g->loss);
-    }
-    ref->state = calloc((size_t)g->n_values, sizeof *ref->state);
-    for (int v = 0; v < g->n_values; v++) {
-        if (!adt_role_is_persistent(g->values[v].role)) continue;
-        size_t bytes = (size_t)adt_value_bytes(g, v);
-        ref->state[v] = malloc(bytes);
-        memcpy(ref->state[v], adt_exec_data(ex, v), bytes);
-    }
-    adt_exec_free(ex);
-    return 0;
+    if (adt_graph_error(ref->g)) return -1;
+    g_family = f;
+    return serial_ref_run(ref->g, STEPS, LR, g_seed, feed_cb, ref, &ref->r);
 }
 
-static void reference_free(reference *ref) {
-    for (int v = 0; ref->g && v < ref->g->n_values && ref->state; v++) free(ref->state[v]);
-    free(ref->state);
+static void reference_free(whole_batch *ref) {
+    if (ref->g) serial_ref_free(ref->g, &ref->r);
     adt_graph_free(ref->g);
-}
-
-/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
-static double state_err(const float *x, const float *ref, int64_t n) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
 }
 
 /* ---- microbatch slots in one process ------------------------------------------------------------
@@ -188,7 +160,7 @@ static double state_err(const float *x, const float *ref, int64_t n) {
  * run on the whole batch (dropout included: each microbatch draws its rows of the whole mask). */
 static void slots_run(const char *name) {
     family f = family_of(name);
-    reference ref = {0};
+    whole_batch ref = {0};
     int rc = serial_run(&f, &ref);
     CHECK(rc == 0, "%s: serial run: %s", name, adt_error_message());
     adt_model_io io;
@@ -207,7 +179,7 @@ static void slots_run(const char *name) {
             int mb = order[i].microbatch, slot = mb % 3;
             if (!order[i].backward)
                 for (int v = 0; v < g->n_values; v++) {
-                    if (!is_data(g, v)) continue;
+                    if (!serial_is_data(g, v)) continue;
                     feed_global(&f, ref.g, &ref.io, adt_graph_find_value(ref.g, g->values[v].name), step, full);
                     size_t bytes = (size_t)adt_value_bytes(g, v);
                     memcpy(adt_exec_slot_data(ex, slot, v), (char *)full + (size_t)mb * bytes, bytes);
@@ -218,14 +190,14 @@ static void slots_run(const char *name) {
         }
         if (!rc) rc = adt_exec_run_update(ex);
         CHECK(rc == 0, "%s, step %d: %s", name, step, adt_error_message());
-        double e = fabs(loss - ref.loss[step - 1]) / fabs(ref.loss[step - 1]);
-        CHECK(e <= LOSS_TOL, "%s, step %d: mean microbatch loss %.9g, serial %.9g", name, step, loss, ref.loss[step - 1]);
+        double e = fabs(loss - ref.r.loss[step - 1]) / fabs(ref.r.loss[step - 1]);
+        CHECK(e <= LOSS_TOL, "%s, step %d: mean microbatch loss %.9g, serial %.9g", name, step, loss, ref.r.loss[step - 1]);
         worst = fmax(worst, e);
     }
     for (int v = 0; v < g->n_values && !rc; v++) {
         if (!adt_role_is_persistent(g->values[v].role)) continue;
         int rv = adt_graph_find_value(ref.g, g->values[v].name);
-        double e = state_err(adt_exec_data(ex, v), ref.state[rv], adt_value_numel(g, v));
+        double e = state_err(adt_exec_data(ex, v), ref.r.state[rv], adt_value_numel(g, v));
         CHECK(e <= STATE_TOL, "%s: '%s' after %d steps differs from the serial run by %.3g", name, g->values[v].name,
               STEPS, e);
     }
@@ -248,7 +220,7 @@ static void test_slots(void) {
 
 typedef struct feed_ctx {
     const family *f;
-    const reference *ref;
+    const whole_batch *ref;
     const adt_graph *pg; /* the plan's graph (batch / MICRO) */
     int step;
     float *full;         /* scratch of the largest fed value */
@@ -258,7 +230,7 @@ typedef struct feed_ctx {
 static int feed_microbatch(void *vctx, adt_pipe *pp, int mb) {
     feed_ctx *c = vctx;
     for (int v = 0; v < c->pg->n_values; v++) {
-        if (!is_data(c->pg, v)) continue;
+        if (!serial_is_data(c->pg, v)) continue;
         adt_box blk;
         void *dst = adt_pipe_value(pp, mb, v, &blk);
         if (!dst) continue;
@@ -273,7 +245,7 @@ static int feed_microbatch(void *vctx, adt_pipe *pp, int mb) {
     return 0;
 }
 
-static void pipe_run(const family *f, const reference *ref, const char *strategy) {
+static void pipe_run(const family *f, const whole_batch *ref, const char *strategy) {
     adt_model_io pio;
     adt_graph *pg = family_graph(f, BATCH / MICRO, &pio);
     adt_plan p;
@@ -303,9 +275,9 @@ static void pipe_run(const family *f, const reference *ref, const char *strategy
             double loss = 0;
             rc = adt_pipe_step(pp, feed_microbatch, &c, &loss);
             CHECK(rc == ADT_OK, "%s, step %d: %s", what, step, adt_error_message());
-            double e = fabs(loss - ref->loss[step - 1]) / fabs(ref->loss[step - 1]);
+            double e = fabs(loss - ref->r.loss[step - 1]) / fabs(ref->r.loss[step - 1]);
             CHECK(e <= LOSS_TOL, "%s, step %d: loss %.9g, serial %.9g (relative error %.3g; seed %llu)", what, step,
-                  loss, ref->loss[step - 1], e, (unsigned long long)g_seed);
+                  loss, ref->r.loss[step - 1], e, (unsigned long long)g_seed);
             if (!(e <= worst_loss)) worst_loss = e;
         }
         /* the state of every stage, gathered over its mesh; each parameter compared somewhere */
@@ -322,7 +294,7 @@ static void pipe_run(const family *f, const reference *ref, const char *strategy
             rc = adt_mesh_comm_gather(adt_pipe_mesh_comm(pp), &loc->layout[sv], pg->values[v].shape, ADT_F32, data, c.full);
             CHECK(rc == ADT_OK && rv >= 0, "%s: gathering %s: %s", what, pg->values[v].name, adt_error_message());
             if (rc || rv < 0) break;
-            double e = state_err(c.full, ref->state[rv], adt_value_numel(pg, v));
+            double e = state_err(c.full, ref->r.state[rv], adt_value_numel(pg, v));
             CHECK(e <= STATE_TOL, "%s: '%s' on stage %d after %d steps differs from the serial run by %.3g (seed %llu)",
                   what, pg->values[v].name, st->stage, STEPS, e, (unsigned long long)g_seed);
             if (!(e <= worst_state)) worst_state = e;
@@ -356,7 +328,7 @@ static void pipe_run(const family *f, const reference *ref, const char *strategy
 
 static void case_family(const char *name) {
     family f = family_of(name);
-    reference ref = {0};
+    whole_batch ref = {0};
     int rc = serial_run(&f, &ref);
     CHECK(rc == 0, "%s: serial run: %s", name, adt_error_message());
     if (!rc) {
@@ -374,11 +346,6 @@ static void case_mlp(void) { case_family("mlp"); }
 static void case_vgg(void) { case_family("vgg"); }
 static void case_dlrm(void) { case_family("dlrm"); }
 
-typedef struct mpi_case {
-    const char *name;
-    void (*fn)(void);
-} mpi_case;
-
 static const mpi_case CASES[] = {{"pipe_gpt", case_gpt}, {"pipe_mlp", case_mlp}, {"pipe_vgg", case_vgg},
                                  {"pipe_dlrm", case_dlrm}};
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
@@ -387,102 +354,19 @@ static int child_main(void) {
     if (!(g_world = mpi_child_world())) return 1;
     g_rank = adt_comm_rank(g_world);
     g_size = adt_comm_size(g_world);
-    for (int i = 0; i < N_CASES; i++) {
-        check_cur_failed = 0;
-        check_cur_name = CASES[i].name;
-        CASES[i].fn();
-        mpi_report(CASES[i].name, g_rank, g_size, !check_cur_failed);
-    }
-    int rc = adt_comm_finalize(g_world);
-    if (rc) fprintf(stderr, "FAIL rank %d: adt_comm_finalize: %s\n", g_rank, adt_error_message());
-    printf("DONE rank=%d size=%d\n", g_rank, g_size);
-    fflush(stdout);
-    return rc ? 1 : 0;
+    return mpi_child_cases(g_world, CASES, N_CASES);
 }
 
 /* ---- the parent ------------------------------------------------------------------------------- */
 
-static char g_self[PATH_MAX];
-
-static void test_worlds(void) {
-    CHECK(mpi_find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
-    if (!g_mpiexec[0]) return;
-    for (int n = 2; n <= 4; n++) {
-        const char *argv[] = {g_self, "--child", NULL};
-        mpi_world wd = {.n = n, .argv = argv};
-        mpi_run_world(&wd, check_tmpdir(), 300);
-        int bad = 0;
-        for (int i = 0; i < N_CASES; i++) {
-            int ok = 1;
-            for (int r = 0; r < n; r++) ok &= mpi_case_ok(&wd, CASES[i].name, r, n);
-            if (!ok) {
-                fprintf(stderr, "  FAIL mpiexec -n %d: case %s: a rank failed or did not report\n", n, CASES[i].name);
-                check_n_failed++, bad = 1;
-            } else {
-                check_n_passed++;
-            }
-        }
-        int done = mpi_all_done(&wd, n);
-        CHECK(wd.status == 0 && done, "mpiexec -n %d: exit status %d after %.1f s", n, wd.status, wd.secs);
-        if (bad || wd.status || !done) mpi_print_failure(&wd);
-        else mpi_print_tail("rank 0 summary", wd.err, 30);
-        fprintf(stderr, "%s mpiexec -n %d: %.1f s\n", bad || wd.status || !done ? "FAILED" : "ok", n, wd.secs);
-        mpi_world_free(&wd);
-    }
-}
+static void test_worlds(void) { mpi_test_worlds(CASES, N_CASES, 2, 4, 300); }
 
 /* `mpiexec -n N adtrain train --plan` of a plan `adtrain plan <plan_flags>` wrote (stages and
- * microbatches) against `adtrain train` on one process: the same step losses, validation losses
- * and accuracy, and rank 0 alone prints. */
+ * microbatches) against `adtrain train` on one process. */
 static void cli_compare(const char *label, int n, const char *model_json, const char *flags, const char *plan_flags) {
-    char cfgp[512], serial_log[512], pipe_log[512], planp[512], args[2048], out[32768];
-    snprintf(cfgp, sizeof cfgp, "%s", check_tmp_path("cli_model.json"));
-    write_text(cfgp, model_json);
-    snprintf(serial_log, sizeof serial_log, "%s", check_tmp_path("serial.jsonl"));
-    snprintf(pipe_log, sizeof pipe_log, "%s", check_tmp_path("pipe.jsonl"));
-    snprintf(planp, sizeof planp, "%s", check_tmp_path("plan.json"));
-    snprintf(args, sizeof args, "train --model '%s' %s --log '%s'", cfgp, flags, serial_log);
-    int rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 0, "%s: serial run: exit %d:\n%s", label, rc, out);
-    snprintf(args, sizeof args, "plan --devices %d --model '%s' %s -o '%s'", n, cfgp, plan_flags, planp);
-    rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", label, args, rc, out);
-    const char *argv[48];
-    int k = 0;
-    char flagbuf[1024];
-    snprintf(flagbuf, sizeof flagbuf, "%s", flags);
-    argv[k++] = g_bin, argv[k++] = "train", argv[k++] = "--model", argv[k++] = cfgp;
-    for (char *t = strtok(flagbuf, " "); t && k < 42; t = strtok(NULL, " ")) argv[k++] = t;
-    argv[k++] = "--plan", argv[k++] = planp, argv[k++] = "--log", argv[k++] = pipe_log, argv[k] = NULL;
-    mpi_world wd = {.n = n, .argv = argv};
-    mpi_run_world(&wd, check_tmpdir(), 120);
-    CHECK(wd.status == 0, "%s: mpiexec -n %d adtrain train: exit %d after %.1f s", label, n, wd.status, wd.secs);
-    CHECK(count_of(wd.err, "done:") == 1 && count_of(wd.err, "pipe   ") == 1,
-          "%s: expected one 'pipe' banner line and one 'done' line (rank 0 prints), got %d and %d", label,
-          count_of(wd.err, "pipe   "), count_of(wd.err, "done:"));
-    if (check_cur_failed) mpi_print_tail("stderr", wd.err, 20);
-    log_lines a, b;
-    CHECK(read_log(serial_log, &a) == 0 && read_log(pipe_log, &b) == 0, "%s: logs missing", label);
-    CHECK(a.n > 0 && a.n == b.n && a.n_eval > 0 && a.n_eval == b.n_eval, "%s: %d/%d step lines, %d/%d eval lines",
-          label, a.n, b.n, a.n_eval, b.n_eval);
-    double worst = 0;
-    for (int i = 0; i < a.n && i < b.n; i++) {
-        double e = fabs(a.loss[i] - b.loss[i]) / fabs(a.loss[i]);
-        CHECK(e <= LOSS_TOL, "%s: step %d loss %.9g on %d ranks, %.9g on one", label, i + 1, b.loss[i], n, a.loss[i]);
-        worst = fmax(worst, e);
-    }
-    for (int i = 0; i < a.n_eval && i < b.n_eval; i++) {
-        CHECK(fabs(a.val_loss[i] - b.val_loss[i]) <= LOSS_TOL * fabs(a.val_loss[i]),
-              "%s: evaluation %d: val_loss %.9g on %d ranks, %.9g on one", label, i + 1, b.val_loss[i], n, a.val_loss[i]);
-        CHECK(a.val_acc[i] == b.val_acc[i], "%s: evaluation %d: val_acc %.6f on %d ranks, %.6f on one", label, i + 1,
-              b.val_acc[i], n, a.val_acc[i]);
-    }
-    fprintf(stderr, "%s, mpiexec -n %d: worst step loss error %.2e over %d steps\n", label, n, worst, a.n);
-    mpi_world_free(&wd);
-    unlink(serial_log);
-    unlink(pipe_log);
-    unlink(cfgp);
-    unlink(planp);
+    const char *says[] = {"done:", "pipe   ", NULL};
+    double worst = train_compare(label, n, model_json, flags, plan_flags, says);
+    fprintf(stderr, "%s, mpiexec -n %d: worst step loss error %.2e over 5 steps\n", label, n, worst);
 }
 
 static void test_cli_train_pipe(void) {
@@ -517,27 +401,8 @@ static void test_cli_train_pipe(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *s = getenv("ADT_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    if (argc > 1) {
-        if (!strcmp(argv[1], "--child")) return child_main();
-        fprintf(stderr, "usage: test_pipe_mpi [--child]\n");
-        return 2;
-    }
-    printf("seed %llu\n", (unsigned long long)g_seed);
-    char sb[32];
-    snprintf(sb, sizeof sb, "%llu", (unsigned long long)g_seed);
-    setenv("ADT_TEST_SEED", sb, 1);
-    ssize_t k = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
-    if (k <= 0) {
-        fprintf(stderr, "cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    g_self[k] = 0;
-    cli_find_binary();
-    if (check_tmpdir_make("pipe_mpi")) return 1;
-    setenv("ADT_COMM_TIMEOUT", "60", 1); /* a hang ends in 60 s with an error */
-    mpi_world_sanitizer_env();
+    int code;
+    if (mpi_test_start(argc, argv, "pipe_mpi", &g_seed, child_main, &code)) return code;
     RUN(test_1f1b);
     RUN(test_slots);
     RUN(test_worlds);
