@@ -131,6 +131,9 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
         o.comm = adt_mesh_comm_hook(pp->mc, pp->loc.g);
         rc = adt_exec_create(&pp->ex, pp->loc.g, &o);
     }
+    bad = rc != 0; /* a rank that failed here must not leave the others waiting in check_tied */
+    rc2 = adt_comm_allreduce_i32(world, &bad, 1);
+    if (!rc && (rc2 || bad)) rc = rc2 ? rc2 : adt_error(ADT_ERR_ARG, "%s: another rank could not set up its pipeline stage", p->name);
     if (!rc) rc = check_tied(pp);
     if (rc) {
         adt_pipe_free(pp);
@@ -205,9 +208,8 @@ void *adt_pipe_value(adt_pipe *pp, int microbatch, int v, adt_box *block) {
 /* A link made as partial sums, summed over the stage mesh into `out` (the sent layout's block):
  * the program's all-reduce steps, collective within the stage, which every rank of it reaches
  * at the same point of the same schedule. */
-static int sum_partial(adt_pipe *pp, const adt_boxing_prog *prog, const void *in, void *out) {
-    int rc = ADT_OK;
-    size_t bytes = (size_t)adt_shape_numel(&prog->global) * adt_dtype_size(prog->dtype); /* P blocks are whole */
+static int sum_partial(adt_pipe *pp, const adt_boxing_prog *prog, const void *in, void *out, size_t bytes) {
+    int rc = ADT_OK; /* all-reduces: the block keeps its size */
     memcpy(out, in, bytes);
     for (int i = 0; i < prog->n_steps && !rc; i++) {
         memcpy(pp->sum_tmp, out, bytes);
@@ -239,7 +241,7 @@ static int send_links(adt_pipe *pp, int phase, int mb, int training) {
         rc = adt_comm_wait(&pp->req[k]); /* the last step's send from this buffer */
         if (rc) break;
         const void *data = adt_exec_slot_data(pp->ex, adt_pipe_slot(pp, mb), lv);
-        if (pp->sum[j].n_steps) rc = sum_partial(pp, &pp->sum[j], data, pp->stage_buf[k]);
+        if (pp->sum[j].n_steps) rc = sum_partial(pp, &pp->sum[j], data, pp->stage_buf[k], (size_t)link_bytes(pp, j));
         else memcpy(pp->stage_buf[k], data, (size_t)link_bytes(pp, j));
         if (rc) break;
         rc = adt_comm_isend(pp->world, pp->stage_buf[k], adt_value_numel(pp->loc.g, lv), pp->loc.g->values[lv].dtype,
