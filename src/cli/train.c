@@ -95,12 +95,12 @@ static void print_banner(const trainer *t) {
         char mb[32];
         fprintf(stderr, "dist   %d ranks (MPI), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
                 "--threads %d per rank\n",
-                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb), t->loc.n_boxing,
+                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb),
+                t->pipe ? adt_pipe_local(t->pipe)->n_boxing : t->loc.n_boxing,
                 adt_exec_overlaps(t->ex) ? "overlapped with computation" : "blocking", t->o.threads);
         if (t->pipe)
-            fprintf(stderr, "pipe   %d stages x %d microbatches of %ld samples, 1F1B; rank 0 on stage 0 (%d boxing nodes)\n",
-                    t->xplan.n_stages, t->xplan.microbatches, t->o.batch / t->xplan.microbatches,
-                    adt_pipe_local(t->pipe)->n_boxing);
+            fprintf(stderr, "pipe   %d stages x %d microbatches of %ld samples, 1F1B; rank 0 runs stage 0 (the "
+                    "collectives above: its, per microbatch)\n", t->xplan.n_stages, t->xplan.microbatches, t->o.batch / t->xplan.microbatches);
     }
 }
 
