@@ -9,6 +9,9 @@
  * only a bias_add reads runs as a product-plus-bias that writes the bias_add's output directly,
  * and the bias_add is skipped; a weight gradient's matmul feeding an SGD update with momentum
  * accumulates into the momentum buffer (fold_nodes).
+ *
+ * With microbatch slots (a pipeline stage) the passes run apart, in pass order, each microbatch
+ * in its own activation set, with the gradients the update reads accumulated (the end of the file).
  */
 #include "adtrain/exec.h"
 
@@ -50,8 +53,8 @@ struct adt_exec {
     unsigned char *momentum_done;  /* [n_nodes] SGD updates whose momentum a matmul made  */
     int *order;         /* [n_nodes] node ids in the order they run (or start)           */
     int *pos;           /* [n_nodes] a node's position in that order (the plan's time)   */
-    /* microbatch slots (opts.microbatch_slots > 0; mb.c): ptr is slots[0], or the slot or
-     * update table while a pass runs */
+    /* microbatch slots (opts.microbatch_slots > 0; the end of this file): ptr is slot 0's
+     * table, or the slot's or the update's while a pass runs */
     int n_slots;
     void ***slot_ptr;   /* [n_slots][n_values]                                            */
     void **upd_ptr;     /* [n_values] slot 0's, with accumulated gradients in place       */
