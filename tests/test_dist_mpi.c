@@ -42,6 +42,9 @@
 #include "check.h"
 #include "cli_run.h"
 #include "mpi_world.h"
+#include "serial_ref.h"
+#include "train_log.h"
+#include "mpi_cases.h"
 
 #define STEPS 5
 #define BATCH 7
@@ -127,58 +130,17 @@ static void feed_global(const family *f, int v, int step, void *buf) {
     }
 }
 
-static int is_data(const adt_graph *g, int v) {
-    return adt_role_is_fed(g->values[v].role) && v != g->lr_input && v != g->step_input;
-}
-
-/* ---- the serial reference ------------------------------------------------------------------- */
-
-typedef struct reference {
-    float loss[STEPS];
-    float **state; /* [n_values]: persistent values after the last step, else NULL */
-} reference;
+/* ---- the serial reference (serial_ref.h) ----------------------------------------------------- */
 
 static const float LR = 0.05f;
 
+static void feed_cb(void *ctx, const adt_graph *g, int v, int step, void *buf) { feed_global(ctx, v, step, buf); }
+
 static int serial_run(const family *f, reference *ref) {
-    const adt_graph *g = f->g;
-    adt_exec *ex;
-    if (adt_exec_create(&ex, g, &(adt_exec_opts){.threads = 1, .seed = g_seed})) return -1;
-    adt_exec_init_params(ex);
-    for (int step = 1; step <= STEPS; step++) {
-        adt_exec_set_lr_step(ex, LR, step);
-        for (int v = 0; v < g->n_values; v++)
-            if (is_data(g, v)) feed_global(f, v, step, adt_exec_data(ex, v));
-        adt_exec_run(ex);
-        ref->loss[step - 1] = *(float *)adt_exec_data(ex, g->loss);
-    }
-    ref->state = calloc((size_t)g->n_values, sizeof *ref->state);
-    for (int v = 0; v < g->n_values; v++) {
-        if (!adt_role_is_persistent(g->values[v].role)) continue;
-        size_t bytes = (size_t)adt_value_bytes(g, v);
-        ref->state[v] = malloc(bytes);
-        memcpy(ref->state[v], adt_exec_data(ex, v), bytes);
-    }
-    adt_exec_free(ex);
-    return 0;
+    return serial_ref_run(f->g, STEPS, LR, g_seed, feed_cb, (void *)f, ref);
 }
 
-static void reference_free(const family *f, reference *ref) {
-    for (int v = 0; v < f->g->n_values && ref->state; v++) free(ref->state[v]);
-    free(ref->state);
-}
-
-/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
-static double state_err(const float *x, const float *ref, int64_t n) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
-}
+static void reference_free(const family *f, reference *ref) { serial_ref_free(f->g, ref); }
 
 /* ---- a distributed run -------------------------------------------------------------------------- */
 
@@ -230,7 +192,7 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
     for (int step = 1; step <= STEPS && !rc; step++) {
         adt_exec_set_lr_step(ex, LR, step);
         for (int v = 0; v < g->n_values; v++) {
-            if (!is_data(g, v)) continue;
+            if (!serial_is_data(g, v)) continue;
             feed_global(f, v, step, full);
             adt_box all = {.global = g->values[v].shape, .shape = g->values[v].shape};
             adt_box b = adt_ndsbp_block(&loc.layout[v], m, coord, g->values[v].shape);
@@ -644,11 +606,6 @@ static void case_mesh_mismatch(void) {
     CHECK(rc == ADT_ERR_ARG && mc == NULL && strstr(adt_error_message(), want), "rc %d: %s", rc, adt_error_message());
 }
 
-typedef struct mpi_case {
-    const char *name;
-    void (*fn)(void);
-} mpi_case;
-
 static const mpi_case CASES[] = {
     {"boxing_steps", case_boxing_steps}, {"dp_gpt", case_dp_gpt},         {"dp_mlp", case_dp_mlp},
     {"dp_vgg", case_dp_vgg},             {"dp_dlrm", case_dp_dlrm},       {"random_gpt", case_random_gpt},
@@ -663,142 +620,20 @@ static int child_main(void) {
     if (!(g_world = mpi_child_world())) return 1;
     g_rank = adt_comm_rank(g_world);
     g_size = adt_comm_size(g_world);
-    for (int i = 0; i < N_CASES; i++) {
-        check_cur_failed = 0;
-        check_cur_name = CASES[i].name;
-        CASES[i].fn();
-        mpi_report(CASES[i].name, g_rank, g_size, !check_cur_failed);
-    }
-    int rc = adt_comm_finalize(g_world);
-    if (rc) fprintf(stderr, "FAIL rank %d: adt_comm_finalize: %s\n", g_rank, adt_error_message());
-    printf("DONE rank=%d size=%d\n", g_rank, g_size);
-    fflush(stdout);
-    return rc ? 1 : 0;
+    return mpi_child_cases(g_world, CASES, N_CASES);
 }
 
 /* ---- the parent ------------------------------------------------------------------------------- */
 
-static char g_self[PATH_MAX];
 static const double WORLD_LIMIT_S = 300;
 
-static void test_worlds(void) {
-    CHECK(mpi_find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
-    if (!g_mpiexec[0]) return;
-    for (int n = 2; n <= 4; n++) {
-        const char *argv[] = {g_self, "--child", NULL};
-        mpi_world wd = {.n = n, .argv = argv};
-        mpi_run_world(&wd, check_tmpdir(), WORLD_LIMIT_S);
-        int bad = 0;
-        for (int i = 0; i < N_CASES; i++) {
-            char ranks[64] = "";
-            for (int r = 0; r < n; r++)
-                if (!mpi_case_ok(&wd, CASES[i].name, r, n)) {
-                    size_t k = strlen(ranks);
-                    snprintf(ranks + k, sizeof ranks - k, " %d", r);
-                }
-            if (ranks[0]) {
-                fprintf(stderr, "  FAIL mpiexec -n %d: case %s: rank%s failed or did not report\n", n, CASES[i].name, ranks);
-                check_n_failed++, bad = 1;
-            } else {
-                check_n_passed++;
-            }
-        }
-        int done = mpi_all_done(&wd, n);
-        CHECK(wd.status == 0 && done, "mpiexec -n %d: exit status %d%s after %.1f s, %s", n, wd.status,
-              wd.status < 0 ? " (ended at the time limit)" : "", wd.secs,
-              done ? "every rank finished" : "not every rank finished");
-        if (bad || wd.status || !done) mpi_print_failure(&wd);
-        else mpi_print_tail("rank 0 summary", wd.err, 30);
-        fprintf(stderr, "%s mpiexec -n %d: %.1f s\n", bad || wd.status || !done ? "FAILED" : "ok", n, wd.secs);
-        mpi_world_free(&wd);
-    }
-}
-
-/* Step losses and validation lines (val_loss, val_acc) of a --log file. */
-typedef struct log_lines {
-    int n, n_eval;
-    double loss[64], val_loss[16], val_acc[16];
-} log_lines;
-
-static int read_log(const char *path, log_lines *l) {
-    memset(l, 0, sizeof *l);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        const char *vl = strstr(line, "\"val_loss\":"), *va = strstr(line, "\"val_acc\":"), *lo = strstr(line, "\"loss\":");
-        if (vl && l->n_eval < 16) {
-            l->val_loss[l->n_eval] = atof(vl + 11);
-            l->val_acc[l->n_eval++] = va ? atof(va + 10) : -1;
-        } else if (lo && l->n < 64) {
-            l->loss[l->n++] = atof(lo + 7);
-        }
-    }
-    fclose(f);
-    return 0;
-}
-
-static int count_of(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
-    return n;
-}
+static void test_worlds(void) { mpi_test_worlds(CASES, N_CASES, 2, 4, WORLD_LIMIT_S); }
 
 /* `mpiexec -n 2 adtrain train` against `adtrain train` on one process; with plan_flags, under a
- * plan file `adtrain plan <plan_flags>` writes. */
+ * plan file `adtrain plan <plan_flags>` wrote. */
 static void cli_compare(const char *label, const char *model_json, const char *flags, const char *plan_flags) {
-    const char *cfg = check_tmp_path("cli_model.json");
-    write_text(cfg, model_json);
-    char cfgp[512], serial_log[512], dist_log[512], args[2048], out[32768];
-    snprintf(cfgp, sizeof cfgp, "%s", cfg);
-    snprintf(serial_log, sizeof serial_log, "%s", check_tmp_path("serial.jsonl"));
-    snprintf(dist_log, sizeof dist_log, "%s", check_tmp_path("dist.jsonl"));
-    snprintf(args, sizeof args, "train --model '%s' %s --log '%s'", cfgp, flags, serial_log);
-    int rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 0, "%s: serial run: exit %d:\n%s", label, rc, out);
-    char planp[512];
-    snprintf(planp, sizeof planp, "%s", check_tmp_path("plan.json"));
-    if (plan_flags) {
-        snprintf(args, sizeof args, "plan --devices 2 --model '%s' %s -o '%s'", cfgp, plan_flags, planp);
-        rc = run_adtrain(args, out, sizeof out);
-        CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", label, args, rc, out);
-    }
-    /* the same flags, split into argv for mpiexec */
-    const char *argv[48];
-    int k = 0;
-    char flagbuf[1024];
-    snprintf(flagbuf, sizeof flagbuf, "%s", flags);
-    argv[k++] = g_bin, argv[k++] = "train", argv[k++] = "--model", argv[k++] = cfgp;
-    for (char *t = strtok(flagbuf, " "); t && k < 42; t = strtok(NULL, " ")) argv[k++] = t;
-    if (plan_flags) argv[k++] = "--plan", argv[k++] = planp;
-    argv[k++] = "--log", argv[k++] = dist_log, argv[k] = NULL;
-    mpi_world wd = {.n = 2, .argv = argv};
-    mpi_run_world(&wd, check_tmpdir(), 120);
-    CHECK(wd.status == 0, "%s: mpiexec -n 2 adtrain train: exit %d after %.1f s", label, wd.status, wd.secs);
-    CHECK(count_of(wd.err, "done:") == 1 && count_of(wd.err, "model  ") == 1,
-          "%s: expected one banner and one 'done' line (rank 0 prints), got %d and %d", label,
-          count_of(wd.err, "model  "), count_of(wd.err, "done:"));
-    CHECK(strstr(wd.err, "2 ranks") != NULL, "%s: the banner does not say the run is distributed", label);
-    if (check_cur_failed) mpi_print_tail("stderr", wd.err, 20);
-    log_lines a, b;
-    CHECK(read_log(serial_log, &a) == 0 && read_log(dist_log, &b) == 0, "%s: logs missing", label);
-    CHECK(a.n > 0 && a.n == b.n && a.n_eval == b.n_eval, "%s: %d/%d step lines, %d/%d eval lines", label, a.n, b.n,
-          a.n_eval, b.n_eval);
-    for (int i = 0; i < a.n && i < b.n; i++)
-        CHECK(fabs(a.loss[i] - b.loss[i]) <= 1e-5 * fabs(a.loss[i]), "%s: step %d loss %.9g on 2 ranks, %.9g on one",
-              label, i + 1, b.loss[i], a.loss[i]);
-    for (int i = 0; i < a.n_eval && i < b.n_eval; i++) {
-        CHECK(fabs(a.val_loss[i] - b.val_loss[i]) <= 1e-5 * fabs(a.val_loss[i]),
-              "%s: evaluation %d: val_loss %.9g on 2 ranks, %.9g on one", label, i + 1, b.val_loss[i], a.val_loss[i]);
-        CHECK(a.val_acc[i] == b.val_acc[i], "%s: evaluation %d: val_acc %.6f on 2 ranks, %.6f on one", label, i + 1,
-              b.val_acc[i], a.val_acc[i]);
-    }
-    if (plan_flags) CHECK(strstr(wd.err, "plan.json (") != NULL, "%s: the banner does not name the plan file", label);
-    mpi_world_free(&wd);
-    unlink(serial_log);
-    unlink(dist_log);
-    unlink(cfgp);
-    unlink(planp);
+    const char *says[] = {"model  ", "done:", "dist   2 ranks", plan_flags ? "plan.json (" : NULL, NULL};
+    train_compare(label, 2, model_json, flags, plan_flags, says);
 }
 
 static void test_cli_train_dp(void) {
@@ -854,28 +689,8 @@ static void test_cli_one_rank_fails(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *s = getenv("ADT_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    if (argc > 1) {
-        if (!strcmp(argv[1], "--child")) return child_main();
-        fprintf(stderr, "usage: test_dist_mpi [--child]\n");
-        return 2;
-    }
-    printf("seed %llu\n", (unsigned long long)g_seed);
-    char sb[32];
-    snprintf(sb, sizeof sb, "%llu", (unsigned long long)g_seed);
-    setenv("ADT_TEST_SEED", sb, 1);
-    ssize_t k = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
-    if (k <= 0) {
-        fprintf(stderr, "cannot find this program: %s\n", strerror(errno));
-        return 1;
-    }
-    g_self[k] = 0;
-    cli_find_binary();
-    if (check_tmpdir_make("dist_mpi")) return 1;
-    /* a hang ends in 60 s with an error, not at the 300 s default */
-    setenv("ADT_COMM_TIMEOUT", "60", 1);
-    mpi_world_sanitizer_env();
+    int code;
+    if (mpi_test_start(argc, argv, "dist_mpi", &g_seed, child_main, &code)) return code;
     RUN(test_worlds);
     RUN(test_cli_train_dp);
     RUN(test_cli_one_rank_fails);

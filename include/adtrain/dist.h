@@ -416,6 +416,73 @@ adt_comm_cost adt_comm_cost_default(const adt_mesh *m);
  * stages than layers, zero without a dp axis of 2 or more. */
 int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert_opts *o, adt_plan *out);
 
+/* ---- pipeline stages -------------------------------------------------------------------------------
+ * Stage s of a plan runs the nodes whose layer tag its range holds (forward, backward, and the
+ * updates of its parameters). adt_pipe_stage_build makes that part of the global training graph
+ * (the plan's graph, built at batch / microbatches) a graph of its own, still in the global view:
+ * its leaves are the parameters, states and fed inputs its nodes read, plus one fed leaf (role
+ * INPUT, the global value's name) per value another stage makes: a link. Values it makes that
+ * other stages read are marked outputs (alive to the end of a step, to be sent). Partition it with
+ * adt_pipe_stage_dist for a coordinate of the stage mesh: all stage meshes have the same shape,
+ * and a link's leaf is held in the layout its producer makes it in, partial sums reduced first
+ * (adt_pipe_sent_layout), so the rank at coordinate c of one stage sends its block to the rank at
+ * c of the other as it is.
+ * A parameter read on several stages (tied) is held by each; each holder updates its copy from
+ * its own contribution to the gradient, after the runtime has summed the contributions across the
+ * holders (src/dist/README.md, "Pipeline stages"). */
+typedef struct adt_pipe_link {
+    int value;      /* the global value                                                     */
+    int from, to;   /* producing and reading stage                                          */
+    int send_phase; /* 0 forward, 1 backward: the pass after which the producer sends it     */
+    int recv_phase; /* the pass before which the reader needs it                             */
+    int tag;        /* the link's index among all of the plan's: the message tag              */
+    int local;      /* this stage's value: what it sends, or the fed leaf it receives into    */
+} adt_pipe_link;
+
+typedef struct adt_pipe_tied {
+    int param;        /* the global parameter                                               */
+    int grad;         /* the global value of this stage's contribution to its gradient, or -1
+                         when this stage does not hold it                                   */
+    int read;         /* the stage graph's value its update reads as the gradient: the
+                         contribution, or its conversion to the update's layout when the
+                         holders make theirs in different layouts (a backward node "tied.*");
+                         summed over the holders before the update. -1: not held          */
+    uint64_t holders; /* bit s: stage s holds the parameter                                  */
+} adt_pipe_tied;
+
+typedef struct adt_pipe_stage {
+    int stage, n_stages;
+    adt_graph *g;          /* the stage's graph                                                */
+    int n_nodes;
+    int *node_of;          /* [g->n_nodes] the global node each of its nodes copies, -1 for the
+                              conversion of a tied contribution                                 */
+    int *local_of;         /* [global n_values] the stage's value of a global value, or -1      */
+    adt_pipe_link *links;  /* the links from or to this stage, in the plan-wide order           */
+    int n_links;
+    adt_pipe_tied *tied;   /* the plan's tied parameters (the same list on every stage)          */
+    int n_tied;
+    adt_nd_sig *node_sig;  /* [g->n_nodes] the plan's signatures                                */
+    adt_ndsbp *leaf_sbp;   /* [g->n_values] the plan's leaf layouts; links as made              */
+} adt_pipe_stage;
+
+int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int stage, adt_pipe_stage *out);
+void adt_pipe_stage_free(adt_pipe_stage *st);
+/* The layout a link is sent and held in: the one it is made in with P read as B (the maker sums
+ * partial sums over the stage mesh before sending). */
+adt_ndsbp adt_pipe_sent_layout(const adt_ndsbp *made);
+/* What the partitioner takes for the stage graph: the stage mesh (ranks[]), its layouts. */
+adt_dist_plan adt_pipe_stage_dist(const adt_pipe_stage *st, const adt_plan *p, int *ranks);
+
+/* One step of a stage's pipeline schedule: the forward (backward = 0) or backward pass of a
+ * microbatch. */
+typedef struct adt_pipe_op {
+    int backward, microbatch;
+} adt_pipe_op;
+/* The 1F1B order of stage `stage` of n_stages over M microbatches into ops[2M]: min(S-1-s, M)
+ * forwards (warmup), then one forward and one backward at a time, then the backwards left; at
+ * most S-s microbatches are in flight on stage s. Returns 2M. */
+int adt_pipe_1f1b(int n_stages, int stage, int microbatches, adt_pipe_op *ops);
+
 #ifdef __cplusplus
 }
 #endif

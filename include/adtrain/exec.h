@@ -77,6 +77,7 @@ typedef struct adt_exec_opts {
                                   has any, and must outlive the executor */
     int comm_sync; /* run every communication node to completion where it stands: no overlap
                       (the yardstick for how much the overlap hides) */
+    int microbatch_slots; /* > 0: this many activation sets, passes run apart (see below) */
 } adt_exec_opts;
 
 /* What the runs spent on communication. Per collective, "in flight" is the time from the return
@@ -123,6 +124,33 @@ int adt_exec_run(adt_exec *ex);
 int adt_exec_run_forward(adt_exec *ex);
 /* The forward nodes with dropout as in training (gradient checks need the training function). */
 int adt_exec_run_forward_mode(adt_exec *ex, int training);
+
+/* ---- microbatches: the passes apart, gradients accumulated ------------------------------------
+ * With opts.microbatch_slots = K > 0 the executor holds K activation sets ("slots"), each its own
+ * arena and its own copy of the fed values (lr and step excepted: one per step), all sharing one
+ * block of parameters and optimizer state. A microbatch runs its forward pass in a slot, later its
+ * backward pass in the same slot, and other microbatches may run in other slots in between (a
+ * pipeline keeps up to K in flight). Each backward pass adds the gradients the update reads (the
+ * values backward nodes make and optimizer nodes, or the communication before them, read) into one
+ * accumulator each; adt_exec_run_update scales them by 1 / (passes accumulated), since each
+ * microbatch's loss is the mean over its own samples, and runs the update nodes once. Nodes run
+ * in pass order (forward, backward, update; graph order within each), communication where it
+ * stands (no overlap), and no gradient is folded into its update. adt_exec_run is then one
+ * microbatch in slot 0 and its update; adt_exec_run_forward* the forward pass in slot 0. */
+/* pass 0: forward (training: dropout on), 1: backward (accumulates), 2: forward for evaluation. */
+int adt_exec_run_pass(adt_exec *ex, int slot, int pass);
+int adt_exec_run_update(adt_exec *ex);
+/* The passes that follow run microbatch m of the step (0 at creation): dropout then draws the
+ * mask of rows [m B, (m+1) B) of the whole batch, as the serial run of the whole batch does
+ * (adt_kctx.microbatch). */
+void adt_exec_set_microbatch(adt_exec *ex, int microbatch);
+/* A value's storage in a slot (fed values and activations differ per slot; without slots, slot 0
+ * is adt_exec_data). NULL when out of range. */
+void *adt_exec_slot_data(adt_exec *ex, int slot, int value);
+/* The accumulator holding the sum of gradient value v over the backward passes since the last
+ * update (f32, v's shape), or NULL when v is not one the update reads. A caller may change it
+ * before adt_exec_run_update (a pipeline sums a tied parameter's holders there). */
+float *adt_exec_grad_acc(adt_exec *ex, int value);
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex);
 /* Communication counters of the last run and of all runs so far (either pointer may be NULL). */
@@ -176,6 +204,44 @@ int adt_mesh_comm_gather(adt_mesh_comm *mc, const adt_ndsbp *layout, adt_shape g
 /* Collectives performed through this mesh comm, and the bytes this rank sent by the cost model's
  * count (adt_boxing_bytes), since creation. */
 void adt_mesh_comm_counts(const adt_mesh_comm *mc, int64_t *ops, double *bytes);
+
+/* ---- pipeline stages over a communicator -----------------------------------------------------
+ * adt_pipe: this rank's pipeline stage of a plan with several stages (adt_pipe_stage_build,
+ * dist.h), partitioned for its stage-mesh coordinate and run by an executor with microbatch slots
+ * (min(S - s, M) on stage s of S, M microbatches) in the 1F1B order (adt_pipe_1f1b). Values that
+ * cross stages go by point-to-point messages between the ranks at the same stage-mesh coordinate
+ * (sent non-blocking from a staging copy, received blocking before the pass that reads them,
+ * both bounded by the world's timeout); boxing within a stage runs over the stage's
+ * communicators (adt_mesh_comm). A step accumulates the M microbatches' gradients, sums each tied
+ * parameter's gradient over the stages holding it (an all-reduce among the ranks at the same
+ * coordinate of those stages), and updates once. The graph is the plan's training graph (built at
+ * batch / M, adt_plan_build_graph), and must outlive the pipe, as must the plan and the world.
+ */
+typedef struct adt_pipe adt_pipe;
+/* Collective over world, whose size must be the plan's device count (a bound plan). */
+int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const adt_graph *g, const adt_exec_opts *opts);
+void adt_pipe_free(adt_pipe *pp);
+/* Writes microbatch mb's fed inputs this stage holds (adt_pipe_value gives where); 0 or an error. */
+typedef int (*adt_pipe_fill_fn)(void *ctx, adt_pipe *pp, int microbatch);
+/* One training step over all microbatches; *loss (may be NULL) = the mean of the microbatch
+ * losses, on every rank. Collective over the world. */
+int adt_pipe_step(adt_pipe *pp, adt_pipe_fill_fn fill, void *ctx, double *loss);
+/* The forward passes only (evaluation: dropout off, parameters unchanged); *loss as above.
+ * read (may be NULL) is called after each microbatch's forward pass, while its outputs (logits,
+ * say) are in its slot. */
+int adt_pipe_forward(adt_pipe *pp, adt_pipe_fill_fn fill, adt_pipe_fill_fn read, void *ctx, double *loss);
+/* This rank's storage of global value v of the plan's graph for microbatch mb (its slot), and its
+ * block of v (may be NULL); NULL when this stage holds no v. Persistent values are the same in
+ * every slot. */
+void *adt_pipe_value(adt_pipe *pp, int microbatch, int v, adt_box *block);
+adt_exec *adt_pipe_exec(adt_pipe *pp);
+int adt_pipe_stage_index(const adt_pipe *pp);
+int adt_pipe_slot(const adt_pipe *pp, int microbatch);
+const adt_pipe_stage *adt_pipe_stage_info(const adt_pipe *pp);
+/* The stage graph's partition: value[] and layout[] are indexed by the stage graph's values
+ * (adt_pipe_stage_info(pp)->local_of maps global values to those). */
+const adt_dist_local *adt_pipe_local(const adt_pipe *pp);
+adt_mesh_comm *adt_pipe_mesh_comm(adt_pipe *pp);
 
 /* OpenBLAS picks its kernels when it loads, from the CPU model; on a CPU newer than the
  * library it falls back to SSE3 kernels. Call first thing in main(): if that happened, the

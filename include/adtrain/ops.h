@@ -138,6 +138,8 @@ typedef struct adt_kctx {
     uint64_t seed;    /* the run's seed (dropout) */
     int training;     /* 0 in evaluation runs: dropout is the identity */
     const adt_comm_hook *comm; /* communication ops only; NULL otherwise */
+    int microbatch;   /* the run is microbatch m of a step: axis 0 (the batch) of every tensor is
+                         rows [m B, (m+1) B) of the whole batch's (dropout draws by those rows) */
 } adt_kctx;
 
 /* A concrete 1-D SBP signature of one node: an SBP for each input and each output. */

@@ -95,13 +95,17 @@ static void print_banner(const trainer *t) {
         char mb[32];
         fprintf(stderr, "dist   %d ranks (MPI), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
                 "--threads %d per rank\n",
-                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb), t->loc.n_boxing,
+                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb),
+                t->pipe ? adt_pipe_local(t->pipe)->n_boxing : t->loc.n_boxing,
                 adt_exec_overlaps(t->ex) ? "overlapped with computation" : "blocking", t->o.threads);
+        if (t->pipe)
+            fprintf(stderr, "pipe   %d stages x %d microbatches of %ld samples, 1F1B; rank 0 runs stage 0 (the "
+                    "collectives above: its, per microbatch)\n", t->xplan.n_stages, t->xplan.microbatches, t->o.batch / t->xplan.microbatches);
     }
 }
 
 static void trainer_free(trainer *t) {
-    adt_exec_free(t->ex);
+    if (!t->pipe) adt_exec_free(t->ex); /* else the pipe's, freed with it */
     train_world_end(t);
     adt_graph_free(t->g);
     adt_sampler_free(&t->sampler);
@@ -155,9 +159,12 @@ static int evaluate(trainer *t, double *mean) {
     train_metric_reset(t);
     for (int64_t b = 0; b < K; b++) {
         for (int k = 0; k < B; k++) idx[k] = b * B + k;
-        if (train_fill(t, &t->val, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
+        if (!t->pipe && train_fill(t, &t->val, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
         double loss;
-        if (adt_exec_run_forward(t->ex) || train_read_loss(t, &loss) || train_metric_add(t, B))
+        if (t->pipe) {
+            if (train_pipe_eval(t, &t->val, idx, &loss) || train_metric_add(t, B))
+                return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
+        } else if (adt_exec_run_forward(t->ex) || train_read_loss(t, &loss) || train_metric_add(t, B))
             return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
         sum += loss;
     }
@@ -218,12 +225,12 @@ static int train_step(trainer *t, long step, step_stats *st) {
     int64_t *idx = t->idx;
     double t0 = adt_now_s();
     adt_sampler_batch(&t->sampler, step - 1, idx);
-    if (train_fill(t, &t->train, idx))
+    if (!t->pipe && train_fill(t, &t->train, idx))
         return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     st->step = step;
     st->lr = lr_at(&t->o, step);
     adt_exec_set_lr_step(t->ex, (float)st->lr, (int32_t)step);
-    if (adt_exec_run(t->ex) || train_read_loss(t, &st->loss))
+    if (t->pipe ? train_pipe_step(t, &t->train, idx, &st->loss) : (adt_exec_run(t->ex) || train_read_loss(t, &st->loss)))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
     double dt = adt_now_s() - t0;
     st->total_s += dt;

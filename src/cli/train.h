@@ -80,6 +80,10 @@ typedef struct trainer {
     adt_mesh_comm *mc;
     void *stage[3];       /* the fed samples of this rank's part of a batch: input, input2, label */
     void *gathered[2];    /* whole values read back for metrics (logits, label) */
+    /* a plan with pipeline stages or microbatches (train_dist.c): its graph at batch / M */
+    adt_graph *pg;
+    adt_model_io pio;
+    adt_pipe *pipe;       /* the rank's stage; t->ex is its executor */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -111,6 +115,11 @@ int train_fill(trainer *t, const train_source *s, int64_t *idx);
  * holds it on a distributed run. Collective there. */
 int train_read(trainer *t, int v, int slot, const void **out);
 int train_read_loss(trainer *t, double *loss); /* the global mean loss; collective */
+/* A plan with stages or microbatches: one training step over the batch idx (source s), or the
+ * forward passes of an evaluation batch (whose logits and labels train_read then gives);
+ * *loss the batch's mean loss on every rank. Collective. */
+int train_pipe_step(trainer *t, const train_source *s, int64_t *idx, double *loss);
+int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss);
 
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */

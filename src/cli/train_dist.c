@@ -61,6 +61,10 @@ int train_world_agree(trainer *t, int rc) {
 }
 
 void train_world_end(trainer *t) {
+    adt_pipe_free(t->pipe);
+    t->pipe = NULL;
+    adt_graph_free(t->pg);
+    t->pg = NULL;
     adt_mesh_comm_free(t->mc);
     t->mc = NULL;
     adt_dist_local_free(&t->loc);
@@ -80,7 +84,9 @@ void train_world_fatal(trainer *t, int rc) {
 
 /* The plan: the file given with --plan, else the data-parallel expert plan over every rank.
  * Either must be made for this model, batch and optimizer and for as many devices as there are
- * ranks, and have a single stage: pipelines are not run yet. */
+ * ranks. A plan with pipeline stages or microbatches is bound to its own graph (the model at
+ * batch / microbatches) and runs as a pipeline (adt_pipe); on one process the whole batch runs
+ * at once, which is the same step. */
 static int make_plan(trainer *t) {
     char mb[32];
     const char *flag = t->o.plan_path ? "--plan" : "the default plan";
@@ -98,9 +104,6 @@ static int make_plan(trainer *t) {
         return train_fail(EXIT_USAGE, "%s %s: the plan's mesh %s has %d devices, but %d rank%s started; expected "
                           "mpiexec -n %d", flag, p->name, adt_mesh_str(&p->mesh, mb, sizeof mb), p->mesh.nranks,
                           t->nranks, t->nranks == 1 ? " was" : "s were", p->mesh.nranks);
-    if (p->n_stages > 1 || p->microbatches > 1)
-        return train_fail(EXIT_USAGE, "%s %s: %d pipeline stages and %d microbatches; adtrain train runs plans of one "
-                          "stage and no microbatches yet", flag, p->name, p->n_stages, p->microbatches);
     if (t->o.plan_path) {
         int momentum = t->oc.kind == ADT_OPTIM_SGD && t->oc.momentum != 0;
         if (adt_plan_check_model(p, &t->model, (int)t->o.batch))
@@ -109,12 +112,21 @@ static int make_plan(trainer *t) {
             return train_fail(EXIT_USAGE, "--plan %s: made for --optimizer %s%s, this run has %s%s", p->name,
                               p->optim == ADT_OPTIM_SGD ? "sgd" : "adamw", p->momentum ? " with --momentum" : "",
                               t->oc.kind == ADT_OPTIM_SGD ? "sgd" : "adamw", momentum ? " with --momentum" : "");
-        if (adt_plan_bind(&t->xplan, t->g)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+        const adt_graph *bind_to = t->g;
+        if (p->n_stages > 1 || p->microbatches > 1) {
+            if (adt_plan_build_graph(p, &t->oc, &t->pg)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+            int *io[5] = {&t->pio.input, &t->pio.input2, &t->pio.label, &t->pio.logits, &t->pio.loss};
+            const int from[5] = {t->io.input, t->io.input2, t->io.label, t->io.logits, t->io.loss};
+            for (int i = 0; i < 5; i++) *io[i] = from[i] >= 0 ? adt_graph_find_value(t->pg, t->g->values[from[i]].name) : -1;
+            if (t->model.type != ADT_MODEL_GPT && t->pio.logits >= 0) adt_graph_mark_output(t->pg, t->pio.logits);
+            bind_to = t->pg;
+        }
+        if (adt_plan_bind(&t->xplan, bind_to)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
     }
     int stage;
-    t->plan_ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *t->plan_ranks);
-    t->plan = adt_plan_dist(p, 0, t->plan_ranks);
     if (adt_plan_locate(p, t->rank, &stage, t->coord)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
+    t->plan_ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *t->plan_ranks);
+    t->plan = adt_plan_dist(p, stage, t->plan_ranks);
     return 0;
 }
 
@@ -142,9 +154,16 @@ int train_dist_partition(trainer *t) {
     if (!t->world) return t->o.plan_path ? make_plan(t) : 0; /* a plan of one device runs serially */
     int rc = make_plan(t);
     if (rc) return rc;
-    if (adt_dist_partition(t->g, &t->plan, t->coord, &t->loc))
+    if (t->pg) { /* a pipeline: each rank partitions its stage when the pipe is made */
+        const char *flag = t->o.save_path ? "--save" : t->o.init_path ? "--init" : t->o.resume_path ? "--resume" : NULL;
+        if (flag)
+            return train_fail(EXIT_USAGE, "%s: checkpoints of a plan with %d pipeline stages and %d microbatches are not "
+                              "written by adtrain train yet; expected a plan of one stage and no microbatches",
+                              flag, t->xplan.n_stages, t->xplan.microbatches);
+    } else if (adt_dist_partition(t->g, &t->plan, t->coord, &t->loc)) {
         return train_fail(EXIT_RUNTIME, "partitioning the training graph: %s", adt_error_message());
-    if ((rc = check_ckpt_flags(t))) return rc;
+    }
+    if (!t->pg && (rc = check_ckpt_flags(t))) return rc;
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
     for (int i = 0; i < 3; i++)
         if (fed[i] >= 0) t->stage[i] = adt_malloc((size_t)adt_value_bytes(t->g, fed[i]));
@@ -154,6 +173,12 @@ int train_dist_partition(trainer *t) {
 }
 
 int train_dist_executor(trainer *t, const adt_exec_opts *eo) {
+    if (t->pg) {
+        if (adt_pipe_create(&t->pipe, t->world, &t->xplan, t->pg, eo))
+            return train_fail(EXIT_RUNTIME, "pipeline: %s", adt_error_message());
+        t->ex = adt_pipe_exec(t->pipe);
+        return 0;
+    }
     if (adt_mesh_comm_create(&t->mc, t->world, &t->plan.mesh))
         return train_fail(EXIT_RUNTIME, "communicators: %s", adt_error_message());
     adt_exec_opts o = *eo;
@@ -171,33 +196,50 @@ void *train_value(trainer *t, int v) {
 
 /* ---- data in, results out ------------------------------------------------------------------------ */
 
+/* The samples idx[0..) of a (micro)batch into dst[i], this rank's block blk[i] of fed value i
+ * (input, input2, label; NULL: not held here): the samples any block covers (blocks of the
+ * batch axis, or all of it) are read once and each block cut from them. */
+static int fill_blocks(trainer *t, const train_source *s, int64_t *idx, void *const *dst, const adt_box *blk) {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!dst[i]) continue;
+        if (blk[i].offset[0] < lo) lo = blk[i].offset[0];
+        if (blk[i].offset[0] + blk[i].shape.dim[0] > hi) hi = blk[i].offset[0] + blk[i].shape.dim[0];
+    }
+    if (hi <= lo) return 0;
+    if (train_source_fill(s, idx + lo, (int)(hi - lo), t->stage[0], t->stage[1], t->stage[2])) return -1;
+    for (int i = 0; i < 3; i++) {
+        if (!dst[i]) continue;
+        adt_box got = {.global = blk[i].global, .shape = blk[i].global};
+        got.offset[0] = lo;
+        got.shape.dim[0] = hi - lo;
+        int v = i == 0 ? t->io.input : i == 1 ? t->io.input2 : t->io.label;
+        adt_box_transfer(dst[i], &blk[i], t->stage[i], &got, adt_dtype_size(t->g->values[v].dtype), 0);
+    }
+    return 0;
+}
+
 int train_fill(trainer *t, const train_source *s, int64_t *idx) {
     int B = (int)t->o.batch;
     if (!t->loc.g)
         return train_source_fill(s, idx, B, train_value(t, t->io.input),
                                  t->io.input2 >= 0 ? train_value(t, t->io.input2) : NULL, train_value(t, t->io.label));
-    /* the samples any of this rank's blocks covers (blocks of the batch axis, or all of it) */
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
-    int64_t lo = B, hi = 0;
+    void *dst[3] = {NULL, NULL, NULL};
     adt_box blk[3];
     for (int i = 0; i < 3; i++) {
         if (fed[i] < 0) continue;
         blk[i] = adt_ndsbp_block(&t->loc.layout[fed[i]], &t->plan.mesh, t->coord, t->g->values[fed[i]].shape);
-        if (blk[i].offset[0] < lo) lo = blk[i].offset[0];
-        if (blk[i].offset[0] + blk[i].shape.dim[0] > hi) hi = blk[i].offset[0] + blk[i].shape.dim[0];
+        dst[i] = train_value(t, fed[i]);
     }
-    if (train_source_fill(s, idx + lo, (int)(hi - lo), t->stage[0], t->stage[1], t->stage[2])) return -1;
-    for (int i = 0; i < 3; i++) {
-        if (fed[i] < 0) continue;
-        adt_box got = {.global = t->g->values[fed[i]].shape, .shape = t->g->values[fed[i]].shape};
-        got.offset[0] = lo;
-        got.shape.dim[0] = hi - lo;
-        adt_box_transfer(train_value(t, fed[i]), &blk[i], t->stage[i], &got, adt_dtype_size(t->g->values[fed[i]].dtype), 0);
-    }
-    return 0;
+    return fill_blocks(t, s, idx, dst, blk);
 }
 
 int train_read(trainer *t, int v, int slot, const void **out) {
+    if (t->pipe) { /* train_pipe_eval gathered the batch */
+        *out = t->gathered[slot];
+        return 0;
+    }
     if (!t->loc.g) {
         *out = train_value(t, v);
         return 0;
@@ -216,5 +258,71 @@ int train_read_loss(trainer *t, double *loss) {
                                   train_value(t, t->io.loss), &l))
         return -1;
     *loss = l;
+    return 0;
+}
+
+/* ---- pipelines ------------------------------------------------------------------------------------
+ * The plan's graph runs batch / M samples at a time: microbatch m is samples [m B/M, (m+1) B/M) of
+ * the batch, fed on the stages that read them. Evaluation gathers each microbatch's logits and
+ * labels on the last stage into the whole batch's buffers, which one all-reduce then brings to
+ * every rank (zeros elsewhere), so that rank 0 computes the metric as a single process would.
+ */
+typedef struct pipe_feed {
+    trainer *t;
+    const train_source *s;
+    int64_t *idx;
+} pipe_feed;
+
+static int pipe_fill(void *ctx, adt_pipe *pp, int mb) {
+    pipe_feed *f = ctx;
+    trainer *t = f->t;
+    int fed[3] = {t->pio.input, t->pio.input2, t->pio.label};
+    void *dst[3] = {NULL, NULL, NULL};
+    adt_box blk[3];
+    for (int i = 0; i < 3; i++)
+        if (fed[i] >= 0) dst[i] = adt_pipe_value(pp, mb, fed[i], &blk[i]);
+    int64_t rows = t->o.batch / t->xplan.microbatches;
+    return fill_blocks(t, f->s, f->idx + (int64_t)mb * rows, dst, blk);
+}
+
+static int pipe_read(void *ctx, adt_pipe *pp, int mb) {
+    trainer *t = ((pipe_feed *)ctx)->t;
+    int read[2] = {t->pio.logits, t->pio.label};
+    const adt_pipe_stage *st = adt_pipe_stage_info(pp);
+    const adt_dist_local *loc = adt_pipe_local(pp);
+    for (int i = 0; i < 2; i++) {
+        int v = read[i];
+        void *data = v >= 0 ? adt_pipe_value(pp, mb, v, NULL) : NULL;
+        if (!data) continue;
+        const adt_value *val = &t->pg->values[v];
+        size_t bytes = (size_t)adt_value_bytes(t->pg, v);
+        if (adt_mesh_comm_gather(adt_pipe_mesh_comm(pp), &loc->layout[st->local_of[v]], val->shape, val->dtype, data,
+                                 (char *)t->gathered[i] + (size_t)mb * bytes))
+            return -1;
+    }
+    return 0;
+}
+
+int train_pipe_step(trainer *t, const train_source *s, int64_t *idx, double *loss) {
+    pipe_feed f = {t, s, idx};
+    return adt_pipe_step(t->pipe, pipe_fill, &f, loss);
+}
+
+int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {
+    pipe_feed f = {t, s, idx};
+    int metric = t->model.type != ADT_MODEL_GPT;
+    int read[2] = {t->io.logits, t->io.label};
+    for (int i = 0; i < 2 && metric; i++) memset(t->gathered[i], 0, (size_t)adt_value_bytes(t->g, read[i]));
+    if (adt_pipe_forward(t->pipe, pipe_fill, metric ? pipe_read : NULL, &f, loss)) return -1;
+    const adt_pipe_stage *st = adt_pipe_stage_info(t->pipe);
+    const int *c = adt_mesh_comm_coord(adt_pipe_mesh_comm(t->pipe));
+    int first = 1; /* the last stage's rank at coordinate 0 keeps what it gathered */
+    for (int a = 0; a < adt_mesh_comm_mesh(adt_pipe_mesh_comm(t->pipe))->ndim; a++) first &= c[a] == 0;
+    int keep = first && st->stage == st->n_stages - 1;
+    for (int i = 0; i < 2 && metric; i++) {
+        const adt_value *val = &t->g->values[read[i]];
+        if (!keep) memset(t->gathered[i], 0, (size_t)adt_value_bytes(t->g, read[i]));
+        if (adt_comm_allreduce(t->world, t->gathered[i], adt_value_numel(t->g, read[i]), val->dtype)) return -1;
+    }
     return 0;
 }

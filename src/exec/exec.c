@@ -9,6 +9,9 @@
  * only a bias_add reads runs as a product-plus-bias that writes the bias_add's output directly,
  * and the bias_add is skipped; a weight gradient's matmul feeding an SGD update with momentum
  * accumulates into the momentum buffer (fold_nodes).
+ *
+ * With microbatch slots (a pipeline stage) the passes run apart, in pass order, each microbatch
+ * in its own activation set, with the gradients the update reads accumulated (the end of the file).
  */
 #include "adtrain/exec.h"
 
@@ -50,6 +53,15 @@ struct adt_exec {
     unsigned char *momentum_done;  /* [n_nodes] SGD updates whose momentum a matmul made  */
     int *order;         /* [n_nodes] node ids in the order they run (or start)           */
     int *pos;           /* [n_nodes] a node's position in that order (the plan's time)   */
+    /* microbatch slots (opts.microbatch_slots > 0; the end of this file): ptr is slot 0's
+     * table, or the slot's or the update's while a pass runs */
+    int n_slots;
+    void ***slot_ptr;   /* [n_slots][n_values]                                            */
+    void **upd_ptr;     /* [n_values] slot 0's, with accumulated gradients in place       */
+    char **slot_arena, **slot_fed; /* [n_slots] (slot 0's arena is `arena`)              */
+    float **acc;        /* [n_values] per root: the accumulator of a gradient the update reads */
+    int n_acc;          /* backward passes accumulated since the last update             */
+    int microbatch;     /* adt_exec_set_microbatch                                        */
 };
 
 static int root_of(const adt_graph *g, int v) {
@@ -242,7 +254,7 @@ static void fold_nodes(adt_exec *ex) {
     for (int i = 0; i < g->n_nodes; i++) {
         ex->momentum_of[i] = -1;
         const adt_node *n = &g->nodes[i];
-        if (n->op != ADT_OP_MATMUL) continue;
+        if (n->op != ADT_OP_MATMUL || ex->n_slots) continue; /* slots accumulate the gradient */
         int o = reader[n->out[0]];
         if (o >= 0 && can_fold_momentum(ex, reads, i, o)) {
             ex->momentum_of[i] = o;
@@ -433,6 +445,9 @@ static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) 
     free(s.comm_nodes);
 }
 
+static void slots_create(adt_exec *ex);
+static void slots_free(adt_exec *ex);
+
 int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
     *out = NULL;
     if (g->status) return adt_error(g->status, "%s", g->err);
@@ -451,7 +466,15 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
     ex->order = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->order);
     ex->pos = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->pos);
     int *share = any_comm && h->inplace_allreduce ? inplace_allreduces(g) : NULL;
-    if (ex->split && any_comm) {
+    if (ex->o.microbatch_slots > 0) { /* passes apart: forward, backward, update, each in graph order */
+        ex->split = 0;
+        ex->n_slots = ex->o.microbatch_slots;
+        int n = 0;
+        for (int ph = 0; ph < 3; ph++)
+            for (int i = 0; i < g->n_nodes; i++)
+                if (node_phase(&g->nodes[i]) == ph) ex->pos[i] = n, ex->order[n++] = i;
+        adt_memplan_build_sched(&ex->mp, g, ex->order, g->n_nodes, ex->o.no_reuse, NULL, share);
+    } else if (ex->split && any_comm) {
         int *order, *read_until;
         build_schedule(ex, &order, &read_until);
         adt_memplan_build_sched(&ex->mp, g, order, g->n_nodes, ex->o.no_reuse, read_until, share);
@@ -482,6 +505,7 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         else if (ex->mp.offset[r] >= 0) ex->ptr[v] = ex->arena + ex->mp.offset[r];
     }
     fold_nodes(ex);
+    if (ex->n_slots) slots_create(ex);
     *out = ex;
     return ADT_OK;
 }
@@ -506,6 +530,7 @@ void adt_exec_free(adt_exec *ex) {
     free(ex->momentum_done);
     free(ex->order);
     free(ex->pos);
+    slots_free(ex);
     free(ex);
 }
 
@@ -599,7 +624,7 @@ static adt_kctx make_kctx(adt_exec *ex, const adt_node *n, int training, void **
     for (int i = 0; i < n->n_in; i++) in[i] = ex->ptr[n->in[i]];
     for (int k = 0; k < n->n_out; k++) outp[k] = ex->ptr[n->out[k]];
     return (adt_kctx){.g = ex->g, .n = n, .in = in, .out = outp, .scratch = ex->scratch, .seed = ex->o.seed,
-                      .training = training, .comm = ex->o.comm};
+                      .training = training, .comm = ex->o.comm, .microbatch = ex->microbatch};
 }
 
 /* A node where it stands: a kernel, or a communication node run to completion. */
@@ -696,8 +721,15 @@ static void stats_add(adt_exec_stats *t, const adt_exec_stats *a) {
     t->comm_flight_s += a->comm_flight_s;
 }
 
+static int run_phase(adt_exec *ex, void **ptr, int phase, int training);
+
 /* forward_only: the forward nodes only (evaluation or gradient checks). */
 static int exec_run(adt_exec *ex, int forward_only, int training) {
+    if (ex->n_slots) {
+        int rc = run_phase(ex, ex->slot_ptr[0], 0, training);
+        if (forward_only || rc) return rc;
+        return (rc = adt_exec_run_pass(ex, 0, 1)) ? rc : adt_exec_run_update(ex);
+    }
     double t0 = adt_now_s();
     memset(&ex->last, 0, sizeof ex->last);
     ex->last.runs = 1;
@@ -749,3 +781,135 @@ char *adt_exec_schedule_str(const adt_exec *ex) {
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex) { return &ex->mp; }
 const double *adt_exec_node_seconds(const adt_exec *ex) { return ex->node_s; }
+
+/* ---- microbatch slots ----------------------------------------------------------------------------
+ * Each slot is an arena and a copy of the fed values (lr and step excepted: one per step); the
+ * parameters and optimizer state are the one state block. A gradient the update reads (a value a
+ * backward node makes and an optimizer node, or the communication before it, reads) is summed
+ * over the backward passes into an accumulator; the update runs on slot 0's table with each such
+ * value pointing at its accumulator, so its all-reduce, or the update itself, reads the sum.
+ */
+static int slot_fed(const adt_exec *ex, int r) {
+    const adt_graph *g = ex->g;
+    return ex->mp.state_offset[r] >= 0 && adt_role_is_fed(g->values[r].role) && r != g->lr_input && r != g->step_input;
+}
+
+static void slots_create(adt_exec *ex) {
+    const adt_graph *g = ex->g;
+    const adt_memplan *mp = &ex->mp;
+    int nv = g->n_values, K = ex->n_slots;
+    int64_t *fed_off = adt_malloc((size_t)(nv + 1) * sizeof *fed_off), fed_bytes = 0;
+    for (int v = 0; v < nv; v++) {
+        fed_off[v] = -1;
+        if (mp->root[v] == v && slot_fed(ex, v)) {
+            fed_off[v] = fed_bytes;
+            fed_bytes += (adt_value_bytes(g, v) + 63) & ~(int64_t)63;
+        }
+    }
+    ex->slot_ptr = adt_calloc((size_t)K, sizeof *ex->slot_ptr);
+    ex->slot_arena = adt_calloc((size_t)K, sizeof *ex->slot_arena);
+    ex->slot_fed = adt_calloc((size_t)K, sizeof *ex->slot_fed);
+    for (int k = 0; k < K; k++) {
+        ex->slot_arena[k] = k ? exec_block((size_t)mp->arena_bytes) : NULL;
+        ex->slot_fed[k] = k ? exec_block((size_t)fed_bytes) : NULL;
+        void **p = ex->slot_ptr[k] = adt_calloc((size_t)nv + 1, sizeof *p);
+        for (int v = 0; v < nv; v++) {
+            int r = mp->root[v];
+            if (!k || (mp->offset[r] < 0 && fed_off[r] < 0)) p[v] = ex->ptr[v]; /* slot 0, or shared state */
+            else if (fed_off[r] >= 0) p[v] = ex->slot_fed[k] + fed_off[r];
+            else p[v] = ex->slot_arena[k] + mp->offset[r];
+        }
+    }
+    free(fed_off);
+    ex->acc = adt_calloc((size_t)nv + 1, sizeof *ex->acc);
+    ex->upd_ptr = adt_malloc((size_t)(nv + 1) * sizeof *ex->upd_ptr);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (node_phase(n) != 2) continue;
+        for (int k = 0; k < n->n_in; k++) {
+            int r = mp->root[n->in[k]], pr = g->values[r].producer;
+            if (mp->offset[r] >= 0 && pr >= 0 && node_phase(&g->nodes[pr]) == 1 && !ex->acc[r])
+                ex->acc[r] = adt_alloc_aligned((size_t)adt_value_bytes(g, r));
+        }
+    }
+    for (int v = 0; v < nv; v++) {
+        int r = mp->root[v];
+        ex->upd_ptr[v] = ex->acc[r] ? (void *)ex->acc[r] : ex->ptr[v];
+    }
+}
+
+static void slots_free(adt_exec *ex) {
+    for (int k = 0; k < ex->n_slots; k++) {
+        free(ex->slot_ptr[k]);
+        free(ex->slot_arena[k]); /* exec_block */
+        free(ex->slot_fed[k]);
+    }
+    for (int v = 0; ex->acc && v < ex->g->n_values; v++) adt_free_aligned(ex->acc[v]);
+    free(ex->acc);
+    free(ex->upd_ptr);
+    free(ex->slot_ptr);
+    free(ex->slot_arena);
+    free(ex->slot_fed);
+}
+
+/* The nodes of one pass, in order, on the pointer table `ptr`. */
+static int run_phase(adt_exec *ex, void **ptr, int phase, int training) {
+    double t0 = adt_now_s();
+    memset(&ex->last, 0, sizeof ex->last);
+    ex->last.runs = 1;
+    void **saved = ex->ptr;
+    ex->ptr = ptr;
+    int rc = ADT_OK;
+    for (int p = 0; p < ex->g->n_nodes && !rc; p++)
+        if (node_phase(&ex->g->nodes[ex->order[p]]) == phase) rc = run_node(ex, ex->order[p], training);
+    ex->ptr = saved;
+    ex->last.run_s = adt_now_s() - t0;
+    stats_add(&ex->total, &ex->last);
+    return rc;
+}
+
+int adt_exec_run_pass(adt_exec *ex, int slot, int pass) {
+    if (!ex->n_slots || slot < 0 || slot >= ex->n_slots)
+        return adt_error(ADT_ERR_ARG, "adt_exec_run_pass: slot %d, the executor has %d microbatch slots", slot, ex->n_slots);
+    int rc = run_phase(ex, ex->slot_ptr[slot], pass == 1, pass != 2);
+    if (rc || pass != 1) return rc;
+    const adt_graph *g = ex->g;
+    for (int r = 0; r < g->n_values; r++) {
+        if (!ex->acc[r]) continue;
+        const float *x = ex->slot_ptr[slot][r];
+        float *a = ex->acc[r];
+        int64_t n = adt_value_numel(g, r);
+        if (!ex->n_acc) memcpy(a, x, (size_t)n * sizeof *a);
+        else
+            for (int64_t i = 0; i < n; i++) a[i] += x[i];
+    }
+    ex->n_acc++;
+    return ADT_OK;
+}
+
+int adt_exec_run_update(adt_exec *ex) {
+    if (!ex->n_slots) return adt_error(ADT_ERR_ARG, "adt_exec_run_update: the executor has no microbatch slots");
+    if (!ex->n_acc) return adt_error(ADT_ERR_STATE, "adt_exec_run_update: no backward pass since the last update");
+    const adt_graph *g = ex->g;
+    float s = 1.0f / (float)ex->n_acc; /* each microbatch's loss is its own mean */
+    for (int r = 0; r < g->n_values && ex->n_acc > 1; r++) {
+        if (!ex->acc[r]) continue;
+        int64_t n = adt_value_numel(g, r);
+        for (int64_t i = 0; i < n; i++) ex->acc[r][i] *= s;
+    }
+    ex->n_acc = 0;
+    return run_phase(ex, ex->upd_ptr, 2, 1);
+}
+
+void adt_exec_set_microbatch(adt_exec *ex, int microbatch) { ex->microbatch = microbatch; }
+
+void *adt_exec_slot_data(adt_exec *ex, int slot, int value) {
+    if (value < 0 || value >= ex->g->n_values) return NULL;
+    if (!ex->n_slots) return slot ? NULL : ex->ptr[value];
+    return slot >= 0 && slot < ex->n_slots ? ex->slot_ptr[slot][value] : NULL;
+}
+
+float *adt_exec_grad_acc(adt_exec *ex, int value) {
+    if (!ex->n_slots || value < 0 || value >= ex->g->n_values) return NULL;
+    return ex->acc[ex->mp.root[value]];
+}

@@ -367,20 +367,30 @@ static uint64_t dropout_key(const adt_kctx *k) {
     return adt_rng_mix64(k->seed ^ adt_rng_mix64(((uint64_t)k->n->a.i[0] << 32) ^ (uint32_t)step));
 }
 
+/* The box's offset in the whole batch: microbatch m holds rows from m times its own size on,
+ * so the mask is the one the serial run of the whole batch draws. */
+static const int64_t *dropout_offset(const adt_kctx *k, const adt_value *x, int64_t *off) {
+    memcpy(off, x->offset, sizeof x->offset);
+    if (x->shape.ndim > 0) off[0] += (int64_t)k->microbatch * x->global_shape.dim[0];
+    return off;
+}
+
 static void dropout_forward(const adt_kctx *k) {
     const adt_value *x = &k->g->values[k->n->in[0]];
     if (!k->training) {
         memcpy(K_OUT(k, 0), K_IN(k, 0), (size_t)adt_shape_numel(&x->shape) * sizeof(float));
         return;
     }
+    int64_t off[ADT_MAX_DIMS];
     adt_k_dropout_forward(K_OUT(k, 0), K_IN(k, 0), k->n->a.f[0], dropout_key(k), x->shape.ndim,
-                          x->shape.dim, x->global_shape.dim, x->offset);
+                          x->shape.dim, x->global_shape.dim, dropout_offset(k, x, off));
 }
 
 static void dropout_bwd_forward(const adt_kctx *k) {
     const adt_value *x = &k->g->values[k->n->in[0]];
+    int64_t off[ADT_MAX_DIMS];
     adt_k_dropout_backward(K_OUT(k, 0), K_IN(k, 0), k->n->a.f[0], dropout_key(k), x->shape.ndim,
-                           x->shape.dim, x->global_shape.dim, x->offset);
+                           x->shape.dim, x->global_shape.dim, dropout_offset(k, x, off));
 }
 
 static int dropout_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
