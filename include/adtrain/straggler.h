@@ -20,10 +20,12 @@
  * Controller. Policies: off (never acts), DD (dedicated clusters, heterogeneous hardware:
  * rebalance the data-parallel local batches in proportion to speed once an imbalance has lasted
  * `dd_after` consecutive steps) and ND (non-dedicated clusters, contention: rebalance after
- * `nd_after` consecutive imbalanced steps, i.e. transient slowness is absorbed at once; a
+ * `nd_after` consecutive imbalanced steps, i.e. transient slowness is absorbed quickly; a
  * persistent straggler is restarted elsewhere / its host left out only when the gain over the
  * remaining steps exceeds the measured restart cost). An imbalance is a step whose predicted step
- * time under the speed-proportional split is at least `min_gain` below the current one. At most
+ * time under the speed-proportional split is at least `min_gain` below the current one; the new
+ * split comes from each rank's median per-sample time over the last dd_after / nd_after steps (so
+ * one outlier among three is ignored). At most
  * one action per `cooldown` steps: an oscillating load cannot make the split oscillate.
  */
 #ifndef ADTRAIN_STRAGGLER_H
@@ -69,9 +71,9 @@ typedef struct adt_straggler_cfg {
     int clear_after;       /* consecutive normal observations -> normal: default 3           */
     double alpha;          /* EWMA weight of a new observation: default 0.3                  */
     double clip;           /* observations clipped to [1/clip, clip] x the estimate: 3       */
-    double min_gain;       /* a rebalance must cut the predicted step time by this: 0.05     */
+    double min_gain;       /* a rebalance must cut the predicted step time by this: 0.1      */
     int dd_after;          /* DD: consecutive imbalanced steps before acting: default 5      */
-    int nd_after;          /* ND: the same, shorter: default 2                               */
+    int nd_after;          /* ND: the same, shorter: default 3                               */
     int cooldown;          /* steps between two actions: default 20                          */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */

@@ -34,6 +34,17 @@ typedef struct train_opts {
     const char *init_path, *resume_path, *save_path;
     long save_every;
     const char *plan_path; /* --plan PLAN.json (train_dist.c) */
+    /* balanced data parallelism (train_balance.c): --straggler-policy, --straggler-config,
+     * --split, --micro-batch, --inject-slowdown; `on` once any of them is given */
+    struct train_balance_opts {
+        int on;
+        int policy; /* adt_straggler_policy */
+        const char *config, *split;
+        long micro_batch;
+        int slow_rank;     /* --inject-slowdown RANK:FACTOR|+SECONDS[@FIRST-LAST]; -1: none */
+        double slow_factor, slow_add_s;
+        long slow_first, slow_last;
+    } bal;
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -80,6 +91,7 @@ typedef struct trainer {
     adt_mesh_comm *mc;
     void *stage[3];       /* the fed samples of this rank's part of a batch: input, input2, label */
     void *gathered[2];    /* whole values read back for metrics (logits, label) */
+    struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -111,6 +123,18 @@ int train_fill(trainer *t, const train_source *s, int64_t *idx);
  * holds it on a distributed run. Collective there. */
 int train_read(trainer *t, int v, int slot, const void **out);
 int train_read_loss(trainer *t, double *loss); /* the global mean loss; collective */
+
+/* train_balance.c: data parallelism with per-rank local batches (DD), the straggler monitor and
+ * controller, and injected slowdowns. Used instead of the partitioned graph when o.bal.on. */
+int train_balance_flag(train_opts *o, const char *flag, const char *v); /* one of its flags */
+int train_balance_check(const train_opts *o); /* against the other flags                     */
+int train_balance_build(trainer *t);    /* t->g: the update graph; the per-rank step graphs   */
+int train_balance_executor(trainer *t, const adt_exec_opts *eo); /* t->ex: the update executor */
+/* The step's forward and backward passes on this rank's samples of idx[0..batch), the weighted
+ * gradient sum over ranks, the update (lr and step already set on t->ex), the controller. */
+int train_balance_step(trainer *t, long step, int64_t *idx, double *loss);
+void train_balance_banner(const trainer *t);
+void train_balance_free(trainer *t);
 
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */

@@ -14,17 +14,19 @@
 #include "adtrain/base.h"
 #include "adtrain/straggler.h"
 
+#define WIN 64 /* the most observations a decision looks back on */
+
 struct adt_straggler {
     adt_straggler_cfg cfg;
     int n;
     adt_straggler_rank *r;
     double *slow_sum, *normal_sum; /* [n] per-sample times summed over the current runs       */
-    double *imb_sum;               /* [n] per-sample times summed over the imbalanced run     */
+    double *win;                   /* [n][WIN] the last per-sample times of the imbalanced run */
     int imb_run;                   /* consecutive imbalanced steps                             */
     long last_action;              /* step of the last action; -1: none yet                   */
     int64_t n_actions;
     int *restart_considered;       /* [n] ND looked at this persistent episode already        */
-    double *tmp, *tmp2;            /* [n] scratch                                              */
+    double *tmp, *tmp2;            /* [max(n, WIN)] scratch                                             */
     int64_t *tsplit;               /* [n] scratch                                              */
 };
 
@@ -46,15 +48,15 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
-                               .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.05, .dd_after = 5,
-                               .nd_after = 2, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
+                               .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 5,
+                               .nd_after = 3, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
 }
 
 static int cfg_check(const adt_straggler_cfg *c) {
     if (c->warmup_steps < 0 || c->persist_after < 1 || c->clear_after < 1 || c->dd_after < 1 || c->nd_after < 1 ||
-        c->cooldown < 0 || c->min_local < 1)
-        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown >= 0 and persist, clear, dd_after, "
-                         "nd_after, min_local >= 1 expected");
+        c->cooldown < 0 || c->min_local < 1 || c->dd_after > WIN || c->nd_after > WIN)
+        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown >= 0, persist, clear, min_local >= 1 and "
+                         "dd_after, nd_after in [1, %d] expected", WIN);
     if (!(c->alpha > 0 && c->alpha <= 1) || !(c->clip >= 1) || !(c->min_gain >= 0 && c->min_gain < 1) ||
         !(c->restart_cost_s >= 0) || !(c->slow_ratio[ADT_PHASE_TRAIN] > 1 || c->slow_ratio[ADT_PHASE_TRAIN] <= 0))
         return adt_error(ADT_ERR_ARG, "straggler config: expected alpha in (0, 1], clip >= 1, gain in [0, 1), "
@@ -114,9 +116,9 @@ adt_straggler *adt_straggler_create(int nranks, const adt_straggler_cfg *cfg) {
     m->r = adt_calloc((size_t)nranks, sizeof *m->r);
     m->slow_sum = adt_calloc((size_t)nranks, sizeof(double));
     m->normal_sum = adt_calloc((size_t)nranks, sizeof(double));
-    m->imb_sum = adt_calloc((size_t)nranks, sizeof(double));
+    m->win = adt_calloc((size_t)nranks * WIN, sizeof(double));
     m->tmp = adt_calloc((size_t)nranks, sizeof(double));
-    m->tmp2 = adt_calloc((size_t)nranks, sizeof(double));
+    m->tmp2 = adt_calloc((size_t)(nranks > WIN ? nranks : WIN), sizeof(double));
     m->tsplit = adt_calloc((size_t)nranks, sizeof(int64_t));
     m->restart_considered = adt_calloc((size_t)nranks, sizeof(int));
     m->last_action = -1;
@@ -125,7 +127,7 @@ adt_straggler *adt_straggler_create(int nranks, const adt_straggler_cfg *cfg) {
 
 void adt_straggler_free(adt_straggler *m) {
     if (!m) return;
-    free(m->r), free(m->slow_sum), free(m->normal_sum), free(m->imb_sum);
+    free(m->r), free(m->slow_sum), free(m->normal_sum), free(m->win);
     free(m->tmp), free(m->tmp2), free(m->tsplit), free(m->restart_considered);
     free(m);
 }
@@ -273,10 +275,8 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     /* imbalance, judged on this step's raw times so a single pause counts once */
     double raw_gain = split_gain(m, t, split, m->tsplit);
     if (raw_gain >= c->min_gain) {
-        if (!m->imb_run)
-            for (int i = 0; i < m->n; i++) m->imb_sum[i] = 0;
+        for (int i = 0; i < m->n; i++) m->win[(size_t)i * WIN + m->imb_run % WIN] = t[i];
         m->imb_run++;
-        for (int i = 0; i < m->n; i++) m->imb_sum[i] += t[i];
     } else {
         m->imb_run = 0;
     }
@@ -312,9 +312,14 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     }
     int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;
     if (m->imb_run < after) return 0;
-    /* the new split from the mean per-sample times of the imbalanced run: measured, recent */
+    /* the new split from the median per-sample times of the last `after` imbalanced steps:
+     * measured, recent, and blind to one outlier among three */
     double mean_t[ADT_STRAGGLER_MAX_RANKS];
-    for (int i = 0; i < m->n; i++) mean_t[i] = m->imb_sum[i] / m->imb_run;
+    for (int i = 0; i < m->n; i++) {
+        for (int j = 0; j < after; j++) m->tmp2[j] = m->win[(size_t)i * WIN + (m->imb_run - 1 - j) % WIN];
+        qsort(m->tmp2, (size_t)after, sizeof(double), cmp_double);
+        mean_t[i] = after % 2 ? m->tmp2[after / 2] : 0.5 * (m->tmp2[after / 2 - 1] + m->tmp2[after / 2]);
+    }
     double gain = split_gain(m, mean_t, split, m->tsplit);
     if (gain < c->min_gain) return 0;
     for (int i = 0; i < m->n; i++) m->r[i].ewma_s = mean_t[i];
