@@ -40,6 +40,7 @@ typedef struct train_opts {
         int on;
         int policy; /* adt_straggler_policy */
         const char *config, *split;
+        const char *master; /* --straggler-master HOST:PORT: the master decides */
         long micro_batch;
         int slow_rank;     /* --inject-slowdown RANK:FACTOR|+SECONDS[@FIRST-LAST]; -1: none */
         double slow_factor, slow_add_s;

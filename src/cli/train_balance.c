@@ -33,7 +33,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <cJSON.h>
+
 #include "adtrain/base.h"
+#include "adtrain/elastic.h"
 #include "adtrain/straggler.h"
 #include "train.h"
 
@@ -65,6 +68,9 @@ typedef struct train_bal {
     double *rank_compute;     /* [nranks] summed compute seconds per rank                   */
     int64_t *rank_samples;    /* [nranks] summed samples per rank                           */
     long steps;
+    int64_t generation;      /* --straggler-master: the generation reports name             */
+    int master_warned;       /* the master could not be reached (said once)                 */
+    int32_t *split32;        /* [nranks] the split as rank 0 broadcasts it                  */
 } train_bal;
 
 /* ---- flags ------------------------------------------------------------------------------------- */
@@ -110,6 +116,8 @@ int train_balance_flag(train_opts *o, const char *f, const char *v) {
         adt_straggler_cfg c = adt_straggler_defaults(ADT_STRAGGLER_OFF);
         if (adt_straggler_cfg_parse(&c, v)) return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
         b->config = v;
+    } else if (!strcmp(f, "--straggler-master")) {
+        b->master = v;
     } else if (!strcmp(f, "--split")) {
         b->split = v;
     } else if (!strcmp(f, "--micro-batch")) {
@@ -257,12 +265,16 @@ int train_balance_build(trainer *t) {
     b->times = adt_calloc(2 * (size_t)n, sizeof *b->times);
     b->rank_compute = adt_calloc((size_t)n, sizeof *b->rank_compute);
     b->rank_samples = adt_calloc((size_t)n, sizeof *b->rank_samples);
+    b->split32 = adt_calloc((size_t)n, sizeof *b->split32);
+    const char *gen = getenv("ADT_GENERATION");
+    b->generation = gen ? atoll(gen) : 0;
     int rc = parse_split(t, b->split);
     if (rc) return rc;
     if (t->o.bal.slow_rank >= n)
         return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d rank%s", t->o.bal.slow_rank, n,
                           n == 1 ? "" : "s");
-    b->cfg = adt_straggler_defaults((adt_straggler_policy)t->o.bal.policy);
+    /* with a master, its controller decides; this monitor only measures */
+    b->cfg = adt_straggler_defaults(t->o.bal.master ? ADT_STRAGGLER_OFF : (adt_straggler_policy)t->o.bal.policy);
     if (t->o.bal.config && adt_straggler_cfg_parse(&b->cfg, t->o.bal.config))
         return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
     b->mon = adt_straggler_create(n, &b->cfg);
@@ -321,7 +333,7 @@ void train_balance_free(trainer *t) {
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
     adt_straggler_free(b->mon);
     free(b->u_param), free(b->u_grad), free(b->elems), free(b->acc), free(b->split), free(b->times);
-    free(b->rank_compute), free(b->rank_samples);
+    free(b->rank_compute), free(b->rank_samples), free(b->split32);
     free(b);
     t->bal = NULL;
 }
@@ -391,6 +403,53 @@ static void log_action(trainer *t, const adt_straggler_action *act) {
     fflush(t->log);
 }
 
+/* Rank 0: the step's timings to the master, whose split (and action) comes back. A master that
+ * cannot be reached or refuses leaves the split as it is (said once). */
+static void ask_master(trainer *t, long step, double loss) {
+    train_bal *b = t->bal;
+    int n = t->nranks;
+    size_t cap = 256 + (size_t)n * 96;
+    char *body = adt_malloc(cap);
+    int k = snprintf(body, cap, "{\"generation\":%lld,\"step\":%ld,\"remaining_steps\":%ld,\"loss\":%.9g,"
+                     "\"compute_s\":[", (long long)b->generation, step, t->o.steps - step, isfinite(loss) ? loss : -1.0);
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%.9g", i ? "," : "", b->times[i]);
+    k += snprintf(body + k, cap - (size_t)k, "],\"samples\":[");
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%.0f", i ? "," : "", b->times[n + i]);
+    k += snprintf(body + k, cap - (size_t)k, "],\"split\":[");
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%lld", i ? "," : "", (long long)b->split[i]);
+    snprintf(body + k, cap - (size_t)k, "]}");
+    int status = 0;
+    char *reply = NULL;
+    int rc = adt_master_call(t->o.bal.master, getenv("ADT_JOB_TOKEN"), "POST", "/v1/straggler/report", body, 5.0,
+                             &status, &reply);
+    free(body);
+    cJSON *r = !rc && status == 200 && reply ? cJSON_Parse(reply) : NULL;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(r, "split"), *act = cJSON_GetObjectItemCaseSensitive(r, "action");
+    int64_t got[ADT_STRAGGLER_MAX_RANKS], sum = 0;
+    int ok = cJSON_IsArray(sp) && cJSON_GetArraySize(sp) == n;
+    for (int i = 0; ok && i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(sp, i);
+        ok = cJSON_IsNumber(x) && x->valuedouble >= 1;
+        got[i] = ok ? (int64_t)x->valuedouble : 0, sum += got[i];
+    }
+    if (ok && sum == t->o.batch) {
+        memcpy(b->split, got, (size_t)n * sizeof *got);
+        if (cJSON_IsObject(act) && !cli_quiet) {
+            const cJSON *why = cJSON_GetObjectItemCaseSensitive(act, "why"), *kind = cJSON_GetObjectItemCaseSensitive(act, "kind");
+            if (t->tty) fprintf(stderr, "\r\033[K");
+            fprintf(stderr, "straggler: step %ld: the master's %s: %s\n", step,
+                    cJSON_IsString(kind) ? kind->valuestring : "action", cJSON_IsString(why) ? why->valuestring : "");
+        }
+    } else if (!b->master_warned) {
+        b->master_warned = 1;
+        if (t->tty) fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "straggler: --straggler-master %s: %s; the split stays as it is\n", t->o.bal.master,
+                rc ? adt_error_message() : reply ? reply : "no reply");
+    }
+    cJSON_Delete(r);
+    free(reply);
+}
+
 int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     train_bal *b = t->bal;
     const struct train_balance_opts *o = &t->o.bal;
@@ -433,5 +492,12 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (adt_straggler_observe(b->mon, step, ADT_PHASE_TRAIN, b->times, samples, b->split, t->o.steps - step, &act))
         return train_fail(EXIT_RUNTIME, "straggler monitor: %s", adt_error_message());
     if (act.kind != ADT_ACTION_NONE) log_action(t, &act);
+    if (o->master) {
+        if (me == 0) ask_master(t, step, *loss);
+        for (int i = 0; i < n; i++) b->split32[i] = (int32_t)b->split[i];
+        if (t->world && adt_comm_bcast(t->world, b->split32, n, ADT_I32, 0))
+            return train_fail(EXIT_RUNTIME, "step %ld: the split from rank 0: %s", step, adt_error_message());
+        for (int i = 0; i < n; i++) b->split[i] = b->split32[i];
+    }
     return 0;
 }

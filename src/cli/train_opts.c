@@ -51,6 +51,9 @@ static void train_usage(FILE *f) {
             "                          restart when the remaining run pays for it\n"
             "  --straggler-config K=V,...     warmup, k, persist, clear, alpha, clip, gain, dd_after,\n"
             "                          nd_after, cooldown, restart_cost, min_local\n"
+            "  --straggler-master HOST:PORT   rank 0 reports every step to this master (adtrain master\n"
+            "                          --straggler-policy ...; token from $ADT_JOB_TOKEN), whose controller\n"
+            "                          decides the split, and whose /dashboard shows the run\n"
             "  --split B0,B1,...       the initial local batches (sum --batch); default equal\n"
             "  --micro-batch M         at most M samples per forward/backward pass; a larger local batch\n"
             "                          accumulates gradients over several passes\n"
@@ -149,7 +152,8 @@ static const char *const train_flags[] = {
     "--model", "--data", "--val", "--steps", "--batch", "--optimizer", "--lr", "--momentum", "--weight-decay",
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
     "--init", "--resume", "--save", "--save-every", "--plan",
-    "--straggler-policy", "--straggler-config", "--split", "--micro-batch", "--inject-slowdown", NULL,
+    "--straggler-policy", "--straggler-config", "--straggler-master", "--split", "--micro-batch", "--inject-slowdown",
+    NULL,
 };
 
 /* The flag `arg` names ("--steps" or "--steps=10"); *inline_val gets the part after '='. */
