@@ -59,8 +59,10 @@ int m_dash_init(adt_master *m, const adt_master_config *c) {
     m_strag *s = adt_calloc(1, sizeof *s);
     s->cfg = adt_straggler_defaults(p);
     if (c->straggler_config && adt_straggler_cfg_parse(&s->cfg, c->straggler_config)) {
+        char why[512]; /* adt_error writes the buffer adt_error_message reads */
+        snprintf(why, sizeof why, "%s", adt_error_message());
         free(s);
-        return adt_error(ADT_ERR_ARG, "--straggler-config: %s", adt_error_message());
+        return adt_error(ADT_ERR_ARG, "--straggler-config: %s", why);
     }
     s->loss_stride = 1;
     m->strag = s;
