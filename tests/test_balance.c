@@ -193,10 +193,11 @@ static void test_dd_rebalances_exactly(void) {
 
 /* ND: a single 2 s pause of rank 1 is no reason to act. The step is made long enough (about
  * 10 ms) and the gain threshold high enough (35%) that ordinary noise stays below it; the pause
- * cuts the step time by 99% if acted on, so only the hysteresis keeps it from acting. Contention
- * from other processes on a shared machine is a legitimate reason for ND to act, so: no run may
- * act on rank 1 in the steps whose window holds the pause (15-17), and one of up to three runs
- * must take no action at all. */
+ * cuts the step time by 99% if acted on, so only the median over the window keeps ND from acting.
+ * Contention from other processes on a shared machine is a legitimate reason for ND to act, on
+ * any rank at any time; an action on rank 1 in the steps whose window holds the pause (15-19)
+ * would be the pause's doing, so one of two runs must have none (a deterministic fault fails
+ * both; contention that happens to slow rank 1 right after its pause, rarely both). */
 static void test_single_pause_no_action(void) {
     if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
     const char *cfg = check_tmp_path("model.json");
@@ -205,27 +206,26 @@ static void test_single_pause_no_action(void) {
     snprintf(logp, sizeof logp, "%s", check_tmp_path("pause.jsonl"));
     write_text(cfgp, "{\"type\":\"mlp\",\"sizes\":[256,512,512,4],\"activation\":\"relu\"}\n");
     int clean = 0;
-    for (int attempt = 0; attempt < 3 && !clean; attempt++) {
+    for (int attempt = 0; attempt < 2 && !clean; attempt++) {
         char flagbuf[2048];
         const char *argv[64];
         snprintf(flagbuf, sizeof flagbuf, "--model %s --data synthetic:mlp --steps 40 --batch 128 --optimizer sgd "
-                 "--straggler-policy nd --straggler-config gain=0.35 --inject-slowdown 1:+2@15-15 --log %s", cfgp,
-                 logp);
+                 "--straggler-policy nd --straggler-config gain=0.35,nd_after=5 --inject-slowdown 1:+2@15-15 "
+                 "--log %s", cfgp, logp);
         mpi_world wd;
         run_world(2, flagbuf, &wd, flagbuf, argv);
         CHECK(wd.status == 0, "exit %d", wd.status);
         CHECK(wd.secs >= 2, "the pause did not happen: %.1f s", wd.secs);
         long step[64], s0[64], s1[64];
-        int rank[64], n = read_actions(logp, step, rank, s0, s1, 64);
-        for (int i = 0; i < n; i++)
-            CHECK(!(rank[i] == 1 && step[i] >= 15 && step[i] <= 17), "ND acted on the pause at step %ld:\n%s", step[i],
-                  wd.err);
-        clean = n == 0 && contains(wd.err, "0 actions");
-        if (!clean) fprintf(stderr, "  (attempt %d: %d actions, from contention by other processes)\n", attempt + 1, n);
+        int rank[64], n = read_actions(logp, step, rank, s0, s1, 64), on_pause = 0;
+        for (int i = 0; i < n; i++) on_pause += rank[i] == 1 && step[i] >= 15 && step[i] < 20;
+        clean = on_pause == 0;
+        if (!clean) fprintf(stderr, "  (attempt %d: an action on rank 1 within 5 steps of its pause)\n%s", attempt + 1,
+                            wd.err);
         mpi_world_free(&wd);
         unlink(logp);
     }
-    CHECK(clean, "every one of three runs took an action");
+    CHECK(clean, "both runs acted on rank 1 within 5 steps of its single pause");
     unlink(cfgp);
 }
 

@@ -67,7 +67,7 @@ static void test_endpoints(void) {
     int64_t split[2] = {32, 32};
     char act[4096] = "";
     long first = feed(m, 20, 3.0, split, act, sizeof act);
-    CHECK(first == 5 + 3, "first action at step %ld, expected 8 (slow from 6, dd_after 3)", first);
+    CHECK(first == 7, "first action at step %ld, expected 7 (slow from 6: 2 of the last 3 steps)", first);
     int64_t want[2];
     adt_straggler_split(64, 2, (double[]){1.0, 1.0 / 3.0}, 1, want);
     CHECK(split[0] == want[0] && split[1] == want[1], "split %lld/%lld, expected %lld/%lld", (long long)split[0],
@@ -168,7 +168,7 @@ static void test_page_in_chromium(void) {
           dom ? dom : "(no output)");
     CHECK(dom && strstr(dom, "class=\"persistent\"") && strstr(dom, "class=\"normal\""),
           "rank rows with their straggler states missing:\n%.3000s", dom ? dom : "");
-    CHECK(dom && strstr(dom, "rebalance") && strstr(dom, "imbalanced for 3 steps"), "the action is not listed");
+    CHECK(dom && strstr(dom, "rebalance") && strstr(dom, "imbalanced over the last 3 steps"), "the action is not listed");
     CHECK(dom && strstr(dom, "<path d=\"M"), "no loss curve drawn");
     CHECK(dom && strstr(dom, "straggler policy <b>nd</b>"), "policy not shown");
     free(dom);

@@ -18,15 +18,15 @@
  * a rank that turns persistent restarts its estimate from its recent observations.
  *
  * Controller. Policies: off (never acts), DD (dedicated clusters, heterogeneous hardware:
- * rebalance the data-parallel local batches in proportion to speed once an imbalance has lasted
- * `dd_after` consecutive steps) and ND (non-dedicated clusters, contention: rebalance after
- * `nd_after` consecutive imbalanced steps, i.e. transient slowness is absorbed quickly; a
- * persistent straggler is restarted elsewhere / its host left out only when the gain over the
- * remaining steps exceeds the measured restart cost). An imbalance is a step whose predicted step
- * time under the speed-proportional split is at least `min_gain` below the current one; the new
- * split comes from each rank's median per-sample time over the last dd_after / nd_after steps (so
- * one outlier among three is ignored). At most
- * one action per `cooldown` steps: an oscillating load cannot make the split oscillate.
+ * rebalance the data-parallel local batches in proportion to speed) and ND (non-dedicated
+ * clusters, contention: the same over a shorter window, so transient slowness is absorbed
+ * quickly; and a persistent straggler is restarted elsewhere / its host left out only when the
+ * gain over the remaining run exceeds the measured restart cost). Both look at each rank's
+ * median per-sample time over the last `dd_after` (DD) or `nd_after` (ND) steps, so a minority
+ * of outliers in the window (a single pause, noise) moves nothing, and rebalance when the
+ * speed-proportional split of those medians predicts a step time at least `min_gain` below the
+ * current split's. At most one action per `cooldown` steps: an oscillating load cannot make the
+ * split oscillate.
  */
 #ifndef ADTRAIN_STRAGGLER_H
 #define ADTRAIN_STRAGGLER_H
@@ -72,8 +72,8 @@ typedef struct adt_straggler_cfg {
     double alpha;          /* EWMA weight of a new observation: default 0.3                  */
     double clip;           /* observations clipped to [1/clip, clip] x the estimate: 3       */
     double min_gain;       /* a rebalance must cut the predicted step time by this: 0.1      */
-    int dd_after;          /* DD: consecutive imbalanced steps before acting: default 5      */
-    int nd_after;          /* ND: the same, shorter: default 3                               */
+    int dd_after;          /* DD: the window of steps whose medians decide: default 9        */
+    int nd_after;          /* ND: the same, shorter: default 5                               */
     int cooldown;          /* steps between two actions: default 20                          */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */

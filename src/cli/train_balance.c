@@ -390,8 +390,8 @@ static void log_action(trainer *t, const adt_straggler_action *act) {
                 act->rank, act->why);
     }
     if (!t->log) return;
-    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"split\":[", act->step, kind,
-            act->rank, act->gain);
+    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,\"split\":[",
+            act->step, kind, act->rank, act->gain, adt_wall_s());
     for (int i = 0; i < t->nranks; i++) fprintf(t->log, "%s%lld", i ? "," : "", (long long)t->bal->split[i]);
     fprintf(t->log, "],\"states\":[");
     for (int i = 0; i < t->nranks; i++) {

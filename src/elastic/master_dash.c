@@ -320,7 +320,7 @@ static const char k_page[] =
 
 int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp) {
     int get = !strcmp(rq->method, "GET") || !strcmp(rq->method, "HEAD"), post = !strcmp(rq->method, "POST");
-    if (!strcmp(rq->path, "/dashboard") || !strcmp(rq->path, "/")) {
+    if (!strcmp(rq->path, "/dashboard")) {
         if (!get) m_reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
         else rp->status = 200, rp->content_type = "text/html; charset=utf-8", rp->body = adt_strdup(k_page),
              rp->len = strlen(rp->body);

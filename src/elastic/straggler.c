@@ -22,7 +22,7 @@ struct adt_straggler {
     adt_straggler_rank *r;
     double *slow_sum, *normal_sum; /* [n] per-sample times summed over the current runs       */
     double *win;                   /* [n][WIN] the last per-sample times of the imbalanced run */
-    int imb_run;                   /* consecutive imbalanced steps                             */
+    int64_t n_obs;                 /* judged steps with every rank's time: win's fill          */
     long last_action;              /* step of the last action; -1: none yet                   */
     int64_t n_actions;
     int *restart_considered;       /* [n] ND looked at this persistent episode already        */
@@ -48,8 +48,8 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
-                               .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 5,
-                               .nd_after = 3, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
+                               .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 9,
+                               .nd_after = 5, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
 }
 
 static int cfg_check(const adt_straggler_cfg *c) {
@@ -252,7 +252,6 @@ static void act_set(adt_straggler *m, adt_straggler_action *act, adt_straggler_a
     act->kind = kind, act->step = step, act->rank = rank, act->gain = gain;
     m->last_action = step;
     m->n_actions++;
-    m->imb_run = 0;
 }
 
 int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase, const double *compute_s,
@@ -272,14 +271,8 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     classify(m, t, k);
     if (!all || m->n < 2) return 0;
 
-    /* imbalance, judged on this step's raw times so a single pause counts once */
-    double raw_gain = split_gain(m, t, split, m->tsplit);
-    if (raw_gain >= c->min_gain) {
-        for (int i = 0; i < m->n; i++) m->win[(size_t)i * WIN + m->imb_run % WIN] = t[i];
-        m->imb_run++;
-    } else {
-        m->imb_run = 0;
-    }
+    for (int i = 0; i < m->n; i++) m->win[(size_t)i * WIN + m->n_obs % WIN] = t[i];
+    m->n_obs++;
     if (c->policy == ADT_STRAGGLER_OFF) return 0;
     int cooled = m->last_action < 0 || step - m->last_action >= c->cooldown;
     if (!cooled) return 0;
@@ -311,12 +304,12 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
         }
     }
     int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;
-    if (m->imb_run < after) return 0;
-    /* the new split from the median per-sample times of the last `after` imbalanced steps:
-     * measured, recent, and blind to one outlier among three */
+    if (m->n_obs < after) return 0;
+    /* imbalance and the new split from each rank's median per-sample time over the last `after`
+     * steps: measured, recent, and blind to a minority of outliers (a single pause, noise) */
     double mean_t[ADT_STRAGGLER_MAX_RANKS];
     for (int i = 0; i < m->n; i++) {
-        for (int j = 0; j < after; j++) m->tmp2[j] = m->win[(size_t)i * WIN + (m->imb_run - 1 - j) % WIN];
+        for (int j = 0; j < after; j++) m->tmp2[j] = m->win[(size_t)i * WIN + (m->n_obs - 1 - j) % WIN];
         qsort(m->tmp2, (size_t)after, sizeof(double), cmp_double);
         mean_t[i] = after % 2 ? m->tmp2[after / 2] : 0.5 * (m->tmp2[after / 2 - 1] + m->tmp2[after / 2]);
     }
@@ -325,7 +318,7 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     for (int i = 0; i < m->n; i++) m->r[i].ewma_s = mean_t[i];
     memcpy(split, m->tsplit, (size_t)m->n * sizeof *split);
     act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain);
-    int o = snprintf(act->why, sizeof act->why, "imbalanced for %d steps; new split", after);
+    int o = snprintf(act->why, sizeof act->why, "imbalanced over the last %d steps; new split", after);
     for (int i = 0; i < m->n && o < (int)sizeof act->why - 12; i++)
         o += snprintf(act->why + o, sizeof act->why - (size_t)o, "%s%lld", i ? "/" : " ", (long long)split[i]);
     snprintf(act->why + o, sizeof act->why - (size_t)o, " (-%.0f%% step time)", gain * 100);
