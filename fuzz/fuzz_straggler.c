@@ -69,7 +69,10 @@ static void fuzz_monitor(fuzz_input *in) {
         FUZZ_ASSERT(adt_straggler_observe(mon, step, (adt_straggler_phase)(fuzz_take(in) % ADT_PHASE_COUNT), comp,
                                           samples, split, 100, &a) == ADT_OK);
         int64_t sum = 0;
-        for (int i = 0; i < n; i++) FUZZ_ASSERT(split[i] >= 1), sum += split[i];
+        for (int i = 0; i < n; i++) {
+            FUZZ_ASSERT(split[i] >= 1);
+            sum += split[i];
+        }
         FUZZ_ASSERT(sum == total);
     }
     adt_straggler_free(mon);
