@@ -21,7 +21,7 @@
  *
  * Monitor and controller (adtrain/straggler.h): after its passes each rank knows its compute time
  * (the passes' wall time, excluding the all-reduces); one all-reduce gives every rank every
- * rank's time and sample count. Each rank feeds the same numbers to its own monitor, so every
+ * rank's time and sample count (and the weighted loss). Each rank feeds the same numbers to its own monitor, so every
  * rank takes the same decision at the same step boundary without a further message; rank 0
  * prints and logs it. --inject-slowdown makes a rank sleep after its passes so that its compute
  * takes FACTOR times as long (the sleep counts as compute): deterministic slowness for tests.
@@ -56,12 +56,12 @@ typedef struct train_bal {
     int n_param;
     int *u_param, *u_grad; /* [n_param] the update graph's parameter and gradient-input ids */
     int64_t *elems;        /* [n_param] elements of each                                    */
-    int64_t total;         /* gradient elements in all                                      */
-    float *acc;            /* [total + 1] weighted gradient sum, then the weighted loss     */
+    double loss_w;         /* this rank's sum over passes of (s/B) loss                     */
     bal_exec cache[BAL_CACHE];
     adt_exec_opts eo;
     int64_t *split;         /* [nranks] local batch of every rank                           */
-    double *times;          /* [2 nranks] compute seconds, samples (all-reduced)            */
+    double *times;          /* [2 nranks + 1] compute seconds, samples, the weighted loss
+                               (all-reduced)                                                 */
     adt_straggler *mon;
     adt_straggler_cfg cfg;
     double comm_s, compute_s; /* this rank's totals                                         */
@@ -247,8 +247,7 @@ static int build_update_graph(trainer *t, const adt_graph *sg) {
         if (p < 0 || gi < 0) break;
         u->values[p].grad = gi;
         b->u_param[b->n_param] = p, b->u_grad[b->n_param] = gi;
-        b->elems[b->n_param] = adt_shape_numel(&x->shape);
-        b->total += b->elems[b->n_param++];
+        b->elems[b->n_param++] = adt_shape_numel(&x->shape);
     }
     u->loss = adt_input(u, "loss", ADT_F32, adt_shape_1d(1)); /* the optimizer asks for a loss */
     t->oc = t->o.optimizer == ADT_OPTIM_SGD ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
@@ -262,7 +261,7 @@ int train_balance_build(trainer *t) {
     train_bal *b = t->bal = adt_calloc(1, sizeof *t->bal);
     int n = t->nranks;
     b->split = adt_calloc((size_t)n, sizeof *b->split);
-    b->times = adt_calloc(2 * (size_t)n, sizeof *b->times);
+    b->times = adt_calloc(2 * (size_t)n + 1, sizeof *b->times);
     b->rank_compute = adt_calloc((size_t)n, sizeof *b->rank_compute);
     b->rank_samples = adt_calloc((size_t)n, sizeof *b->rank_samples);
     b->split32 = adt_calloc((size_t)n, sizeof *b->split32);
@@ -289,7 +288,6 @@ int train_balance_build(trainer *t) {
     rc = build_update_graph(t, sg);
     adt_graph_free(sg);
     if (rc) return rc;
-    b->acc = adt_malloc(((size_t)b->total + 1) * sizeof *b->acc);
     t->io = (adt_model_io){.input = -1, .input2 = -1, .label = -1, .logits = -1, .loss = t->g->loss};
     return 0;
 }
@@ -332,7 +330,7 @@ void train_balance_free(trainer *t) {
     }
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
     adt_straggler_free(b->mon);
-    free(b->u_param), free(b->u_grad), free(b->elems), free(b->acc), free(b->split), free(b->times);
+    free(b->u_param), free(b->u_grad), free(b->elems), free(b->split), free(b->times);
     free(b->rank_compute), free(b->rank_samples), free(b->split32);
     free(b);
     t->bal = NULL;
@@ -347,14 +345,16 @@ static void sleep_s(double s) {
     }
 }
 
-/* This rank's passes over its samples idx[0..n): acc = sum (s/B) g_pass, acc[total] = sum (s/B) loss. */
+/* This rank's passes over its samples idx[0..n): the update graph's gradient inputs get
+ * sum (s/B) g_pass (written by the first pass, added to by the others: no separate buffer, no
+ * copy), loss_w = sum (s/B) loss. */
 static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
     train_bal *b = t->bal;
     const double B = (double)t->o.batch;
     int64_t m = t->o.bal.micro_batch > 0 ? t->o.bal.micro_batch : n;
     int64_t k = (n + m - 1) / m; /* passes, of q or q+1 samples */
     int64_t q = n / k, r = n % k;
-    memset(b->acc, 0, ((size_t)b->total + 1) * sizeof *b->acc);
+    b->loss_w = 0;
     float lr = *(const float *)adt_exec_data(t->ex, t->g->lr_input);
     for (int64_t p = 0, off = 0; p < k; p++) {
         int s = (int)(q + (p < r));
@@ -368,13 +368,15 @@ static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
         adt_exec_set_lr_step(c->ex, lr, (int32_t)step);
         if (adt_exec_run(c->ex)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
         float w = (float)((double)s / B);
-        float *a = b->acc;
         for (int i = 0; i < b->n_param; i++) {
             const float *g = adt_exec_data(c->ex, c->grad[i]);
-            for (int64_t e = 0; e < b->elems[i]; e++) a[e] += w * g[e];
-            a += b->elems[i];
+            float *a = adt_exec_data(t->ex, b->u_grad[i]);
+            if (p == 0)
+                for (int64_t e = 0; e < b->elems[i]; e++) a[e] = w * g[e];
+            else
+                for (int64_t e = 0; e < b->elems[i]; e++) a[e] += w * g[e];
         }
-        b->acc[b->total] += w * *(const float *)adt_exec_data(c->ex, c->io.loss);
+        b->loss_w += w * *(const float *)adt_exec_data(c->ex, c->io.loss);
         off += s;
     }
     return 0;
@@ -466,20 +468,17 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     }
     /* the gradients and the loss summed over the ranks, then every rank's timing */
     double c0 = adt_now_s();
-    memset(b->times, 0, 2 * (size_t)n * sizeof *b->times);
-    b->times[me] = compute, b->times[n + me] = (double)b->split[me];
-    if (t->world && (adt_comm_allreduce_f32(t->world, b->acc, b->total + 1) ||
-                     adt_comm_allreduce_f64(t->world, b->times, 2 * n)))
-        return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
+    memset(b->times, 0, (2 * (size_t)n + 1) * sizeof *b->times);
+    b->times[me] = compute, b->times[n + me] = (double)b->split[me], b->times[2 * n] = b->loss_w;
+    for (int i = 0; t->world && i < b->n_param; i++) /* in place, in the update's inputs */
+        if (adt_comm_allreduce_f32(t->world, adt_exec_data(t->ex, b->u_grad[i]), b->elems[i]))
+            return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
+    if (t->world && adt_comm_allreduce_f64(t->world, b->times, 2 * n + 1))
+        return train_fail(EXIT_RUNTIME, "step %ld: summing the timings: %s", step, adt_error_message());
     b->comm_s += adt_now_s() - c0;
     b->compute_s += compute;
-    const float *a = b->acc;
-    for (int i = 0; i < b->n_param; i++) {
-        memcpy(adt_exec_data(t->ex, b->u_grad[i]), a, (size_t)b->elems[i] * sizeof *a);
-        a += b->elems[i];
-    }
     if (adt_exec_run(t->ex)) return train_fail(EXIT_RUNTIME, "step %ld: update: %s", step, adt_error_message());
-    *loss = b->acc[b->total];
+    *loss = b->times[2 * n];
 
     /* the monitor and controller: the same inputs on every rank, so the same decision */
     int64_t samples[ADT_STRAGGLER_MAX_RANKS];
