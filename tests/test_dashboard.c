@@ -33,16 +33,16 @@ static int call(adt_master *m, const char *method, const char *path, const char 
     return rp.status;
 }
 
-/* Steps 1..steps of two ranks, rank 1 taking slow x as long per sample from step 6 on; the
- * master's split is fed back. Returns the step of the first action (-1: none). */
-static long feed(adt_master *m, int steps, double slow, int64_t split[2], char *last_action, size_t n) {
+/* Steps 1..steps of two ranks of generation gen, rank 1 taking slow x as long per sample from
+ * step 6 on; the master's split is fed back. Returns the step of the first action (-1: none). */
+static long feed_gen(adt_master *m, int gen, int steps, double slow, int64_t split[2], char *last_action, size_t n) {
     long first = -1;
     for (int s = 1; s <= steps; s++) {
         double per[2] = {1e-3, s >= 6 ? slow * 1e-3 : 1e-3};
         char body[512], *out = NULL;
-        snprintf(body, sizeof body, "{\"generation\":0,\"step\":%d,\"loss\":%g,\"remaining_steps\":%d,"
-                 "\"compute_s\":[%g,%g],\"samples\":[%lld,%lld],\"split\":[%lld,%lld]}", s, 2.0 / (1 + 0.1 * s),
-                 steps - s, per[0] * (double)split[0], per[1] * (double)split[1], (long long)split[0],
+        snprintf(body, sizeof body, "{\"generation\":%d,\"step\":%d,\"loss\":%g,\"remaining_steps\":%d,"
+                 "\"compute_s\":[%g,%g],\"samples\":[%lld,%lld],\"split\":[%lld,%lld]}", gen, s, 2.0 / (1 + 0.1 * s),
+                 1000 - s, per[0] * (double)split[0], per[1] * (double)split[1], (long long)split[0],
                  (long long)split[1], (long long)split[0], (long long)split[1]);
         int st = call(m, "POST", "/v1/straggler/report", body, &out);
         CHECK(st == 200, "step %d: %d %s", s, st, out ? out : "");
@@ -56,6 +56,53 @@ static long feed(adt_master *m, int steps, double slow, int64_t split[2], char *
         free(out);
     }
     return first;
+}
+
+static long feed(adt_master *m, int steps, double slow, int64_t split[2], char *last_action, size_t n) {
+    return feed_gen(m, 0, steps, slow, split, last_action, n);
+}
+
+/* ND with a world of two agents: a persistent straggler whose restart pays (cost 0.5 s against
+ * 1000 remaining steps) has its node put on cooldown and the generation ended at once (no
+ * ledger: nothing to stop at a step boundary). */
+static void test_nd_restart_in_a_world(void) {
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .nnodes_min = 2, .join_wait_s = -1,
+                             .straggler_policy = "nd",
+                             .straggler_config = "warmup=0,persist=3,restart_cost=0.5,cooldown=0"};
+    CHECK(adt_master_create(&m, &cfg) == 0, "%s", adt_error_message());
+    if (!m) return;
+    char *out = NULL;
+    const char *reg[2] = {"{\"node\":\"n0\",\"host\":\"h0\",\"slots\":1,\"pid\":101}",
+                          "{\"node\":\"n1\",\"host\":\"h1\",\"slots\":1,\"pid\":102}"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(call(m, "POST", "/v1/agents", reg[i], &out) == 200, "register: %s", out ? out : "");
+        free(out);
+    }
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && strstr(out, "\"generation\":1") &&
+          strstr(out, "\"world_size\":2") && strstr(out, "\"state\":\"running\""), "the world of two: %s", out);
+    free(out);
+    CHECK(call(m, "GET", "/v1/workers", NULL, &out) == 200, "workers");
+    /* which node runs rank 1 */
+    const char *r1 = out ? strstr(out, "\"rank\":1,") : NULL, *node = r1 ? strstr(r1, "\"node\":\"") : NULL;
+    char slow_node[8] = "?";
+    if (node) snprintf(slow_node, sizeof slow_node, "%.2s", node + 8);
+    free(out);
+    int64_t split[2] = {32, 32};
+    char act[4096] = "";
+    long first = feed_gen(m, 1, 12, 3.0, split, act, sizeof act);
+    CHECK(first > 0 && strstr(act, "\"kind\":\"restart\"") && strstr(act, "\"applied\":true") &&
+          strstr(act, "\"rank\":1"), "no applied restart of rank 1 (first action at %ld): %s", first, act);
+    CHECK(call(m, "GET", "/v1/events", NULL, &out) == 200 && out && strstr(out, "straggler") &&
+          strstr(out, "left out"), "events: %s", out ? out : "");
+    char want[64];
+    snprintf(want, sizeof want, "node %s left out", slow_node);
+    CHECK(out && strstr(out, want), "the event names rank 1's node %s: %s", slow_node, out ? out : "");
+    free(out);
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && !strstr(out, "\"state\":\"running\""),
+          "the generation still runs: %s", out ? out : "");
+    free(out);
+    adt_master_free(m);
 }
 
 static void test_endpoints(void) {
@@ -188,6 +235,7 @@ static void test_page_in_chromium(void) {
 int main(void) {
     if (check_tmpdir_make("dashboard")) return 1;
     RUN(test_endpoints);
+    RUN(test_nd_restart_in_a_world);
     RUN(test_page_in_chromium);
     /* the temp directory stays: it holds the screenshot */
     return check_finish();
