@@ -58,7 +58,7 @@ if [ "$CONTENTION" = cgroup ]; then
     echo -1 > "$CG/cpu.cfs_quota_us"
     # a short period: the quota is spread over it, so rank 1 is slowed evenly rather than stopped
     # for most of each 100 ms (the default), which would stall the all-reduces it takes part in
-    echo 5000 > "$CG/cpu.cfs_period_us"
+    echo 10000 > "$CG/cpu.cfs_period_us"
 fi
 trap 'stop_hogs; [ -d "$CG" ] && rmdir "$CG" 2>/dev/null; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
@@ -71,7 +71,7 @@ fi
 # slow_on LEVEL / slow_off: rank 1's contention. LEVEL: a CPU quota in percent of one CPU
 # (cgroup), or a number of hogs.
 slow_on() {
-    if [ "$CONTENTION" = cgroup ]; then echo $(($1 * 50)) > "$CG/cpu.cfs_quota_us"; else start_hogs "$1"; fi
+    if [ "$CONTENTION" = cgroup ]; then echo $(($1 * 100)) > "$CG/cpu.cfs_quota_us"; else start_hogs "$1"; fi
 }
 slow_off() {
     if [ "$CONTENTION" = cgroup ]; then echo -1 > "$CG/cpu.cfs_quota_us"; else stop_hogs; fi
