@@ -306,7 +306,7 @@ static const char k_page[] =
     " for(let i=0;i<n;i++){const w=workers&&workers[i]?workers[i]:{},r=ranks[i]||{};\n"
     "  h+='<tr class=\"'+(r.state||'')+'\"><td>'+i+'</td><td>'+esc(w.node||'-')+'</td><td>'+(w.pid||'-')+'</td><td>'+"
     "esc(r.state||'-')+'</td><td>'+(r.local_batch===undefined?'-':r.local_batch)+'</td><td>'+fmt(r.samples_per_s,1)+'</td><td>'+"
-    "fmt(r.per_sample_s*1e3,3)+'</td></tr>'}\n"
+    "fmt(r.per_sample_s===undefined?undefined:r.per_sample_s*1e3,3)+'</td></tr>'}\n"
     " wt.innerHTML=h;\n"
     " const at=document.getElementById('actions');let a='<tr><th>gen</th><th>step</th><th>action</th><th>rank</th>"
     "<th>why</th></tr>';\n"
