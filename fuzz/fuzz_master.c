@@ -34,7 +34,8 @@ static void check_reply(const adt_http_request *rq, const adt_http_reply *rp) {
     FUZZ_ASSERT(rp->status >= 200 && rp->status <= 599);
     FUZZ_ASSERT(rp->body && strlen(rp->body) == rp->len);
     FUZZ_ASSERT(rp->content_type && *rp->content_type);
-    int text = rq->path && (!strcmp(rq->path, "/metrics") || !strcmp(rq->path, "/v1/events")) && rp->status == 200;
+    int text = rq->path && (!strcmp(rq->path, "/metrics") || !strcmp(rq->path, "/v1/events") ||
+                            !strcmp(rq->path, "/dashboard")) && rp->status == 200;
     if (text) return;
     cJSON *j = cJSON_Parse(rp->body);
     FUZZ_ASSERT(cJSON_IsObject(j) || cJSON_IsArray(j));

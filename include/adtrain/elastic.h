@@ -109,6 +109,10 @@ typedef struct adt_master_config {
                                 hold one (the fuzzer)                                          */
     const char *run_id;      /* the job's id (TORCHELASTIC_RUN_ID); default: kept in the state,
                                 or made up                                                     */
+    /* The straggler controller (adtrain/straggler.h) that trainers reporting to
+     * /v1/straggler/report consult: "off" (default), "dd" or "nd", and its "key=value,..."
+     * config (NULL: the defaults). */
+    const char *straggler_policy, *straggler_config;
 } adt_master_config;
 
 /* Opens (or creates) the job's state; serves nothing yet. Errors name the flag or file. */

@@ -41,7 +41,11 @@ const char cli_master_flags_help[] =
     "  --lease-timeout S       a lease not reported for S seconds is taken back and the world\n"
     "                          restarted (default 60)\n"
     "  --ranks-per-replica R   ranks of one data-parallel replica (default 1)\n"
-    "  --nosync                no fsync in the ledger (tests and benchmarks)\n";
+    "  --nosync                no fsync in the ledger (tests and benchmarks)\n"
+    "stragglers (trainers report each step to /v1/straggler/report; GET /dashboard shows the job):\n"
+    "  --straggler-policy off|dd|nd   dd: local batches follow speed; nd: also restart a persistent\n"
+    "                          straggler's node out of the next world when that pays (default off)\n"
+    "  --straggler-config K=V,...     thresholds and cooldowns (adtrain train --help)\n";
 
 static const char *const k_value_flags[] = {"--listen",
                                             "--job",
@@ -69,6 +73,8 @@ static const char *const k_value_flags[] = {"--listen",
                                             "--ranks-per-replica",
                                             "--run-id",
                                             "--linger",
+                                            "--straggler-policy",
+                                            "--straggler-config",
                                             NULL};
 
 int cli_master_has_value(const char *name) { return cli_in_list(name, k_value_flags); }
@@ -92,6 +98,10 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
         return cli_token_flag(cmd, f, v, o->token, sizeof o->token, &c->token);
     else if (!strcmp(f, "--run-id"))
         c->run_id = v;
+    else if (!strcmp(f, "--straggler-policy")) /* checked by adt_master_create */
+        c->straggler_policy = v;
+    else if (!strcmp(f, "--straggler-config"))
+        c->straggler_config = v;
     else if (!strcmp(f, "--nnodes")) {
         if (cli_range(cmd, f, v, &x, &y)) return -1;
         c->nnodes_min = (int)x, c->nnodes_max = (int)y;

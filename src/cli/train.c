@@ -40,6 +40,7 @@ static int check_memory(const trainer *t) {
 
 /* The global training graph, and on a distributed run the rank's part of it. */
 static int build_graph(trainer *t) {
+    if (t->o.bal.on) return train_balance_build(t); /* balanced data parallelism: train_balance.c */
     t->g = adt_graph_create();
     if (adt_model_build(t->g, &t->model, (int)t->o.batch, &t->io))
         return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
@@ -58,7 +59,10 @@ static int build_graph(trainer *t) {
 /* The executor (collective on a distributed run) and the initial parameters. */
 static int make_executor(trainer *t) {
     adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed};
-    if (t->world) {
+    if (t->bal) {
+        int rc = train_balance_executor(t, &eo);
+        if (rc) return rc;
+    } else if (t->world) {
         int rc = train_dist_executor(t, &eo);
         if (rc) return rc;
     } else if (adt_exec_create(&t->ex, t->g, &eo)) {
@@ -91,7 +95,8 @@ static void print_banner(const trainer *t) {
     fprintf(stderr, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d; %.3g GFLOP/step; eval %s\n",
             t->o.steps, t->o.batch, t->o.shuffle ? "on" : "off", (unsigned long long)t->o.seed, t->o.threads,
             adt_graph_flops(t->g) * 1e-9, t->o.eval_every > 0 ? "on" : "off");
-    if (t->world) {
+    if (t->bal) train_balance_banner(t);
+    else if (t->world) {
         char mb[32];
         fprintf(stderr, "dist   %d ranks (MPI), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
                 "--threads %d per rank\n",
@@ -105,6 +110,7 @@ static void print_banner(const trainer *t) {
 }
 
 static void trainer_free(trainer *t) {
+    train_balance_free(t);
     if (!t->pipe) adt_exec_free(t->ex); /* else the pipe's, freed with it */
     train_world_end(t);
     adt_graph_free(t->g);
@@ -225,13 +231,20 @@ static int train_step(trainer *t, long step, step_stats *st) {
     int64_t *idx = t->idx;
     double t0 = adt_now_s();
     adt_sampler_batch(&t->sampler, step - 1, idx);
-    if (!t->pipe && train_fill(t, &t->train, idx))
-        return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     st->step = step;
     st->lr = lr_at(&t->o, step);
     adt_exec_set_lr_step(t->ex, (float)st->lr, (int32_t)step);
-    if (t->pipe ? train_pipe_step(t, &t->train, idx, &st->loss) : (adt_exec_run(t->ex) || train_read_loss(t, &st->loss)))
-        return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    if (t->bal) {
+        int rc = train_balance_step(t, step, idx, &st->loss);
+        if (rc) return rc;
+    } else if (t->pipe) {
+        if (train_pipe_step(t, &t->train, idx, &st->loss))
+            return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    } else {
+        if (train_fill(t, &t->train, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+        if (adt_exec_run(t->ex) || train_read_loss(t, &st->loss))
+            return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    }
     double dt = adt_now_s() - t0;
     st->total_s += dt;
     st->ms = dt * 1e3;

@@ -34,6 +34,18 @@ typedef struct train_opts {
     const char *init_path, *resume_path, *save_path;
     long save_every;
     const char *plan_path; /* --plan PLAN.json (train_dist.c) */
+    /* balanced data parallelism (train_balance.c): --straggler-policy, --straggler-config,
+     * --split, --micro-batch, --inject-slowdown; `on` once any of them is given */
+    struct train_balance_opts {
+        int on;
+        int policy; /* adt_straggler_policy */
+        const char *config, *split;
+        const char *master; /* --straggler-master HOST:PORT: the master decides */
+        long micro_batch;
+        int slow_rank;     /* --inject-slowdown RANK:FACTOR|+SECONDS[@FIRST-LAST]; -1: none */
+        double slow_factor, slow_add_s;
+        long slow_first, slow_last;
+    } bal;
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -84,6 +96,7 @@ typedef struct trainer {
     adt_graph *pg;
     adt_model_io pio;
     adt_pipe *pipe;       /* the rank's stage; t->ex is its executor */
+    struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -120,6 +133,18 @@ int train_read_loss(trainer *t, double *loss); /* the global mean loss; collecti
  * *loss the batch's mean loss on every rank. Collective. */
 int train_pipe_step(trainer *t, const train_source *s, int64_t *idx, double *loss);
 int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss);
+
+/* train_balance.c: data parallelism with per-rank local batches (DD), the straggler monitor and
+ * controller, and injected slowdowns. Used instead of the partitioned graph when o.bal.on. */
+int train_balance_flag(train_opts *o, const char *flag, const char *v); /* one of its flags */
+int train_balance_check(const train_opts *o); /* against the other flags                     */
+int train_balance_build(trainer *t);    /* t->g: the update graph; the per-rank step graphs   */
+int train_balance_executor(trainer *t, const adt_exec_opts *eo); /* t->ex: the update executor */
+/* The step's forward and backward passes on this rank's samples of idx[0..batch), the weighted
+ * gradient sum over ranks, the update (lr and step already set on t->ex), the controller. */
+int train_balance_step(trainer *t, long step, int64_t *idx, double *loss);
+void train_balance_banner(const trainer *t);
+void train_balance_free(trainer *t);
 
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */

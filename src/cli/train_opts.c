@@ -44,6 +44,21 @@ static void train_usage(FILE *f) {
             "  --plan PLAN.json        the parallel plan of an mpiexec run (adtrain plan -o PLAN.json; made\n"
             "                          for this model, --batch and optimizer, one device per rank, one\n"
             "                          stage); default: data parallel over all ranks\n"
+            "stragglers (balanced data parallelism: each rank its own local batch, the gradients weighted\n"
+            "by their share of --batch, so the update is the one-process one):\n"
+            "  --straggler-policy off|dd|nd   off: a fixed split; dd: local batches follow measured speed;\n"
+            "                          nd: the same, quicker, and a persistent straggler is reported for a\n"
+            "                          restart when the remaining run pays for it\n"
+            "  --straggler-config K=V,...     warmup, k, persist, clear, alpha, clip, gain, dd_after,\n"
+            "                          nd_after, cooldown, restart_cost, min_local\n"
+            "  --straggler-master HOST:PORT   rank 0 reports every step to this master (adtrain master\n"
+            "                          --straggler-policy ...; token from $ADT_JOB_TOKEN), whose controller\n"
+            "                          decides the split, and whose /dashboard shows the run\n"
+            "  --split B0,B1,...       the initial local batches (sum --batch); default equal\n"
+            "  --micro-batch M         at most M samples per forward/backward pass; a larger local batch\n"
+            "                          accumulates gradients over several passes\n"
+            "  --inject-slowdown RANK:FACTOR[@FIRST-LAST]   rank RANK sleeps so its compute takes FACTOR\n"
+            "                          times as long (on steps FIRST..LAST); RANK:+SECONDS: a pause\n"
             "evaluation and logging:\n"
             "  --eval-every N          validation loss every N steps and at the end (default 0: off)\n"
             "  --eval-batches K        validation batches per evaluation (default 20)\n"
@@ -112,6 +127,9 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
     else if (!strcmp(f, "--resume")) o->resume_path = v;
     else if (!strcmp(f, "--save")) o->save_path = v;
     else if (!strcmp(f, "--plan")) o->plan_path = v;
+    else if (!strncmp(f, "--straggler-", 12) || !strcmp(f, "--split") || !strcmp(f, "--micro-batch") ||
+             !strcmp(f, "--inject-slowdown"))
+        rc = train_balance_flag(o, f, v);
     else if (!strcmp(f, "--save-every")) rc = parse_long(f, v, 1, INT32_MAX, &o->save_every);
     else if (!strcmp(f, "--steps")) rc = parse_long(f, v, 1, INT32_MAX, &o->steps);
     else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, 1 << 20, &o->batch);
@@ -133,7 +151,9 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
 static const char *const train_flags[] = {
     "--model", "--data", "--val", "--steps", "--batch", "--optimizer", "--lr", "--momentum", "--weight-decay",
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
-    "--init", "--resume", "--save", "--save-every", "--plan", NULL,
+    "--init", "--resume", "--save", "--save-every", "--plan",
+    "--straggler-policy", "--straggler-config", "--straggler-master", "--split", "--micro-batch", "--inject-slowdown",
+    NULL,
 };
 
 /* The flag `arg` names ("--steps" or "--steps=10"); *inline_val gets the part after '='. */
@@ -157,6 +177,8 @@ static int check_opts(train_opts *o) {
         return train_fail(EXIT_USAGE, "--init and --resume: expected one of them (--resume already restores the weights)");
     if (o->save_every && !o->save_path)
         return train_fail(EXIT_USAGE, "--save-every: expected --save PATH too (where to write)");
+    int rc = o->bal.on ? train_balance_check(o) : 0;
+    if (rc) return rc;
     if (o->warmup > o->steps)
         return train_fail(EXIT_USAGE, "--warmup: %ld warmup steps exceed --steps %ld; expected at most %ld", o->warmup,
                           o->steps, o->steps);
@@ -166,7 +188,7 @@ static int check_opts(train_opts *o) {
 /* Returns 0 to go on, -1 after --help, else an exit code. */
 int train_parse_opts(train_opts *o, int argc, char **argv) {
     *o = (train_opts){.steps = 200, .batch = 16, .eval_batches = 20, .optimizer = ADT_OPTIM_ADAMW,
-                      .cosine = 1, .shuffle = 1, .threads = 1, .seed = 1337};
+                      .cosine = 1, .shuffle = 1, .threads = 1, .seed = 1337, .bal = {.slow_rank = -1}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

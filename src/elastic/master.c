@@ -96,6 +96,10 @@ int adt_master_create(adt_master **out, const adt_master_config *c) {
         m->have_job = 1;
     }
     if (c->run_id) snprintf(m->run_id, sizeof m->run_id, "%s", c->run_id);
+    if ((rc = m_dash_init(m, c))) {
+        adt_master_free(m);
+        return rc;
+    }
     m->target_workers = c->max_workers > 0 ? c->max_workers : 0; /* a resumed job keeps its own */
     if ((rc = ms_open(m))) {
         adt_master_free(m);
@@ -348,6 +352,7 @@ void adt_master_free(adt_master *m) {
     free(m->agents);
     free(m->slots);
     free(m->fail_t);
+    m_dash_free(m);
     free(m->job_dir);
     free(m->listen);
     free(m->token);

@@ -57,6 +57,17 @@ static void reply_status(adt_http_reply *rp, int rc) {
     reply_error(rp, http, "%s", adt_error_message());
 }
 
+void m_reply_json(adt_http_reply *rp, int status, cJSON *o) { reply_json(rp, status, o); }
+
+void m_reply_error(adt_http_reply *rp, int status, const char *fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    reply_error(rp, status, "%s", msg);
+}
+
 void adt_http_reply_free(adt_http_reply *rp) {
     free(rp->body);
     rp->body = NULL;
@@ -1076,6 +1087,7 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
         reply_error(rp, 401, "this master requires the job token: 'Authorization: Bearer TOKEN'");
         return;
     }
+    if (m_dash_handle(m, rq, rp)) return; /* /dashboard, /v1/straggler*: master_dash.c */
     route_kind kind;
     if (!strcmp(rq->method, "GET") || !strcmp(rq->method, "HEAD"))
         kind = R_GET;
@@ -1096,7 +1108,7 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
         else
             reply_error(rp, 404,
                         "no such endpoint: %.200s (GET /v1/job, /v1/generation, /v1/agents, /v1/workers, "
-                        "/v1/shards, /v1/events, /metrics)",
+                        "/v1/shards, /v1/events, /v1/straggler, /metrics, /dashboard)",
                         rq->path);
         return;
     }

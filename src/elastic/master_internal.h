@@ -23,6 +23,8 @@
 #include "adtrain/base.h"
 #include "adtrain/elastic.h"
 
+typedef struct m_strag m_strag; /* master_dash.c */
+
 /* Generation states. The number `gen` is that of the last world decided (0: none yet). */
 typedef enum m_gstate {
     G_WAITING = 0, /* no world: too few agents; the next one is gen + 1                   */
@@ -134,6 +136,8 @@ struct adt_master {
     int listen_fd, port;
     pthread_t ticker;
     int ticker_on, stopping;
+
+    m_strag *strag;          /* the straggler monitor and controller (master_dash.c)       */
 };
 
 /* ---- master_store.c ----------------------------------------------------------------------- */
@@ -166,5 +170,15 @@ int m_ledger_ready(adt_master *m);
 int64_t m_ledger_gen(const adt_master *m);
 /* Asks the running world to stop at a step boundary (a planned change). */
 void m_request_stop(adt_master *m, const char *reason);
+
+/* ---- master_api.c: replies, for the other files' endpoints ------------------------------- */
+void m_reply_json(adt_http_reply *rp, int status, cJSON *o); /* takes o */
+void m_reply_error(adt_http_reply *rp, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- master_dash.c: the straggler monitor and controller, the dashboard page -------------- */
+int m_dash_init(adt_master *m, const adt_master_config *c); /* checks the straggler flags */
+void m_dash_free(adt_master *m);
+/* Serves /dashboard, /v1/straggler and /v1/straggler/report; 0 for any other path. */
+int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp);
 
 #endif

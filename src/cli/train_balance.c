@@ -1,0 +1,502 @@
+/*
+ * train_balance.c - balanced data parallelism for `adtrain train` (AntDT-DD): every rank takes
+ * its own number of the global batch's samples, in proportion to its measured speed, and the
+ * update is still the one computed on all the samples at once.
+ *
+ * The loss is a mean over the global batch of B samples, so its gradient is
+ *     g = (1/B) sum_samples grad l  =  sum_ranks sum_passes (s/B) g_pass
+ * where a pass is one forward/backward run on s samples whose own loss is the mean over those s
+ * (g_pass its gradient). Each rank runs its local batch b_i as passes of at most --micro-batch
+ * samples (so a rank stays within its memory however large its share grows), adds the gradients
+ * up weighted by s/B, and one all-reduce sums them over the ranks; the optimizer then runs once,
+ * on the same gradient on every rank. The samples are the sampler's global batch cut in rank
+ * order (rank 0 the first b_0 of them, ...), so the set of samples per step is the one-process
+ * run's whatever the split.
+ *
+ * Graphs: one small "update" graph (every parameter, its optimizer state, the gradient as a fed
+ * input, the optimizer's update nodes) is t->g with executor t->ex, so checkpoints, --init and
+ * --resume see the usual names; and per pass size s a step graph (the model at batch s, forward
+ * and backward, no optimizer) with its executor, kept in a small cache. The parameters are copied
+ * into a step executor before its first pass of each step.
+ *
+ * Monitor and controller (adtrain/straggler.h): after its passes each rank knows its compute time
+ * (the passes' wall time, excluding the all-reduces); one all-reduce gives every rank every
+ * rank's time and sample count (and the weighted loss). Each rank feeds the same numbers to its own monitor, so every
+ * rank takes the same decision at the same step boundary without a further message; rank 0
+ * prints and logs it. --inject-slowdown makes a rank sleep after its passes so that its compute
+ * takes FACTOR times as long (the sleep counts as compute): deterministic slowness for tests.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cJSON.h>
+
+#include "adtrain/base.h"
+#include "adtrain/elastic.h"
+#include "adtrain/straggler.h"
+#include "train.h"
+
+#define BAL_CACHE 4
+
+typedef struct bal_exec {
+    int batch; /* samples per pass; 0: empty slot */
+    adt_graph *g;
+    adt_model_io io;
+    adt_exec *ex;
+    int *param, *grad; /* [n_param] value ids in g                           */
+    long fresh_step;   /* the step whose parameters it holds                   */
+    long used;         /* last step it ran (eviction)                          */
+} bal_exec;
+
+typedef struct train_bal {
+    int n_param;
+    int *u_param, *u_grad; /* [n_param] the update graph's parameter and gradient-input ids */
+    int64_t *elems;        /* [n_param] elements of each                                    */
+    double loss_w;         /* this rank's sum over passes of (s/B) loss                     */
+    bal_exec cache[BAL_CACHE];
+    adt_exec_opts eo;
+    int64_t *split;         /* [nranks] local batch of every rank                           */
+    double *times;          /* [2 nranks + 1] compute seconds, samples, the weighted loss
+                               (all-reduced)                                                 */
+    adt_straggler *mon;
+    adt_straggler_cfg cfg;
+    double comm_s, compute_s; /* this rank's totals                                         */
+    double *rank_compute;     /* [nranks] summed compute seconds per rank                   */
+    int64_t *rank_samples;    /* [nranks] summed samples per rank                           */
+    long steps;
+    int64_t generation;      /* --straggler-master: the generation reports name             */
+    int master_warned;       /* the master could not be reached (said once)                 */
+    int32_t *split32;        /* [nranks] the split as rank 0 broadcasts it                  */
+} train_bal;
+
+/* ---- flags ------------------------------------------------------------------------------------- */
+
+static int parse_slowdown(train_opts *o, const char *v) {
+    struct train_balance_opts *b = &o->bal;
+    char *end;
+    errno = 0;
+    long r = strtol(v, &end, 10);
+    if (end == v || *end != ':' || r < 0 || r > 1 << 20) goto bad;
+    const char *f = end + 1;
+    int add = *f == '+'; /* +SECONDS: a pause rather than a factor */
+    double x = strtod(f + add, &end);
+    if (end == f + add || !isfinite(x) || (add ? x < 0 || x > 3600 : x < 1 || x > 1000)) goto bad;
+    b->slow_factor = add ? 1 : x;
+    b->slow_add_s = add ? x : 0;
+    b->slow_rank = (int)r;
+    b->slow_first = 1, b->slow_last = INT32_MAX;
+    if (*end == '@') {
+        const char *w = end + 1;
+        b->slow_first = strtol(w, &end, 10);
+        if (end == w || *end != '-') goto bad;
+        w = end + 1;
+        b->slow_last = strtol(w, &end, 10);
+        if (end == w || b->slow_first < 1 || b->slow_last < b->slow_first) goto bad;
+    }
+    if (*end) goto bad;
+    return 0;
+bad:
+    return train_fail(EXIT_USAGE, "--inject-slowdown: expected RANK:FACTOR or RANK:+SECONDS, optionally "
+                      "@FIRST-LAST (FACTOR in [1, 1000], SECONDS in [0, 3600], steps 1 <= FIRST <= LAST), got '%s'", v);
+}
+
+int train_balance_flag(train_opts *o, const char *f, const char *v) {
+    struct train_balance_opts *b = &o->bal;
+    b->on = 1;
+    if (!strcmp(f, "--straggler-policy")) {
+        adt_straggler_policy p;
+        if (adt_straggler_policy_parse(v, &p)) return train_fail(EXIT_USAGE, "--straggler-policy: expected off, dd "
+                                                                 "or nd, got '%s'", v);
+        b->policy = (int)p;
+    } else if (!strcmp(f, "--straggler-config")) {
+        adt_straggler_cfg c = adt_straggler_defaults(ADT_STRAGGLER_OFF);
+        if (adt_straggler_cfg_parse(&c, v)) return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
+        b->config = v;
+    } else if (!strcmp(f, "--straggler-master")) {
+        b->master = v;
+    } else if (!strcmp(f, "--split")) {
+        b->split = v;
+    } else if (!strcmp(f, "--micro-batch")) {
+        return cli_parse_long("train", f, v, 1, 1 << 20, &b->micro_batch) ? EXIT_USAGE : 0;
+    } else {
+        return parse_slowdown(o, v);
+    }
+    return 0;
+}
+
+int train_balance_check(const train_opts *o) {
+    if (o->plan_path)
+        return train_fail(EXIT_USAGE, "--plan: balanced data parallelism (--straggler-policy, --split, --micro-batch, "
+                          "--inject-slowdown) runs its own data-parallel plan; expected no --plan with them");
+    if (o->eval_every)
+        return train_fail(EXIT_USAGE, "--eval-every: evaluation is not run by balanced data parallelism yet "
+                          "(--straggler-policy, --split, --micro-batch, --inject-slowdown); expected --eval-every 0");
+    return 0;
+}
+
+/* --split B0,B1,... against --batch and the world. */
+static int parse_split(trainer *t, int64_t *split) {
+    int n = t->nranks;
+    int64_t B = t->o.batch, sum = 0;
+    if (!t->o.bal.split) {
+        for (int i = 0; i < n; i++) split[i] = B / n + (i < B % n);
+        if (B < n) return train_fail(EXIT_USAGE, "--batch %lld: fewer samples than the %d ranks", (long long)B, n);
+        return 0;
+    }
+    const char *p = t->o.bal.split;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 1 || (i < n - 1 ? *end != ',' : *end != 0))
+            return train_fail(EXIT_USAGE, "--split '%s': expected %d local batches >= 1 separated by commas, one per "
+                              "rank", t->o.bal.split, n);
+        split[i] = v, sum += v;
+        p = end + 1;
+    }
+    if (sum != B)
+        return train_fail(EXIT_USAGE, "--split '%s': the local batches sum to %lld; expected --batch %lld",
+                          t->o.bal.split, (long long)sum, (long long)B);
+    return 0;
+}
+
+/* ---- graphs ------------------------------------------------------------------------------------ */
+
+static void bal_exec_free(bal_exec *c) {
+    adt_exec_free(c->ex);
+    adt_graph_free(c->g);
+    free(c->param), free(c->grad);
+    memset(c, 0, sizeof *c);
+}
+
+/* The model at `batch` samples per pass, forward and backward; every parameter's gradient and the
+ * loss kept to the end of the run. */
+static int bal_exec_make(trainer *t, bal_exec *c, int batch) {
+    train_bal *b = t->bal;
+    memset(c, 0, sizeof *c);
+    c->batch = batch;
+    c->g = adt_graph_create();
+    if (adt_model_build(c->g, &t->model, batch, &c->io))
+        return train_fail(EXIT_USAGE, "--model %s at %d samples per pass: %s", t->model_label, batch, adt_error_message());
+    adt_graph_backward(c->g, c->io.loss);
+    adt_graph_mark_output(c->g, c->io.loss);
+    c->param = adt_malloc((size_t)b->n_param * sizeof *c->param);
+    c->grad = adt_malloc((size_t)b->n_param * sizeof *c->grad);
+    for (int i = 0; i < b->n_param; i++) {
+        c->param[i] = adt_graph_find_value(c->g, t->g->values[b->u_param[i]].name);
+        c->grad[i] = c->param[i] >= 0 ? c->g->values[c->param[i]].grad : -1;
+        ADT_ASSERT(c->grad[i] >= 0); /* the same model: the same parameters with gradients */
+        adt_graph_mark_output(c->g, c->grad[i]);
+    }
+    if (adt_graph_error(c->g))
+        return train_fail(EXIT_RUNTIME, "building the step graph: %s", adt_graph_error_message(c->g));
+    if (adt_exec_create(&c->ex, c->g, &b->eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+    c->fresh_step = -1;
+    return 0;
+}
+
+/* The cached executor for passes of `batch` samples (made, evicting the least recently used). */
+static int bal_exec_get(trainer *t, int batch, long step, bal_exec **out) {
+    train_bal *b = t->bal;
+    bal_exec *c = NULL;
+    for (int i = 0; i < BAL_CACHE && !c; i++)
+        if (b->cache[i].batch == batch) c = &b->cache[i];
+    if (!c) {
+        c = &b->cache[0];
+        for (int i = 1; i < BAL_CACHE; i++)
+            if (b->cache[i].used < c->used) c = &b->cache[i];
+        bal_exec_free(c);
+        int rc = bal_exec_make(t, c, batch);
+        if (rc) return rc;
+    }
+    if (c->fresh_step != step) { /* this step's parameters */
+        for (int i = 0; i < b->n_param; i++)
+            memcpy(adt_exec_data(c->ex, c->param[i]), adt_exec_data(t->ex, b->u_param[i]),
+                   (size_t)b->elems[i] * sizeof(float));
+        c->fresh_step = step;
+    }
+    c->used = step;
+    *out = c;
+    return 0;
+}
+
+/* The update graph from a step graph's parameters: each parameter (same name, shape, init, file
+ * shape), its gradient as a fed input "grad:<id>", and the optimizer. */
+static int build_update_graph(trainer *t, const adt_graph *sg) {
+    train_bal *b = t->bal;
+    adt_graph *u = t->g = adt_graph_create();
+    b->u_param = adt_malloc((size_t)sg->n_values * sizeof *b->u_param);
+    b->u_grad = adt_malloc((size_t)sg->n_values * sizeof *b->u_grad);
+    b->elems = adt_malloc((size_t)sg->n_values * sizeof *b->elems);
+    for (int v = 0; v < sg->n_values; v++) {
+        const adt_value *x = &sg->values[v];
+        if (x->role != ADT_ROLE_PARAM || x->grad < 0) continue;
+        if (x->dtype != ADT_F32)
+            return train_fail(EXIT_USAGE, "--model %s: parameter '%s' is not f32; balanced data parallelism sums f32 "
+                              "gradients", t->model_label, x->name);
+        adt_graph_set_layer_tag(u, x->layer_tag);
+        int p = adt_param(u, x->name, x->shape, x->init);
+        if (x->file_shape.ndim) adt_graph_set_file_shape(u, p, x->file_shape);
+        char name[ADT_NAME_LEN];
+        snprintf(name, sizeof name, "grad:%d", b->n_param);
+        int gi = adt_input(u, name, ADT_F32, x->shape);
+        if (p < 0 || gi < 0) break;
+        u->values[p].grad = gi;
+        b->u_param[b->n_param] = p, b->u_grad[b->n_param] = gi;
+        b->elems[b->n_param++] = adt_shape_numel(&x->shape);
+    }
+    u->loss = adt_input(u, "loss", ADT_F32, adt_shape_1d(1)); /* the optimizer asks for a loss */
+    t->oc = t->o.optimizer == ADT_OPTIM_SGD ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
+                                            : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
+    adt_graph_optimizer(u, &t->oc);
+    if (adt_graph_error(u)) return train_fail(EXIT_RUNTIME, "building the update graph: %s", adt_graph_error_message(u));
+    return 0;
+}
+
+int train_balance_build(trainer *t) {
+    train_bal *b = t->bal = adt_calloc(1, sizeof *t->bal);
+    int n = t->nranks;
+    b->split = adt_calloc((size_t)n, sizeof *b->split);
+    b->times = adt_calloc(2 * (size_t)n + 1, sizeof *b->times);
+    b->rank_compute = adt_calloc((size_t)n, sizeof *b->rank_compute);
+    b->rank_samples = adt_calloc((size_t)n, sizeof *b->rank_samples);
+    b->split32 = adt_calloc((size_t)n, sizeof *b->split32);
+    const char *gen = getenv("ADT_GENERATION");
+    b->generation = gen ? atoll(gen) : 0;
+    int rc = parse_split(t, b->split);
+    if (rc) return rc;
+    if (t->o.bal.slow_rank >= n)
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d rank%s", t->o.bal.slow_rank, n,
+                          n == 1 ? "" : "s");
+    /* with a master, its controller decides; this monitor only measures */
+    b->cfg = adt_straggler_defaults(t->o.bal.master ? ADT_STRAGGLER_OFF : (adt_straggler_policy)t->o.bal.policy);
+    if (t->o.bal.config && adt_straggler_cfg_parse(&b->cfg, t->o.bal.config))
+        return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
+    b->mon = adt_straggler_create(n, &b->cfg);
+    if (!b->mon) return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
+    /* the parameters come from the model at one sample: the same names and shapes at any batch */
+    adt_graph *sg = adt_graph_create();
+    adt_model_io io;
+    if (adt_model_build(sg, &t->model, 1, &io) || adt_graph_backward(sg, io.loss)) {
+        adt_graph_free(sg);
+        return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
+    }
+    rc = build_update_graph(t, sg);
+    adt_graph_free(sg);
+    if (rc) return rc;
+    t->io = (adt_model_io){.input = -1, .input2 = -1, .label = -1, .logits = -1, .loss = t->g->loss};
+    return 0;
+}
+
+int train_balance_executor(trainer *t, const adt_exec_opts *eo) {
+    t->bal->eo = *eo;
+    if (adt_exec_create(&t->ex, t->g, eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+    return 0;
+}
+
+void train_balance_banner(const trainer *t) {
+    const train_bal *b = t->bal;
+    const struct train_balance_opts *o = &t->o.bal;
+    fprintf(stderr, "dist   %d rank%s, balanced data parallel (straggler policy %s), split", t->nranks,
+            t->nranks == 1 ? "" : "s", adt_straggler_policy_name(b->cfg.policy));
+    for (int i = 0; i < t->nranks; i++) fprintf(stderr, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
+    if (o->micro_batch) fprintf(stderr, ", passes of at most %ld samples", o->micro_batch);
+    if (o->slow_rank >= 0) {
+        if (o->slow_add_s > 0) fprintf(stderr, "; rank %d pauses %g s", o->slow_rank, o->slow_add_s);
+        else fprintf(stderr, "; rank %d slowed %gx", o->slow_rank, o->slow_factor);
+        if (o->slow_last < INT32_MAX) fprintf(stderr, " on steps %ld-%ld", o->slow_first, o->slow_last);
+    }
+    fprintf(stderr, "\n");
+}
+
+void train_balance_free(trainer *t) {
+    train_bal *b = t->bal;
+    if (!b) return;
+    if (!cli_quiet && t->rank == 0 && b->steps > 0) {
+        /* measured capacities: samples per compute second of each rank, and what they add up to */
+        double cap = 0;
+        fprintf(stderr, "straggler: capacity (samples/s of compute)");
+        for (int i = 0; i < t->nranks; i++) {
+            double c = b->rank_compute[i] > 0 ? (double)b->rank_samples[i] / b->rank_compute[i] : 0;
+            cap += c;
+            fprintf(stderr, " r%d %.1f", i, c);
+        }
+        fprintf(stderr, "; ideal %.3f steps/s; %lld actions\n", cap / (double)t->o.batch,
+                (long long)adt_straggler_actions(b->mon));
+    }
+    for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
+    adt_straggler_free(b->mon);
+    free(b->u_param), free(b->u_grad), free(b->elems), free(b->split), free(b->times);
+    free(b->rank_compute), free(b->rank_samples), free(b->split32);
+    free(b);
+    t->bal = NULL;
+}
+
+/* ---- the step ---------------------------------------------------------------------------------- */
+
+static void sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+/* This rank's passes over its samples idx[0..n): the update graph's gradient inputs get
+ * sum (s/B) g_pass (written by the first pass, added to by the others: no separate buffer, no
+ * copy), loss_w = sum (s/B) loss. */
+static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
+    train_bal *b = t->bal;
+    const double B = (double)t->o.batch;
+    int64_t m = t->o.bal.micro_batch > 0 ? t->o.bal.micro_batch : n;
+    int64_t k = (n + m - 1) / m; /* passes, of q or q+1 samples */
+    int64_t q = n / k, r = n % k;
+    b->loss_w = 0;
+    float lr = *(const float *)adt_exec_data(t->ex, t->g->lr_input);
+    for (int64_t p = 0, off = 0; p < k; p++) {
+        int s = (int)(q + (p < r));
+        bal_exec *c;
+        int rc = bal_exec_get(t, s, step, &c);
+        if (rc) return rc;
+        if (train_source_fill(&t->train, idx + off, s, adt_exec_data(c->ex, c->io.input),
+                              c->io.input2 >= 0 ? adt_exec_data(c->ex, c->io.input2) : NULL,
+                              adt_exec_data(c->ex, c->io.label)))
+            return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+        adt_exec_set_lr_step(c->ex, lr, (int32_t)step);
+        if (adt_exec_run(c->ex)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+        float w = (float)((double)s / B);
+        for (int i = 0; i < b->n_param; i++) {
+            const float *g = adt_exec_data(c->ex, c->grad[i]);
+            float *a = adt_exec_data(t->ex, b->u_grad[i]);
+            if (p == 0)
+                for (int64_t e = 0; e < b->elems[i]; e++) a[e] = w * g[e];
+            else
+                for (int64_t e = 0; e < b->elems[i]; e++) a[e] += w * g[e];
+        }
+        b->loss_w += w * *(const float *)adt_exec_data(c->ex, c->io.loss);
+        off += s;
+    }
+    return 0;
+}
+
+static void log_action(trainer *t, const adt_straggler_action *act) {
+    if (t->rank != 0) return;
+    const char *kind = act->kind == ADT_ACTION_RESTART ? "restart" : "rebalance";
+    if (!cli_quiet) {
+        if (t->tty) fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "straggler: step %ld: %s%s (rank %d): %s\n", act->step, kind,
+                act->kind == ADT_ACTION_RESTART && t->world ? " advised, not possible under mpiexec; rebalanced" : "",
+                act->rank, act->why);
+    }
+    if (!t->log) return;
+    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,\"split\":[",
+            act->step, kind, act->rank, act->gain, adt_wall_s());
+    for (int i = 0; i < t->nranks; i++) fprintf(t->log, "%s%lld", i ? "," : "", (long long)t->bal->split[i]);
+    fprintf(t->log, "],\"states\":[");
+    for (int i = 0; i < t->nranks; i++) {
+        char js[256];
+        adt_straggler_rank_json(t->bal->mon, i, js, sizeof js);
+        fprintf(t->log, "%s%s", i ? "," : "", js);
+    }
+    fprintf(t->log, "]}\n");
+    fflush(t->log);
+}
+
+/* Rank 0: the step's timings to the master, whose split (and action) comes back. A master that
+ * cannot be reached or refuses leaves the split as it is (said once). */
+static void ask_master(trainer *t, long step, double loss) {
+    train_bal *b = t->bal;
+    int n = t->nranks;
+    size_t cap = 256 + (size_t)n * 96;
+    char *body = adt_malloc(cap);
+    int k = snprintf(body, cap, "{\"generation\":%lld,\"step\":%ld,\"remaining_steps\":%ld,\"loss\":%.9g,"
+                     "\"compute_s\":[", (long long)b->generation, step, t->o.steps - step, isfinite(loss) ? loss : -1.0);
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%.9g", i ? "," : "", b->times[i]);
+    k += snprintf(body + k, cap - (size_t)k, "],\"samples\":[");
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%.0f", i ? "," : "", b->times[n + i]);
+    k += snprintf(body + k, cap - (size_t)k, "],\"split\":[");
+    for (int i = 0; i < n; i++) k += snprintf(body + k, cap - (size_t)k, "%s%lld", i ? "," : "", (long long)b->split[i]);
+    snprintf(body + k, cap - (size_t)k, "]}");
+    int status = 0;
+    char *reply = NULL;
+    int rc = adt_master_call(t->o.bal.master, getenv("ADT_JOB_TOKEN"), "POST", "/v1/straggler/report", body, 5.0,
+                             &status, &reply);
+    free(body);
+    cJSON *r = !rc && status == 200 && reply ? cJSON_Parse(reply) : NULL;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(r, "split"), *act = cJSON_GetObjectItemCaseSensitive(r, "action");
+    int64_t got[ADT_STRAGGLER_MAX_RANKS], sum = 0;
+    int ok = cJSON_IsArray(sp) && cJSON_GetArraySize(sp) == n;
+    for (int i = 0; ok && i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(sp, i);
+        ok = cJSON_IsNumber(x) && x->valuedouble >= 1;
+        got[i] = ok ? (int64_t)x->valuedouble : 0, sum += got[i];
+    }
+    if (ok && sum == t->o.batch) {
+        memcpy(b->split, got, (size_t)n * sizeof *got);
+        if (cJSON_IsObject(act) && !cli_quiet) {
+            const cJSON *why = cJSON_GetObjectItemCaseSensitive(act, "why"), *kind = cJSON_GetObjectItemCaseSensitive(act, "kind");
+            if (t->tty) fprintf(stderr, "\r\033[K");
+            fprintf(stderr, "straggler: step %ld: the master's %s: %s\n", step,
+                    cJSON_IsString(kind) ? kind->valuestring : "action", cJSON_IsString(why) ? why->valuestring : "");
+        }
+    } else if (!b->master_warned) {
+        b->master_warned = 1;
+        if (t->tty) fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "straggler: --straggler-master %s: %s; the split stays as it is\n", t->o.bal.master,
+                rc ? adt_error_message() : reply ? reply : "no reply");
+    }
+    cJSON_Delete(r);
+    free(reply);
+}
+
+int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
+    train_bal *b = t->bal;
+    const struct train_balance_opts *o = &t->o.bal;
+    int n = t->nranks, me = t->rank;
+    int64_t first = 0;
+    for (int i = 0; i < me; i++) first += b->split[i];
+    double t0 = adt_now_s();
+    int rc = run_passes(t, step, idx + first, b->split[me]);
+    if (rc) return rc;
+    double compute = adt_now_s() - t0;
+    if (me == o->slow_rank && step >= o->slow_first && step <= o->slow_last) {
+        sleep_s((o->slow_factor - 1) * compute + o->slow_add_s);
+        compute = adt_now_s() - t0;
+    }
+    /* the gradients and the loss summed over the ranks, then every rank's timing */
+    double c0 = adt_now_s();
+    memset(b->times, 0, (2 * (size_t)n + 1) * sizeof *b->times);
+    b->times[me] = compute, b->times[n + me] = (double)b->split[me], b->times[2 * n] = b->loss_w;
+    for (int i = 0; t->world && i < b->n_param; i++) /* in place, in the update's inputs */
+        if (adt_comm_allreduce_f32(t->world, adt_exec_data(t->ex, b->u_grad[i]), b->elems[i]))
+            return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
+    if (t->world && adt_comm_allreduce_f64(t->world, b->times, 2 * n + 1))
+        return train_fail(EXIT_RUNTIME, "step %ld: summing the timings: %s", step, adt_error_message());
+    b->comm_s += adt_now_s() - c0;
+    b->compute_s += compute;
+    if (adt_exec_run(t->ex)) return train_fail(EXIT_RUNTIME, "step %ld: update: %s", step, adt_error_message());
+    *loss = b->times[2 * n];
+
+    /* the monitor and controller: the same inputs on every rank, so the same decision */
+    int64_t samples[ADT_STRAGGLER_MAX_RANKS];
+    for (int i = 0; i < n; i++) {
+        samples[i] = (int64_t)b->times[n + i];
+        b->rank_compute[i] += b->times[i], b->rank_samples[i] += samples[i];
+    }
+    b->steps++;
+    adt_straggler_action act;
+    if (adt_straggler_observe(b->mon, step, ADT_PHASE_TRAIN, b->times, samples, b->split, t->o.steps - step, &act))
+        return train_fail(EXIT_RUNTIME, "straggler monitor: %s", adt_error_message());
+    if (act.kind != ADT_ACTION_NONE) log_action(t, &act);
+    if (o->master) {
+        if (me == 0) ask_master(t, step, *loss);
+        for (int i = 0; i < n; i++) b->split32[i] = (int32_t)b->split[i];
+        if (t->world && adt_comm_bcast(t->world, b->split32, n, ADT_I32, 0))
+            return train_fail(EXIT_RUNTIME, "step %ld: the split from rank 0: %s", step, adt_error_message());
+        for (int i = 0; i < n; i++) b->split[i] = b->split32[i];
+    }
+    return 0;
+}

@@ -1,0 +1,340 @@
+/*
+ * master_dash.c - the straggler Monitor and Controller on the master, and the live dashboard.
+ *
+ *   POST /v1/straggler/report  one step of a data-parallel world, as its rank 0 saw it:
+ *        {"generation", "step", "compute_s": [per rank], "samples": [per rank], "split": [local
+ *         batches], "loss", "phase": "train"|"eval"|"ckpt", "remaining_steps"}
+ *        -> {"split": [...], "action": null | {"kind", "rank", "step", "gain", "why"}}
+ *        The trainer applies the split it gets back at the next step boundary.
+ *   GET  /v1/straggler         policy, config, every rank's state and speed, the split, the
+ *        last actions and the loss curve.
+ *   GET  /dashboard            an HTML page that polls the JSON endpoints every second and shows
+ *        workers and speeds, straggler states and actions, shard progress, the loss curve, the
+ *        plan and the generation.
+ *
+ * ND's restart of a persistent straggler: the agent that runs the rank is put on cooldown (the
+ * blacklist's mechanism, without counting a failure) and the world is asked to stop at a step
+ * boundary; the next generation forms without that node when others can run, and restores the
+ * checkpoint of the stop, so nothing is lost. Without a world (a trainer under mpiexec reporting
+ * here) the decision is recorded and the split returned.
+ *
+ * Everything runs under the master's mutex (adt_master_handle holds it).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/straggler.h"
+#include "master_internal.h"
+
+#define LOSS_MAX 2048 /* points kept of the loss curve: halved (every other) when full */
+#define ACT_MAX 64
+
+typedef struct dash_action {
+    int64_t generation;
+    adt_straggler_action a;
+    double wall;
+    int applied; /* a restart that the master carried out */
+} dash_action;
+
+struct m_strag {
+    adt_straggler_cfg cfg;
+    adt_straggler *mon;
+    int n;
+    int64_t gen;
+    long step;
+    int64_t *split, *samples;
+    double *compute_s;
+    double loss_step[LOSS_MAX], loss_val[LOSS_MAX];
+    int n_loss, loss_stride;
+    dash_action act[ACT_MAX];
+    int64_t n_act; /* all time; the last ACT_MAX kept */
+};
+
+int m_dash_init(adt_master *m, const adt_master_config *c) {
+    adt_straggler_policy p = ADT_STRAGGLER_OFF;
+    if (c->straggler_policy && adt_straggler_policy_parse(c->straggler_policy, &p))
+        return adt_error(ADT_ERR_ARG, "--straggler-policy: expected off, dd or nd, got '%s'", c->straggler_policy);
+    m_strag *s = adt_calloc(1, sizeof *s);
+    s->cfg = adt_straggler_defaults(p);
+    if (c->straggler_config && adt_straggler_cfg_parse(&s->cfg, c->straggler_config)) {
+        char why[512]; /* adt_error writes the buffer adt_error_message reads */
+        snprintf(why, sizeof why, "%s", adt_error_message());
+        free(s);
+        return adt_error(ADT_ERR_ARG, "--straggler-config: %s", why);
+    }
+    s->loss_stride = 1;
+    m->strag = s;
+    return ADT_OK;
+}
+
+static void reset_world(m_strag *s, int n, int64_t gen) {
+    adt_straggler_free(s->mon);
+    free(s->split), free(s->samples), free(s->compute_s);
+    s->mon = adt_straggler_create(n, &s->cfg);
+    s->n = n, s->gen = gen;
+    s->split = adt_calloc((size_t)n, sizeof *s->split);
+    s->samples = adt_calloc((size_t)n, sizeof *s->samples);
+    s->compute_s = adt_calloc((size_t)n, sizeof *s->compute_s);
+}
+
+void m_dash_free(adt_master *m) {
+    m_strag *s = m->strag;
+    if (!s) return;
+    adt_straggler_free(s->mon);
+    free(s->split), free(s->samples), free(s->compute_s);
+    free(s);
+    m->strag = NULL;
+}
+
+static void add_loss(m_strag *s, long step, double loss) {
+    if (!isfinite(loss) || step % s->loss_stride) return;
+    if (s->n_loss == LOSS_MAX) { /* keep every other point, take every other step from now on */
+        for (int i = 0; i < LOSS_MAX / 2; i++) s->loss_step[i] = s->loss_step[2 * i], s->loss_val[i] = s->loss_val[2 * i];
+        s->n_loss = LOSS_MAX / 2;
+        s->loss_stride *= 2;
+        if (step % s->loss_stride) return;
+    }
+    s->loss_step[s->n_loss] = (double)step, s->loss_val[s->n_loss++] = loss;
+}
+
+/* ND's restart: the node running `rank` sits out the next world (if others can run it). */
+static int restart_elsewhere(adt_master *m, const adt_straggler_action *a) {
+    if (m->gstate != G_RUNNING) return 0;
+    for (int i = 0; i < m->n_slots; i++) {
+        const m_slot *sl = &m->slots[i];
+        if (a->rank < sl->rank_offset || a->rank >= sl->rank_offset + sl->local_size) continue;
+        m_agent *ag = m_agent_find(m, sl->agent);
+        if (!ag) return 0;
+        double cool = m->cfg.cooldown_min_s > 0 ? m->cfg.cooldown_min_s : 10;
+        ag->cooldown_until = adt_wall_s() + cool;
+        ms_event(m, "straggler", m->gen, ag->id, a->rank, "node %s left out for %.0f s: %s", ag->node, cool, a->why);
+        m_request_stop(m, "straggler restart");
+        return 1;
+    }
+    return 0;
+}
+
+static int num_array(const cJSON *b, const char *key, int n, double *out) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(b, key);
+    if (!cJSON_IsArray(a) || (n >= 0 && cJSON_GetArraySize(a) != n)) return -1;
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < 0) return -1;
+        out[i++] = x->valuedouble;
+    }
+    return i;
+}
+
+static cJSON *action_json(const dash_action *d) {
+    static const char *const kinds[] = {"none", "rebalance", "restart"};
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "kind", kinds[d->a.kind]);
+    cJSON_AddNumberToObject(o, "generation", (double)d->generation);
+    cJSON_AddNumberToObject(o, "step", (double)d->a.step);
+    cJSON_AddNumberToObject(o, "rank", d->a.rank);
+    cJSON_AddNumberToObject(o, "gain", d->a.gain);
+    cJSON_AddStringToObject(o, "why", d->a.why);
+    cJSON_AddNumberToObject(o, "time", d->wall);
+    cJSON_AddBoolToObject(o, "applied", d->applied);
+    return o;
+}
+
+static void ep_report(adt_master *m, const adt_http_request *rq, adt_http_reply *rp) {
+    m_strag *s = m->strag;
+    cJSON *b = rq->body_len ? cJSON_ParseWithLength(rq->body, rq->body_len) : NULL;
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(b, "generation"), *st = cJSON_GetObjectItemCaseSensitive(b, "step"),
+                *ph = cJSON_GetObjectItemCaseSensitive(b, "phase"), *lo = cJSON_GetObjectItemCaseSensitive(b, "loss"),
+                *rem = cJSON_GetObjectItemCaseSensitive(b, "remaining_steps");
+    const cJSON *ca = cJSON_GetObjectItemCaseSensitive(b, "compute_s");
+    int n = cJSON_IsArray(ca) ? cJSON_GetArraySize(ca) : 0;
+    double comp[ADT_STRAGGLER_MAX_RANKS], smp[ADT_STRAGGLER_MAX_RANKS], spl[ADT_STRAGGLER_MAX_RANKS];
+    const char *bad = !cJSON_IsObject(b) ? "expected a JSON object"
+                    : !cJSON_IsNumber(g) || g->valuedouble < 0 ? "field 'generation': expected a number >= 0"
+                    : !cJSON_IsNumber(st) || st->valuedouble < 1 ? "field 'step': expected a number >= 1"
+                    : n < 1 || n > ADT_STRAGGLER_MAX_RANKS || num_array(b, "compute_s", n, comp) != n
+                        ? "field 'compute_s': expected an array of 1..1024 seconds >= 0"
+                    : num_array(b, "samples", n, smp) != n ? "field 'samples': expected as many counts as compute_s"
+                    : num_array(b, "split", n, spl) != n ? "field 'split': expected as many local batches as compute_s"
+                    : ph && !(cJSON_IsString(ph) && (!strcmp(ph->valuestring, "train") ||
+                                                     !strcmp(ph->valuestring, "eval") || !strcmp(ph->valuestring, "ckpt")))
+                        ? "field 'phase': expected 'train', 'eval' or 'ckpt'"
+                    : NULL;
+    if (bad) {
+        cJSON_Delete(b);
+        m_reply_error(rp, 400, "straggler report: %s", bad);
+        return;
+    }
+    if ((int64_t)g->valuedouble != m->gen) {
+        m_reply_error(rp, 409, "straggler report of generation %lld; the current one is %lld",
+                      (long long)g->valuedouble, (long long)m->gen);
+        cJSON_Delete(b);
+        return;
+    }
+    if (!s->mon || s->n != n || s->gen != m->gen) reset_world(s, n, m->gen);
+    long step = (long)st->valuedouble;
+    adt_straggler_phase phase = !ph || !strcmp(ph->valuestring, "train") ? ADT_PHASE_TRAIN
+                              : !strcmp(ph->valuestring, "eval")        ? ADT_PHASE_EVAL
+                                                                         : ADT_PHASE_CKPT;
+    for (int i = 0; i < n; i++) {
+        s->compute_s[i] = comp[i];
+        s->samples[i] = (int64_t)smp[i];
+        s->split[i] = (int64_t)spl[i];
+    }
+    s->step = step;
+    if (cJSON_IsNumber(lo)) add_loss(s, step, lo->valuedouble);
+    adt_straggler_action a;
+    long remaining = cJSON_IsNumber(rem) ? (long)rem->valuedouble : 0;
+    int rc = adt_straggler_observe(s->mon, step, phase, s->compute_s, s->samples, s->split, remaining, &a);
+    cJSON_Delete(b);
+    if (rc) {
+        m_reply_error(rp, 422, "straggler report: %s", adt_error_message());
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *sa = cJSON_AddArrayToObject(o, "split");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(sa, cJSON_CreateNumber((double)s->split[i]));
+    if (a.kind != ADT_ACTION_NONE) {
+        dash_action *d = &s->act[s->n_act++ % ACT_MAX];
+        *d = (dash_action){.generation = m->gen, .a = a, .wall = adt_wall_s()};
+        if (a.kind == ADT_ACTION_RESTART) d->applied = restart_elsewhere(m, &a);
+        else ms_event(m, "straggler", m->gen, -1, a.rank, "%s", a.why);
+        cJSON_AddItemToObject(o, "action", action_json(d));
+    } else {
+        cJSON_AddNullToObject(o, "action");
+    }
+    m_reply_json(rp, 200, o);
+}
+
+static cJSON *straggler_json(adt_master *m) {
+    m_strag *s = m->strag;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "policy", adt_straggler_policy_name(s->cfg.policy));
+    cJSON *c = cJSON_AddObjectToObject(o, "config");
+    cJSON_AddNumberToObject(c, "k", s->cfg.slow_ratio[ADT_PHASE_TRAIN]);
+    cJSON_AddNumberToObject(c, "warmup", s->cfg.warmup_steps);
+    cJSON_AddNumberToObject(c, "persist", s->cfg.persist_after);
+    cJSON_AddNumberToObject(c, "clear", s->cfg.clear_after);
+    cJSON_AddNumberToObject(c, "cooldown", s->cfg.cooldown);
+    cJSON_AddNumberToObject(c, "gain", s->cfg.min_gain);
+    cJSON_AddNumberToObject(c, "restart_cost", s->cfg.restart_cost_s);
+    cJSON_AddNumberToObject(o, "generation", (double)s->gen);
+    cJSON_AddNumberToObject(o, "step", (double)s->step);
+    cJSON *r = cJSON_AddArrayToObject(o, "ranks");
+    for (int i = 0; s->mon && i < s->n; i++) {
+        char js[512];
+        adt_straggler_rank_json(s->mon, i, js, sizeof js);
+        cJSON *x = cJSON_Parse(js);
+        cJSON_AddNumberToObject(x, "local_batch", (double)s->split[i]);
+        cJSON_AddNumberToObject(x, "compute_s", s->compute_s[i]);
+        cJSON_AddNumberToObject(x, "samples_per_s", s->compute_s[i] > 0 ? (double)s->samples[i] / s->compute_s[i] : 0);
+        cJSON_AddItemToArray(r, x);
+    }
+    cJSON *acts = cJSON_AddArrayToObject(o, "actions");
+    int64_t first = s->n_act > ACT_MAX ? s->n_act - ACT_MAX : 0;
+    for (int64_t i = first; i < s->n_act; i++) cJSON_AddItemToArray(acts, action_json(&s->act[i % ACT_MAX]));
+    cJSON_AddNumberToObject(o, "actions_total", (double)s->n_act);
+    cJSON *l = cJSON_AddArrayToObject(o, "loss");
+    for (int i = 0; i < s->n_loss; i++) {
+        cJSON *p = cJSON_CreateArray();
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(s->loss_step[i]));
+        cJSON_AddItemToArray(p, cJSON_CreateNumber(s->loss_val[i]));
+        cJSON_AddItemToArray(l, p);
+    }
+    return o;
+}
+
+/* The page: plain HTML, CSS and JavaScript, no outside resources (the master may run where
+ * nothing else can be reached). It polls the JSON endpoints and redraws. */
+static const char k_page[] =
+    "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>adtrain job</title>\n"
+    "<style>\n"
+    "body{font:14px system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}\n"
+    "h1{font-size:20px;margin:0 0 8px}h2{font-size:15px;margin:16px 0 6px}\n"
+    "table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}\n"
+    "th{background:#eee}.normal{background:#dfd}.transient{background:#ffd}.persistent{background:#fcc}\n"
+    ".bar{display:inline-block;height:14px;vertical-align:middle}\n"
+    "#grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}\n"
+    ".box{background:#fff;border:1px solid #ddd;padding:8px}\n"
+    "</style></head><body>\n"
+    "<h1>adtrain job <span id=\"run\"></span></h1>\n"
+    "<div id=\"summary\">loading...</div>\n"
+    "<div id=\"grid\">\n"
+    "<div class=\"box\"><h2>Workers and speeds</h2><table id=\"workers\"></table></div>\n"
+    "<div class=\"box\"><h2>Loss</h2><svg id=\"loss\" width=\"460\" height=\"200\"></svg></div>\n"
+    "<div class=\"box\"><h2>Shard progress (this epoch)</h2><div id=\"shards\"></div></div>\n"
+    "<div class=\"box\"><h2>Straggler actions</h2><table id=\"actions\"></table></div>\n"
+    "</div>\n<p id=\"updated\"></p>\n"
+    "<script>\n"
+    "const q=new URLSearchParams(location.search);const tok=q.get('token');\n"
+    "const hdr=tok?{headers:{Authorization:'Bearer '+tok}}:{};\n"
+    "async function get(p){try{const r=await fetch(p,hdr);return r.ok?await r.json():null}catch(e){return null}}\n"
+    "function esc(s){return String(s).replace(/[&<>\"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','\"':'&quot;'}[c]))}\n"
+    "function fmt(x,d){return x===undefined||x===null?'-':Number(x).toFixed(d)}\n"
+    "function drawLoss(pts){const s=document.getElementById('loss');if(!pts||pts.length<1){s.innerHTML="
+    "'<text x=\"10\" y=\"20\">no steps reported yet</text>';return}\n"
+    " const W=460,H=200,P=30;let x0=pts[0][0],x1=pts[pts.length-1][0],y0=Infinity,y1=-Infinity;\n"
+    " for(const p of pts){y0=Math.min(y0,p[1]);y1=Math.max(y1,p[1])}if(x1==x0)x1=x0+1;if(y1==y0)y1=y0+1;\n"
+    " const X=x=>P+(x-x0)/(x1-x0)*(W-P-5),Y=y=>H-P+(-(y-y0)/(y1-y0))*(H-P-5);\n"
+    " const d=pts.map((p,i)=>(i?'L':'M')+X(p[0]).toFixed(1)+','+Y(p[1]).toFixed(1)).join('');\n"
+    " s.innerHTML='<path d=\"'+d+'\" fill=\"none\" stroke=\"#36c\" stroke-width=\"1.5\"/>'+\n"
+    "  '<line x1=\"'+P+'\" y1=\"'+(H-P)+'\" x2=\"'+W+'\" y2=\"'+(H-P)+'\" stroke=\"#888\"/>'+\n"
+    "  '<line x1=\"'+P+'\" y1=\"0\" x2=\"'+P+'\" y2=\"'+(H-P)+'\" stroke=\"#888\"/>'+\n"
+    "  '<text x=\"'+P+'\" y=\"'+(H-P+14)+'\" font-size=\"11\">step '+x0+'</text>'+\n"
+    "  '<text x=\"'+(W-70)+'\" y=\"'+(H-P+14)+'\" font-size=\"11\">step '+x1+'</text>'+\n"
+    "  '<text x=\"0\" y=\"12\" font-size=\"11\">'+y1.toFixed(3)+'</text>'+\n"
+    "  '<text x=\"0\" y=\"'+(H-P)+'\" font-size=\"11\">'+y0.toFixed(3)+'</text>'}\n"
+    "async function refresh(){\n"
+    " const [job,workers,st]=await Promise.all([get('/v1/job'),get('/v1/workers'),get('/v1/straggler')]);\n"
+    " if(job){document.getElementById('run').textContent=job.run_id;\n"
+    "  document.getElementById('summary').innerHTML='job <b>'+esc(job.job_state)+'</b>, generation <b id=\"gen\">'+"
+    "job.generation+'</b> ('+esc(job.state)+(job.reason?': '+esc(job.reason):'')+'), world '+job.world_size+"
+    "' ranks, '+job.replicas+' replicas of '+job.ranks_per_replica+' (the plan), restarts '+job.restarts+"
+    "(st?', straggler policy <b>'+esc(st.policy)+'</b> at step '+st.step:'');\n"
+    "  const L=job.ledger,sh=document.getElementById('shards');\n"
+    "  if(L){const tot=L.committed_samples+L.uncommitted_samples+L.leased_samples+L.pool_samples||1;\n"
+    "   const seg=(v,c,t)=>'<span class=\"bar\" title=\"'+t+'\" style=\"width:'+(400*v/tot).toFixed(1)+'px;background:'+c+'\"></span>';\n"
+    "   sh.innerHTML=seg(L.committed_samples,'#3a3','committed')+seg(L.uncommitted_samples,'#9c9','consumed')+"
+    "seg(L.leased_samples,'#fc6','leased')+seg(L.pool_samples,'#ddd','to do')+'<br>committed '+L.committed_samples+"
+    "', consumed '+L.uncommitted_samples+', leased '+L.leased_samples+', to do '+L.pool_samples+', step '+L.next_step+"
+    "' of '+L.total_steps}else sh.textContent='no data ledger (the trainer shards its own data)'}\n"
+    " const wt=document.getElementById('workers');let h='<tr><th>rank</th><th>node</th><th>pid</th><th>state</th>"
+    "<th>local batch</th><th>samples/s</th><th>ms/sample</th></tr>';\n"
+    " const ranks=st?st.ranks:[];const n=Math.max(ranks.length,workers?workers.length:0);\n"
+    " for(let i=0;i<n;i++){const w=workers&&workers[i]?workers[i]:{},r=ranks[i]||{};\n"
+    "  h+='<tr class=\"'+(r.state||'')+'\"><td>'+i+'</td><td>'+esc(w.node||'-')+'</td><td>'+(w.pid||'-')+'</td><td>'+"
+    "esc(r.state||'-')+'</td><td>'+(r.local_batch===undefined?'-':r.local_batch)+'</td><td>'+fmt(r.samples_per_s,1)+'</td><td>'+"
+    "fmt(r.per_sample_s===undefined?undefined:r.per_sample_s*1e3,3)+'</td></tr>'}\n"
+    " wt.innerHTML=h;\n"
+    " const at=document.getElementById('actions');let a='<tr><th>gen</th><th>step</th><th>action</th><th>rank</th>"
+    "<th>why</th></tr>';\n"
+    " if(st)for(const x of st.actions.slice().reverse())a+='<tr><td>'+x.generation+'</td><td>'+x.step+'</td><td>'+"
+    "esc(x.kind)+(x.applied?' (done)':'')+'</td><td>'+x.rank+'</td><td style=\"text-align:left\">'+esc(x.why)+"
+    "'</td></tr>';\n"
+    " at.innerHTML=a;drawLoss(st?st.loss:null);\n"
+    " document.getElementById('updated').textContent='updated '+new Date().toLocaleTimeString()}\n"
+    "refresh();setInterval(refresh,1000);\n"
+    "</script></body></html>\n";
+
+int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp) {
+    int get = !strcmp(rq->method, "GET") || !strcmp(rq->method, "HEAD"), post = !strcmp(rq->method, "POST");
+    if (!strcmp(rq->path, "/dashboard")) {
+        if (!get) m_reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
+        else rp->status = 200, rp->content_type = "text/html; charset=utf-8", rp->body = adt_strdup(k_page),
+             rp->len = strlen(rp->body);
+        return 1;
+    }
+    if (!strcmp(rq->path, "/v1/straggler")) {
+        if (!get) m_reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
+        else m_reply_json(rp, 200, straggler_json(m));
+        return 1;
+    }
+    if (!strcmp(rq->path, "/v1/straggler/report")) {
+        if (!post) m_reply_error(rp, 405, "method %.16s not allowed on %.200s", rq->method, rq->path);
+        else ep_report(m, rq, rp);
+        return 1;
+    }
+    return 0;
+}
