@@ -115,7 +115,10 @@ static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m
     cli_defer_errors(1);
     int rc = 0;
     if (adt_dckpt_write_rank(dir, step, &view, 1, &part)) rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
-    if ((rc = train_world_agree(t, rc))) return rc;
+    if ((rc = train_world_agree(t, rc))) {
+        free(part);
+        return rc;
+    }
     cli_defer_errors(1);
     if (gather_parts(t, part, &parts)) rc = train_fail(EXIT_RUNTIME, "--save: gathering the manifest: %s", adt_error_message());
     if (!rc && t->rank == 0 &&
