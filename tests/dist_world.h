@@ -107,25 +107,37 @@ static inline void build_gpt(model *m) {
     m->vocab = 13;
 }
 
-/* Fed data of one step: global arrays for every fed leaf (lr and step set separately). */
-static inline void make_feed(const model *m, void **feed) {
-    const adt_graph *g = m->g;
+/* Fills feed[v] with a malloc'd global array for every fed leaf but lr and step (NULL else). */
+typedef void (*world_feed_fn)(void *ctx, const adt_graph *g, void **feed);
+
+/* A world_feed_fn's loop: allocates those arrays (4-byte elements) and lets fill(ctx, g, v, i, e)
+ * write element i of value v to e. */
+typedef void (*world_fill_fn)(void *ctx, const adt_graph *g, int v, int64_t i, void *e);
+static inline void world_feed_fill(const adt_graph *g, void **feed, world_fill_fn fill, void *ctx) {
     for (int v = 0; v < g->n_values; v++) {
         const adt_value *val = &g->values[v];
         feed[v] = NULL;
         if (!adt_role_is_fed(val->role) || v == g->lr_input || v == g->step_input) continue;
         int64_t n = adt_shape_numel(&val->shape);
         feed[v] = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++) {
-            if (val->dtype == ADT_I32) {
-                int hi = m->vocab ? m->vocab : g->values[m->io.logits].shape.dim[g->values[m->io.logits].shape.ndim - 1];
-                ((int32_t *)feed[v])[i] = irand(0, hi - 1);
-            } else {
-                ((float *)feed[v])[i] = urand(-1, 1);
-            }
-        }
+        for (int64_t i = 0; i < n; i++) fill(ctx, g, v, i, (char *)feed[v] + 4 * i);
     }
 }
+
+/* Fed data of one step: global arrays for every fed leaf (lr and step set separately): token ids
+ * or class labels for i32 values, U(-1, 1) else. */
+static inline void model_fill(void *ctx, const adt_graph *g, int v, int64_t i, void *e) {
+    const model *m = ctx;
+    (void)i;
+    if (g->values[v].dtype == ADT_I32) {
+        const adt_shape *ls = &g->values[m->io.logits].shape;
+        *(int32_t *)e = irand(0, (m->vocab ? m->vocab : (int)ls->dim[ls->ndim - 1]) - 1);
+    } else {
+        *(float *)e = urand(-1, 1);
+    }
+}
+
+static inline void make_feed(const model *m, void **feed) { world_feed_fill(m->g, feed, model_fill, (void *)m); }
 
 static inline void free_feed(const adt_graph *g, void **feed) {
     for (int v = 0; v < g->n_values; v++) free(feed[v]);
@@ -280,23 +292,6 @@ static inline void world_gather(const world *w, int v, float *out) {
 
 /* ---- one plan against the serial run ----------------------------------------------------------- */
 
-/* Fills feed[v] with a malloc'd global array for every fed leaf but lr and step (NULL else). */
-typedef void (*world_feed_fn)(void *ctx, const adt_graph *g, void **feed);
-
-/* A world_feed_fn's loop: allocates those arrays (4-byte elements) and lets fill(ctx, g, v, i, e)
- * write element i of value v to e. */
-typedef void (*world_fill_fn)(void *ctx, const adt_graph *g, int v, int64_t i, void *e);
-static inline void world_feed_fill(const adt_graph *g, void **feed, world_fill_fn fill, void *ctx) {
-    for (int v = 0; v < g->n_values; v++) {
-        const adt_value *val = &g->values[v];
-        feed[v] = NULL;
-        if (!adt_role_is_fed(val->role) || v == g->lr_input || v == g->step_input) continue;
-        int64_t n = adt_shape_numel(&val->shape);
-        feed[v] = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++) fill(ctx, g, v, i, (char *)feed[v] + 4 * i);
-    }
-}
-
 typedef struct world_check_opts {
     int steps;
     float lr;
@@ -311,14 +306,13 @@ typedef struct world_check_stats {
     double worst, worst_loss;
 } world_check_stats;
 
-/* Largest error of x against ref over n elements: |x - ref| / (|ref| + max|ref|), or with
- * `relative` plain |x - ref| / |ref|. */
+/* Largest error of x against ref over n elements: check_scaled_err, or with `relative` plain
+ * |x - ref| / |ref|. */
 static inline double world_err(const float *x, const float *ref, int64_t n, int relative) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n && !relative; i++) scale = fmax(scale, fabs(ref[i]));
+    if (!relative) return check_scaled_err(x, ref, (long)n);
+    double worst = 0;
     for (int64_t i = 0; i < n; i++) {
-        double den = fabs(ref[i]) + scale;
-        double e = fabs((double)x[i] - ref[i]) / (den > 0 ? den : 1);
+        double e = fabs((double)x[i] - ref[i]) / (ref[i] != 0 ? fabs(ref[i]) : 1);
         if (!(e <= worst)) worst = e;
     }
     return worst;

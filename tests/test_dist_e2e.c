@@ -175,18 +175,6 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
-/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
-static double state_err(const float *x, const float *ref, int64_t n) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
-}
-
 /* The distributed checkpoint `dir`, exported to one file, against the serial run's checkpoint:
  * the same tensors (parameters and optimizer state) in the same shapes, values within STATE_TOL.
  * Returns the worst error. */
@@ -219,7 +207,7 @@ static double compare_checkpoint(const char *dir, const char *serial, int world,
             rc = adt_st_read_f32(a, want->name, x, want->ndim, want->shape) |
                  adt_st_read_f32(b, want->name, y, want->ndim, want->shape);
             CHECK(rc == ADT_OK, "%s: %s", what, adt_error_message());
-            double e = rc ? INFINITY : state_err(x, y, n);
+            double e = rc ? INFINITY : check_scaled_err(x, y, n);
             CHECK(e <= STATE_TOL, "%s: '%s' after %d steps differs from the serial run's by %.3g", what, want->name, STEPS,
                   e);
             if (!(e <= worst)) worst = e, fmt(worst_name, nn, "%s", want->name);

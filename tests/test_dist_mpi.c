@@ -168,18 +168,6 @@ static void reference_free(const family *f, reference *ref) {
     free(ref->state);
 }
 
-/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
-static double state_err(const float *x, const float *ref, int64_t n) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
-}
-
 /* ---- a distributed run -------------------------------------------------------------------------- */
 
 typedef struct run_info {
@@ -253,7 +241,7 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
         rc = adt_mesh_comm_gather(mc, &loc.layout[v], g->values[v].shape, ADT_F32, adt_exec_data(ex, loc.value[v]),
                                   full);
         CHECK(rc == ADT_OK, "%s: gathering %s: %s", what, g->values[v].name, adt_error_message());
-        double e = state_err(full, ref->state[v], adt_value_numel(g, v));
+        double e = check_scaled_err(full, ref->state[v], adt_value_numel(g, v));
         char lay[64];
         CHECK(e <= STATE_TOL, "%s: '%s' (%s) after %d steps differs from the serial run by %.3g (seed %llu)", what,
               g->values[v].name, adt_ndsbp_str(&loc.layout[v], lay, sizeof lay), STEPS, e, (unsigned long long)g_seed);

@@ -16,24 +16,12 @@
 #include "check.h"
 #include "dist_world.h"
 
-/* Fed data of one step: token ids or class labels for i32 values, U(-1, 1) else. */
-static void fill_model(void *ctx, const adt_graph *g, int v, int64_t i, void *e) {
-    const model *m = ctx;
-    (void)i;
-    if (g->values[v].dtype == ADT_I32) {
-        const adt_shape *ls = &g->values[m->io.logits].shape;
-        *(int32_t *)e = irand(0, (m->vocab ? m->vocab : (int)ls->dim[ls->ndim - 1]) - 1);
-    } else {
-        *(float *)e = urand(-1, 1);
-    }
-}
-
 /* ---- one plan ------------------------------------------------------------------------------------ */
 
 #define STEPS 3
 #define TOL 2e-5
 
-static void feed_model(void *ctx, const adt_graph *g, void **feed) { world_feed_fill(g, feed, fill_model, ctx); }
+static void feed_model(void *ctx, const adt_graph *g, void **feed) { world_feed_fill(g, feed, model_fill, ctx); }
 
 static void run_plan(const model *md, const adt_mesh *m, const adt_nd_sig *sig, world_check_stats *rs, const char *what) {
     adt_dist_plan plan = {.mesh = *m, .node_sig = sig, .cost = {{1e-6, 1e-6, 1e-6}, {1e-9, 1e-9, 1e-9}, 1e-12}};
