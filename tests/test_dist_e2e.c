@@ -13,7 +13,9 @@
  *   - checkpoints across plans: saved at step 3 under plan A on a ranks (or one process: a
  *     single file), resumed under plan B on b ranks up to step 6, the losses of steps 4-6 equal
  *     the uninterrupted serial run's within 1e-5; resumed under the same plan, they equal that
- *     plan's uninterrupted run bit for bit.
+ *     plan's uninterrupted run bit for bit;
+ *   - --init from a distributed checkpoint under another plan gives the losses of the one-process
+ *     run started from its export, and --resume under another --batch is refused, naming it.
  * Runs use --schedule constant, so a run of 3 steps and the first 3 of a run of 6 take the same
  * learning rates. The seed comes from $ADT_TEST_SEED, else the time, and is printed.
  */
@@ -460,6 +462,52 @@ static void test_resume_across_plans(void) {
           sizeof resumes / sizeof resumes[0]);
 }
 
+/* --init reads a distributed checkpoint's weights under another plan: the losses of a run started
+ * from it equal those of the one-process run started from its export; --resume under flags the
+ * checkpoint was not saved with is refused, naming the flag. */
+static void test_init_from_directory(void) {
+    int fi = 2; /* vgg */
+    const family *f = &families[fi];
+    char plan_a[512], plan_b[512], ck[512], one[512], log_a[512], log_b[512], flags[2048], args[4096], out[8192];
+    fmt(plan_a, sizeof plan_a, "%s", check_tmp_path("init_a.json"));
+    fmt(plan_b, sizeof plan_b, "%s", check_tmp_path("init_b.json"));
+    fmt(ck, sizeof ck, "%s", check_tmp_path("init.ckpt"));
+    fmt(one, sizeof one, "%s", check_tmp_path("init.safetensors"));
+    const side a = {3, "zero"}, b = {2, "tp"};
+    if (side_plan(fi, &a, 0, plan_a, "init") || side_plan(fi, &b, 0, plan_b, "init")) return;
+    common_flags(f, fi, RESUME_AT, flags, sizeof flags);
+    fmt(args, sizeof args, "%s --plan %s --save %s", flags, plan_a, ck);
+    if (run_world(a.world, args, "init: saving under zero on 3 ranks")) return;
+    adt_dckpt *c = NULL;
+    int rc = adt_dckpt_open(&c, ck);
+    if (!rc) rc = adt_dckpt_export(c, one, 0);
+    CHECK(rc == ADT_OK, "init: export: %s", adt_error_message());
+    adt_dckpt_close(c);
+    if (rc) return;
+    /* from the export, in one process; from the directory, under tp on 2 ranks */
+    fmt(log_a, sizeof log_a, "%s", check_tmp_path("init_one.jsonl"));
+    fmt(log_b, sizeof log_b, "%s", check_tmp_path("init_dist.jsonl"));
+    common_flags(f, fi, STEPS, flags, sizeof flags);
+    fmt(args, sizeof args, "%s --init %s --log %s", flags, one, log_a);
+    if (run_world(0, args, "init: one process from the export")) return;
+    fmt(args, sizeof args, "%s --plan %s --init %s --log %s", flags, plan_b, ck, log_b);
+    if (run_world(b.world, args, "init: tp on 2 ranks from the directory")) return;
+    double want[STEPS];
+    int ne, n = read_losses(log_a, want, STEPS, &ne);
+    CHECK(n == STEPS, "init: %d step lines", n);
+    double e = n == STEPS ? compare_losses(log_b, 1, STEPS, want, "init: tp on 2 ranks from the directory") : INFINITY;
+    CHECK(fabs(want[0] - g_ff[fi].loss[0]) > 1e-6 * fabs(want[0]),
+          "init: the first loss %.9g equals a fresh run's: the weights were not loaded", want[0]);
+    printf("--init from a distributed checkpoint under another plan: worst loss error %.2e (relative)\n", e);
+    /* --resume with another --batch is refused, naming it, from the manifest's metadata */
+    fmt(args, sizeof args, "train --model '%s' %s --batch %d --schedule constant --seed %llu --steps %d --resume %s",
+        g_ff[fi].cfg, f->flags, BATCH + 1, (unsigned long long)(g_seed % 100000), RESUME_TO, ck);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--resume") && strstr(out, "--batch 7, this one has 8"), "exit %d:\n%s", rc, out);
+    unlink(log_a), unlink(log_b), unlink(one), unlink(plan_a), unlink(plan_b);
+    remove_tree(ck);
+}
+
 int main(void) {
     const char *s = getenv("ADT_TEST_SEED");
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
@@ -477,8 +525,9 @@ int main(void) {
     RUN(test_expert_plans);
     RUN(test_random_plans);
     RUN(test_resume_across_plans);
-    printf("%d distributed runs in %.1f s\n", g_fig_expert.runs + g_fig_random.runs + g_fig_resume.runs,
-           adt_now_s() - t0);
+    RUN(test_init_from_directory);
+    printf("%d distributed runs compared with the serial run; the whole file took %.1f s\n",
+           g_fig_expert.runs + g_fig_random.runs + g_fig_resume.runs, adt_now_s() - t0);
     for (int fi = 0; fi < N_FAMILIES; fi++) {
         unlink(g_ff[fi].cfg);
         unlink(g_ff[fi].serial);
