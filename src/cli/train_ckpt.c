@@ -107,6 +107,13 @@ static int gather_parts(trainer *t, const char *part, char ***parts_out) {
     return rc;
 }
 
+/* train_world_agree, and on a failure a barrier: the message is out before a rank ends the world. */
+static int save_agree(trainer *t, int rc) {
+    rc = train_world_agree(t, rc);
+    if (rc) adt_comm_barrier(t->world);
+    return rc;
+}
+
 /* A distributed checkpoint: every rank writes its file, then rank 0 commits the manifest. A failure
  * on any rank is agreed on (one message, from the lowest failing rank) and fails every rank. */
 static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m) {
@@ -115,7 +122,7 @@ static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m
     cli_defer_errors(1);
     int rc = 0;
     if (adt_dckpt_write_rank(dir, step, &view, 1, &part)) rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
-    if ((rc = train_world_agree(t, rc))) {
+    if ((rc = save_agree(t, rc))) {
         free(part);
         return rc;
     }
@@ -127,7 +134,7 @@ static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m
     for (int r = 0; parts && r < t->nranks; r++) free(parts[r]);
     free(parts);
     free(part);
-    return train_world_agree(t, rc);
+    return save_agree(t, rc);
 }
 
 int train_ckpt_save(trainer *t, const char *pattern, long step) {
