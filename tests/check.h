@@ -106,4 +106,18 @@ static inline double check_max_rel_err(const float *a, const float *b, long n, d
     return worst;
 }
 
+/* Largest |x - ref| / (|ref| + max|ref|) over n elements: a tensor's error at its own scale, so
+ * elements near zero are not held to a relative bound that rounding cannot meet (an all-zero ref
+ * counts |x - ref|). NaN counts as infinite. */
+static inline double check_scaled_err(const float *x, const float *ref, long n) {
+    double scale = 0, worst = 0;
+    for (long i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    if (scale == 0) scale = 1;
+    for (long i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
+        if (!(e <= worst)) worst = e != e ? INFINITY : e;
+    }
+    return worst;
+}
+
 #endif

@@ -2,13 +2,16 @@
  * dist_world.h - a partitioned training run inside one test process: ranks are threads whose
  * BOXING nodes meet in an in-memory communicator (a barrier and adt_boxing_step_local, the same
  * rule as adt_boxing_run_virtual), the two test models (an MLP with AdamW, a GPT with dropout
- * and SGD), random fed data, and random plans. Used by the partitioner's and the checkpoints'
+ * and SGD), random fed data, random plans (tests/plan_random.h), and the check of a plan
+ * against the serial run. Used by the partitioner's, the expert plans' and the checkpoints'
  * tests; include after check.h.
  *
  *   world w;
  *   world_create(&w, g, &mesh, sig, seed, "what");   partition + one executor per rank
  *   world_feed(&w, feed, lr, step); world_run(&w, "what");
  *   world_gather(&w, v, out);                        the global value from the ranks' blocks
+ *   world_check_plan(g, &plan, feed_fn, ctx, &opts, &stats, "what");
+ *                                                    steps vs the serial run, CHECKed
  */
 #ifndef ADTRAIN_TESTS_DIST_WORLD_H
 #define ADTRAIN_TESTS_DIST_WORLD_H
@@ -18,6 +21,7 @@
 
 #include "adtrain/adtrain.h"
 #include "dist_check.h"
+#include "plan_random.h"
 
 static uint64_t g_seed;
 static uint64_t g_ctr;
@@ -103,40 +107,54 @@ static inline void build_gpt(model *m) {
     m->vocab = 13;
 }
 
-/* Fed data of one step: global arrays for every fed leaf (lr and step set separately). */
-static inline void make_feed(const model *m, void **feed) {
-    const adt_graph *g = m->g;
+/* Fills feed[v] with a malloc'd global array for every fed leaf but lr and step (NULL else). */
+typedef void (*world_feed_fn)(void *ctx, const adt_graph *g, void **feed);
+
+/* A world_feed_fn's loop: allocates those arrays (4-byte elements) and lets fill(ctx, g, v, i, e)
+ * write element i of value v to e. */
+typedef void (*world_fill_fn)(void *ctx, const adt_graph *g, int v, int64_t i, void *e);
+static inline void world_feed_fill(const adt_graph *g, void **feed, world_fill_fn fill, void *ctx) {
     for (int v = 0; v < g->n_values; v++) {
         const adt_value *val = &g->values[v];
         feed[v] = NULL;
         if (!adt_role_is_fed(val->role) || v == g->lr_input || v == g->step_input) continue;
         int64_t n = adt_shape_numel(&val->shape);
         feed[v] = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++) {
-            if (val->dtype == ADT_I32) {
-                int hi = m->vocab ? m->vocab : g->values[m->io.logits].shape.dim[g->values[m->io.logits].shape.ndim - 1];
-                ((int32_t *)feed[v])[i] = irand(0, hi - 1);
-            } else {
-                ((float *)feed[v])[i] = urand(-1, 1);
-            }
-        }
+        for (int64_t i = 0; i < n; i++) fill(ctx, g, v, i, (char *)feed[v] + 4 * i);
     }
 }
+
+/* Fed data of one step: global arrays for every fed leaf (lr and step set separately): token ids
+ * or class labels for i32 values, U(-1, 1) else. */
+static inline void model_fill(void *ctx, const adt_graph *g, int v, int64_t i, void *e) {
+    const model *m = ctx;
+    (void)i;
+    if (g->values[v].dtype == ADT_I32) {
+        const adt_shape *ls = &g->values[m->io.logits].shape;
+        *(int32_t *)e = irand(0, (m->vocab ? m->vocab : (int)ls->dim[ls->ndim - 1]) - 1);
+    } else {
+        *(float *)e = urand(-1, 1);
+    }
+}
+
+static inline void make_feed(const model *m, void **feed) { world_feed_fill(m->g, feed, model_fill, (void *)m); }
 
 static inline void free_feed(const adt_graph *g, void **feed) {
     for (int v = 0; v < g->n_values; v++) free(feed[v]);
     free(feed);
 }
 
-/* A plan with a random usable signature per node (choice 0, all-B, when random == 0). */
+/* A plan with a random usable signature per node (tests/plan_random.h; the seed drawn from
+ * g_seed), or choice 0, all-B, when random == 0. */
 static inline adt_nd_sig *random_plan(const adt_graph *g, const adt_mesh *m, int random) {
+    if (random) {
+        uint64_t hi = adt_rng_u32(g_seed, g_ctr++), lo = adt_rng_u32(g_seed, g_ctr++);
+        return plan_random_sigs(g, m, hi << 32 | lo);
+    }
     adt_nd_sig *sig = calloc((size_t)g->n_nodes, sizeof *sig);
     for (int i = 0; i < g->n_nodes; i++) {
-        int n = adt_node_nd_sigs(g, i, m, NULL, 0);
-        adt_nd_sig *all = calloc((size_t)n, sizeof *all);
-        adt_node_nd_sigs(g, i, m, all, n);
-        sig[i] = all[random ? irand(0, n - 1) : 0];
-        free(all);
+        const adt_node *n = &g->nodes[i];
+        sig[i] = adt_nd_sig_all_b(m->ndim, n->n_in, n->n_out);
     }
     return sig;
 }
@@ -158,14 +176,14 @@ static inline void *world_rank_main(void *arg) {
     return NULL;
 }
 
-/* Partitions g under plan (m, sig) for every rank and creates the executors, parameters
- * initialised from `seed`. Failures are CHECKs; w->ok says whether the world is usable. */
-static inline void world_create(world *w, const adt_graph *g, const adt_mesh *m, const adt_nd_sig *sig, uint64_t seed,
-                                const char *what) {
+/* Partitions g under `plan` for every rank and creates the executors, parameters initialised
+ * from `seed`. Failures are CHECKs; w->ok says whether the world is usable. */
+static inline void world_create_plan(world *w, const adt_graph *g, const adt_dist_plan *plan, uint64_t seed,
+                                     const char *what) {
+    const adt_mesh *m = &plan->mesh;
     memset(w, 0, sizeof *w);
     w->g = g;
     w->mesh = *m;
-    adt_dist_plan plan = {.mesh = *m, .node_sig = sig, .cost = {{1e-6, 1e-6, 1e-6}, {1e-9, 1e-9, 1e-9}, 1e-12}};
     w->loc = calloc((size_t)m->nranks, sizeof *w->loc);
     w->vc = calloc(1, sizeof *w->vc);
     w->vc->mesh = *m;
@@ -178,7 +196,7 @@ static inline void world_create(world *w, const adt_graph *g, const adt_mesh *m,
         k->rank = r;
         adt_mesh_coord(m, r, k->coord);
         k->hook = (adt_comm_hook){.run = vcomm_run, .ctx = k};
-        int rc = adt_dist_partition(g, &plan, k->coord, &w->loc[r]);
+        int rc = adt_dist_partition(g, plan, k->coord, &w->loc[r]);
         CHECK(rc == ADT_OK, "%s: partition for rank %d: %s", what, r, adt_error_message());
         if (rc) {
             w->ok = 0;
@@ -197,6 +215,13 @@ static inline void world_create(world *w, const adt_graph *g, const adt_mesh *m,
         CHECK(same, "%s: rank %d's local graph differs in structure from rank 0's", what, r);
         w->ok &= same;
     }
+}
+
+/* The same for signatures `sig` on mesh m (leaves in the partitioner's default layouts). */
+static inline void world_create(world *w, const adt_graph *g, const adt_mesh *m, const adt_nd_sig *sig, uint64_t seed,
+                                const char *what) {
+    adt_dist_plan plan = {.mesh = *m, .node_sig = sig, .cost = {{1e-6, 1e-6, 1e-6}, {1e-9, 1e-9, 1e-9}, 1e-12}};
+    world_create_plan(w, g, &plan, seed, what);
 }
 
 static inline void world_free(world *w) {
@@ -263,6 +288,90 @@ static inline void world_gather(const world *w, int v, float *out) {
             first = 0;
         }
     }
+}
+
+/* ---- one plan against the serial run ----------------------------------------------------------- */
+
+typedef struct world_check_opts {
+    int steps;
+    float lr;
+    double tol;      /* parameters and optimizer state: |x - ref| / (|ref| + max|ref|) */
+    double loss_tol; /* the loss: relative */
+    uint64_t seed;
+} world_check_opts;
+
+typedef struct world_check_stats {
+    int plans, steps_checked, boxing_nodes, worst_plan_boxing;
+    int kinds[ADT_BOXING_KIND_COUNT];
+    double worst, worst_loss;
+} world_check_stats;
+
+/* Largest error of x against ref over n elements: check_scaled_err, or with `relative` plain
+ * |x - ref| / |ref|. */
+static inline double world_err(const float *x, const float *ref, int64_t n, int relative) {
+    if (!relative) return check_scaled_err(x, ref, (long)n);
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - ref[i]) / (ref[i] != 0 ? fabs(ref[i]) : 1);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* Partitions g under `plan` for every coordinate, runs o->steps training steps on the ranks and
+ * serially with the same data, and CHECKs the loss and all persistent state (gathered from the
+ * ranks) after each step. Returns 1 when everything ran and matched. */
+static inline int world_check_plan(const adt_graph *g, const adt_dist_plan *plan, world_feed_fn feed_fn, void *feed_ctx,
+                                   const world_check_opts *o, world_check_stats *rs, const char *what) {
+    world w;
+    world_create_plan(&w, g, plan, o->seed, what);
+    int ok = w.ok, all_ok = 1;
+    adt_exec *serial = NULL;
+    adt_exec_opts so = {.threads = 1, .seed = o->seed};
+    adt_exec_create(&serial, g, &so);
+    adt_exec_init_params(serial);
+    float *got = NULL;
+    size_t cap = 0;
+    double worst = 0, worst_loss = 0;
+    for (int step = 1; step <= o->steps && ok; step++) {
+        void **feed = calloc((size_t)g->n_values, sizeof *feed);
+        feed_fn(feed_ctx, g, feed);
+        adt_exec_set_lr_step(serial, o->lr, step);
+        for (int v = 0; v < g->n_values; v++)
+            if (feed[v]) memcpy(adt_exec_data(serial, v), feed[v], (size_t)adt_value_bytes(g, v));
+        adt_exec_run(serial);
+        world_feed(&w, feed, o->lr, step);
+        all_ok &= world_run(&w, what) == 0;
+        for (int v = 0; v < g->n_values; v++) {
+            const adt_value *val = &g->values[v];
+            if (v != g->loss && !adt_role_is_persistent(val->role)) continue;
+            size_t bytes = (size_t)adt_value_bytes(g, v);
+            if (bytes > cap) got = realloc(got, cap = bytes);
+            world_gather(&w, v, got);
+            double e = world_err(got, adt_exec_data(serial, v), adt_shape_numel(&val->shape), v == g->loss);
+            double tol = v == g->loss ? o->loss_tol : o->tol;
+            char lay[64];
+            CHECK(e <= tol, "%s, step %d: '%s' (%s) differs from the serial run by %.3g (seed %llu)", what, step, val->name,
+                  adt_ndsbp_str(&w.loc[0].layout[v], lay, sizeof lay), e, (unsigned long long)o->seed);
+            all_ok &= e <= tol;
+            if (v == g->loss) worst_loss = e > worst_loss ? e : worst_loss;
+            else if (!(e <= worst)) worst = e;
+        }
+        free_feed(g, feed);
+        rs->steps_checked++;
+    }
+    if (ok) {
+        rs->plans++;
+        rs->boxing_nodes += w.loc[0].n_boxing;
+        if (w.loc[0].n_boxing > rs->worst_plan_boxing) rs->worst_plan_boxing = w.loc[0].n_boxing;
+        for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) rs->kinds[k] += w.vc->kinds[k];
+        if (!(worst <= rs->worst)) rs->worst = worst;
+        if (!(worst_loss <= rs->worst_loss)) rs->worst_loss = worst_loss;
+    }
+    free(got);
+    adt_exec_free(serial);
+    world_free(&w);
+    return ok && all_ok;
 }
 
 #endif

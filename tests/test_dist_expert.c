@@ -1,6 +1,6 @@
 /*
  * test_dist_expert.c - the expert plans (dp, zero, tp, pp and combinations) for every model
- * family: each plan partitions, and run through the in-memory threaded executor (dist_run.h)
+ * family: each plan partitions, and run through the in-memory threaded executor (dist_world.h)
  * reproduces the serial run's per-step losses (1e-5 relative) and weights and optimizer state;
  * the Megatron plan splits attention by heads and communicates as Megatron does (two all-reduces
  * per transformer block in the forward pass, no gather of qkv); ZeRO keeps 1/dp of the optimizer state per rank; pipeline stages are balanced
@@ -12,12 +12,7 @@
 
 #include "adtrain/adtrain.h"
 #include "check.h"
-#include "dist_run.h"
-
-static uint64_t g_seed;
-static uint64_t g_ctr;
-static int irand(int lo, int hi) { return lo + (int)(adt_rng_u32(g_seed, g_ctr++) % (uint32_t)(hi - lo + 1)); }
-static float urand(float lo, float hi) { return lo + (hi - lo) * adt_rng_uniform(g_seed, g_ctr++); }
+#include "dist_world.h"
 
 #define BATCH 6
 
@@ -38,13 +33,13 @@ static const family families[] = {
 };
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 
-typedef struct model {
+typedef struct fmodel {
     adt_model_cfg cfg;
     adt_graph *g;
     adt_model_io io;
-} model;
+} fmodel;
 
-static void build(model *md, const family *f, int batch) {
+static void build(fmodel *md, const family *f, int batch) {
     CHECK(adt_model_cfg_parse(&md->cfg, f->json, f->name) == ADT_OK, "%s", adt_error_message());
     md->g = adt_graph_create();
     adt_model_build(md->g, &md->cfg, batch, &md->io);
@@ -58,7 +53,7 @@ static void build(model *md, const family *f, int batch) {
 /* Random data of one step in each family's ranges (token ids, class labels, per-table rows,
  * click labels). */
 static void fill_model(void *ctx, const adt_graph *g, int v, int64_t i, void *e) {
-    const model *md = ctx;
+    const fmodel *md = ctx;
     const adt_value *val = &g->values[v];
     float *f = e;
     int32_t *d = e;
@@ -72,9 +67,9 @@ static void fill_model(void *ctx, const adt_graph *g, int v, int64_t i, void *e)
     } else *f = urand(-1, 1);
 }
 
-static void feed_model(void *ctx, const adt_graph *g, void **feed) { dr_feed_fill(g, feed, fill_model, ctx); }
+static void feed_model(void *ctx, const adt_graph *g, void **feed) { world_feed_fill(g, feed, fill_model, ctx); }
 
-static int make_plan(const model *md, const char *strategy, int devices, int micro, adt_plan *p) {
+static int make_plan(const fmodel *md, const char *strategy, int devices, int micro, adt_plan *p) {
     adt_expert_opts o = {.strategy = strategy, .devices = devices, .batch = BATCH * (micro ? micro : 1),
                          .microbatches = micro};
     return adt_expert_plan(md->g, &md->cfg, &o, p);
@@ -93,10 +88,10 @@ static const case_ cases[] = {
 };
 
 static void test_plans_match_serial(void) {
-    dr_stats rs = {0};
+    world_check_stats rs = {0};
     int runs = 0, matched = 0;
     for (int f = 0; f < N_FAMILIES; f++) {
-        model md;
+        fmodel md;
         build(&md, &families[f], BATCH);
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             adt_plan p;
@@ -108,9 +103,9 @@ static void test_plans_match_serial(void) {
             CHECK(p.mesh.nranks == cases[c].devices, "%s: mesh of %d ranks", what, p.mesh.nranks);
             int ranks[64];
             adt_dist_plan dp = adt_plan_dist(&p, 0, ranks);
-            dr_opts o = {.steps = 3, .lr = 0.05f, .tol = 2e-5, .loss_tol = 1e-5, .seed = g_seed};
+            world_check_opts o = {.steps = 3, .lr = 0.05f, .tol = 2e-5, .loss_tol = 1e-5, .seed = g_seed};
             runs++;
-            matched += dr_run_plan(md.g, &dp, feed_model, &md, &o, &rs, what);
+            matched += world_check_plan(md.g, &dp, feed_model, &md, &o, &rs, what);
             adt_plan_free(&p);
         }
         adt_graph_free(md.g);
@@ -171,7 +166,7 @@ static int find_node_reading(const adt_graph *g, const char *param, int op) {
 static int is_split(const adt_sbp *s, int axis) { return s->kind == ADT_SBP_S && s->axis == axis; }
 
 static void test_megatron(void) {
-    model md;
+    fmodel md;
     build(&md, &families[0], BATCH);
     const char *strategies[] = {"tp=2", "dp=2,tp=2", "tp=3", "tp=4"};
     int devices[] = {2, 4, 3, 4};
@@ -261,7 +256,7 @@ static void test_megatron(void) {
  * parameter gradient and nothing else. */
 static void test_dp_communication(void) {
     for (int f = 0; f < N_FAMILIES; f++) {
-        model md;
+        fmodel md;
         build(&md, &families[f], BATCH);
         adt_plan p;
         int rc = make_plan(&md, "dp", 3, 0, &p);
@@ -288,7 +283,7 @@ static void test_dp_communication(void) {
 }
 
 /* Optimizer-state elements rank r holds of each state, under a plan (all ranks partitioned). */
-static int64_t *state_held(const model *md, const adt_plan *p) {
+static int64_t *state_held(const fmodel *md, const adt_plan *p) {
     int ranks[64];
     adt_dist_plan dp = adt_plan_dist(p, 0, ranks);
     int64_t *held = calloc((size_t)dp.mesh.nranks * (size_t)md->g->n_values, sizeof *held);
@@ -314,7 +309,7 @@ static void test_zero_memory(void) {
     const char *zero[] = {"zero", "zero", "dp=2,tp=2,zero"}, *plain[] = {"dp", "dp", "dp=2,tp=2"};
     int devices[] = {2, 3, 4};
     for (int f = 0; f < N_FAMILIES; f++) {
-        model md;
+        fmodel md;
         build(&md, &families[f], BATCH);
         for (int s = 0; s < 3; s++) {
             adt_plan pz, pn;
@@ -413,7 +408,7 @@ static void test_pipeline(void) {
         {3, "dp=2,pp=2", 4, 2},
     };
     for (size_t c = 0; c < sizeof pcs / sizeof pcs[0]; c++) {
-        model md;
+        fmodel md;
         build(&md, &families[pcs[c].family], BATCH);
         adt_plan p;
         char what[96];
@@ -495,7 +490,7 @@ static void test_refusals(void) {
         {0, "dp=2,pp=2", 4, BATCH, 6, "a microbatch of 1 samples"},
     };
     for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
-        model md;
+        fmodel md;
         int micro = bad[c].micro ? bad[c].micro : 1;
         build(&md, &families[bad[c].family], bad[c].batch % micro ? 1 : bad[c].batch / micro);
         adt_expert_opts o = {.strategy = bad[c].strategy, .devices = bad[c].devices, .batch = bad[c].batch,
@@ -508,7 +503,7 @@ static void test_refusals(void) {
         adt_graph_free(md.g);
     }
     /* a graph that is not the model's at the batch asked for */
-    model md;
+    fmodel md;
     build(&md, &families[1], BATCH);
     adt_expert_opts o = {.strategy = "dp", .devices = 2, .batch = 2 * BATCH};
     adt_plan p;

@@ -14,86 +14,24 @@
 
 #include "adtrain/adtrain.h"
 #include "check.h"
-#include "dist_run.h"
-
-static uint64_t g_seed;
-static uint64_t g_ctr;
-static int irand(int lo, int hi) { return lo + (int)(adt_rng_u32(g_seed, g_ctr++) % (uint32_t)(hi - lo + 1)); }
-static float urand(float lo, float hi) { return lo + (hi - lo) * adt_rng_uniform(g_seed, g_ctr++); }
-
-/* ---- models and data ----------------------------------------------------------------------------- */
-
-typedef struct model {
-    const char *name;
-    adt_graph *g;
-    adt_model_io io;
-    int vocab; /* > 0: the input is token ids */
-} model;
-
-static void build_mlp(model *m) {
-    m->name = "mlp";
-    m->g = adt_graph_create();
-    adt_mlp_cfg c = {.n_sizes = 4, .sizes = {9, 11, 13, 5}, .activation = ADT_ACT_GELU};
-    adt_model_mlp(m->g, &c, 7, &m->io);
-    adt_graph_backward(m->g, m->io.loss);
-    /* a large eps keeps AdamW's step linear in small gradients, whose rounding differs by layout */
-    adt_optim_cfg oc = adt_optim_adamw(0.9f, 0.95f, 0.1f, 0.01f);
-    adt_graph_optimizer(m->g, &oc);
-    m->vocab = 0;
-}
-
-static void build_gpt(model *m) {
-    m->name = "gpt";
-    m->g = adt_graph_create();
-    adt_gpt_cfg c = {.vocab_size = 13, .n_ctx = 6, .n_layer = 1, .n_embd = 12, .n_head = 3, .dropout = 0.2f};
-    adt_model_gpt(m->g, &c, 3, &m->io);
-    adt_graph_backward(m->g, m->io.loss);
-    adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.01f);
-    adt_graph_optimizer(m->g, &oc);
-    m->vocab = 13;
-}
-
-/* Fed data of one step: token ids or class labels for i32 values, U(-1, 1) else. */
-static void fill_model(void *ctx, const adt_graph *g, int v, int64_t i, void *e) {
-    const model *m = ctx;
-    (void)i;
-    if (g->values[v].dtype == ADT_I32) {
-        const adt_shape *ls = &g->values[m->io.logits].shape;
-        *(int32_t *)e = irand(0, (m->vocab ? m->vocab : (int)ls->dim[ls->ndim - 1]) - 1);
-    } else {
-        *(float *)e = urand(-1, 1);
-    }
-}
+#include "dist_world.h"
 
 /* ---- one plan ------------------------------------------------------------------------------------ */
-
-/* A plan with a random usable signature per node (choice 0, all-B, when random == 0). */
-static adt_nd_sig *random_plan(const adt_graph *g, const adt_mesh *m, int random) {
-    adt_nd_sig *sig = calloc((size_t)g->n_nodes, sizeof *sig);
-    for (int i = 0; i < g->n_nodes; i++) {
-        int n = adt_node_nd_sigs(g, i, m, NULL, 0);
-        adt_nd_sig *all = calloc((size_t)n, sizeof *all);
-        adt_node_nd_sigs(g, i, m, all, n);
-        sig[i] = all[random ? irand(0, n - 1) : 0];
-        free(all);
-    }
-    return sig;
-}
 
 #define STEPS 3
 #define TOL 2e-5
 
-static void feed_model(void *ctx, const adt_graph *g, void **feed) { dr_feed_fill(g, feed, fill_model, ctx); }
+static void feed_model(void *ctx, const adt_graph *g, void **feed) { world_feed_fill(g, feed, model_fill, ctx); }
 
-static void run_plan(const model *md, const adt_mesh *m, const adt_nd_sig *sig, dr_stats *rs, const char *what) {
+static void run_plan(const model *md, const adt_mesh *m, const adt_nd_sig *sig, world_check_stats *rs, const char *what) {
     adt_dist_plan plan = {.mesh = *m, .node_sig = sig, .cost = {{1e-6, 1e-6, 1e-6}, {1e-9, 1e-9, 1e-9}, 1e-12}};
-    dr_opts o = {.steps = STEPS, .lr = 0.05f, .tol = TOL, .loss_tol = TOL, .seed = g_seed};
-    dr_run_plan(md->g, &plan, feed_model, (void *)md, &o, rs, what);
+    world_check_opts o = {.steps = STEPS, .lr = 0.05f, .tol = TOL, .loss_tol = TOL, .seed = g_seed};
+    world_check_plan(md->g, &plan, feed_model, (void *)md, &o, rs, what);
 }
 
 static void test_random_plans(void) {
     static const int meshes[][4] = {{1, 2}, {1, 3}, {2, 2, 2}, {2, 2, 3}};
-    dr_stats rs = {0};
+    world_check_stats rs = {0};
     void (*builders[])(model *) = {build_mlp, build_gpt};
     for (int b = 0; b < 2; b++) {
         model md;

@@ -149,6 +149,7 @@ void train_balance_free(trainer *t);
 /* train_ckpt.c: --init, --resume and --save. */
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */
 int train_ckpt_resume(trainer *t); /* --resume: weights, optimizer state, step; sets t->start_step */
+/* One file in one process; on several ranks a distributed checkpoint directory (collective). */
 int train_ckpt_save(trainer *t, const char *path, long step);
 
 #endif

@@ -7,12 +7,19 @@
  * and the data position. What the file does store besides the tensors is what must not change
  * between the two halves of a run (seed, batch, shuffling, optimizer, the data's size and
  * vocabulary), so that resuming under different flags is refused rather than silently diverging.
+ *
+ * One process saves one safetensors file. A run over several ranks saves a distributed checkpoint
+ * (a directory: docs/formats.md, "Distributed checkpoints"): every rank writes the blocks it is
+ * the writer of, rank 0 gathers the ranks' parts of the manifest and commits it. --init and
+ * --resume read either kind under any plan and world size: each rank loads its own blocks (the
+ * boxes of its layouts) from whichever files hold them.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "adtrain/base.h"
 #include "adtrain/ckpt.h"
@@ -20,9 +27,15 @@
 
 #define CKPT_FORMAT "adtrain-train-state-1"
 
-/* Storage of a global value on this rank (a checkpoint names the global values; under
- * data parallelism every rank holds each persistent value whole). */
-static void *exec_data(void *ctx, int v) { return train_value(ctx, v); }
+/* Storage of a value of the graph the executor runs (the global graph, or this rank's local one). */
+static void *exec_data(void *ctx, int v) { return adt_exec_data(((trainer *)ctx)->ex, v); }
+
+/* Where this rank's share of the model lives: all of it, or the blocks of its local graph. */
+static adt_ckpt_view ckpt_view(trainer *t) {
+    adt_ckpt_view v = {.g = t->g, .data = exec_data, .ctx = t};
+    if (t->loc.g) v.local = &t->loc, v.mesh = &t->plan.mesh, v.coord = t->coord;
+    return v;
+}
 
 /* The training vocabulary as hex ("0a20..."): metadata values are strings. */
 static void vocab_hex(const trainer *t, char *buf, size_t n) {
@@ -39,119 +52,215 @@ static void save_path_for(const char *pattern, long step, char *buf, size_t n) {
     else snprintf(buf, n, "%.*s%ld%s", (int)(at - pattern), pattern, step, at + 6);
 }
 
-int train_ckpt_save(trainer *t, const char *pattern, long step) {
-    if (t->rank != 0) return 0; /* every rank holds the same state: rank 0 writes it */
-    char path[4096];
-    save_path_for(pattern, step, path, sizeof path);
-    char s_step[32], s_seed[32], s_batch[32], s_samples[32], vocab[520];
-    snprintf(s_step, sizeof s_step, "%ld", step);
-    snprintf(s_seed, sizeof s_seed, "%" PRIu64, t->o.seed);
-    snprintf(s_batch, sizeof s_batch, "%ld", t->o.batch);
-    snprintf(s_samples, sizeof s_samples, "%" PRId64, t->train.count);
-    vocab_hex(t, vocab, sizeof vocab);
-    char *model_json = adt_model_cfg_to_json(&t->model);
-    const char *meta[] = {
+/* The metadata pairs of a checkpoint at `step` (the strings live in m). */
+typedef struct ckpt_meta {
+    char step[32], seed[32], batch[32], samples[32], vocab[520];
+    char *model_json;
+    const char *kv[22];
+} ckpt_meta;
+
+static void meta_make(trainer *t, long step, ckpt_meta *m) {
+    snprintf(m->step, sizeof m->step, "%ld", step);
+    snprintf(m->seed, sizeof m->seed, "%" PRIu64, t->o.seed);
+    snprintf(m->batch, sizeof m->batch, "%ld", t->o.batch);
+    snprintf(m->samples, sizeof m->samples, "%" PRId64, t->train.count);
+    vocab_hex(t, m->vocab, sizeof m->vocab);
+    m->model_json = adt_model_cfg_to_json(&t->model);
+    const char *kv[] = {
         "adtrain.format", CKPT_FORMAT,
-        "adtrain.step", s_step,
-        "adtrain.seed", s_seed,
-        "adtrain.batch", s_batch,
+        "adtrain.step", m->step,
+        "adtrain.seed", m->seed,
+        "adtrain.batch", m->batch,
         "adtrain.shuffle", t->o.shuffle ? "on" : "off",
         "adtrain.optimizer", t->o.optimizer == ADT_OPTIM_SGD ? "sgd" : "adamw",
         "adtrain.data", t->train.spec,
-        "adtrain.train_samples", s_samples,
+        "adtrain.train_samples", m->samples,
         "adtrain.model", t->model_label,
-        "adtrain.model_config", model_json,
-        "adtrain.vocab", vocab,
+        "adtrain.model_config", m->model_json,
+        "adtrain.vocab", m->vocab,
     };
-    int rc = adt_ckpt_save(path, t->g, exec_data, t, 1, meta, (int)(sizeof meta / sizeof *meta / 2));
-    free(model_json);
-    if (rc) return train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
-    if (!t->tty || step == t->o.steps) fprintf(stderr, "saved %s (step %ld)\n", path, step);
+    memcpy(m->kv, kv, sizeof kv);
+}
+
+#define META_PAIRS 11
+
+/* Every rank's part of the manifest, on every rank (parts are a few hundred bytes per rank). */
+static int gather_parts(trainer *t, const char *part, char ***parts_out) {
+    int p = t->nranks;
+    int32_t *len = adt_calloc((size_t)p, sizeof *len);
+    int64_t *counts = adt_calloc((size_t)p, sizeof *counts);
+    len[t->rank] = (int32_t)strlen(part) + 1;
+    int rc = adt_comm_allreduce_i32(t->world, len, p);
+    int64_t words = 0;
+    for (int r = 0; r < p; r++) words += counts[r] = (len[r] + 3) / 4; /* moved as i32 words */
+    int32_t *mine = adt_calloc((size_t)counts[t->rank], 4), *all = adt_calloc((size_t)words, 4);
+    memcpy(mine, part, strlen(part) + 1);
+    if (!rc) rc = adt_comm_allgather(t->world, mine, all, counts, ADT_I32);
+    char **parts = adt_calloc((size_t)p, sizeof *parts);
+    for (int r = 0, at = 0; r < p && !rc; at += (int)counts[r], r++) {
+        parts[r] = adt_malloc((size_t)len[r]);
+        memcpy(parts[r], all + at, (size_t)len[r]);
+        parts[r][len[r] - 1] = 0;
+    }
+    free(len), free(counts), free(mine), free(all);
+    *parts_out = parts;
+    return rc;
+}
+
+/* train_world_agree, and on a failure a barrier: the message is out before a rank ends the world. */
+static int save_agree(trainer *t, int rc) {
+    rc = train_world_agree(t, rc);
+    if (rc) adt_comm_barrier(t->world);
+    return rc;
+}
+
+/* A distributed checkpoint: every rank writes its file, then rank 0 commits the manifest. A failure
+ * on any rank is agreed on (one message, from the lowest failing rank) and fails every rank. */
+static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m) {
+    adt_ckpt_view view = ckpt_view(t);
+    char *part = NULL, **parts = NULL;
+    cli_defer_errors(1);
+    int rc = 0;
+    if (adt_dckpt_write_rank(dir, step, &view, 1, &part)) rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
+    if ((rc = save_agree(t, rc))) {
+        free(part);
+        return rc;
+    }
+    cli_defer_errors(1);
+    if (gather_parts(t, part, &parts)) rc = train_fail(EXIT_RUNTIME, "--save: gathering the manifest: %s", adt_error_message());
+    if (!rc && t->rank == 0 &&
+        adt_dckpt_commit(dir, step, t->g, 1, (const char *const *)parts, t->nranks, m->kv, META_PAIRS))
+        rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
+    for (int r = 0; parts && r < t->nranks; r++) free(parts[r]);
+    free(parts);
+    free(part);
+    return save_agree(t, rc);
+}
+
+int train_ckpt_save(trainer *t, const char *pattern, long step) {
+    char path[4096];
+    save_path_for(pattern, step, path, sizeof path);
+    ckpt_meta m;
+    meta_make(t, step, &m);
+    int rc = 0;
+    if (t->world) rc = save_distributed(t, path, step, &m);
+    else if (adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS))
+        rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
+    free(m.model_json);
+    if (rc) return rc;
+    if (!cli_quiet && (!t->tty || step == t->o.steps))
+        fprintf(stderr, "saved %s%s (step %ld)\n", path, t->world ? " (distributed checkpoint)" : "", step);
+    return 0;
+}
+
+/* A checkpoint being read: one safetensors file, or a distributed checkpoint's directory. */
+typedef struct ckpt_src {
+    const char *flag, *path;
+    adt_st_file *f;
+    adt_dckpt *d;
+} ckpt_src;
+
+static const char *src_meta(const ckpt_src *c, const char *key) {
+    return c->d ? adt_dckpt_metadata(c->d, key) : adt_st_metadata(c->f, key);
+}
+
+/* A directory is a distributed checkpoint; anything else is read as one file. */
+static int src_open(ckpt_src *c, const char *flag, const char *path) {
+    struct stat st;
+    memset(c, 0, sizeof *c);
+    c->flag = flag, c->path = path;
+    int rc = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? adt_dckpt_open(&c->d, path) : adt_st_open(&c->f, path);
+    if (rc) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
+    return 0;
+}
+
+static void src_close(ckpt_src *c) {
+    if (c->d) adt_dckpt_close(c->d);
+    if (c->f) adt_st_close(c->f);
+}
+
+/* This rank's blocks of every parameter (and with_state every optimizer state). */
+static int src_load(trainer *t, const ckpt_src *c, int with_state) {
+    adt_ckpt_view view = ckpt_view(t);
+    int rc = c->d ? adt_dckpt_load(c->d, &view, with_state) : adt_ckpt_load_local(c->f, &view, with_state);
+    if (rc) return train_fail(EXIT_USAGE, "%s: %s", c->flag, adt_error_message());
     return 0;
 }
 
 /* A text run must see the vocabulary the checkpoint was trained with: token ids would mean other
  * characters otherwise. Checkpoints without the entry (PyTorch's) are taken as they are. */
-static int check_vocab(trainer *t, const adt_st_file *f, const char *flag) {
-    const char *want = adt_st_metadata(f, "adtrain.vocab");
+static int check_vocab(trainer *t, const ckpt_src *c) {
+    const char *want = src_meta(c, "adtrain.vocab");
     char have[520];
     vocab_hex(t, have, sizeof have);
     if (!want || !*want || !*have || !strcmp(want, have)) return 0;
     return train_fail(EXIT_USAGE,
                       "%s %s: vocabulary mismatch: the checkpoint was trained on %zu distinct symbols (%.40s%s), "
                       "--data %s has %zu (%.40s%s); expected the same training text",
-                      flag, adt_st_name(f), strlen(want) / 2, want, strlen(want) > 40 ? "..." : "", t->train.spec,
+                      c->flag, c->path, strlen(want) / 2, want, strlen(want) > 40 ? "..." : "", t->train.spec,
                       strlen(have) / 2, have, strlen(have) > 40 ? "..." : "");
-}
-
-static int open_ckpt(const char *flag, const char *path, adt_st_file **f) {
-    if (adt_st_open(f, path)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    return 0;
 }
 
 int train_ckpt_init(trainer *t) {
     if (!t->o.init_path) return 0;
-    adt_st_file *f;
-    int rc = open_ckpt("--init", t->o.init_path, &f);
+    ckpt_src c;
+    int rc = src_open(&c, "--init", t->o.init_path);
     if (rc) return rc;
-    rc = check_vocab(t, f, "--init");
-    if (!rc && adt_ckpt_load(f, t->g, exec_data, t, 0))
-        rc = train_fail(EXIT_USAGE, "--init: %s", adt_error_message());
-    adt_st_close(f);
+    if (!(rc = check_vocab(t, &c))) rc = src_load(t, &c, 0);
+    src_close(&c);
     return rc;
 }
 
 /* The checkpoint's value for `key` must equal `have` (what this run's flags give). */
-static int check_same(const adt_st_file *f, const char *key, const char *have, const char *flag) {
-    const char *want = adt_st_metadata(f, key);
+static int check_same(const ckpt_src *c, const char *key, const char *have, const char *flag) {
+    const char *want = src_meta(c, key);
     if (!want)
         return train_fail(EXIT_USAGE, "--resume %s: metadata '%s' is missing; expected a checkpoint written by "
-                          "adtrain train --save (use --init to start from bare weights)", adt_st_name(f), key);
+                          "adtrain train --save (use --init to start from bare weights)", c->path, key);
     if (strcmp(want, have))
         return train_fail(EXIT_USAGE, "--resume %s: the run was saved with %s %s, this one has %s; expected the same "
-                          "to continue it", adt_st_name(f), flag, want, have);
+                          "to continue it", c->path, flag, want, have);
     return 0;
 }
 
-static int resume_from(trainer *t, const adt_st_file *f) {
-    const char *fmt = adt_st_metadata(f, "adtrain.format");
+static int resume_from(trainer *t, const ckpt_src *c) {
+    const char *fmt = src_meta(c, "adtrain.format");
     if (!fmt || strcmp(fmt, CKPT_FORMAT))
         return train_fail(EXIT_USAGE, "--resume %s: format '%s', expected '%s' (a checkpoint written by adtrain train "
-                          "--save; use --init to start from bare weights)", adt_st_name(f), fmt ? fmt : "(none)",
+                          "--save; use --init to start from bare weights)", c->path, fmt ? fmt : "(none)",
                           CKPT_FORMAT);
     char s_seed[32], s_batch[32], s_samples[32];
     snprintf(s_seed, sizeof s_seed, "%" PRIu64, t->o.seed);
     snprintf(s_batch, sizeof s_batch, "%ld", t->o.batch);
     snprintf(s_samples, sizeof s_samples, "%" PRId64, t->train.count);
     int rc;
-    if ((rc = check_same(f, "adtrain.seed", s_seed, "--seed")) || (rc = check_same(f, "adtrain.batch", s_batch, "--batch")) ||
-        (rc = check_same(f, "adtrain.shuffle", t->o.shuffle ? "on" : "off", "--shuffle")) ||
-        (rc = check_same(f, "adtrain.optimizer", t->o.optimizer == ADT_OPTIM_SGD ? "sgd" : "adamw", "--optimizer")) ||
-        (rc = check_same(f, "adtrain.train_samples", s_samples, "training samples")) ||
-        (rc = check_vocab(t, f, "--resume")))
+    if ((rc = check_same(c, "adtrain.seed", s_seed, "--seed")) || (rc = check_same(c, "adtrain.batch", s_batch, "--batch")) ||
+        (rc = check_same(c, "adtrain.shuffle", t->o.shuffle ? "on" : "off", "--shuffle")) ||
+        (rc = check_same(c, "adtrain.optimizer", t->o.optimizer == ADT_OPTIM_SGD ? "sgd" : "adamw", "--optimizer")) ||
+        (rc = check_same(c, "adtrain.train_samples", s_samples, "training samples")) || (rc = check_vocab(t, c)))
         return rc;
-    const char *s = adt_st_metadata(f, "adtrain.step");
+    const char *s = src_meta(c, "adtrain.step");
     char *end;
     errno = 0;
     long step = s ? strtol(s, &end, 10) : -1;
     if (!s || !*s || *end || errno || step < 0)
-        return train_fail(EXIT_USAGE, "--resume %s: metadata adtrain.step is '%s'; expected a step number",
-                          adt_st_name(f), s ? s : "(none)");
+        return train_fail(EXIT_USAGE, "--resume %s: metadata adtrain.step is '%s'; expected a step number", c->path,
+                          s ? s : "(none)");
     if (step >= t->o.steps)
         return train_fail(EXIT_USAGE, "--resume %s: the checkpoint is at step %ld already; expected --steps above it "
-                          "(the total for the whole run)", adt_st_name(f), step);
-    if (adt_ckpt_load(f, t->g, exec_data, t, 1)) return train_fail(EXIT_USAGE, "--resume: %s", adt_error_message());
+                          "(the total for the whole run)", c->path, step);
+    if ((rc = src_load(t, c, 1))) return rc;
     t->start_step = step;
     return 0;
 }
 
 int train_ckpt_resume(trainer *t) {
     if (!t->o.resume_path) return 0;
-    adt_st_file *f;
-    int rc = open_ckpt("--resume", t->o.resume_path, &f);
+    ckpt_src c;
+    int rc = src_open(&c, "--resume", t->o.resume_path);
     if (rc) return rc;
-    rc = resume_from(t, f);
-    adt_st_close(f);
+    rc = resume_from(t, &c);
+    src_close(&c);
     if (!rc && !cli_quiet) fprintf(stderr, "resume %s: continuing after step %ld\n", t->o.resume_path, t->start_step);
     return rc;
 }

@@ -8,7 +8,8 @@
  * is still the global batch, filled from the sampler's sample ids: each rank writes only the
  * samples of its block of every fed input, so the samples and their order never depend on the
  * number of ranks. The loss printed and logged is the global one (the partial sums of the loss's
- * P mesh axes added up, each replica once). Only rank 0 prints, writes the log and saves.
+ * P mesh axes added up, each replica once). Only rank 0 prints and writes the log; --save writes a
+ * distributed checkpoint, each rank its own blocks (train_ckpt.c).
  *
  * Failures: setup is checked on every rank and the ranks agree (an all-reduce of each rank's
  * status) before anything collective starts, so a bad file or flag seen by one rank ends them
@@ -130,26 +131,6 @@ static int make_plan(trainer *t) {
     return 0;
 }
 
-/* Checkpoints hold whole tensors: a plan that shards persistent state needs the distributed
- * checkpoint format, which this trainer does not write. */
-static int check_ckpt_flags(trainer *t) {
-    const char *flag = t->o.save_path ? "--save" : t->o.init_path ? "--init" : t->o.resume_path ? "--resume" : NULL;
-    if (!flag) return 0;
-    for (int v = 0; v < t->g->n_values; v++) {
-        if (!adt_role_is_persistent(t->g->values[v].role)) continue;
-        const adt_ndsbp *s = &t->loc.layout[v];
-        for (int a = 0; a < s->ndim; a++)
-            if (s->s[a].kind != ADT_SBP_B) {
-                char lb[64];
-                return train_fail(EXIT_USAGE, "%s: the plan holds '%s' as %s, and checkpoints of sharded state are not "
-                                  "written by adtrain train yet; expected a plan that replicates parameters and "
-                                  "optimizer state (data parallelism)", flag, t->g->values[v].name,
-                                  adt_ndsbp_str(s, lb, sizeof lb));
-            }
-    }
-    return 0;
-}
-
 int train_dist_partition(trainer *t) {
     if (!t->world) return t->o.plan_path ? make_plan(t) : 0; /* a plan of one device runs serially */
     int rc = make_plan(t);
@@ -163,7 +144,6 @@ int train_dist_partition(trainer *t) {
     } else if (adt_dist_partition(t->g, &t->plan, t->coord, &t->loc)) {
         return train_fail(EXIT_RUNTIME, "partitioning the training graph: %s", adt_error_message());
     }
-    if (!t->pg && (rc = check_ckpt_flags(t))) return rc;
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
     for (int i = 0; i < 3; i++)
         if (fed[i] >= 0) t->stage[i] = adt_malloc((size_t)adt_value_bytes(t->g, fed[i]));

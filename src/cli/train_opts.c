@@ -72,6 +72,9 @@ static void train_usage(FILE *f) {
             "  --save-every N          ... and every N steps (atomically: a crash keeps the last one)\n"
             "  --resume PATH           continue a run saved with --save up to --steps in total; with the\n"
             "                          same flags it reproduces the uninterrupted run's losses bit for bit\n"
+            "  under mpiexec (N > 1 ranks), --save PATH is a directory: a distributed checkpoint (each\n"
+            "  rank writes its blocks, a manifest joins them; adtrain ckpt export makes one file);\n"
+            "  --init and --resume read a directory or a file under any plan and number of ranks\n"
             "\n"
             "exit status: 0 done, 1 failure while training, 2 bad flag, config or data\n");
 }
