@@ -26,6 +26,7 @@
 #include "adtrain/elastic.h"
 #include "adtrain/ledger.h"
 #include "check.h"
+#include "mpi_world.h"
 
 #include <arpa/inet.h>
 #include <cJSON.h>
@@ -141,6 +142,10 @@ typedef struct ejob {
     int samples, batch, shard, epochs, step_ms, every, max_fail;
     double lease_timeout;
     char args[8][32];
+    /* the real trainer instead of elastic_worker: `adtrain train` with these flags (NULL-ended),
+     * plus --log OUTDIR/loss.jsonl --elastic-dir OUTDIR/ckpt */
+    const char *const *train;
+    char logf[700], ckdir[700];
 } ejob;
 
 static int job_init(ejob *j, const char *tag) {
@@ -158,6 +163,8 @@ static int job_init(ejob *j, const char *tag) {
     snprintf(j->addr, sizeof j->addr, "127.0.0.1:%d", j->port);
     j->samples = 288, j->batch = 12, j->shard = 24, j->epochs = 2, j->step_ms = 15, j->every = 4;
     j->max_fail = 50, j->lease_timeout = 10;
+    snprintf(j->logf, sizeof j->logf, "%s/loss.jsonl", j->outdir);
+    snprintf(j->ckdir, sizeof j->ckdir, "%s/ckpt", j->outdir);
     return 0;
 }
 
@@ -191,10 +198,22 @@ static void job_start_agent(ejob *j, int i) {
     snprintf(j->args[5], 32, "%d", j->every);
     snprintf(j->args[6], 32, "%g", j->lease_timeout);
     snprintf(j->args[7], 32, "%d", j->max_fail);
-    const char *argv[48] = {g_adtrain, "agent", "--master", j->addr, "--nproc-per-node", nproc, "--node-id", node};
+    const char *argv[64] = {g_adtrain, "agent", "--master", j->addr, "--nproc-per-node", nproc, "--node-id", node};
     int n = 8;
     for (int k = 0; k < j->n_agent_extra; k++)
         argv[n++] = j->agent_extra[k];
+    if (j->train) {
+        const char *head[] = {"--", g_adtrain, "train", "--log", j->logf, "--elastic-dir", j->ckdir, NULL};
+        for (int k = 0; head[k]; k++)
+            argv[n++] = head[k];
+        for (int k = 0; j->train[k]; k++)
+            argv[n++] = j->train[k];
+        argv[n] = NULL;
+        /* flash files go into the job's directory, removed with it */
+        setenv("ADT_FLASH_DIR", j->dir, 1);
+        j->agent[i] = spawn(log, argv);
+        return;
+    }
     const char *tail[] = {"--", g_worker,   j->outdir,  j->args[0], j->args[1], j->args[2], j->args[3],
                           "77", j->args[4], j->args[5], j->args[6], j->args[7], NULL};
     for (int k = 0; tail[k]; k++)
@@ -787,6 +806,280 @@ static void test_random_trials(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The real trainer: `adtrain train` as the elastic worker
+ *
+ * Reference: the same flags under plain `mpiexec -n N adtrain train` (no master, the sampler's
+ * order). A run without faults must log the same loss at every step, bit for bit; a run with
+ * faults restores committed checkpoints and redoes steps (the log's last line of a step is the
+ * one in the model), and must end at the same final loss within noise (exactly, when the world
+ * kept its size: every step trains the same samples from the same state).
+ */
+static const char *const TRAIN_GPT[] = {"--data", "synthetic:text", "--batch", "12", "--optimizer", "sgd", "--lr",
+                                        "0.05", "--commit-every", "10", "--lease-timeout", "10", "--steps", "60",
+                                        NULL};
+static char g_mlp_cfg[700];
+static const char *TRAIN_MLP[] = {"--model", g_mlp_cfg, "--data", "synthetic:mlp", "--batch", "12", "--optimizer",
+                                  "sgd", "--lr", "0.1", "--commit-every", "20", "--lease-timeout", "10", "--steps",
+                                  "400", NULL};
+
+static int flags_steps(const char *const *f) {
+    for (int i = 0; f[i]; i++)
+        if (!strcmp(f[i], "--steps")) return atoi(f[i + 1]);
+    return 0;
+}
+
+/* The last logged loss of every step 1..cap (NAN where none); returns the highest step seen. */
+static int read_step_losses(const char *path, double *loss, int cap) {
+    for (int i = 0; i <= cap; i++)
+        loss[i] = NAN;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[512];
+    int top = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *st = strstr(line, "{\"step\":"), *l = strstr(line, "\"loss\":");
+        if (!st || !l) continue;
+        int s = atoi(st + 8);
+        if (s < 1 || s > cap) continue;
+        loss[s] = strncmp(l + 7, "null", 4) ? atof(l + 7) : NAN;
+        if (s > top) top = s;
+    }
+    fclose(f);
+    return top;
+}
+
+/* The losses of `mpiexec -n ranks adtrain train flags`, per step, into loss[0..steps]. */
+static int reference_losses(const char *const *flags, int ranks, double *loss, int steps) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) {
+        CHECK(0, "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");
+        return -1;
+    }
+    const char *base = getenv("TMPDIR");
+    char dir[600], log[700], lossf[700], n[8];
+    snprintf(dir, sizeof dir, "%s/adt_test_elastic_ref_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) return -1;
+    snprintf(log, sizeof log, "%s/mpiexec.log", dir);
+    snprintf(lossf, sizeof lossf, "%s/loss.jsonl", dir);
+    snprintf(n, sizeof n, "%d", ranks);
+    const char *argv[64] = {g_mpiexec, "-n", n, g_adtrain, "train", "--log", lossf};
+    int k = 7;
+    for (int i = 0; flags[i]; i++)
+        if (strcmp(flags[i], "--commit-every") && strcmp(flags[i], "--lease-timeout")) argv[k++] = flags[i];
+        else i++; /* elastic-only flags and their values */
+    argv[k] = NULL;
+    int rc = run_cmd(log, argv, 120);
+    CHECK(rc == 0, "mpiexec -n %d adtrain train: exit %d (see %s)", ranks, rc, log);
+    int top = read_step_losses(lossf, loss, steps);
+    CHECK(top == steps, "the reference run logged %d of %d steps", top, steps);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (rc == 0 && system(cmd)) {
+    }
+    return rc == 0 && top == steps ? 0 : -1;
+}
+
+/* The ledger's audit (the CLI and the library) of a run of `steps` steps: nothing missing or
+ * duplicated, every step committed. */
+static void train_audit(ejob *j, int steps) {
+    char log[700];
+    snprintf(log, sizeof log, "%s/audit.log", j->dir);
+    const char *argv[] = {g_adtrain, "audit", "--job", j->jobdir, NULL};
+    int rc = run_cmd(log, argv, 30);
+    CHECK(rc == 0, "adtrain audit --job %s: exit %d (see %s)", j->jobdir, rc, log);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
+    adt_ledger *L;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY)) {
+        CHECK(0, "%s", adt_error_message());
+        return;
+    }
+    adt_ledger_status st;
+    adt_ledger_audit a;
+    CHECK(adt_ledger_get_status(L, &st) == ADT_OK, "%s", adt_error_message());
+    CHECK(st.committed_steps == steps, "committed %lld of %d steps", (long long)st.committed_steps, steps);
+    if (adt_ledger_audit_run(L, &a) == ADT_OK) {
+        int64_t dup = 0, miss = 0, trained = 0;
+        for (int64_t e = 0; e < a.n_epochs; e++)
+            dup += a.epoch[e].duplicated, miss += a.epoch[e].missing, trained += a.epoch[e].trained;
+        CHECK(a.ok && dup == 0 && miss == 0 && a.steps_bad == 0, "audit: ok %d duplicated %lld missing %lld bad steps %lld",
+              a.ok, (long long)dup, (long long)miss, (long long)a.steps_bad);
+        CHECK(trained == (int64_t)steps * j->batch, "the committed model holds %lld samples, expected %d x %d",
+              (long long)trained, steps, j->batch);
+        adt_ledger_audit_free(&a);
+    } else {
+        CHECK(0, "audit: %s", adt_error_message());
+    }
+    adt_ledger_close(L);
+}
+
+/* Final loss of the run against the reference's: exact when `exact`, else within 1e-3 relative
+ * (a world of another size sums its gradients in another order). Returns the difference. */
+static double train_compare(ejob *j, const double *ref, int steps, int exact) {
+    double *got = malloc((size_t)(steps + 1) * sizeof *got);
+    int top = read_step_losses(j->logf, got, steps);
+    CHECK(top == steps, "the run logged up to step %d of %d", top, steps);
+    double d = fabs(got[steps] - ref[steps]);
+    if (exact) {
+        int bad = 0, first = 0;
+        for (int s = 1; s <= steps; s++)
+            if (!(got[s] == ref[s])) bad++, first = first ? first : s;
+        CHECK(bad == 0, "%d steps' losses differ from mpiexec's (first: step %d: %.9g vs %.9g)", bad, first,
+              first ? got[first] : 0, first ? ref[first] : 0);
+    } else {
+        CHECK(d <= 1e-3 * fabs(ref[steps]), "final loss %.9g, mpiexec's %.9g", got[steps], ref[steps]);
+    }
+    free(got);
+    return d;
+}
+
+/* Kill at t_kill (wall): the seconds until the first step of a later generation was reported
+ * (the ledger's report events: a report follows the step's last collective), recorded for the
+ * MEASURE line; 0 if none. */
+static double g_train_recovery[64];
+static int g_n_train_recovery;
+
+static double train_recovery(const ejob *j, int gen, double t_kill) {
+    (void)gen;
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
+    adt_ledger *L;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY)) return 0;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int ok = f && adt_ledger_events_export(L, f, 0, 0, NULL) == ADT_OK;
+    if (f) fclose(f);
+    adt_ledger_close(L);
+    double took = 0;
+    long long gen_before = -1;
+    for (char *line = ok ? buf : NULL; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        const char *k = strstr(line, "\"kind\":\"report\""), *t = strstr(line, "\"t\":"),
+                   *g = strstr(line, "\"generation\":");
+        if (k && t && g) {
+            double at = atof(t + 4);
+            long long lg = atoll(g + 13);
+            if (at <= t_kill) gen_before = lg;
+            else if (lg != gen_before && gen_before >= 0) {
+                took = at - t_kill;
+                break;
+            }
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(buf);
+    if (took > 0 && g_n_train_recovery < 64) g_train_recovery[g_n_train_recovery++] = took;
+    return took;
+}
+
+static double g_ref_gpt[2][61], g_ref_mlp[2][401]; /* [ranks - 2][step] */
+static int g_have_ref;
+
+static int train_refs(void) {
+    if (g_have_ref) return g_have_ref > 0 ? 0 : -1;
+    g_have_ref = -1;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_mlp_cfg, sizeof g_mlp_cfg, "%s/adt_test_elastic_mlp_%d.json", base && *base ? base : "/tmp",
+             (int)getpid());
+    FILE *f = fopen(g_mlp_cfg, "w");
+    if (f) fputs("{\"type\": \"mlp\", \"sizes\": [32, 64, 10], \"activation\": \"relu\"}\n", f), fclose(f);
+    for (int r = 2; r <= 3; r++)
+        if (reference_losses(TRAIN_GPT, r, g_ref_gpt[r - 2], flags_steps(TRAIN_GPT)) ||
+            reference_losses(TRAIN_MLP, r, g_ref_mlp[r - 2], flags_steps(TRAIN_MLP)))
+            return -1;
+    g_have_ref = 1;
+    return 0;
+}
+
+static void train_job_init(ejob *j, const char *tag, const char *const *flags) {
+    job_init(j, tag);
+    j->train = flags;
+    j->batch = 12;
+}
+
+/* Without faults, on 1 agent x 2 and 1 agent x 3 ranks: every step's loss is mpiexec's. */
+static void test_train_clean(void) {
+    if (train_refs()) return;
+    for (int m = 0; m < 2; m++)
+        for (int r = 2; r <= 3; r++) {
+            const char *const *flags = m ? (const char *const *)TRAIN_MLP : TRAIN_GPT;
+            ejob j;
+            train_job_init(&j, m ? "tmlp" : "tgpt", flags);
+            job_start(&j, 1, r);
+            expect_done(&j, 120);
+            int steps = flags_steps(flags);
+            train_audit(&j, steps);
+            train_compare(&j, m ? g_ref_mlp[r - 2] : g_ref_gpt[r - 2], steps, 1);
+            job_end(&j, 10);
+            job_cleanup(&j, check_cur_failed);
+        }
+}
+
+/* Randomized trials with the trainer: kill -9 of a worker, an agent or the master at a random
+ * moment, tiny GPT and MLP, 2 or 3 ranks (ADT_ELASTIC_TRAIN_TRIALS, default 20). */
+static void test_train_trials(void) {
+    if (train_refs()) return;
+    int trials = getenv("ADT_ELASTIC_TRAIN_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRAIN_TRIALS")) : 20;
+    int kinds[3] = {0, 0, 0}, exact = 0;
+    for (int t = 0; t < trials; t++) {
+        int failed_before = check_cur_failed;
+        check_cur_failed = 0;
+        int mlp = t % 2, kind = t < 6 ? t % 3 : (int)rnd(0, 2.999);
+        int agents = (int)rnd(1, 2.999), nproc = agents == 2 ? 1 : (int)rnd(2, 3.999), ranks = agents * nproc;
+        const char *const *flags = mlp ? (const char *const *)TRAIN_MLP : TRAIN_GPT;
+        ejob j;
+        char tag[32];
+        snprintf(tag, sizeof tag, "ttrial%d", t);
+        train_job_init(&j, tag, flags);
+        job_start(&j, agents, nproc);
+        kinds[kind]++;
+        double when = rnd(0.1, 1.2);
+        CHECK(wait_progress(&j, 1, 0, 30), "trial %d: no progress", t);
+        sleep_s(when);
+        const char *what = kind == 0 ? "worker" : kind == 1 ? "agent" : "master";
+        int gen = current_gen(&j);
+        double t_kill = adt_wall_s();
+        if (kind == 0) {
+            pid_t pid = worker_pid(&j, (int)rnd(0, ranks - 0.01));
+            if (pid > 0) kill(pid, SIGKILL);
+        } else if (kind == 1) {
+            int a = (int)rnd(0, agents - 0.01);
+            kill(j.agent[a]->pid, SIGKILL);
+            proc_wait(j.agent[a], 5);
+            sleep_s(rnd(0, 0.5));
+            job_start_agent(&j, a);
+        } else {
+            kill(j.master->pid, SIGKILL);
+            proc_wait(j.master, 5);
+            sleep_s(rnd(0.05, 1.0));
+            job_start_master(&j);
+        }
+        char state[300];
+        CHECK(wait_job_end(&j, 120, state, sizeof state), "trial %d (%s killed at +%.2f s): not finished: %s", t,
+              what, when, state);
+        CHECK(strstr(state, "done") == state, "trial %d: job %s", t, state);
+        if (kind == 0 && strstr(state, "done") == state) train_recovery(&j, gen, t_kill);
+        int steps = flags_steps(flags);
+        train_audit(&j, steps);
+        /* the world keeps its size unless the victim's node sat out a cooldown */
+        cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+        int same = r && (int)jnum(r, "world_size") == ranks;
+        cJSON_Delete(r);
+        const double *ref = mlp ? g_ref_mlp[ranks == 3] : g_ref_gpt[ranks == 3];
+        if (ranks == 2 || ranks == 3) exact += train_compare(&j, ref, steps, 0) == 0 && same;
+        job_end(&j, 10);
+        if (check_cur_failed)
+            fprintf(stderr, "  trial %d (%s, %d x %d ranks, %s killed at +%.2f s) FAILED\n", t, mlp ? "mlp" : "gpt",
+                    agents, nproc, what, when);
+        job_cleanup(&j, check_cur_failed);
+        check_cur_failed |= failed_before;
+    }
+    fprintf(stderr, "  %d trainer trials: %d worker, %d agent, %d master kills; %d ended at mpiexec's final loss exactly\n",
+            trials, kinds[0], kinds[1], kinds[2], exact);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The API's edges, on an in-process master
  */
 /* Sends raw bytes, returns the HTTP status of the answer (0 if the connection closed without
@@ -1056,6 +1349,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "test_elastic: seed %llu (ADT_TEST_SEED to repeat)\n", (unsigned long long)g_seed);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGPIPE, SIG_IGN);
+    mpi_world_sanitizer_env();
     const char *only = getenv("ADT_ELASTIC_ONLY");
 #define MAYBE(fn)                                                                                                      \
     if (!only || strstr(only, #fn)) RUN(fn)
@@ -1073,6 +1367,8 @@ int main(int argc, char **argv) {
     MAYBE(test_hang);
     MAYBE(test_scale);
     MAYBE(test_random_trials);
+    MAYBE(test_train_clean);
+    MAYBE(test_train_trials);
     if (g_n_recovery) {
         double lo = g_recovery[0], hi = g_recovery[0], sum = 0;
         for (int i = 0; i < g_n_recovery; i++)
@@ -1081,6 +1377,15 @@ int main(int argc, char **argv) {
         printf("MEASURE kill_worker_to_next_step mean=%.3f s min=%.3f max=%.3f (%d runs)\n", sum / g_n_recovery, lo, hi,
                g_n_recovery);
     }
+    if (g_n_train_recovery) {
+        double lo = g_train_recovery[0], hi = lo, sum = 0;
+        for (int i = 0; i < g_n_train_recovery; i++)
+            lo = g_train_recovery[i] < lo ? g_train_recovery[i] : lo,
+            hi = g_train_recovery[i] > hi ? g_train_recovery[i] : hi, sum += g_train_recovery[i];
+        printf("MEASURE train_kill_worker_to_next_step mean=%.3f s min=%.3f max=%.3f (%d runs)\n",
+               sum / g_n_train_recovery, lo, hi, g_n_train_recovery);
+    }
+    if (g_mlp_cfg[0]) unlink(g_mlp_cfg);
     reap_all();
     if (g_orphans) fprintf(stderr, "test_elastic: reaped %d orphaned workers of killed agents\n", g_orphans);
     return check_finish();

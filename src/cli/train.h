@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "adtrain/ckpt.h"
 #include "adtrain/comm.h"
 #include "adtrain/data.h"
 #include "adtrain/dist.h"
@@ -34,6 +35,11 @@ typedef struct train_opts {
     const char *init_path, *resume_path, *save_path;
     long save_every;
     const char *plan_path; /* --plan PLAN.json (train_dist.c) */
+    /* elastic runs (train_elastic.c) */
+    const char *elastic_dir;
+    long commit_every;
+    double lease_timeout;
+    int flash;
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -80,6 +86,7 @@ typedef struct trainer {
     adt_mesh_comm *mc;
     void *stage[3];       /* the fed samples of this rank's part of a batch: input, input2, label */
     void *gathered[2];    /* whole values read back for metrics (logits, label) */
+    struct train_elastic *el; /* NULL unless started by an elastic agent */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -116,5 +123,19 @@ int train_read_loss(trainer *t, double *loss); /* the global mean loss; collecti
 int train_ckpt_init(trainer *t);   /* --init: weights only                              */
 int train_ckpt_resume(trainer *t); /* --resume: weights, optimizer state, step; sets t->start_step */
 int train_ckpt_save(trainer *t, const char *path, long step);
+/* The file --save writes, from any storage (a flash checkpoint's slot): adt_status, no message
+ * printed, so that a background thread may call it. */
+int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx);
+
+/* train_elastic.c: the run as a worker of an elastic job (ADT_MASTER set by `adtrain agent`). */
+int train_elastic_start(trainer *t);                   /* collective: lease client, restore    */
+int train_elastic_batch(trainer *t, long step, int64_t *idx); /* the step's samples from leases */
+/* After step `step`: report it; checkpoint and commit when due; *stop: leave the loop, returning
+ * the result (0 after a planned stop or the last step). */
+int train_elastic_step_done(trainer *t, long step, int *stop);
+void train_elastic_free(trainer *t);
+/* 1 in an elastic world after the job's first: the log continues (a step redone after a restore
+ * appears again; the last line of a step is the one in the model). */
+int train_elastic_continues(void);
 
 #endif

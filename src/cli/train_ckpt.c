@@ -43,6 +43,12 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     if (t->rank != 0) return 0; /* every rank holds the same state: rank 0 writes it */
     char path[4096];
     save_path_for(pattern, step, path, sizeof path);
+    if (train_ckpt_write(t, path, step, exec_data, t)) return train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
+    if (!t->tty || step == t->o.steps) fprintf(stderr, "saved %s (step %ld)\n", path, step);
+    return 0;
+}
+
+int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx) {
     char s_step[32], s_seed[32], s_batch[32], s_samples[32], vocab[520];
     snprintf(s_step, sizeof s_step, "%ld", step);
     snprintf(s_seed, sizeof s_seed, "%" PRIu64, t->o.seed);
@@ -63,11 +69,9 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
         "adtrain.model_config", model_json,
         "adtrain.vocab", vocab,
     };
-    int rc = adt_ckpt_save(path, t->g, exec_data, t, 1, meta, (int)(sizeof meta / sizeof *meta / 2));
+    int rc = adt_ckpt_save(path, t->g, data, ctx, 1, meta, (int)(sizeof meta / sizeof *meta / 2));
     free(model_json);
-    if (rc) return train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
-    if (!t->tty || step == t->o.steps) fprintf(stderr, "saved %s (step %ld)\n", path, step);
-    return 0;
+    return rc;
 }
 
 /* A text run must see the vocabulary the checkpoint was trained with: token ids would mean other
