@@ -1010,18 +1010,128 @@ static void test_train_clean(void) {
     if (train_refs()) return;
     for (int m = 0; m < 2; m++) {
         int r = 2 + m;
-        {
-            const char *const *flags = m ? (const char *const *)TRAIN_MLP : TRAIN_GPT;
-            ejob j;
-            train_job_init(&j, m ? "tmlp" : "tgpt", flags);
-            job_start(&j, 1, r);
-            expect_done(&j, 120);
-            int steps = flags_steps(flags);
-            train_audit(&j, steps);
-            train_compare(&j, m ? g_ref_mlp[r - 2] : g_ref_gpt[r - 2], steps, 1);
-            job_end(&j, 10);
-            job_cleanup(&j, check_cur_failed);
+        const char *const *flags = m ? (const char *const *)TRAIN_MLP : TRAIN_GPT;
+        ejob j;
+        train_job_init(&j, m ? "tmlp" : "tgpt", flags);
+        job_start(&j, 1, r);
+        expect_done(&j, 120);
+        int steps = flags_steps(flags);
+        train_audit(&j, steps);
+        train_compare(&j, m ? g_ref_mlp[r - 2] : g_ref_gpt[r - 2], steps, 1);
+        job_end(&j, 10);
+        job_cleanup(&j, check_cur_failed);
+    }
+}
+
+/* Lines of the log that carry a training loss (a step redone after a restore counts again). */
+static int count_loss_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, "\"loss\":") != NULL;
+    if (f) fclose(f);
+    return n;
+}
+
+/* A zombie trainer rank: SIGSTOPped while it holds a lease, past the lease deadline (1 s); the
+ * master ends the generation; continued, the rank finishes its step and its late report is
+ * refused (it says so and exits); the next generation redoes the data, and the run ends at
+ * mpiexec's losses. */
+static void test_train_zombie(void) {
+    if (train_refs()) return;
+    static const char *const flags[] = {"--data", "synthetic:text", "--batch", "12", "--optimizer", "sgd", "--lr",
+                                        "0.05", "--commit-every", "10", "--lease-timeout", "1", "--steps", "60",
+                                        NULL};
+    ejob j;
+    train_job_init(&j, "tzombie", flags);
+    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
+    j.agent_extra[j.n_agent_extra++] = "30";
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, rnd(3, 20), 60), "no progress");
+    pid_t z = worker_pid(&j, 1);
+    CHECK(z > 0, "no pid for rank 1");
+    int held = 0;
+    for (int tries = 0; tries < 200 && !held; tries++) {
+        int64_t lease = replica_lease(&j, 1);
+        if (lease <= 0) {
+            sleep_s(0.002);
+            continue;
         }
+        kill(z, SIGSTOP);
+        sleep_s(0.1);
+        held = replica_lease(&j, 1) == lease;
+        if (!held) kill(z, SIGCONT);
+    }
+    CHECK(held, "could not stop rank 1 while it held a lease");
+    double t0 = adt_now_s(), gen = 1;
+    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
+    double t_end = adt_now_s() - t0;
+    sleep_s(0.3);
+    kill(z, SIGCONT);
+    expect_done(&j, 120);
+    CHECK(count_events(&j, "lease_expired") >= 1, "no lease_expired event");
+    CHECK(count_events(&j, "stale") >= 1, "no stale event: the late request was not refused");
+    char log[700], text[65536] = "";
+    snprintf(log, sizeof log, "%s/agent0.log", j.dir);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(strstr(text, "refused: this world generation ended"), "the zombie did not report its refusal");
+    fprintf(stderr, "  trainer zombie: generation ended %.2f s after SIGSTOP (lease timeout 1 s)\n", t_end);
+    train_audit(&j, 60);
+    train_compare(&j, g_ref_gpt[0], 60, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* Planned scaling of the trainer, 2 -> 1 -> 3 ranks on one agent of 3 slots: each change stops
+ * at a step boundary with a commit, nothing is trained twice, every step is logged once, and the
+ * run ends at mpiexec's final loss (within noise: the worlds sum gradients in other orders). */
+static void test_train_scale(void) {
+    if (train_refs()) return;
+    ejob j;
+    train_job_init(&j, "tscale", (const char *const *)TRAIN_MLP);
+    j.master_extra[j.n_master_extra++] = "--workers";
+    j.master_extra[j.n_master_extra++] = "2";
+    job_start(&j, 1, 3);
+    double w1[3] = {1, 2, 30};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w1, 60), "no world of 2");
+    char log[700];
+    snprintf(log, sizeof log, "%s/scale.log", j.dir);
+    const char *s1[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "1", NULL};
+    CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
+    double w2[3] = {2, 1, 150};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w2, 60), "no world of 1");
+    const char *s2[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "3", NULL};
+    CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
+    double w3[3] = {3, 3, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w3, 60), "no world of 3");
+    expect_done(&j, 120);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
+          "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"),
+          jnum(r, "generation"));
+    cJSON_Delete(r);
+    int steps = flags_steps(TRAIN_MLP);
+    train_audit(&j, steps);
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
+          count_loss_lines(j.logf), steps);
+    train_compare(&j, g_ref_mlp[0], steps, 0);
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", j.jobdir, ADT_LEDGER_FILE);
+    adt_ledger *L;
+    adt_ledger_audit a;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY) == ADT_OK) {
+        if (adt_ledger_audit_run(L, &a) == ADT_OK) {
+            CHECK(a.retrained == 0, "planned changes retrained %lld samples", (long long)a.retrained);
+            adt_ledger_audit_free(&a);
+        }
+        adt_ledger_close(L);
+    }
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
 }
 
 /* Randomized trials with the trainer: kill -9 of a worker, an agent or the master at a random
@@ -1376,6 +1486,8 @@ int main(int argc, char **argv) {
     MAYBE(test_scale);
     MAYBE(test_random_trials);
     MAYBE(test_train_clean);
+    MAYBE(test_train_zombie);
+    MAYBE(test_train_scale);
     MAYBE(test_train_trials);
     if (g_n_recovery) {
         double lo = g_recovery[0], hi = g_recovery[0], sum = 0;

@@ -159,9 +159,14 @@ static int persist(void *ctx, int64_t gen, int64_t step, const void *data, uint6
 
 static int open_flash(trainer *t, train_elastic *e) {
     const char *dir = getenv("ADT_FLASH_DIR");
-    const char *run = getenv("TORCHELASTIC_RUN_ID"), *lr = getenv("LOCAL_RANK");
-    snprintf(e->flash_path, sizeof e->flash_path, "%s/adtrain-flash-%s-%s", dir && *dir ? dir : "/dev/shm",
-             run && *run ? run : "job", lr && *lr ? lr : "0");
+    /* one file per local rank of a node: two agents of one host (a test) never share one */
+    const char *run = getenv("TORCHELASTIC_RUN_ID"), *node = getenv("ADT_NODE_ID"), *lr = getenv("LOCAL_RANK");
+    char safe[64];
+    snprintf(safe, sizeof safe, "%s", node && *node ? node : "node");
+    for (char *p = safe; *p; p++)
+        if (*p == '/' || *p == ' ') *p = '_';
+    snprintf(e->flash_path, sizeof e->flash_path, "%s/adtrain-flash-%s-%s-%s", dir && *dir ? dir : "/dev/shm",
+             run && *run ? run : "job", safe, lr && *lr ? lr : "0");
     uint64_t layout = (uint64_t)adt_plan_graph_checksum(t->g) << 32 ^ e->state_bytes;
     if (adt_flash_open(&e->flash, e->flash_path, e->state_bytes ? e->state_bytes : 1, layout))
         return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
