@@ -128,7 +128,8 @@ int train_ckpt_save(trainer *t, const char *path, long step);
 int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx);
 
 /* train_elastic.c: the run as a worker of an elastic job (ADT_MASTER set by `adtrain agent`). */
-int train_elastic_start(trainer *t);                   /* collective: lease client, restore    */
+/* Collective: lease client, restore. -1: the job's last step is committed already (exit 0). */
+int train_elastic_start(trainer *t);
 int train_elastic_batch(trainer *t, long step, int64_t *idx); /* the step's samples from leases */
 /* After step `step`: report it; checkpoint and commit when due; *stop: leave the loop, returning
  * the result (0 after a planned stop or the last step). */

@@ -236,6 +236,11 @@ int train_elastic_start(trainer *t) {
         return train_fail(EXIT_RUNTIME, "elastic: %s", adt_error_message());
     e->last_commit = at.step;
     snprintf(e->last_name, sizeof e->last_name, "%s", at.name);
+    if (at.step >= t->o.steps) { /* a world started after the last commit: nothing is left to do */
+        if (!cli_quiet) fprintf(stderr, "elastic: step %lld of %ld is committed: the run is complete\n",
+                                (long long)at.step, t->o.steps);
+        return -1;
+    }
     if (t->o.flash) rc = open_flash(t, e);
     if (!rc) rc = restore(t, e, at.step, at.name);
     if ((rc = train_world_agree(t, rc))) return rc;
@@ -407,6 +412,14 @@ int train_elastic_continues(void) {
 void train_elastic_free(trainer *t) {
     train_elastic *e = t->el;
     if (!e) return;
+    if (t->world && e->finished) {
+        /* MPI_Finalize over UCX's tcp transport can wait forever for a peer that went on to
+         * finalize's PMI barrier first (seen across network namespaces, about 1 run in 8): every
+         * rank drains here first, and a finalize that still hangs ends the process after 10 s
+         * (the comm watchdog) - the run is committed, so the next world only sees it complete. */
+        adt_comm_barrier(t->world);
+        adt_comm_set_timeout(t->world, 10);
+    }
     adt_flash_close(e->flash);
     /* a finished run leaves no flash file behind; a stopped one keeps it for the next world */
     if (e->flash && e->finished) adt_flash_remove(e->flash_path);
