@@ -668,6 +668,34 @@ static int pred_gen_ended(const cJSON *r, const void *arg) {
     return jnum(r, "generation") > *gen || !strcmp(jstr(r, "state"), "ending");
 }
 
+/* Rank 1 of generation 1 becomes a zombie: SIGSTOPped while it holds a lease it has not
+ * reported (most of a step: its compute; a report already on its way may still land, so look
+ * again once it is stopped), left stopped until the generation ends, then continued. Returns
+ * the seconds from SIGSTOP to the end of the generation. */
+static double zombie(ejob *j, int tries, double poll_s) {
+    pid_t z = worker_pid(j, 1);
+    CHECK(z > 0, "no pid for rank 1");
+    int held = 0;
+    for (int k = 0; k < tries && !held; k++) {
+        int64_t lease = replica_lease(j, 1);
+        if (lease <= 0) {
+            sleep_s(poll_s);
+            continue;
+        }
+        kill(z, SIGSTOP);
+        sleep_s(0.1);
+        held = replica_lease(j, 1) == lease;
+        if (!held) kill(z, SIGCONT);
+    }
+    CHECK(held, "could not stop rank 1 while it held a lease");
+    double t0 = adt_now_s(), gen = 1;
+    CHECK(poll_until(j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
+    double t_end = adt_now_s() - t0;
+    sleep_s(0.3);
+    kill(z, SIGCONT);
+    return t_end;
+}
+
 static void test_zombie(void) {
     ejob j;
     if (job_init(&j, "zombie")) return;
@@ -677,28 +705,7 @@ static void test_zombie(void) {
     j.agent_extra[j.n_agent_extra++] = "30";
     job_start(&j, 1, 2);
     CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
-    pid_t z = worker_pid(&j, 1);
-    CHECK(z > 0, "no pid for rank 1");
-    /* stop it while it holds a lease it has not reported (most of a step: its "compute"); a
-     * report already on its way may still land, so look again once it is stopped */
-    int held = 0;
-    for (int tries = 0; tries < 50 && !held; tries++) {
-        int64_t lease = replica_lease(&j, 1);
-        if (lease <= 0) {
-            sleep_s(0.005);
-            continue;
-        }
-        kill(z, SIGSTOP);
-        sleep_s(0.1);
-        held = replica_lease(&j, 1) == lease;
-        if (!held) kill(z, SIGCONT);
-    }
-    CHECK(held, "could not stop rank 1 while it held a lease");
-    double t0 = adt_now_s(), gen = 1;
-    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
-    double t_end = adt_now_s() - t0;
-    sleep_s(0.3);
-    kill(z, SIGCONT);
+    double t_end = zombie(&j, 50, 0.005);
     expect_done(&j, 60);
     char path[800];
     snprintf(path, sizeof path, "%s/refused-g1-r1.txt", j.outdir);
@@ -1064,26 +1071,7 @@ static void test_train_zombie(void) {
     j.agent_extra[j.n_agent_extra++] = "30";
     job_start(&j, 1, 2);
     CHECK(wait_progress(&j, 1, rnd(3, 20), 60), "no progress");
-    pid_t z = worker_pid(&j, 1);
-    CHECK(z > 0, "no pid for rank 1");
-    int held = 0;
-    for (int tries = 0; tries < 200 && !held; tries++) {
-        int64_t lease = replica_lease(&j, 1);
-        if (lease <= 0) {
-            sleep_s(0.002);
-            continue;
-        }
-        kill(z, SIGSTOP);
-        sleep_s(0.1);
-        held = replica_lease(&j, 1) == lease;
-        if (!held) kill(z, SIGCONT);
-    }
-    CHECK(held, "could not stop rank 1 while it held a lease");
-    double t0 = adt_now_s(), gen = 1;
-    CHECK(poll_until(&j, "/v1/generation", pred_gen_ended, &gen, 20), "the generation did not end");
-    double t_end = adt_now_s() - t0;
-    sleep_s(0.3);
-    kill(z, SIGCONT);
+    double t_end = zombie(&j, 200, 0.002);
     expect_done(&j, 120);
     CHECK(count_events(&j, "lease_expired") >= 1, "no lease_expired event");
     CHECK(count_events(&j, "stale") >= 1, "no stale event: the late request was not refused");
@@ -1097,6 +1085,47 @@ static void test_train_zombie(void) {
     fprintf(stderr, "  trainer zombie: generation ended %.2f s after SIGSTOP (lease timeout 1 s)\n", t_end);
     train_audit(&j, 60);
     train_compare(&j, g_ref_gpt[0], 60, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* The samples the audit says were trained again (consumed, then discarded by a rewind). */
+static int64_t audit_retrained(const ejob *j) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
+    adt_ledger *L;
+    adt_ledger_audit a;
+    int64_t again = -1;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY) == ADT_OK) {
+        if (adt_ledger_audit_run(L, &a) == ADT_OK) {
+            again = a.retrained;
+            adt_ledger_audit_free(&a);
+        }
+        adt_ledger_close(L);
+    }
+    return again;
+}
+
+/* SIGTERM to one trainer rank at a random step: the ranks agree to stop after that step, commit
+ * it and leave; the next world restores exactly that commit, so nothing is trained twice and
+ * every step is logged once; the losses are mpiexec's. */
+static void test_train_sigterm(void) {
+    if (train_refs()) return;
+    ejob j;
+    train_job_init(&j, "tterm", TRAIN_GPT);
+    job_start(&j, 1, 2);
+    CHECK(wait_progress(&j, 1, rnd(3, 40), 60), "no progress");
+    pid_t pid = worker_pid(&j, (int)rnd(0, 1.99));
+    CHECK(pid > 0, "no worker pid");
+    if (pid > 0) kill(pid, SIGTERM);
+    expect_done(&j, 120);
+    int steps = flags_steps(TRAIN_GPT);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) == 2, "generation %d after one SIGTERM, expected 2", current_gen(&j));
+    CHECK(audit_retrained(&j) == 0, "a SIGTERM stop retrained %lld samples", (long long)audit_retrained(&j));
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
+          count_loss_lines(j.logf), steps);
+    train_compare(&j, g_ref_gpt[0], steps, 1);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
@@ -1134,17 +1163,7 @@ static void test_train_scale(void) {
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
           count_loss_lines(j.logf), steps);
     train_compare(&j, g_ref_mlp[0], steps, 0);
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", j.jobdir, ADT_LEDGER_FILE);
-    adt_ledger *L;
-    adt_ledger_audit a;
-    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY) == ADT_OK) {
-        if (adt_ledger_audit_run(L, &a) == ADT_OK) {
-            CHECK(a.retrained == 0, "planned changes retrained %lld samples", (long long)a.retrained);
-            adt_ledger_audit_free(&a);
-        }
-        adt_ledger_close(L);
-    }
+    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
@@ -1646,6 +1665,7 @@ int main(int argc, char **argv) {
     MAYBE(test_random_trials);
     MAYBE(test_train_clean);
     MAYBE(test_train_zombie);
+    MAYBE(test_train_sigterm);
     MAYBE(test_train_scale);
     MAYBE(test_train_trials);
     MAYBE(test_train_hosts);

@@ -13,6 +13,7 @@
 #include "adtrain/ckpt.h"
 #include "check.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -153,19 +154,33 @@ static void test_killed_writer(void) {
 }
 
 /* The background thread: each published state reaches the callback intact; while it is busy, a
- * queued state is superseded by a newer one. */
+ * queued state is superseded by a newer one. The callback holds the thread on a gate, so the
+ * order of events does not depend on timing. */
 typedef struct seen {
     int64_t steps[64];
-    int n, bad;
-    double delay_s;
+    int n, bad, entered, open;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
 } seen;
 
 static int on_persist(void *ctx, int64_t gen, int64_t step, const void *data, uint64_t bytes) {
     seen *s = ctx;
+    pthread_mutex_lock(&s->mu);
     if (!same(data, bytes, step) || gen != 1) s->bad++;
     if (s->n < 64) s->steps[s->n++] = step;
-    usleep((useconds_t)(s->delay_s * 1e6));
+    s->entered++;
+    pthread_cond_broadcast(&s->cv);
+    while (!s->open) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     return step == 99 ? adt_error(ADT_ERR_IO, "disk full at step 99") : ADT_OK;
+}
+
+static void gate(seen *s, int open, int wait_entered) {
+    pthread_mutex_lock(&s->mu);
+    s->open = open;
+    pthread_cond_broadcast(&s->cv);
+    while (s->entered < wait_entered) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void test_persister(void) {
@@ -173,7 +188,9 @@ static void test_persister(void) {
     snprintf(path, sizeof path, "%s/d", g_dir);
     size_t n = 8 << 20;
     adt_flash *f;
-    seen s = {.delay_s = 0.2};
+    seen s = {.open = 0};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
     CHECK(adt_flash_open(&f, path, n, 4) == ADT_OK, "%s", adt_error_message());
     CHECK(adt_flash_start(f, on_persist, &s) == ADT_OK, "%s", adt_error_message());
     double blocked = 0;
@@ -185,22 +202,24 @@ static void test_persister(void) {
         uint8_t *p = adt_flash_begin(f, &slot);
         memcpy(p, src, n);
         CHECK(adt_flash_end(f, slot, 1, step, n) == ADT_OK, "%s", adt_error_message());
-        blocked += adt_now_s() - t0; /* 1 runs; 2 queues; 3 supersedes 2 */
-        usleep(20000);
+        blocked += adt_now_s() - t0;
+        if (step == 1) gate(&s, 0, 1); /* the thread holds step 1; 2 queues; 3 supersedes 2 */
     }
     free(src);
+    gate(&s, 1, 0);
     int64_t last;
     CHECK(adt_flash_wait(f, &last) == ADT_OK && last == 3, "persisted up to %lld", (long long)last);
     CHECK(s.n == 2 && s.steps[0] == 1 && s.steps[1] == 3 && !s.bad, "persisted %d states (%lld, %lld), %d bad", s.n,
           (long long)s.steps[0], (long long)s.steps[1], s.bad);
     adt_flash_view v;
     CHECK(adt_flash_find(f, 3, &v) == ADT_OK && adt_flash_find(f, 1, &v) == ADT_OK, "steps 1 and 3 in the slots");
-    s.delay_s = 0;
     save(f, 99, 100);
     CHECK(adt_flash_wait(f, &last) == ADT_ERR_IO && strstr(adt_error_message(), "disk full") && last == 3,
           "a failed persist: %s", adt_error_message());
     adt_flash_close(f);
     adt_flash_remove(path);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
     printf("MEASURE flash_blocked_8MiB mean=%.3f ms\n", blocked / 3 * 1e3);
 }
 
