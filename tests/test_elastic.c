@@ -1126,6 +1126,15 @@ static void test_train_sigterm(void) {
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
           count_loss_lines(j.logf), steps);
     train_compare(&j, g_ref_gpt[0], steps, 1);
+    /* the ranks restarted on the same host: the committed step came from their flash files */
+    char log[700], text[65536] = "";
+    snprintf(log, sizeof log, "%s/agent0.log", j.dir);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    const char *r = strstr(text, "elastic: restored step ");
+    CHECK(r && strstr(r, "adtrain-flash-"), "the next world did not restore from the flash file");
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
