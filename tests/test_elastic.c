@@ -364,19 +364,27 @@ static void check_model(const ejob *j, const adt_ledger_status *st) {
 
 /* Audit (the CLI and the library) and the model. Returns the samples the audit says were
  * trained again (consumed, then discarded by a rewind); -1 if it could not tell. */
-static int64_t job_verify(ejob *j) {
+/* `adtrain audit --job DIR` (with --complete when asked) must pass; then the ledger, opened
+ * read-only for the library's audit (NULL if it cannot be). */
+static adt_ledger *audit_open(const ejob *j, int complete) {
     char log[700];
     snprintf(log, sizeof log, "%s/audit.log", j->dir);
-    const char *argv[] = {g_adtrain, "audit", "--job", j->jobdir, "--complete", NULL};
+    const char *argv[] = {g_adtrain, "audit", "--job", j->jobdir, complete ? "--complete" : NULL, NULL};
     int rc = run_cmd(log, argv, 30);
-    CHECK(rc == 0, "adtrain audit --job %s --complete: exit %d (see %s)", j->jobdir, rc, log);
+    CHECK(rc == 0, "adtrain audit --job %s%s: exit %d (see %s)", j->jobdir, complete ? " --complete" : "", rc, log);
     char path[700];
     snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
     adt_ledger *L;
     if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY)) {
         CHECK(0, "%s", adt_error_message());
-        return -1;
+        return NULL;
     }
+    return L;
+}
+
+static int64_t job_verify(ejob *j) {
+    adt_ledger *L = audit_open(j, 1);
+    if (!L) return -1;
     adt_ledger_audit a;
     adt_ledger_status st;
     int64_t retrained = -1;
@@ -668,11 +676,16 @@ static int pred_gen_ended(const cJSON *r, const void *arg) {
     return jnum(r, "generation") > *gen || !strcmp(jstr(r, "state"), "ending");
 }
 
-/* Rank 1 of generation 1 becomes a zombie: SIGSTOPped while it holds a lease it has not
- * reported (most of a step: its compute; a report already on its way may still land, so look
- * again once it is stopped), left stopped until the generation ends, then continued. Returns
- * the seconds from SIGSTOP to the end of the generation. */
-static double zombie(ejob *j, int tries, double poll_s) {
+/* Starts the job on one agent of 2 ranks (a kill grace of 30 s, so that a stopped rank outlives
+ * its generation) and, after a random step up to `hi`, makes rank 1 a zombie: SIGSTOPped while
+ * it holds a lease it has not reported (most of a step: its compute; a report already on its way
+ * may still land, so look again once it is stopped), left stopped until the generation ends,
+ * then continued. Returns the seconds from SIGSTOP to the end of the generation. */
+static double zombie(ejob *j, double hi, double timeout, int tries, double poll_s) {
+    j->agent_extra[j->n_agent_extra++] = "--kill-grace";
+    j->agent_extra[j->n_agent_extra++] = "30";
+    job_start(j, 1, 2);
+    CHECK(wait_progress(j, 1, rnd(3, hi), timeout), "no progress");
     pid_t z = worker_pid(j, 1);
     CHECK(z > 0, "no pid for rank 1");
     int held = 0;
@@ -701,11 +714,7 @@ static void test_zombie(void) {
     if (job_init(&j, "zombie")) return;
     j.lease_timeout = 1.0;
     j.step_ms = 40; /* 48 steps: time enough to stop a rank mid-job on a loaded machine */
-    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
-    j.agent_extra[j.n_agent_extra++] = "30";
-    job_start(&j, 1, 2);
-    CHECK(wait_progress(&j, 1, rnd(3, 12), 30), "no progress");
-    double t_end = zombie(&j, 50, 0.005);
+    double t_end = zombie(&j, 12, 30, 50, 0.005);
     expect_done(&j, 60);
     char path[800];
     snprintf(path, sizeof path, "%s/refused-g1-r1.txt", j.outdir);
@@ -755,32 +764,76 @@ static int pred_world(const cJSON *r, const void *arg) {
            !strcmp(jstr(r, "state"), "running") && jnum(r, "max_reported_step") >= want[2];
 }
 
-static void test_scale(void) {
-    ejob j;
-    if (job_init(&j, "scale")) return;
-    j.master_extra[j.n_master_extra++] = "--workers";
-    j.master_extra[j.n_master_extra++] = "2";
-    job_start(&j, 1, 3);
-    double w1[3] = {1, 2, 6};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w1, 30), "no world of 2");
+/* Starts the job on one agent of 3 slots with a world of 2, scales it to 1 once step at2 was
+ * reported and to 3 once step at1 was, and waits for the end: no failure, two planned changes. */
+static void scale_run(ejob *j, double at2, double at1, double timeout) {
+    j->master_extra[j->n_master_extra++] = "--workers";
+    j->master_extra[j->n_master_extra++] = "2";
+    job_start(j, 1, 3);
+    double w1[3] = {1, 2, at2};
+    CHECK(poll_until(j, "/v1/generation", pred_world, w1, timeout), "no world of 2");
     char log[700];
-    snprintf(log, sizeof log, "%s/scale.log", j.dir);
-    const char *s1[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "1", NULL};
+    snprintf(log, sizeof log, "%s/scale.log", j->dir);
+    const char *s1[] = {g_adtrain, "scale", "--master", j->addr, "--workers", "1", NULL};
     CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
-    double w2[3] = {2, 1, 16};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w2, 30), "no world of 1");
-    const char *s2[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "3", NULL};
+    double w2[3] = {2, 1, at1};
+    CHECK(poll_until(j, "/v1/generation", pred_world, w2, timeout), "no world of 1");
+    const char *s2[] = {g_adtrain, "scale", "--master", j->addr, "--workers", "3", NULL};
     CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
     double w3[3] = {3, 3, 0};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w3, 30), "no world of 3");
-    expect_done(&j, 60);
-    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(poll_until(j, "/v1/generation", pred_world, w3, timeout), "no world of 3");
+    expect_done(j, 2 * timeout);
+    cJSON *r = api(j, "GET", "/v1/job", NULL, NULL);
     CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
           "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"),
           jnum(r, "generation"));
     cJSON_Delete(r);
+}
+
+static void test_scale(void) {
+    ejob j;
+    if (job_init(&j, "scale")) return;
+    scale_run(&j, 6, 16, 30);
     int64_t again = job_close(&j);
     CHECK(again == 0, "planned changes retrained %lld samples", (long long)again);
+}
+
+/* kill -9 of a random worker (kind 0) of `ranks`, of a random agent (1) of `agents`, restarted
+ * after up to agent_pause s, or of the master (2), restarted after 0.05-1 s. */
+static void kill_one(ejob *j, int kind, int ranks, int agents, double agent_pause) {
+    if (kind == 0) {
+        pid_t pid = worker_pid(j, (int)rnd(0, ranks - 0.01));
+        if (pid > 0) kill(pid, SIGKILL);
+    } else if (kind == 1) {
+        int a = (int)rnd(0, agents - 0.01);
+        kill(j->agent[a]->pid, SIGKILL);
+        proc_wait(j->agent[a], 5);
+        sleep_s(rnd(0, agent_pause));
+        job_start_agent(j, a);
+    } else {
+        kill(j->master->pid, SIGKILL);
+        proc_wait(j->master, 5);
+        sleep_s(rnd(0.05, 1.0));
+        job_start_master(j);
+    }
+}
+
+/* One randomized trial's fault: once the job made progress, `when` s later kill_one(kind);
+ * then the job must finish (timeout s). *gen and *t_kill: the generation and wall time of the
+ * kill. Returns 1 if the job is done. */
+static int trial_kill(ejob *j, int t, int kind, int ranks, int agents, double when, double pause, double timeout,
+                      int *gen, double *t_kill) {
+    CHECK(wait_progress(j, 1, 0, 30), "trial %d: no progress", t);
+    sleep_s(when);
+    *gen = current_gen(j);
+    *t_kill = adt_wall_s();
+    kill_one(j, kind, ranks, agents, pause);
+    char state[300];
+    const char *what = kind == 0 ? "worker" : kind == 1 ? "agent" : "master";
+    CHECK(wait_job_end(j, timeout, state, sizeof state), "trial %d (%s killed at +%.2f s): not finished: %s", t, what,
+          when, state);
+    CHECK(strstr(state, "done") == state, "trial %d: job %s", t, state);
+    return strstr(state, "done") == state;
 }
 
 /* Randomized trials: kill -9 of a worker, an agent or the master at a random moment. */
@@ -797,33 +850,11 @@ static void test_random_trials(void) {
         job_start(&j, 2, 2);
         int kind = t < 3 ? t : (int)rnd(0, 2.999);
         kinds[kind]++;
-        double when = rnd(0.2, 2.0);
-        CHECK(wait_progress(&j, 1, 0, 30), "trial %d: no progress", t);
-        sleep_s(when);
+        double when = rnd(0.2, 2.0), t_kill;
         const char *what = kind == 0 ? "worker" : kind == 1 ? "agent" : "master";
-        int gen = current_gen(&j);
-        double t_kill = adt_wall_s();
-        if (kind == 0) {
-            pid_t pid = worker_pid(&j, (int)rnd(0, 3.99));
-            if (pid > 0) kill(pid, SIGKILL);
-        } else if (kind == 1) {
-            int a = (int)rnd(0, 1.99);
-            kill(j.agent[a]->pid, SIGKILL);
-            proc_wait(j.agent[a], 5);
-            sleep_s(rnd(0, 1));
-            job_start_agent(&j, a);
-        } else {
-            kill(j.master->pid, SIGKILL);
-            proc_wait(j.master, 5);
-            sleep_s(rnd(0.05, 1.0));
-            job_start_master(&j);
-        }
-        char state[300];
-        CHECK(wait_job_end(&j, 90, state, sizeof state), "trial %d (%s killed at +%.2f s): not finished: %s", t, what,
-              when, state);
-        CHECK(strstr(state, "done") == state, "trial %d: job %s", t, state);
+        int gen, done = trial_kill(&j, t, kind, 4, 2, when, 1, 90, &gen, &t_kill);
         /* a kill after the last step ended nothing: no next generation to time */
-        if (kind == 0 && strstr(state, "done") == state) recovery(&j, gen, 4, t_kill);
+        if (kind == 0 && done) recovery(&j, gen, 4, t_kill);
         job_verify(&j);
         job_end(&j, 10);
         if (check_cur_failed) fprintf(stderr, "  trial %d (%s killed at +%.2f s) FAILED\n", t, what, when);
@@ -909,18 +940,8 @@ static int reference_losses(const char *const *flags, int ranks, double *loss, i
 /* The ledger's audit (the CLI and the library) of a run of `steps` steps: nothing missing or
  * duplicated, every step committed. */
 static void train_audit(ejob *j, int steps) {
-    char log[700];
-    snprintf(log, sizeof log, "%s/audit.log", j->dir);
-    const char *argv[] = {g_adtrain, "audit", "--job", j->jobdir, NULL};
-    int rc = run_cmd(log, argv, 30);
-    CHECK(rc == 0, "adtrain audit --job %s: exit %d (see %s)", j->jobdir, rc, log);
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", j->jobdir, ADT_LEDGER_FILE);
-    adt_ledger *L;
-    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY)) {
-        CHECK(0, "%s", adt_error_message());
-        return;
-    }
+    adt_ledger *L = audit_open(j, 0);
+    if (!L) return;
     adt_ledger_status st;
     adt_ledger_audit a;
     CHECK(adt_ledger_get_status(L, &st) == ADT_OK, "%s", adt_error_message());
@@ -1045,6 +1066,19 @@ static void test_train_clean(void) {
     }
 }
 
+/* Agent 0's log holds `what` (and, when given, `then` after it). */
+static int agent_log_has(const ejob *j, const char *what, const char *then) {
+    char log[700];
+    static char text[1 << 20];
+    snprintf(log, sizeof log, "%s/agent0.log", j->dir);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    const char *at = strstr(text, what);
+    return at && (!then || strstr(at, then));
+}
+
 /* Lines of the log that carry a training loss (a step redone after a restore counts again). */
 static int count_loss_lines(const char *path) {
     FILE *f = fopen(path, "r");
@@ -1067,21 +1101,11 @@ static void test_train_zombie(void) {
                                         NULL};
     ejob j;
     train_job_init(&j, "tzombie", flags);
-    j.agent_extra[j.n_agent_extra++] = "--kill-grace";
-    j.agent_extra[j.n_agent_extra++] = "30";
-    job_start(&j, 1, 2);
-    CHECK(wait_progress(&j, 1, rnd(3, 20), 60), "no progress");
-    double t_end = zombie(&j, 200, 0.002);
+    double t_end = zombie(&j, 20, 60, 200, 0.002);
     expect_done(&j, 120);
     CHECK(count_events(&j, "lease_expired") >= 1, "no lease_expired event");
     CHECK(count_events(&j, "stale") >= 1, "no stale event: the late request was not refused");
-    char log[700], text[65536] = "";
-    snprintf(log, sizeof log, "%s/agent0.log", j.dir);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[n] = 0;
-    if (f) fclose(f);
-    CHECK(strstr(text, "refused: this world generation ended"), "the zombie did not report its refusal");
+    CHECK(agent_log_has(&j, "refused: this world generation ended", NULL), "the zombie did not report its refusal");
     fprintf(stderr, "  trainer zombie: generation ended %.2f s after SIGSTOP (lease timeout 1 s)\n", t_end);
     train_audit(&j, 60);
     train_compare(&j, g_ref_gpt[0], 60, 1);
@@ -1127,14 +1151,8 @@ static void test_train_sigterm(void) {
           count_loss_lines(j.logf), steps);
     train_compare(&j, g_ref_gpt[0], steps, 1);
     /* the ranks restarted on the same host: the committed step came from their flash files */
-    char log[700], text[65536] = "";
-    snprintf(log, sizeof log, "%s/agent0.log", j.dir);
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[n] = 0;
-    if (f) fclose(f);
-    const char *r = strstr(text, "elastic: restored step ");
-    CHECK(r && strstr(r, "adtrain-flash-"), "the next world did not restore from the flash file");
+    CHECK(agent_log_has(&j, "elastic: restored step ", "adtrain-flash-"),
+          "the next world did not restore from the flash file");
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
@@ -1146,27 +1164,7 @@ static void test_train_scale(void) {
     if (train_refs()) return;
     ejob j;
     train_job_init(&j, "tscale", (const char *const *)TRAIN_MLP);
-    j.master_extra[j.n_master_extra++] = "--workers";
-    j.master_extra[j.n_master_extra++] = "2";
-    job_start(&j, 1, 3);
-    double w1[3] = {1, 2, 30};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w1, 60), "no world of 2");
-    char log[700];
-    snprintf(log, sizeof log, "%s/scale.log", j.dir);
-    const char *s1[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "1", NULL};
-    CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
-    double w2[3] = {2, 1, 150};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w2, 60), "no world of 1");
-    const char *s2[] = {g_adtrain, "scale", "--master", j.addr, "--workers", "3", NULL};
-    CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
-    double w3[3] = {3, 3, 0};
-    CHECK(poll_until(&j, "/v1/generation", pred_world, w3, 60), "no world of 3");
-    expect_done(&j, 120);
-    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
-    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
-          "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"),
-          jnum(r, "generation"));
-    cJSON_Delete(r);
+    scale_run(&j, 30, 150, 60);
     int steps = flags_steps(TRAIN_MLP);
     train_audit(&j, steps);
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
@@ -1336,32 +1334,10 @@ static void test_train_trials(void) {
         train_job_init(&j, tag, flags);
         job_start(&j, agents, nproc);
         kinds[kind]++;
-        double when = rnd(0.1, 1.2);
-        CHECK(wait_progress(&j, 1, 0, 30), "trial %d: no progress", t);
-        sleep_s(when);
+        double when = rnd(0.1, 1.2), t_kill;
         const char *what = kind == 0 ? "worker" : kind == 1 ? "agent" : "master";
-        int gen = current_gen(&j);
-        double t_kill = adt_wall_s();
-        if (kind == 0) {
-            pid_t pid = worker_pid(&j, (int)rnd(0, ranks - 0.01));
-            if (pid > 0) kill(pid, SIGKILL);
-        } else if (kind == 1) {
-            int a = (int)rnd(0, agents - 0.01);
-            kill(j.agent[a]->pid, SIGKILL);
-            proc_wait(j.agent[a], 5);
-            sleep_s(rnd(0, 0.5));
-            job_start_agent(&j, a);
-        } else {
-            kill(j.master->pid, SIGKILL);
-            proc_wait(j.master, 5);
-            sleep_s(rnd(0.05, 1.0));
-            job_start_master(&j);
-        }
-        char state[300];
-        CHECK(wait_job_end(&j, 120, state, sizeof state), "trial %d (%s killed at +%.2f s): not finished: %s", t,
-              what, when, state);
-        CHECK(strstr(state, "done") == state, "trial %d: job %s", t, state);
-        if (kind == 0 && strstr(state, "done") == state) train_recovery(&j, gen, t_kill);
+        int gen, done = trial_kill(&j, t, kind, ranks, agents, when, 0.5, 120, &gen, &t_kill);
+        if (kind == 0 && done) train_recovery(&j, gen, t_kill);
         int steps = flags_steps(flags);
         train_audit(&j, steps);
         /* the world keeps its size unless the victim's node sat out a cooldown */
