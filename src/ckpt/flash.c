@@ -87,7 +87,9 @@ static const flash_slot_hdr *slot_valid_hdr(adt_flash *f, int k) {
     flash_slot_hdr h;
     memcpy(&h, slot_hdr(f, k), sizeof h);
     atomic_thread_fence(memory_order_acquire);
-    if (!h.seq || h.crc != slot_hdr_crc(&h) || h.bytes > f->capacity) return NULL;
+    /* a seq no writer reaches (2^62 publications) is a forged or damaged header: refusing it
+     * keeps seq + 1 of the next publication from wrapping to 0 */
+    if (!h.seq || h.seq >= (uint64_t)1 << 62 || h.crc != slot_hdr_crc(&h) || h.bytes > f->capacity) return NULL;
     return slot_hdr(f, k);
 }
 
