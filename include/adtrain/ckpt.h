@@ -25,6 +25,8 @@
 #ifndef ADTRAIN_CKPT_H
 #define ADTRAIN_CKPT_H
 
+#include <stdint.h>
+
 #include "adtrain/dist.h"
 #include "adtrain/graph.h"
 #include "adtrain/safetensors.h"
@@ -183,6 +185,59 @@ int adt_dckpt_verify(const adt_dckpt *c);
  * PyTorch and by adt_ckpt_load; without with_state, optimizer state ("opt.*") is left out.
  * Holds the whole model in memory once. Every file is verified as it is read. */
 int adt_dckpt_export(const adt_dckpt *c, const char *path, int with_state);
+
+
+/* ---------------------------------------------------------------------------------------------
+ * Flash checkpoints: a training state in shared memory (a file under /dev/shm), in two slots
+ *
+ * The training thread copies its state into a slot (adt_flash_begin ... adt_flash_end) and goes
+ * on; the slot is published - its crc32c computed and its header written last - and handed to
+ * a persist callback (which writes the checkpoint file and commits it) by a background thread.
+ * A slot verifies only if it was written completely (a header crc and a payload crc32c), so a
+ * writer killed mid-copy, a torn or damaged file never loads; the other slot keeps the previous
+ * state. The file outlives the process: a restarted worker on the same host finds the states
+ * there (adt_flash_find) and falls back to the checkpoint on disk when the one it needs is not.
+ * Layout ids (e.g. adt_plan_graph_checksum of the training graph) keep a file of another model
+ * from loading. One writer per file; readers in the same process.
+ */
+typedef struct adt_flash adt_flash;
+
+typedef struct adt_flash_view {
+    int slot;
+    uint64_t seq;        /* publication number: higher is newer                       */
+    int64_t generation;  /* as given to adt_flash_end                                  */
+    int64_t step;
+    uint64_t bytes;
+    const void *data;    /* the payload, in the mapping (valid until the slot is reused) */
+} adt_flash_view;
+
+/* Called on the background thread with a published slot; returns ADT_OK or an error (kept for
+ * adt_flash_wait). */
+typedef int (*adt_flash_persist_fn)(void *ctx, int64_t generation, int64_t step, const void *data, uint64_t bytes);
+
+/* Opens `path` (created if missing) with two slots of `capacity` bytes. A file of another
+ * capacity or layout, a truncated file or one with a damaged header is reset (nothing in it
+ * loads). Errors name the file. */
+int adt_flash_open(adt_flash **out, const char *path, uint64_t capacity, uint64_t layout);
+/* Stops the background thread after the queued work is done, unmaps; the file stays. */
+void adt_flash_close(adt_flash *f);
+int adt_flash_remove(const char *path);
+uint64_t adt_flash_capacity(const adt_flash *f);
+/* Starts the background thread: from now on adt_flash_end hands slots to it (publish, then
+ * fn); without it, adt_flash_end publishes in the caller. */
+int adt_flash_start(adt_flash *f, adt_flash_persist_fn fn, void *ctx);
+/* The slot to fill (capacity bytes at the pointer returned): never the one the thread works on,
+ * else never the newest published one. It no longer verifies from here until published. A job
+ * queued for it and not started is dropped (this state supersedes it). */
+void *adt_flash_begin(adt_flash *f, int *slot);
+/* The slot holds `bytes` bytes of the state after `step`: publish it (now, or on the thread). */
+int adt_flash_end(adt_flash *f, int slot, int64_t generation, int64_t step, uint64_t bytes);
+/* Waits until the thread is idle; returns the first failure of fn since the last wait (with its
+ * message), and the step fn last succeeded for (-1 if none). */
+int adt_flash_wait(adt_flash *f, int64_t *persisted_step);
+/* The slot that holds `step` (step < 0: the newest) and verifies completely; ADT_ERR_IO with
+ * what each slot holds otherwise. */
+int adt_flash_find(adt_flash *f, int64_t step, adt_flash_view *out);
 
 #ifdef __cplusplus
 }

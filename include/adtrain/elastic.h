@@ -174,6 +174,7 @@ int adt_agent_run(const adt_agent_config *cfg);
  *   ADT_JOB_TOKEN    the job token (absent if none)
  *   ADT_GENERATION   the world generation the worker belongs to
  *   ADT_AGENT_ID     the agent that started it
+ *   ADT_NODE_ID      its node (--node-id; the same after the agent restarts)
  * Every call has a deadline (timeout_s) and retries while the master cannot be reached (it may
  * be restarting); a call that reached the master and was refused is not retried.
  */

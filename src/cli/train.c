@@ -74,8 +74,8 @@ static int make_executor(trainer *t) {
 
 static int open_log(trainer *t) {
     if (!t->o.log_path || t->rank != 0) return 0;
-    /* A resumed run continues its log. */
-    t->log = fopen(t->o.log_path, t->start_step ? "a" : "w");
+    /* A resumed run continues its log, as does every elastic world after the first. */
+    t->log = fopen(t->o.log_path, t->start_step || train_elastic_continues() ? "a" : "w");
     if (!t->log) return train_fail(EXIT_USAGE, "--log: cannot open '%s' for writing: %s", t->o.log_path, strerror(errno));
     return 0;
 }
@@ -110,6 +110,7 @@ static void print_banner(const trainer *t) {
 }
 
 static void trainer_free(trainer *t) {
+    train_elastic_free(t);
     train_balance_free(t);
     if (!t->pipe) adt_exec_free(t->ex); /* else the pipe's, freed with it */
     train_world_end(t);
@@ -132,6 +133,7 @@ static int trainer_setup(trainer *t, int rc) {
     cli_defer_errors(t->world != NULL);
     if (!(rc = make_executor(t)) && !(rc = train_ckpt_init(t))) rc = train_ckpt_resume(t);
     if ((rc = train_world_agree(t, rc))) return rc;
+    if ((rc = train_elastic_start(t))) return rc; /* under an elastic agent: leases, restore */
     t->idx = adt_malloc((size_t)t->o.batch * sizeof *t->idx);
     if (t->model.type == ADT_MODEL_DLRM) {
         size_t n = (size_t)t->o.eval_batches * (size_t)t->o.batch;
@@ -230,7 +232,8 @@ static int train_step(trainer *t, long step, step_stats *st) {
     int B = (int)t->o.batch;
     int64_t *idx = t->idx;
     double t0 = adt_now_s();
-    adt_sampler_batch(&t->sampler, step - 1, idx);
+    if (!t->el) adt_sampler_batch(&t->sampler, step - 1, idx);
+    else if (train_elastic_batch(t, step, idx)) return EXIT_RUNTIME;
     st->step = step;
     st->lr = lr_at(&t->o, step);
     adt_exec_set_lr_step(t->ex, (float)st->lr, (int32_t)step);
@@ -284,6 +287,8 @@ static int train_loop(trainer *t) {
         }
         if (t->o.eval_every > 0 && (s % t->o.eval_every == 0 || last) && (rc = run_eval(t, s))) return rc;
         if (t->o.save_every && s % t->o.save_every == 0 && (rc = train_ckpt_save(t, t->o.save_path, s))) return rc;
+        int stop = 0;
+        if (t->el && ((rc = train_elastic_step_done(t, s, &stop)) || (stop && !last))) return rc;
     }
     if (t->tty && !cli_quiet) fprintf(stderr, "\n");
     long done = t->o.steps - t->start_step;

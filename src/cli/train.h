@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "adtrain/ckpt.h"
 #include "adtrain/comm.h"
 #include "adtrain/data.h"
 #include "adtrain/dist.h"
@@ -46,6 +47,11 @@ typedef struct train_opts {
         double slow_factor, slow_add_s;
         long slow_first, slow_last;
     } bal;
+    /* elastic runs (train_elastic.c) */
+    const char *elastic_dir;
+    long commit_every;
+    double lease_timeout;
+    int flash;
 } train_opts;
 
 /* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
@@ -97,6 +103,7 @@ typedef struct trainer {
     adt_model_io pio;
     adt_pipe *pipe;       /* the rank's stage; t->ex is its executor */
     struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
+    struct train_elastic *el; /* NULL unless started by an elastic agent */
 } trainer;
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
@@ -151,5 +158,20 @@ int train_ckpt_init(trainer *t);   /* --init: weights only                      
 int train_ckpt_resume(trainer *t); /* --resume: weights, optimizer state, step; sets t->start_step */
 /* One file in one process; on several ranks a distributed checkpoint directory (collective). */
 int train_ckpt_save(trainer *t, const char *path, long step);
+/* The file --save writes, from any storage (a flash checkpoint's slot): adt_status, no message
+ * printed, so that a background thread may call it. */
+int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx);
+
+/* train_elastic.c: the run as a worker of an elastic job (ADT_MASTER set by `adtrain agent`). */
+/* Collective: lease client, restore. -1: the job's last step is committed already (exit 0). */
+int train_elastic_start(trainer *t);
+int train_elastic_batch(trainer *t, long step, int64_t *idx); /* the step's samples from leases */
+/* After step `step`: report it; checkpoint and commit when due; *stop: leave the loop, returning
+ * the result (0 after a planned stop or the last step). */
+int train_elastic_step_done(trainer *t, long step, int *stop);
+void train_elastic_free(trainer *t);
+/* 1 in an elastic world after the job's first: the log continues (a step redone after a restore
+ * appears again; the last line of a step is the one in the model). */
+int train_elastic_continues(void);
 
 #endif

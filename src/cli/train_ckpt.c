@@ -143,14 +143,24 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     ckpt_meta m;
     meta_make(t, step, &m);
     int rc = 0;
-    if (t->world) rc = save_distributed(t, path, step, &m);
-    else if (adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS))
+    int dist = t->world && t->loc.g; /* else every rank holds the whole state (one process, balanced
+                                      * data parallelism): rank 0 writes one file */
+    if (dist) rc = save_distributed(t, path, step, &m);
+    else if (t->rank == 0 && train_ckpt_write(t, path, step, exec_data, t))
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     free(m.model_json);
     if (rc) return rc;
     if (!cli_quiet && (!t->tty || step == t->o.steps))
-        fprintf(stderr, "saved %s%s (step %ld)\n", path, t->world ? " (distributed checkpoint)" : "", step);
+        fprintf(stderr, "saved %s%s (step %ld)\n", path, dist ? " (distributed checkpoint)" : "", step);
     return 0;
+}
+
+int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx) {
+    ckpt_meta m;
+    meta_make(t, step, &m);
+    int rc = adt_ckpt_save(path, t->g, data, ctx, 1, m.kv, META_PAIRS);
+    free(m.model_json);
+    return rc;
 }
 
 /* A checkpoint being read: one safetensors file, or a distributed checkpoint's directory. */

@@ -75,6 +75,16 @@ static void train_usage(FILE *f) {
             "  under mpiexec (N > 1 ranks), --save PATH is a directory: a distributed checkpoint (each\n"
             "  rank writes its blocks, a manifest joins them; adtrain ckpt export makes one file);\n"
             "  --init and --resume read a directory or a file under any plan and number of ranks\n"
+            "elastic runs (under adtrain launch / adtrain agent, which set ADT_MASTER): the samples of\n"
+            "every step come from the master's leases (the same order as above), each step is\n"
+            "reported, and checkpoints are committed with the data position; a new world restores\n"
+            "the committed one. SIGTERM or a planned change stops at a step boundary with a commit.\n"
+            "  --elastic-dir DIR       committed checkpoints (default adtrain-elastic)\n"
+            "  --commit-every N        flash checkpoint, persisted and committed every N steps\n"
+            "                          (default 10)\n"
+            "  --flash on|off          copy the state to shared memory (/dev/shm, two slots with a\n"
+            "                          crc32c) and write the file in the background (default on)\n"
+            "  --lease-timeout S       a replica silent for S seconds loses its leases (default 30)\n"
             "\n"
             "exit status: 0 done, 1 failure while training, 2 bad flag, config or data\n");
 }
@@ -133,6 +143,10 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
     else if (!strncmp(f, "--straggler-", 12) || !strcmp(f, "--split") || !strcmp(f, "--micro-batch") ||
              !strcmp(f, "--inject-slowdown"))
         rc = train_balance_flag(o, f, v);
+    else if (!strcmp(f, "--elastic-dir")) o->elastic_dir = v;
+    else if (!strcmp(f, "--commit-every")) rc = parse_long(f, v, 1, INT32_MAX, &o->commit_every);
+    else if (!strcmp(f, "--lease-timeout")) rc = parse_double(f, v, 0, 1e6, 1, &o->lease_timeout);
+    else if (!strcmp(f, "--flash")) rc = parse_choice(f, v, "off", "on", &o->flash);
     else if (!strcmp(f, "--save-every")) rc = parse_long(f, v, 1, INT32_MAX, &o->save_every);
     else if (!strcmp(f, "--steps")) rc = parse_long(f, v, 1, INT32_MAX, &o->steps);
     else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, 1 << 20, &o->batch);
@@ -156,7 +170,7 @@ static const char *const train_flags[] = {
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
     "--init", "--resume", "--save", "--save-every", "--plan",
     "--straggler-policy", "--straggler-config", "--straggler-master", "--split", "--micro-batch", "--inject-slowdown",
-    NULL,
+    "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", NULL,
 };
 
 /* The flag `arg` names ("--steps" or "--steps=10"); *inline_val gets the part after '='. */
@@ -191,7 +205,8 @@ static int check_opts(train_opts *o) {
 /* Returns 0 to go on, -1 after --help, else an exit code. */
 int train_parse_opts(train_opts *o, int argc, char **argv) {
     *o = (train_opts){.steps = 200, .batch = 16, .eval_batches = 20, .optimizer = ADT_OPTIM_ADAMW,
-                      .cosine = 1, .shuffle = 1, .threads = 1, .seed = 1337, .bal = {.slow_rank = -1}};
+                      .cosine = 1, .shuffle = 1, .threads = 1, .seed = 1337, .bal = {.slow_rank = -1},
+                      .elastic_dir = "adtrain-elastic", .commit_every = 10, .lease_timeout = 30, .flash = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

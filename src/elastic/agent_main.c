@@ -225,15 +225,16 @@ static void on_barrier(void *ctx, int epoch, int first_new) {
 static void start_world(agent *a) {
     const assignment *as = &a->as;
     int64_t gen = a->plan_gen;
-    char envs[4][320];
+    char envs[5][320];
     const char *env[64];
     int n = 0;
     snprintf(envs[0], sizeof envs[0], "ADT_MASTER=%s", a->cfg->master);
     snprintf(envs[1], sizeof envs[1], "ADT_GENERATION=%lld", (long long)gen);
     snprintf(envs[2], sizeof envs[2], "ADT_AGENT_ID=%lld", (long long)a->id);
-    snprintf(envs[3], sizeof envs[3], "ADT_JOB_TOKEN=%s", a->cfg->token ? a->cfg->token : "");
-    for (int i = 0; i < 4; i++)
-        if (i < 3 || (a->cfg->token && *a->cfg->token)) env[n++] = envs[i];
+    snprintf(envs[3], sizeof envs[3], "ADT_NODE_ID=%s", a->node); /* stable across the agent's restarts */
+    snprintf(envs[4], sizeof envs[4], "ADT_JOB_TOKEN=%s", a->cfg->token ? a->cfg->token : "");
+    for (int i = 0; i < 5; i++)
+        if (i < 4 || (a->cfg->token && *a->cfg->token)) env[n++] = envs[i];
     for (const char *const *e = a->cfg->env; e && *e && n < 63; e++)
         env[n++] = *e;
     env[n] = NULL;

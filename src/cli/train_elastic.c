@@ -1,0 +1,436 @@
+/*
+ * train_elastic.c - `adtrain train` as a worker of an elastic job: started by `adtrain agent`
+ * (ADT_MASTER in the environment, the MPI world given through PMI), it is a data-parallel
+ * replica per rank that takes its samples from the master's leases, reports every step,
+ * checkpoints through a flash checkpoint (include/adtrain/ckpt.h) and commits each checkpoint
+ * with the ledger's position (include/adtrain/elastic.h, ledger.h).
+ *
+ * Sample order. The ledger's epochs are adt_sample_permutation(seed, epoch), the sampler's own
+ * order, cut into positions; it hands out the lowest waiting positions first. Each step every
+ * rank leases its share of the global batch B (B / n, one more for the first B mod n ranks), the
+ * ranks gather what all of them leased, and the step's batch is those positions sorted by
+ * (epoch, position): the sampler's batch of that step, whatever the world size. So a run without
+ * faults trains exactly the batches `mpiexec -n N adtrain train` trains, and after a restore the
+ * positions the rewind handed back come first, continuing the same sequence. Each rank fills its
+ * block of the batch as on any distributed run; what a rank leased and reports is its share of
+ * the samples the step consumed.
+ *
+ * Checkpoints. Every --commit-every steps (and at a planned stop, SIGTERM and the last step) each
+ * rank copies its parameters and optimizer state into its flash file (/dev/shm, two slots, the
+ * only time the step is blocked); a background thread publishes the slot, and on rank 0 writes
+ * the --save format file DIR/ckpt-S-gG.safetensors and commits step S with it. Restoring, rank 0
+ * asks the master for the commit in force (the ledger rewound to it) and broadcasts it, so all
+ * ranks restore one step; each rank takes it from its flash file when a slot holds that step and
+ * verifies, else from the file on disk.
+ *
+ * Stops. A planned change (the master's stop_at) and SIGTERM are agreed by an all-reduce after
+ * each step's report; the ranks checkpoint and commit that step, wait for the commit, and leave
+ * (exit 0 for a planned stop, 1 for SIGTERM). A request refused as stale (the generation ended)
+ * ends the process at once with status 3: the next generation restores the commit in force.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "adtrain/base.h"
+#include "adtrain/ckpt.h"
+#include "adtrain/elastic.h"
+#include "train.h"
+
+#define EXIT_STALE 3
+#define MAX_RANGES 64
+
+typedef struct train_elastic {
+    adt_elastic *c;      /* the main thread's client */
+    adt_elastic *commit; /* rank 0's persister's client (a handle is one thread's)            */
+    adt_ledger_job job;
+    int64_t *perm, perm_epoch;
+    adt_ledger_lease cur; /* the lease being consumed */
+    int have;
+    adt_ledger_range mine[MAX_RANGES]; /* what this rank leased for the current step */
+    int64_t mine_epoch[MAX_RANGES];
+    int n_mine;
+    int64_t *gathered; /* [nranks * (1 + 3 * MAX_RANGES)]: count, then (epoch, a, b) per range */
+    /* flash checkpoints */
+    adt_flash *flash;
+    char flash_path[1100];
+    int64_t *offset; /* [g->n_values]: byte offset of a persistent value in a slot, -1 if none */
+    uint64_t state_bytes;
+    const uint8_t *persist_data; /* the slot the persister writes (its data callback reads it) */
+    int64_t last_commit;
+    char last_name[256];
+    int finished; /* the last step is committed: the flash file goes */
+    double blocked_s, blocked_max_s;
+    long n_flash;
+} train_elastic;
+
+static volatile sig_atomic_t g_term;
+static void on_term(int sig) {
+    (void)sig;
+    g_term = 1;
+}
+
+static int el_fail(int code, const char *what) {
+    if (code == ADT_ERR_STALE) {
+        fprintf(stderr, "adtrain train: %s refused: this world generation ended (%s)\n", what, adt_error_message());
+        exit(EXIT_STALE);
+    }
+    return train_fail(EXIT_RUNTIME, "elastic %s: %s", what, adt_error_message());
+}
+
+/* ---- state <-> memory ------------------------------------------------------------------------ */
+
+static void layout_state(trainer *t, train_elastic *e) {
+    const adt_graph *g = t->g;
+    e->offset = adt_malloc((size_t)g->n_values * sizeof *e->offset);
+    uint64_t off = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        e->offset[v] = -1;
+        if (!adt_role_is_persistent(g->values[v].role)) continue;
+        e->offset[v] = (int64_t)off;
+        off += (uint64_t)adt_value_bytes(g, v);
+    }
+    e->state_bytes = off;
+}
+
+/* Copies every persistent value into dst (to = 1) or back from src (to = 0). */
+static void copy_state(trainer *t, train_elastic *e, uint8_t *mem, int to) {
+    for (int v = 0; v < t->g->n_values; v++) {
+        if (e->offset[v] < 0) continue;
+        size_t n = (size_t)adt_value_bytes(t->g, v);
+        void *live = train_value(t, v);
+        if (to) memcpy(mem + e->offset[v], live, n);
+        else memcpy(live, mem + e->offset[v], n);
+    }
+}
+
+static void *slot_data(void *ctx, int v) {
+    trainer *t = ctx;
+    return (void *)(t->el->persist_data + t->el->offset[v]);
+}
+
+static void ckpt_name(char *buf, size_t n, int64_t step, int64_t gen) {
+    snprintf(buf, n, "ckpt-%lld-g%lld.safetensors", (long long)step, (long long)gen);
+}
+
+/* Removes DIR/ckpt-*.safetensors except `keep_a` and `keep_b` (names). */
+static void prune_ckpts(const char *dir, const char *keep_a, const char *keep_b) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        size_t len = strlen(n);
+        if (strncmp(n, "ckpt-", 5) || len < 12 || strcmp(n + len - 12, ".safetensors")) continue;
+        if (!strcmp(n, keep_a) || !strcmp(n, keep_b)) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, n);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* The persister (rank 0's background thread): the slot as a --save file, then the commit. */
+static int persist(void *ctx, int64_t gen, int64_t step, const void *data, uint64_t bytes) {
+    trainer *t = ctx;
+    train_elastic *e = t->el;
+    if (bytes != e->state_bytes) return adt_error(ADT_ERR_STATE, "flash slot of %llu bytes", (unsigned long long)bytes);
+    char name[128], path[4400];
+    ckpt_name(name, sizeof name, step, gen);
+    snprintf(path, sizeof path, "%s/%s", t->o.elastic_dir, name);
+    e->persist_data = data;
+    int rc = train_ckpt_write(t, path, (long)step, slot_data, t);
+    if (rc) return rc;
+    if ((rc = adt_elastic_commit(e->commit, step, name))) return rc;
+    /* the commit in force and the one before stay (a restore reads the former) */
+    prune_ckpts(t->o.elastic_dir, name, e->last_name);
+    e->last_commit = step;
+    snprintf(e->last_name, sizeof e->last_name, "%s", name);
+    return ADT_OK;
+}
+
+/* ---- start: client, data job, restore ---------------------------------------------------------- */
+
+static int open_flash(trainer *t, train_elastic *e) {
+    const char *dir = getenv("ADT_FLASH_DIR");
+    /* one file per local rank of a node: two agents of one host (a test) never share one */
+    const char *run = getenv("TORCHELASTIC_RUN_ID"), *node = getenv("ADT_NODE_ID"), *lr = getenv("LOCAL_RANK");
+    char safe[64];
+    snprintf(safe, sizeof safe, "%s", node && *node ? node : "node");
+    for (char *p = safe; *p; p++)
+        if (*p == '/' || *p == ' ') *p = '_';
+    snprintf(e->flash_path, sizeof e->flash_path, "%s/adtrain-flash-%s-%s-%s", dir && *dir ? dir : "/dev/shm",
+             run && *run ? run : "job", safe, lr && *lr ? lr : "0");
+    uint64_t layout = (uint64_t)adt_plan_graph_checksum(t->g) << 32 ^ e->state_bytes;
+    if (adt_flash_open(&e->flash, e->flash_path, e->state_bytes ? e->state_bytes : 1, layout))
+        return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
+    if (adt_flash_start(e->flash, t->rank == 0 ? persist : NULL, t))
+        return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
+    return 0;
+}
+
+/* Every rank loads committed step S: from its flash file if a slot holds S, else from `name` on
+ * disk. Returns the setup result (the caller agrees on it). */
+static int restore(trainer *t, train_elastic *e, int64_t step, const char *name) {
+    if (step <= 0) return 0;
+    adt_flash_view fv;
+    if (e->flash && adt_flash_find(e->flash, step, &fv) == ADT_OK && fv.bytes == e->state_bytes) {
+        copy_state(t, e, (uint8_t *)fv.data, 0);
+        t->start_step = (long)step;
+        if (!cli_quiet) fprintf(stderr, "elastic: restored step %lld from %s\n", (long long)step, e->flash_path);
+        return 0;
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", t->o.elastic_dir, name);
+    t->o.resume_path = path; /* --resume's checks: the same seed, batch, data, optimizer */
+    int rc = train_ckpt_resume(t);
+    t->o.resume_path = NULL;
+    return rc;
+}
+
+int train_elastic_start(trainer *t) {
+    if (!getenv("ADT_MASTER")) return 0;
+    if (t->o.resume_path || t->o.init_path)
+        return train_fail(EXIT_USAGE, "%s: an elastic run restores the checkpoint the master names; expected no "
+                          "--resume or --init under adtrain agent", t->o.resume_path ? "--resume" : "--init");
+    if (t->o.plan_path)
+        return train_fail(EXIT_USAGE, "--plan: elastic runs are data parallel over the world the master forms; "
+                          "expected no --plan under adtrain agent");
+    if (t->o.bal.on)
+        return train_fail(EXIT_USAGE, "--straggler-policy/--split/--micro-batch/--inject-slowdown: balanced data "
+                          "parallelism does not run under adtrain agent yet; expected none of them in an elastic run");
+    train_elastic *e = t->el = adt_calloc(1, sizeof *e);
+    e->perm_epoch = -1;
+    e->last_commit = -1;
+    layout_state(t, e);
+    int rc = 0;
+    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60};
+    int64_t B = t->o.batch, spe = t->train.count / B;
+    e->job = (adt_ledger_job){.samples = t->train.count, .seed = t->o.seed, .shuffle = t->o.shuffle,
+                              .global_batch = B, .shard_size = 4 * B, .epochs = (t->o.steps + spe - 1) / spe,
+                              .max_leases = 16, .max_failures = 100, .lease_timeout_s = t->o.lease_timeout};
+    /* { committed steps, the checkpoint's name } from rank 0 to all */
+    struct {
+        int64_t step;
+        char name[256];
+    } at = {0};
+    int st;
+    if ((st = adt_elastic_open(&e->c, &cfg))) rc = el_fail(st, "client");
+    else if ((st = adt_elastic_data_init(e->c, &e->job, 1))) rc = el_fail(st, "data job");
+    else if (t->rank == 0) {
+        adt_elastic_info info;
+        if ((st = adt_elastic_get_info(e->c, &info))) rc = el_fail(st, "info");
+        else {
+            at.step = info.committed_steps;
+            snprintf(at.name, sizeof at.name, "%s", info.checkpoint);
+        }
+        if (!rc && (st = adt_elastic_open(&e->commit, &cfg))) rc = el_fail(st, "client");
+        if (!rc && mkdir(t->o.elastic_dir, 0755) && errno != EEXIST)
+            rc = train_fail(EXIT_USAGE, "--elastic-dir %s: cannot create it: %s", t->o.elastic_dir, strerror(errno));
+    }
+    if ((rc = train_world_agree(t, rc))) return rc;
+    if (t->world && adt_comm_bcast(t->world, &at, sizeof at / 4, ADT_I32, 0))
+        return train_fail(EXIT_RUNTIME, "elastic: %s", adt_error_message());
+    e->last_commit = at.step;
+    snprintf(e->last_name, sizeof e->last_name, "%s", at.name);
+    if (at.step >= t->o.steps) { /* a world started after the last commit: nothing is left to do */
+        if (!cli_quiet) fprintf(stderr, "elastic: step %lld of %ld is committed: the run is complete\n",
+                                (long long)at.step, t->o.steps);
+        return -1;
+    }
+    if (t->o.flash) rc = open_flash(t, e);
+    if (!rc) rc = restore(t, e, at.step, at.name);
+    if ((rc = train_world_agree(t, rc))) return rc;
+    e->perm = adt_malloc((size_t)t->train.count * sizeof *e->perm);
+    e->gathered = adt_malloc((size_t)t->nranks * (1 + 3 * MAX_RANGES) * sizeof *e->gathered);
+    struct sigaction sa = {.sa_handler = on_term};
+    sigaction(SIGTERM, &sa, NULL);
+    if (!cli_quiet)
+        fprintf(stderr, "elastic generation %lld: %d replicas, master %s; from step %lld (%s)\n",
+                (long long)adt_elastic_generation(e->c), t->nranks, getenv("ADT_MASTER"), (long long)at.step,
+                at.step ? at.name : "the start");
+    return 0;
+}
+
+/* ---- a step's batch ------------------------------------------------------------------------------ */
+
+/* This rank's share of step `step`'s samples, leased into e->mine. */
+static int lease_share(trainer *t, train_elastic *e, int64_t *got) {
+    int64_t need = t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
+    e->n_mine = 0;
+    *got = 0;
+    double waited_until = 0;
+    while (need > 0 && e->n_mine < MAX_RANGES) {
+        if (!e->have || e->cur.cursor == e->cur.end) {
+            int grant, st = adt_elastic_lease(e->c, need, &e->cur, &grant);
+            if (st) return el_fail(st, "lease");
+            e->have = grant == ADT_LEDGER_GRANTED;
+            if (grant == ADT_LEDGER_DONE) break;
+            if (grant == ADT_LEDGER_WAIT) { /* others' leases may yet come back */
+                if (!waited_until) waited_until = adt_now_s() + 5;
+                if (adt_now_s() > waited_until) break;
+                usleep(20000);
+                continue;
+            }
+        }
+        int64_t take = e->cur.end - e->cur.cursor < need ? e->cur.end - e->cur.cursor : need;
+        e->mine[e->n_mine++] = (adt_ledger_range){e->cur.id, e->cur.cursor, e->cur.cursor + take};
+        e->mine_epoch[e->n_mine - 1] = e->cur.epoch;
+        e->cur.cursor += take;
+        need -= take;
+        *got += take;
+    }
+    return 0;
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const int64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+int train_elastic_batch(trainer *t, long step, int64_t *idx) {
+    train_elastic *e = t->el;
+    int64_t got, W = 1 + 3 * MAX_RANGES;
+    int rc = lease_share(t, e, &got);
+    if (rc) return rc;
+    /* this rank's block: count, then (epoch, a, b) per range */
+    int64_t *me = adt_malloc((size_t)W * sizeof *me);
+    me[0] = e->n_mine;
+    for (int i = 0; i < e->n_mine; i++) {
+        me[1 + 3 * i] = e->mine_epoch[i];
+        me[2 + 3 * i] = e->mine[i].a;
+        me[3 + 3 * i] = e->mine[i].b;
+    }
+    if (t->world) {
+        int64_t *counts = adt_malloc((size_t)t->nranks * sizeof *counts);
+        for (int r = 0; r < t->nranks; r++) counts[r] = W * 2; /* int64 as two int32 */
+        rc = adt_comm_allgather(t->world, me, e->gathered, counts, ADT_I32);
+        free(counts);
+    } else {
+        memcpy(e->gathered, me, (size_t)W * sizeof *me);
+    }
+    free(me);
+    if (rc) return train_fail(EXIT_RUNTIME, "step %ld: gathering the leased samples: %s", step, adt_error_message());
+    int64_t n = 0, *ranges = adt_malloc((size_t)t->nranks * MAX_RANGES * 3 * sizeof *ranges);
+    for (int r = 0; r < t->nranks; r++) {
+        const int64_t *blk = e->gathered + (size_t)r * W;
+        memcpy(ranges + 3 * n, blk + 1, (size_t)blk[0] * 3 * sizeof *ranges);
+        n += blk[0];
+    }
+    qsort(ranges, (size_t)n, 3 * sizeof *ranges, cmp_range);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ep = ranges[3 * i], a = ranges[3 * i + 1], b = ranges[3 * i + 2];
+        if (ep != e->perm_epoch && e->job.shuffle) adt_sample_permutation(e->perm, t->train.count, e->job.seed, ep);
+        e->perm_epoch = ep;
+        for (int64_t p = a; p < b && k < t->o.batch; p++) idx[k++] = e->job.shuffle ? e->perm[p] : p;
+    }
+    free(ranges);
+    if (k != t->o.batch)
+        return train_fail(EXIT_RUNTIME, "step %ld: the master handed out %lld of the %ld samples of a batch; "
+                          "expected a ledger job of at least --steps %ld steps", step, (long long)k, t->o.batch,
+                          t->o.steps);
+    return 0;
+}
+
+/* ---- after a step: report, agree, checkpoint ---------------------------------------------------- */
+
+/* The state after `step` into the flash file (the only time the step waits), then published,
+ * written and committed in the background; without --flash, written and committed here. */
+static int checkpoint(trainer *t, train_elastic *e, long step) {
+    int64_t gen = adt_elastic_generation(e->c);
+    double t0 = adt_now_s();
+    if (e->flash) {
+        int slot;
+        uint8_t *mem = adt_flash_begin(e->flash, &slot);
+        copy_state(t, e, mem, 1);
+        if (adt_flash_end(e->flash, slot, gen, step, e->state_bytes))
+            return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
+    } else if (t->rank == 0) {
+        uint8_t *mem = adt_malloc(e->state_bytes ? e->state_bytes : 1);
+        copy_state(t, e, mem, 1);
+        int rc = persist(t, gen, step, mem, e->state_bytes);
+        free(mem);
+        if (rc) return el_fail(rc, "checkpoint");
+    }
+    double dt = adt_now_s() - t0;
+    e->blocked_s += dt;
+    if (dt > e->blocked_max_s) e->blocked_max_s = dt;
+    e->n_flash++;
+    if (t->log && fprintf(t->log, "{\"step\":%ld,\"checkpoint_blocked_ms\":%.3f}\n", step, dt * 1e3) > 0) fflush(t->log);
+    return 0;
+}
+
+/* Waits until the checkpoint of `step` is committed (rank 0) and every rank knows it. */
+static int commit_wait(trainer *t, train_elastic *e, long step) {
+    int rc = 0;
+    if (e->flash) {
+        int64_t done = -1;
+        int st = adt_flash_wait(e->flash, &done);
+        if (st) rc = el_fail(st, "checkpoint");
+        else if (t->rank == 0 && done != step)
+            rc = train_fail(EXIT_RUNTIME, "elastic: the checkpoint of step %ld was not committed", step);
+    }
+    return train_world_agree(t, rc);
+}
+
+int train_elastic_step_done(trainer *t, long step, int *stop) {
+    train_elastic *e = t->el;
+    *stop = 0;
+    int st = e->n_mine ? adt_elastic_report(e->c, step - 1, e->mine, e->n_mine) : ADT_OK;
+    if (st) return el_fail(st, "report");
+    /* { SIGTERM seen, ranks that know a stop step, the sum of their stop steps }: every rank
+     * that knows it has the same */
+    int64_t ctl[3] = {g_term, adt_elastic_stop_at(e->c) > 0, adt_elastic_stop_at(e->c)};
+    if (t->world && adt_comm_allreduce_i64(t->world, ctl, 3))
+        return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    int64_t stop_at = ctl[1] ? ctl[2] / ctl[1] : 0;
+    int planned = stop_at > 0 && step >= stop_at, last = step == t->o.steps;
+    if (!(planned || ctl[0] || last || step % t->o.commit_every == 0)) return 0;
+    int rc = checkpoint(t, e, step);
+    if (rc || !(planned || ctl[0] || last)) return rc;
+    if ((rc = commit_wait(t, e, step))) return rc;
+    *stop = 1;
+    if (!cli_quiet)
+        fprintf(stderr, "elastic: step %ld committed; %s\n", step,
+                ctl[0] ? "stopping (SIGTERM)" : planned ? "stopping as the master asked" : "the run is complete");
+    e->finished = last && !planned && !ctl[0];
+    if (!cli_quiet && e->n_flash)
+        fprintf(stderr, "elastic: %ld checkpoints blocked training %.3f ms each on average (%.3f ms at most)\n",
+                e->n_flash, e->blocked_s * 1e3 / (double)e->n_flash, e->blocked_max_s * 1e3);
+    return ctl[0] && !planned && !last ? EXIT_RUNTIME : 0;
+}
+
+int train_elastic_continues(void) {
+    const char *g = getenv("ADT_GENERATION");
+    return getenv("ADT_MASTER") && g && strtoll(g, NULL, 10) > 1;
+}
+
+void train_elastic_free(trainer *t) {
+    train_elastic *e = t->el;
+    if (!e) return;
+    if (t->world && e->finished) {
+        /* MPI_Finalize over UCX's tcp transport can wait forever for a peer that went on to
+         * finalize's PMI barrier first (seen across network namespaces, about 1 run in 8): every
+         * rank drains here first, and a finalize that still hangs ends the process after 10 s
+         * (the comm watchdog) - the run is committed, so the next world only sees it complete. */
+        adt_comm_barrier(t->world);
+        adt_comm_set_timeout(t->world, 10);
+    }
+    adt_flash_close(e->flash);
+    /* a finished run leaves no flash file behind; a stopped one keeps it for the next world */
+    if (e->flash && e->finished) adt_flash_remove(e->flash_path);
+    adt_elastic_close(e->commit);
+    adt_elastic_close(e->c);
+    free(e->perm);
+    free(e->gathered);
+    free(e->offset);
+    free(e);
+    t->el = NULL;
+}
