@@ -97,6 +97,19 @@ int adt_nd_sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const ad
 /* The usable n-D signatures of a node on a mesh, in product order (all-B first), at most max
  * of them written to out (out may be NULL with max 0); returns how many are usable in all. */
 int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max);
+/* adt_node_nd_sigs computed once per node structure (op, attributes, operand shapes, dtypes and
+ * roles) of one graph on one mesh: repeated layers share the list. Set g and m, zero the rest;
+ * the list returned (count in *n) lives until adt_sig_cache_free. Not shared between threads. */
+typedef struct adt_sig_cache {
+    const adt_graph *g;
+    const adt_mesh *m;
+    uint64_t *hash; /* 0: empty slot */
+    int *rep, *count;
+    adt_nd_sig **sigs;
+    size_t cap, n;
+} adt_sig_cache;
+const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int node, int *n);
+void adt_sig_cache_free(adt_sig_cache *sc);
 /* "(S(0),B) (B,B) -> (S(0),B)": inputs, then outputs. */
 char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n);
 
@@ -189,6 +202,38 @@ typedef struct adt_boxing_prog {
  * that does not fit the tensor's rank or the mesh, or P of a dtype that does not sum). */
 int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
                     const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out);
+/* Program times cached by (tensor shape, dtype, from, to), for one mesh and one set of link
+ * prices (set m and cost, zero the rest, before the first call; adt_boxing_cache_free at the
+ * end). Not shared between threads. */
+#define ADT_BOXING_NONE 1e30 /* the time of a conversion no program makes */
+
+typedef struct adt_boxing_key {
+    adt_shape shape;
+    int dtype;
+    adt_ndsbp from, to;
+} adt_boxing_key;
+
+typedef struct adt_boxing_cached {
+    double time;                        /* ADT_BOXING_NONE: no program    */
+    double kind[ADT_BOXING_KIND_COUNT]; /* the steps' times by their kind */
+} adt_boxing_cached;
+
+typedef struct adt_boxing_cache {
+    const adt_mesh *m;
+    const adt_comm_cost *cost;
+    adt_boxing_key *key;
+    adt_boxing_cached *val;
+    char *used;
+    size_t cap, n;
+} adt_boxing_cache;
+
+/* The time of the cheapest program converting value v from `from` to `to` (adt_boxing_plan's),
+ * 0 when they are equal, ADT_BOXING_NONE when none exists; *kinds (may be NULL) points at the
+ * cached entry (its steps' times by kind), valid until the next call. */
+double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
+                             const adt_boxing_cached **kinds);
+void adt_boxing_cache_free(adt_boxing_cache *c);
+
 /* One line per step: "axis 1: all_gather (S(0),S(1)) -> (S(0),B), G 1024 B, sends 512 B". */
 char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n);
 

@@ -127,7 +127,7 @@ double adt_node_time(const adt_graph *g, int node, double parts, const adt_clust
  * Variables x_i in [0, k_i); cost J(x) = sum_i unary_i(x_i) + sum_e pair_e(x_a, x_b), every term
  * >= 0 (infinite: ADT_SEARCH_INF). The planner builds one per stage mesh (variables = tied groups
  * of nodes, choices = their usable n-D signatures); the tests build random ones. */
-#define ADT_SEARCH_INF 1e30
+#define ADT_SEARCH_INF ADT_BOXING_NONE
 
 typedef struct adt_search_problem {
     int n_vars;
@@ -157,11 +157,13 @@ typedef struct adt_search_stats {
 /* The search: eliminates degree-0, -1 and -2 variables exactly (a chain or a series-parallel
  * graph is solved exactly), then coordinate descent with pair moves on what is left, from each
  * of the n_starts start points (x of the full problem, entries may be -1), from the greedy one
- * and from a few random ones, at most max_sweeps sweeps each; then a branch and bound on the
- * core from the best point, bounded in steps, which proves it optimal or improves it. x receives
- * the best found. Returns its cost. */
+ * and from a few random ones, at most max_sweeps sweeps each; then, on a core of at most 32
+ * variables, a branch and bound from the best point of at most core_steps steps (0: none;
+ * ADT_SEARCH_CORE_STEPS the planner's), which proves it optimal or improves it. x receives the
+ * best found. Returns its cost. */
+#define ADT_SEARCH_CORE_STEPS 2e5
 double adt_search_solve(const adt_search_problem *p, const int *const *starts, int n_starts, int max_sweeps,
-                        int *x, adt_search_stats *st);
+                        double core_steps, int *x, adt_search_stats *st);
 /* The exact optimum by depth-first branch and bound (for small problems: the yardstick).
  * Returns the cost, or a negative number after max_nodes branch steps without a proof. */
 double adt_search_exhaustive(const adt_search_problem *p, int *x, double max_nodes);

@@ -216,6 +216,70 @@ int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig
     return usable;
 }
 
+/* ---- usable signatures shared by nodes of equal structure ------------------------------------------
+ * Whether a product signature is usable depends on the op, its attributes and its operands'
+ * shapes, dtypes and roles only, so nodes that agree on all of them (the same layer repeated)
+ * share one list. The hash finds candidates; an exact comparison decides. */
+
+static uint64_t node_hash(const adt_graph *g, const adt_node *n) {
+    uint64_t h = adt_rng_mix64((uint64_t)n->op << 16 | (uint64_t)n->n_in << 8 | (uint64_t)n->n_out);
+    h = adt_crc32c((uint32_t)h, &n->a, sizeof n->a) ^ h;
+    for (int j = 0; j < n->n_in + n->n_out; j++) {
+        const adt_value *v = &g->values[j < n->n_in ? n->in[j] : n->out[j - n->n_in]];
+        h = adt_rng_mix64(h ^ adt_crc32c((uint32_t)(v->dtype | v->role << 4), v->shape.dim, (size_t)v->shape.ndim * 8));
+    }
+    return h | 1; /* 0 marks an empty slot */
+}
+
+static int same_structure(const adt_graph *g, const adt_node *a, const adt_node *b) {
+    if (a->op != b->op || a->n_in != b->n_in || a->n_out != b->n_out || memcmp(&a->a, &b->a, sizeof a->a)) return 0;
+    for (int j = 0; j < a->n_in + a->n_out; j++) {
+        const adt_value *x = &g->values[j < a->n_in ? a->in[j] : a->out[j - a->n_in]];
+        const adt_value *y = &g->values[j < b->n_in ? b->in[j] : b->out[j - b->n_in]];
+        if (x->dtype != y->dtype || x->role != y->role || !adt_shape_equal(&x->shape, &y->shape)) return 0;
+    }
+    return 1;
+}
+
+const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int i, int *n_out) {
+    const adt_graph *g = sc->g;
+    const adt_node *n = &g->nodes[i];
+    if (2 * (sc->n + 1) > sc->cap) { /* grow: rehash the classes */
+        adt_sig_cache old = *sc;
+        sc->cap = sc->cap ? 2 * sc->cap : 64;
+        sc->hash = adt_calloc(sc->cap, sizeof *sc->hash);
+        sc->rep = adt_malloc(sc->cap * sizeof *sc->rep);
+        sc->count = adt_malloc(sc->cap * sizeof *sc->count);
+        sc->sigs = adt_malloc(sc->cap * sizeof *sc->sigs);
+        for (size_t k = 0; k < old.cap; k++) {
+            if (!old.hash[k]) continue;
+            size_t j = old.hash[k] & (sc->cap - 1);
+            while (sc->hash[j]) j = (j + 1) & (sc->cap - 1);
+            sc->hash[j] = old.hash[k], sc->rep[j] = old.rep[k], sc->count[j] = old.count[k], sc->sigs[j] = old.sigs[k];
+        }
+        free(old.hash), free(old.rep), free(old.count), free(old.sigs);
+    }
+    uint64_t h = node_hash(g, n);
+    size_t j = h & (sc->cap - 1);
+    while (sc->hash[j]) {
+        if (sc->hash[j] == h && same_structure(g, &g->nodes[sc->rep[j]], n)) return *n_out = sc->count[j], sc->sigs[j];
+        j = (j + 1) & (sc->cap - 1);
+    }
+    int cnt = adt_node_nd_sigs(g, i, sc->m, NULL, 0);
+    adt_nd_sig *sigs = adt_malloc((size_t)(cnt ? cnt : 1) * sizeof *sigs);
+    adt_node_nd_sigs(g, i, sc->m, sigs, cnt);
+    sc->hash[j] = h, sc->rep[j] = i, sc->count[j] = cnt, sc->sigs[j] = sigs, sc->n++;
+    return *n_out = cnt, sigs;
+}
+
+void adt_sig_cache_free(adt_sig_cache *sc) {
+    for (size_t k = 0; k < sc->cap; k++)
+        if (sc->hash[k]) free(sc->sigs[k]);
+    free(sc->hash), free(sc->rep), free(sc->count), free(sc->sigs);
+    memset(sc, 0, sizeof *sc);
+}
+
+
 /* ---- signatures as text; registered signatures ------------------------------------------------ */
 
 /* The next nd-SBP token of a signature: a parenthesised group (blanks allowed inside) or a run

@@ -244,7 +244,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
             adt_sbp_space_free(&sp);
             if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, lambda)) break;
         }
-        adt_search_solve(&sp.prob, starts, n_starts, x->o->max_sweeps, sol, NULL);
+        adt_search_solve(&sp.prob, starts, n_starts, x->o->max_sweeps, ADT_SEARCH_CORE_STEPS, sol, NULL);
         adt_sbp_space_apply(&sp, g, sol, p.node_sig, p.leaf_sbp);
         /* stages: per layer the compute and boxing the solution costs, cut by dynamic programming */
         if (pp > 1) {
@@ -260,7 +260,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
             p.stage_first[0] = 0, p.stage_last[0] = p.n_layers - 1;
         }
         adt_cost_report r;
-        if (adt_plan_validate(&p, g) || adt_plan_cost(&p, g, &x->cl, &r)) break;
+        if (adt_plan_cost(&p, g, &x->cl, &r)) break; /* the chosen plan is validated at the end */
         if (r.feasible || round == 5) {
             adt_plan keep = p;
             keep.mesh.ranks = adt_malloc((size_t)p.mesh.nranks * sizeof *keep.mesh.ranks);
@@ -332,6 +332,7 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
         if (!x->have_best) rc = adt_error(ADT_ERR_ARG, "planner: no plan of model %s fits %d devices of cluster %s",
                                           adt_model_type_name(c->type), N, cl->name);
     }
+    if (!rc && (rc = adt_plan_validate(&x->best, x->best_g)) && x->best_expert < 0) adt_plan_free(&x->best);
     if (!rc) {
         out->from_expert = x->best_expert;
         out->cost = x->best_cost;
@@ -346,8 +347,6 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
         snprintf(out->plan.name, sizeof out->plan.name, "plan");
         if (x->best_expert < 0) snprintf(out->plan.strategy, sizeof out->plan.strategy, "auto");
         out->graph = x->best_g;
-    } else if (x->have_best && x->best_expert < 0) {
-        adt_plan_free(&x->best);
     }
     for (int i = 0; i < x->n_ex; i++)
         if (x->ex[i].ok != 2) adt_plan_free(&x->ex[i].plan);

@@ -26,7 +26,6 @@
 
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
-#include "planner_internal.h"
 
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
     const adt_node *n = &g->nodes[node];
@@ -108,7 +107,7 @@ static int root_of(const adt_graph *g, int v) {
 }
 
 static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *c, int s, const adt_mesh *m,
-                      const adt_ndsbp *held, adt_box_cache *bc, stage_eval *ev) {
+                      const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
     int nv = g->n_values;
@@ -176,9 +175,9 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                 if (k < b->n) {
                     t_in = b->ready[k];
                 } else {
-                    const adt_box_val *kinds;
-                    double bt = adt_box_cache_time(bc, val, lay[v], &sig->in[j], &kinds);
-                    if (bt >= ADT_SEARCH_INF) {
+                    const adt_boxing_cached *kinds;
+                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds);
+                    if (bt >= ADT_BOXING_NONE) {
                         char fa[64], fb[64];
                         rc = adt_error(ADT_ERR_ARG, "cost of plan: node %s input %d: no boxing from %s to %s", n->name, j,
                                        adt_ndsbp_str(lay[v], fa, sizeof fa), adt_ndsbp_str(&sig->in[j], fb, sizeof fb));
@@ -242,9 +241,9 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     for (int s = 0; s < p->n_stages && !rc; s++) {
         adt_mesh sm;
         if ((rc = adt_plan_stage_mesh(p, s, &sm, ranks))) break;
-        adt_box_cache bc = {.m = &sm, .cost = &p->cost};
+        adt_boxing_cache bc = {.m = &sm, .cost = &p->cost};
         rc = eval_stage(p, g, c, s, &sm, held, &bc, &ev[s]);
-        adt_box_cache_free(&bc);
+        adt_boxing_cache_free(&bc);
         if (rc) break;
         out->stage_s[s] = ev[s].time;
         sum += ev[s].time;

@@ -337,11 +337,9 @@ static void greedy_start(const work *w, int *x) {
 
 static int bnb_run(const adt_search_problem *p, int *x, double best, double max_nodes);
 
-/* A core this small gets a branch and bound of at most this many steps (each costs O(core x
- * choices x degree)), which proves it optimal or improves it; larger cores keep what the descent
- * found. */
+/* A core this small gets a branch and bound (of at most core_steps steps), which proves it
+ * optimal or improves it; larger cores keep what the descent found. */
 #define SEARCH_CORE_VARS 32
-#define SEARCH_CORE_STEPS 2e5
 
 /* The live core of the working copy as a problem of its own (map[i]: its variable i). */
 static void core_problem(const work *w, adt_search_problem *c, int *map, int *inv) {
@@ -365,8 +363,8 @@ static void random_start(const work *w, int *x, int round) {
 
 #define SEARCH_RANDOM_STARTS 8
 
-double adt_search_solve(const adt_search_problem *p, const int *const *starts, int n_starts, int max_sweeps, int *x,
-                        adt_search_stats *st) {
+double adt_search_solve(const adt_search_problem *p, const int *const *starts, int n_starts, int max_sweeps,
+                        double core_steps, int *x, adt_search_stats *st) {
     adt_search_stats s = {0};
     if (max_sweeps <= 0) max_sweeps = 50;
     work w;
@@ -379,7 +377,8 @@ double adt_search_solve(const adt_search_problem *p, const int *const *starts, i
     int n = p->n_vars ? p->n_vars : 1;
     int *cur = adt_calloc((size_t)n, sizeof *cur), *best = adt_calloc((size_t)n, sizeof *best);
     double best_j = -1;
-    int n_rand = s.core && s.core <= 8 * SEARCH_CORE_VARS ? SEARCH_RANDOM_STARTS : 0;
+    /* random restarts where the core is small enough for them to matter and cost little */
+    int n_rand = s.core && s.core <= 2 * SEARCH_CORE_VARS ? SEARCH_RANDOM_STARTS : 0;
     for (int t = 0; t <= n_starts + n_rand; t++) {
         if (t < n_starts) {
             if (!starts[t]) continue;
@@ -396,7 +395,7 @@ double adt_search_solve(const adt_search_problem *p, const int *const *starts, i
         if (best_j < 0 || j < best_j) best_j = j, memcpy(best, cur, (size_t)n * sizeof *cur);
         if (s.exact) break; /* every start gives the optimum */
     }
-    if (s.core && s.core <= SEARCH_CORE_VARS) {
+    if (s.core && s.core <= SEARCH_CORE_VARS && core_steps > 0) {
         /* a bounded branch and bound on the core from the best point: proves it, or improves it */
         adt_search_problem c;
         int *map = adt_malloc((size_t)n * sizeof *map), *inv = adt_malloc((size_t)n * sizeof *inv);
@@ -404,7 +403,7 @@ double adt_search_solve(const adt_search_problem *p, const int *const *starts, i
         int *xc = adt_malloc((size_t)(c.n_vars ? c.n_vars : 1) * sizeof *xc);
         for (int i = 0; i < c.n_vars; i++) xc[i] = best[map[i]];
         double jc = adt_search_cost(&c, xc);
-        s.exact = bnb_run(&c, xc, jc * (1 + 1e-12) + 1e-300, SEARCH_CORE_STEPS);
+        s.exact = bnb_run(&c, xc, jc * (1 + 1e-12) + 1e-300, core_steps);
         for (int i = 0; i < c.n_vars; i++) cur[map[i]] = xc[i];
         back_substitute(rec, n_rec, &w.q, cur);
         double j = adt_search_cost(p, cur);
@@ -427,31 +426,23 @@ typedef struct bnb {
     int *order, *pos;  /* variables in assignment order; pos[v] its place            */
     int **adj, *deg;   /* incident edges                                               */
     int *x, *bx;
+    double **part;     /* [v][k]: unary plus the edges to assigned neighbours          */
+    double *minp;      /* [v]: min over k of part[v]                                    */
+    double **save;     /* [depth]: rows of the neighbours changed at that depth         */
+    int kmax;
     double best, steps, max_steps;
     int aborted;
 } bnb;
 
-/* Lower bound on what variables order[d..] add: each at its cheapest given assigned neighbours. */
-static double bound_rest(const bnb *b, int d) {
-    const adt_search_problem *p = b->p;
-    double lb = 0;
-    for (int i = d; i < p->n_vars; i++) {
-        int v = b->order[i];
-        double m = -1;
-        for (int k = 0; k < p->k[v]; k++) {
-            double c = p->unary[v][k];
-            for (int j = 0; j < b->deg[v]; j++) {
-                int e = b->adj[v][j], o = other_end(p, e, v);
-                if (b->pos[o] < d) c = add_cost(c, edge_from(p, e, v, k, b->x[o]));
-            }
-            if (m < 0 || c < m) m = c;
-        }
-        lb = add_cost(lb, m);
-    }
-    return lb;
+static double row_min(const double *r, int k) {
+    double m = r[0];
+    for (int i = 1; i < k; i++) m = r[i] < m ? r[i] : m;
+    return m;
 }
 
-static void dfs(bnb *b, int d, double acc) {
+/* Depth-first over order[d..]; lb = sum of minp over them (a lower bound on what they add:
+ * each at its cheapest given the assigned neighbours, edges among themselves >= 0). */
+static void dfs(bnb *b, int d, double acc, double lb) {
     const adt_search_problem *p = b->p;
     if (b->aborted) return;
     if (++b->steps > b->max_steps) {
@@ -463,17 +454,33 @@ static void dfs(bnb *b, int d, double acc) {
         return;
     }
     int v = b->order[d];
+    double *save = b->save[d];
     for (int k = 0; k < p->k[v]; k++) {
-        double c = p->unary[v][k];
-        for (int j = 0; j < b->deg[v]; j++) {
-            int e = b->adj[v][j], o = other_end(p, e, v);
-            if (b->pos[o] < d) c = add_cost(c, edge_from(p, e, v, k, b->x[o]));
-        }
-        double a = add_cost(acc, c);
+        double a = add_cost(acc, b->part[v][k]);
         if (a >= b->best) continue;
         b->x[v] = k;
-        if (add_cost(a, bound_rest(b, d + 1)) >= b->best * (1 - 1e-12)) continue;
-        dfs(b, d + 1, a);
+        /* the unassigned neighbours now see v = k */
+        double rest = lb - b->minp[v];
+        int ns = 0;
+        for (int j = 0; j < b->deg[v]; j++) {
+            int e = b->adj[v][j], o = other_end(p, e, v);
+            if (b->pos[o] <= d) continue;
+            memcpy(save + (size_t)ns * (b->kmax + 1), b->part[o], (size_t)p->k[o] * sizeof(double));
+            save[(size_t)ns * (b->kmax + 1) + b->kmax] = b->minp[o];
+            ns++;
+            for (int q = 0; q < p->k[o]; q++) b->part[o][q] = add_cost(b->part[o][q], edge_from(p, e, v, k, q));
+            double m = row_min(b->part[o], p->k[o]);
+            rest += m - b->minp[o];
+            b->minp[o] = m;
+        }
+        if (add_cost(a, rest) < b->best * (1 - 1e-12)) dfs(b, d + 1, a, rest);
+        for (int j = b->deg[v] - 1; j >= 0; j--) { /* restore in reverse */
+            int e = b->adj[v][j], o = other_end(p, e, v);
+            if (b->pos[o] <= d) continue;
+            ns--;
+            memcpy(b->part[o], save + (size_t)ns * (b->kmax + 1), (size_t)p->k[o] * sizeof(double));
+            b->minp[o] = save[(size_t)ns * (b->kmax + 1) + b->kmax];
+        }
     }
 }
 
@@ -488,6 +495,9 @@ static int bnb_run(const adt_search_problem *p, int *x, double best, double max_
     b.bx = adt_calloc((size_t)n, sizeof *b.bx);
     b.adj = adt_calloc((size_t)n, sizeof *b.adj);
     b.deg = adt_calloc((size_t)n, sizeof *b.deg);
+    b.part = adt_calloc((size_t)n, sizeof *b.part);
+    b.minp = adt_calloc((size_t)n, sizeof *b.minp);
+    b.save = adt_calloc((size_t)n, sizeof *b.save);
     int *cap = adt_calloc((size_t)n, sizeof *cap);
     for (int e = 0; e < p->n_edges; e++)
         for (int s = 0; s < 2; s++) {
@@ -510,11 +520,21 @@ static int bnb_run(const adt_search_problem *p, int *x, double best, double max_
             }
         }
     }
+    double lb = 0;
+    for (int v = 0; v < p->n_vars; v++) {
+        b.kmax = p->k[v] > b.kmax ? p->k[v] : b.kmax;
+        b.part[v] = adt_malloc((size_t)p->k[v] * sizeof **b.part);
+        memcpy(b.part[v], p->unary[v], (size_t)p->k[v] * sizeof **b.part);
+        b.minp[v] = row_min(b.part[v], p->k[v]);
+        lb = add_cost(lb, b.minp[v]);
+    }
+    for (int v = 0; v < p->n_vars; v++) b.save[b.pos[v]] = adt_malloc((size_t)(b.deg[v] + 1) * (b.kmax + 1) * sizeof(double));
     memcpy(b.bx, x, (size_t)p->n_vars * sizeof *x);
-    dfs(&b, 0, 0.0);
+    dfs(&b, 0, 0.0, lb);
     memcpy(x, b.bx, (size_t)p->n_vars * sizeof *x);
-    for (int v = 0; v < p->n_vars; v++) free(b.adj[v]);
+    for (int v = 0; v < p->n_vars; v++) free(b.adj[v]), free(b.part[v]), free(b.save[v]);
     free(b.adj), free(b.deg), free(cap), free(b.order), free(b.pos), free(b.x), free(b.bx);
+    free(b.part), free(b.minp), free(b.save);
     return !b.aborted;
 }
 

@@ -17,7 +17,6 @@
 
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
-#include "planner_internal.h"
 
 static adt_ndsbp no_partial(adt_ndsbp s) {
     for (int a = 0; a < s.ndim; a++)
@@ -129,15 +128,17 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
     int *k = adt_malloc((size_t)(nv ? nv : 1) * sizeof *k);
     s->sigs = adt_calloc((size_t)(nv ? nv : 1), sizeof *s->sigs);
     s->mem = adt_calloc((size_t)(nv ? nv : 1), sizeof *s->mem);
+    adt_sig_cache scache = {.g = g, .m = m};
     for (int v = 0; v < nv; v++) {
-        int r = s->rep[v], n_all = adt_node_nd_sigs(g, r, m, NULL, 0);
+        int r = s->rep[v], n_all;
+        const adt_nd_sig *usable = adt_sig_cache_get(&scache, r, &n_all);
         adt_nd_sig *all = adt_malloc((size_t)(n_all ? n_all : 1) * sizeof *all);
-        adt_node_nd_sigs(g, r, m, all, n_all);
         int n_ok = 0;
         for (int q = 0; q < n_all; q++)
-            if (state_ok(&g->nodes[r], &all[q])) all[n_ok++] = all[q];
+            if (state_ok(&g->nodes[r], &usable[q])) all[n_ok++] = usable[q];
         if (!n_ok) {
             free(all), free(k);
+            adt_sig_cache_free(&scache);
             adt_sbp_space_free(s);
             return adt_error(ADT_ERR_ARG, "planner: node %s (%s) has no usable signature on the mesh",
                              g->nodes[r].name, adt_op_name(g->nodes[r].op));
@@ -146,6 +147,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         k[v] = n_ok;
         s->mem[v] = adt_calloc((size_t)n_ok, sizeof **s->mem);
     }
+    adt_sig_cache_free(&scache);
     adt_search_init(&s->prob, nv, k);
     free(k);
 
@@ -170,7 +172,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         }
     }
 
-    adt_box_cache bc = {.m = m, .cost = cost};
+    adt_boxing_cache bc = {.m = m, .cost = cost};
     /* unary: compute of every member, a local step for a P read of a leaf it holds */
     for (int i = 0; i < N; i++) {
         int v = s->var_of[i];
@@ -246,7 +248,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         for (int a = 0; a < ka; a++) {
             adt_ndsbp from = e->src_in ? no_partial(s->sigs[e->src][a].in[e->idx]) : s->sigs[e->src][a].out[e->idx];
             for (int b = 0; b < kb; b++) {
-                double t = adt_box_cache_time(&bc, val, &from, &s->sigs[e->dst][b].in[e->dst_idx], NULL);
+                double t = adt_boxing_cache_time(&bc, val, &from, &s->sigs[e->dst][b].in[e->dst_idx], NULL);
                 mat[a * kb + b] = t >= ADT_SEARCH_INF ? ADT_SEARCH_INF : t * e->count;
             }
         }
@@ -257,7 +259,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         for (int v = 0; v < nv; v++)
             for (int q = 0; q < s->prob.k[v]; q++) s->prob.unary[v][q] += lambda * s->mem[v][q];
     free(es), free(hslot), free(dec_node), free(dec_in), free(bwd_read);
-    adt_box_cache_free(&bc);
+    adt_boxing_cache_free(&bc);
     return ADT_OK;
 }
 

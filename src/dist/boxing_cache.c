@@ -1,17 +1,19 @@
 /*
- * boxcache.c - boxing-program times cached by (shape, dtype, from, to): an open-addressing hash
- * table over adt_boxing_plan's results (planner_internal.h).
+ * boxing_cache.c - boxing-program times cached by (shape, dtype, from, to) on one mesh with one
+ * set of link prices: an open-addressing hash table over adt_boxing_plan's results. The greedy
+ * and the planner price the same conversions many times over (repeated layers, every pair of
+ * candidate signatures).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "adtrain/base.h"
-#include "planner_internal.h"
+#include "adtrain/dist.h"
 
-static size_t key_hash(const adt_box_key *k) { return (size_t)adt_crc32c(0, k, sizeof *k); }
+static size_t key_hash(const adt_boxing_key *k) { return (size_t)adt_crc32c(0, k, sizeof *k); }
 
-static void grow(adt_box_cache *c) {
-    adt_box_cache old = *c;
+static void grow(adt_boxing_cache *c) {
+    adt_boxing_cache old = *c;
     c->cap = c->cap ? 2 * c->cap : 1024;
     c->key = adt_malloc(c->cap * sizeof *c->key);
     c->val = adt_malloc(c->cap * sizeof *c->val);
@@ -26,12 +28,12 @@ static void grow(adt_box_cache *c) {
     free(old.key), free(old.val), free(old.used);
 }
 
-double adt_box_cache_time(adt_box_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
-                          const adt_box_val **kinds) {
-    static const adt_box_val zero;
+double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
+                          const adt_boxing_cached **kinds) {
+    static const adt_boxing_cached zero;
     if (kinds) *kinds = &zero;
     if (adt_ndsbp_equal(from, to)) return 0.0;
-    adt_box_key k;
+    adt_boxing_key k;
     memset(&k, 0, sizeof k); /* padding too: the key is hashed and compared as bytes */
     k.shape = v->shape, k.dtype = v->dtype;
     k.from.ndim = from->ndim, k.to.ndim = to->ndim;
@@ -46,9 +48,9 @@ double adt_box_cache_time(adt_box_cache *c, const adt_value *v, const adt_ndsbp 
         j = (j + 1) & (c->cap - 1);
     }
     adt_boxing_prog prog;
-    adt_box_val r;
+    adt_boxing_cached r;
     memset(&r, 0, sizeof r);
-    if (adt_boxing_plan(c->m, v->shape, v->dtype, from, to, c->cost, &prog)) r.time = ADT_SEARCH_INF;
+    if (adt_boxing_plan(c->m, v->shape, v->dtype, from, to, c->cost, &prog)) r.time = ADT_BOXING_NONE;
     else {
         r.time = prog.time;
         for (int q = 0; q < prog.n_steps; q++) r.kind[prog.step[q].kind] += prog.step[q].time;
@@ -58,7 +60,7 @@ double adt_box_cache_time(adt_box_cache *c, const adt_value *v, const adt_ndsbp 
     return r.time;
 }
 
-void adt_box_cache_free(adt_box_cache *c) {
+void adt_boxing_cache_free(adt_boxing_cache *c) {
     free(c->key), free(c->val), free(c->used);
     memset(c, 0, sizeof *c);
 }
