@@ -341,6 +341,9 @@ int adt_cluster_remove_node(adt_cluster *c, int node) {
 int adt_cluster_add_nodes(adt_cluster *c, int count) {
     if (count < 1 || (long)(c->nodes + count) * c->devices_per_node > CLUSTER_MAX_DEVICES)
         return adt_error(ADT_ERR_ARG, "cluster %s: cannot add %d nodes to %d", c->name, count, c->nodes);
+    if (c->n_links < 2)
+        return adt_error(ADT_ERR_ARG, "cluster %s: cannot add nodes: its one link level lies inside a node; expected a "
+                         "second level joining nodes", c->name);
     c->nodes += count;
     fit_outer(c);
     return adt_cluster_validate(c, c->name);
