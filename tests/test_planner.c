@@ -23,6 +23,7 @@
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
 #include "check.h"
+#include "cli_run.h"
 
 #define H100 "configs/clusters/h100-8x8.json"
 #define CPU "configs/clusters/cpu-epyc-32x2.json"
@@ -470,12 +471,54 @@ static void test_replan(void) {
     adt_planner_result_free(&r);
 }
 
+/* adtrain plan --strategy auto: the JSON fields, the plan file, and refusals naming the flag. */
+static void test_cli(void) {
+    static char out[1 << 16];
+    if (check_tmpdir_make("planner")) return;
+    const char *plan = check_tmp_path("auto.json");
+    char args[1024];
+    snprintf(args, sizeof args, "plan --strategy auto --model configs/mlp-mnist.json --cluster " CPU
+             " --devices 2 --batch 32 --json -o %s 2>&1", plan);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "exit %d: %s", rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "not JSON: %.300s", out);
+    if (j) {
+        static const char *const fields[] = {"predicted_step_s", "peak_mem_bytes", "search_s", "compute_s", "bubble_s"};
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+            CHECK(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, fields[i])), "field %s", fields[i]);
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "experts");
+        CHECK(cJSON_IsArray(ex) && cJSON_GetArraySize(ex) >= 2, "experts");
+        double best = cJSON_GetObjectItemCaseSensitive(j, "predicted_step_s")->valuedouble;
+        for (const cJSON *e = ex ? ex->child : NULL; e; e = e->next) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "predicted_step_s");
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "feasible");
+            if (t && cJSON_IsTrue(f)) CHECK(best <= t->valuedouble * (1 + 1e-9), "chosen %g > expert %g", best, t->valuedouble);
+        }
+        cJSON_Delete(j);
+    }
+    adt_plan p;
+    CHECK(adt_plan_load(&p, plan) == ADT_OK, "%s", adt_error_message());
+    adt_plan_free(&p);
+    rc = run_adtrain("plan --strategy auto --model configs/mlp-mnist.json --cluster no/such.json 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--cluster") && contains(out, "no/such.json"), "exit %d: %s", rc, out);
+    rc = run_adtrain("plan --strategy auto --model configs/mlp-mnist.json 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--cluster"), "exit %d: %s", rc, out);
+    rc = run_adtrain("plan --strategy auto --model configs/mlp-mnist.json --cluster " CPU " --devices 100000 2>&1", out,
+                     sizeof out);
+    CHECK(rc == 2 && contains(out, "--devices"), "exit %d: %s", rc, out);
+    const char *leaves[] = {"auto.json"};
+    check_tmpdir_remove(leaves, 1);
+}
+
 int main(void) {
+    cli_find_binary();
     RUN(test_cluster_examples);
     RUN(test_cluster_bad);
     RUN(test_cost_closed_forms);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);
     RUN(test_replan);
+    RUN(test_cli);
     return check_finish();
 }
