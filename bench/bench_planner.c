@@ -60,11 +60,12 @@ static int run(const bcase *b) {
     adt_mesh_str(&r.plan.mesh, mesh, sizeof mesh);
     double comm = 0;
     for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) comm += r.cost.comm_s[k];
-    printf("{\"case\":\"%s\",\"devices\":%d,\"params\":%lld,\"batch\":%d,\"search_s\":%.4f,\"candidates\":%d,"
+    printf("{\"case\":\"%s\",\"devices\":%d,\"params\":%lld,\"batch\":%d,\"search_s\":%.4f,\"search_cpu_s\":%.4f,\"candidates\":%d,"
            "\"auto\":{\"mesh\":\"%s\",\"stages\":%d,\"microbatches\":%d,\"from_expert\":%d,\"step_s\":%.6g,"
            "\"peak_mem_bytes\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,\"exposed_comm_s\":%.6g,\"bubble_s\":%.6g},"
            "\"best_expert\":{\"strategy\":\"%s\",\"step_s\":%.6g,\"peak_mem_bytes\":%.6g},\"experts\":[",
-           b->name, r.plan.mesh.nranks, (long long)adt_model_cfg_param_count(&m), b->batch, r.search_s, r.n_candidates,
+           b->name, r.plan.mesh.nranks, (long long)adt_model_cfg_param_count(&m), b->batch, r.search_s, r.search_cpu_s,
+           r.n_candidates,
            mesh, r.plan.n_stages, r.plan.microbatches, r.from_expert, r.cost.step_s, r.cost.peak_mem_bytes,
            r.cost.compute_s, comm, r.cost.exposed_comm_s, r.cost.bubble_s, best >= 0 ? r.expert_name[best] : "none",
            best >= 0 ? r.expert_cost[best].step_s : 0, best >= 0 ? r.expert_cost[best].peak_mem_bytes : 0);
@@ -74,9 +75,9 @@ static int run(const bcase *b) {
                r.expert_ok[i] ? r.expert_cost[i].peak_mem_bytes : 0, r.expert_ok[i] ? r.expert_cost[i].feasible : 0);
     printf("]}\n");
     fflush(stdout);
-    fprintf(stderr, "%-12s %5d dev  search %7.3f s (%d candidates)  auto %s x%d stages m=%d: %.4g s, %.2f GiB  |  best expert %s: "
+    fprintf(stderr, "%-12s %5d dev  search %7.3f s, %.3f s CPU (%d candidates)  auto %s x%d stages m=%d: %.4g s, %.2f GiB  |  best expert %s: "
             "%.4g s, %.2f GiB  (auto/expert %.3f)\n",
-            b->name, r.plan.mesh.nranks, r.search_s, r.n_candidates, mesh, r.plan.n_stages, r.plan.microbatches,
+            b->name, r.plan.mesh.nranks, r.search_s, r.search_cpu_s, r.n_candidates, mesh, r.plan.n_stages, r.plan.microbatches,
             r.cost.step_s, r.cost.peak_mem_bytes / 1073741824.0, best >= 0 ? r.expert_name[best] : "none",
             best >= 0 ? r.expert_cost[best].step_s : 0, best >= 0 ? r.expert_cost[best].peak_mem_bytes / 1073741824.0 : 0,
             best >= 0 ? r.cost.step_s / r.expert_cost[best].step_s : 0);

@@ -210,7 +210,8 @@ typedef struct adt_planner_result {
     adt_plan plan;                  /* the chosen plan (bound to graph)                   */
     adt_graph *graph;               /* the training graph it was made for                 */
     adt_cost_report cost;
-    double search_s;
+    double search_s;                /* wall clock                                           */
+    double search_cpu_s;            /* CPU time of the process meanwhile (a shared machine) */
     int n_candidates;               /* (pp, mesh) pairs searched                           */
     int from_expert;                /* the chosen plan is an expert plan (index), or -1   */
     int n_experts;

@@ -65,6 +65,7 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
     cJSON_AddNumberToObject(root, "stages", res->plan.n_stages);
     cJSON_AddNumberToObject(root, "microbatches", res->plan.microbatches);
     cJSON_AddNumberToObject(root, "search_s", res->search_s);
+    cJSON_AddNumberToObject(root, "search_cpu_s", res->search_cpu_s);
     cJSON_AddNumberToObject(root, "candidates", res->n_candidates);
     for (int i = 0; i < res->n_experts; i++) {
         cJSON *e = res->expert_ok[i] ? report_json(&res->expert_cost[i]) : cJSON_CreateObject();

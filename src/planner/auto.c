@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
@@ -306,6 +307,8 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
     memset(out, 0, sizeof *out);
     out->from_expert = -1;
     double t0 = adt_now_s();
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     int total = adt_cluster_devices(cl);
     int N = o->devices > 0 ? o->devices : total;
     if (N > total)
@@ -354,6 +357,8 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
         if (rc || x->gs.g[i] != out->graph) adt_graph_free(x->gs.g[i]);
     free(x);
     out->search_s = adt_now_s() - t0;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    out->search_cpu_s = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
     return rc;
 }
 

@@ -10,8 +10,10 @@
  * A collective whose input is a leaf starts at its reader, and one that carries a forward value
  * into the backward pass starts no earlier than the reader's turn (the executor keeps them out of
  * the forward pass), so gradient all-reduces overlap the rest of the backward pass and weight
- * gathers do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B, Alpa's objective), a
- * stage-boundary transfer (alpha + bytes beta of the link between the stages) in t_i.
+ * gathers do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B, Alpa's objective) with t_i
+ * a microbatch's forward and backward through stage i including a stage-boundary transfer (alpha +
+ * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
+ * updates and the gradient synchronisation still in flight when they start.
  *
  * Memory per device of a stage: persistent values (parameters, optimizer state) and fed values
  * by their held block; a liveness walk over the stage's order for activations, gradients and
@@ -98,7 +100,7 @@ typedef struct boxed {
 } boxed;
 
 typedef struct stage_eval {
-    double time, compute, comm[ADT_BOXING_KIND_COUNT], p2p, state, act_peak, saved;
+    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, state, act_peak, saved;
 } stage_eval;
 
 static int root_of(const adt_graph *g, int v) {
@@ -134,7 +136,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     }
     int rc = ADT_OK;
     double tc = 0, tm = 0, live = 0, peak = 0;
-    int backward_started = 0;
+    int backward_started = 0, opt_started = 0;
     /* persistent and fed values of the stage: held for the whole step */
     for (int v = 0; v < nv; v++) {
         const adt_value *val = &g->values[v];
@@ -145,6 +147,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         if (n->layer_tag < lo || n->layer_tag > hi) continue;
         const adt_nd_sig *sig = &p->node_sig[i];
         if ((n->is_backward || n->is_optimizer) && !backward_started) backward_started = 1;
+        if (n->is_optimizer && !opt_started) opt_started = 1, ev->fb = tc;
         double start = tc;
         for (int j = 0; j < n->n_in; j++) {
             int v = n->in[j];
@@ -222,6 +225,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         }
     }
     ev->time = tc > tm ? tc : tm;
+    if (!opt_started) ev->fb = ev->time;
     ev->act_peak = peak;
     free(ready), free(bx), free(last), free(extra), free(lay), free(bwd_read);
     return rc;
@@ -235,7 +239,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
     int rc = ADT_OK, crit = 0, m = p->microbatches > 0 ? p->microbatches : 1;
     stage_eval ev[ADT_PLAN_MAX_STAGES], *e;
-    double sum = 0, mx = 0;
+    double sum = 0, mx = 0, once = 0;
     out->n_stages = p->n_stages, out->microbatches = m;
     out->peak_mem_bytes = 0;
     for (int s = 0; s < p->n_stages && !rc; s++) {
@@ -245,9 +249,12 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         rc = eval_stage(p, g, c, s, &sm, held, &bc, &ev[s]);
         adt_boxing_cache_free(&bc);
         if (rc) break;
-        out->stage_s[s] = ev[s].time;
-        sum += ev[s].time;
-        if (ev[s].time > mx) mx = ev[s].time, crit = s;
+        /* per microbatch: forward, backward and what overlaps them; once per step: the update and
+         * the gradient synchronisation still in flight when it starts */
+        out->stage_s[s] = ev[s].fb;
+        sum += ev[s].fb;
+        if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
+        if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
         double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
         /* a 5% slack for allocator rounding and workspaces (OneFlow uses 1.04 x 1.06) */
         out->stage_mem[s] = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
@@ -255,14 +262,15 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     }
     if (!rc) {
         e = &ev[crit];
-        out->step_s = sum + (m - 1) * mx;
+        out->step_s = sum + (m - 1) * mx + once;
         out->compute_s = e->compute * m;
         double comm = 0;
         for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m, comm += e->comm[k];
         out->p2p_s = e->p2p * m;
-        out->exposed_comm_s = (e->time - e->compute) * m;
+        out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
+        if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
         (void)comm;
-        out->bubble_s = out->step_s - m * mx;
+        out->bubble_s = sum - mx;
         out->state_bytes = e->state;
         out->act_bytes = e->act_peak;
         out->saved_bytes = e->saved;
