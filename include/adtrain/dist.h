@@ -104,11 +104,16 @@ typedef struct adt_sig_cache {
     const adt_graph *g;
     const adt_mesh *m;
     uint64_t *hash; /* 0: empty slot */
-    int *rep, *count;
+    int *rep, *count;  /* count -1: the list not computed yet */
     adt_nd_sig **sigs;
+    int *n_ok;         /* signatures adt_sig_cache_valid accepted, per structure */
+    adt_nd_sig **ok;
     size_t cap, n;
 } adt_sig_cache;
 const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int node, int *n);
+/* adt_nd_sig_valid(g, node, s, m), remembered per node structure: a signature accepted once for a
+ * structure is accepted for every node of it without a new check. */
+int adt_sig_cache_valid(adt_sig_cache *sc, int node, const adt_nd_sig *s);
 void adt_sig_cache_free(adt_sig_cache *sc);
 /* "(S(0),B) (B,B) -> (S(0),B)": inputs, then outputs. */
 char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n);
