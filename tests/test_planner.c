@@ -134,6 +134,55 @@ static void test_cluster_bad(void) {
           "add: %s", adt_error_message());
 }
 
+/* ---- the boxing cache against adt_boxing_plan --------------------------------------------------------- */
+
+static adt_sbp sbp_of_code(int c) {
+    return c == 0 ? (adt_sbp){ADT_SBP_B, 0} : c == 1 ? (adt_sbp){ADT_SBP_P, 0} : (adt_sbp){ADT_SBP_S, (int8_t)(c - 2)};
+}
+
+/* Every pair of states of a few tensors on a few meshes (uneven sizes, integer data): the cache
+ * (one Dijkstra per source, every target filled at once) gives adt_boxing_plan's time and its
+ * steps' times by kind. */
+static void test_boxing_cache(void) {
+    static const int meshes[][4] = {{1, 3}, {2, 2, 3}, {2, 4, 2}, {3, 2, 2, 2}};
+    static const int64_t shapes[][4] = {{2, 7, 5}, {3, 4, 6, 9}, {1, 16}, {3, 2, 3, 5}};
+    long pairs = 0, bad = 0;
+    for (int mi = 0; mi < 4; mi++)
+        for (int si = 0; si < 4; si++)
+            for (int dt = 0; dt < 2; dt++) {
+                adt_mesh m;
+                adt_mesh_init(&m, meshes[mi][0], &meshes[mi][1]);
+                adt_comm_cost cost = adt_comm_cost_default(&m);
+                adt_value v;
+                memset(&v, 0, sizeof v);
+                v.shape = adt_shape_make((int)shapes[si][0], &shapes[si][1]);
+                v.dtype = dt ? ADT_I32 : ADT_F32;
+                adt_boxing_cache c = {.m = &m, .cost = &cost};
+                int base = v.shape.ndim + 2, ns = 1;
+                for (int a = 0; a < m.ndim; a++) ns *= base;
+                for (int x = 0; x < ns; x++)
+                    for (int y = 0; y < ns; y++) {
+                        if (x == y) continue;
+                        adt_ndsbp f = {.ndim = m.ndim}, t = {.ndim = m.ndim};
+                        for (int a = m.ndim - 1, i = x, j = y; a >= 0; a--, i /= base, j /= base)
+                            f.s[a] = sbp_of_code(i % base), t.s[a] = sbp_of_code(j % base);
+                        adt_boxing_prog p;
+                        const adt_boxing_cached *k;
+                        int rc = adt_boxing_plan(&m, v.shape, v.dtype, &f, &t, &cost, &p);
+                        double want = rc ? ADT_BOXING_NONE : p.time, got = adt_boxing_cache_time(&c, &v, &f, &t, &k);
+                        double kinds[ADT_BOXING_KIND_COUNT] = {0};
+                        for (int q = 0; !rc && q < p.n_steps; q++) kinds[p.step[q].kind] += p.step[q].time;
+                        int same = fabs(want - got) <= 1e-12 * want;
+                        for (int q = 0; !rc && q < ADT_BOXING_KIND_COUNT; q++)
+                            same &= fabs(kinds[q] - k->kind[q]) <= 1e-12 * want;
+                        pairs++;
+                        if (!same && bad++ < 5) CHECK(0, "mesh %d shape %d dtype %d: %g vs %g", mi, si, dt, want, got);
+                    }
+                adt_boxing_cache_free(&c);
+            }
+    CHECK(bad == 0 && pairs > 10000, "%ld of %ld pairs differ", bad, pairs);
+}
+
 /* ---- the cost model against closed forms -------------------------------------------------------------- */
 
 static adt_cluster small_cluster(int nodes, int per_node) {
@@ -515,6 +564,7 @@ int main(void) {
     cli_find_binary();
     RUN(test_cluster_examples);
     RUN(test_cluster_bad);
+    RUN(test_boxing_cache);
     RUN(test_cost_closed_forms);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);

@@ -238,6 +238,14 @@ typedef struct adt_boxing_cache {
 double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
                              const adt_boxing_cached **kinds);
 void adt_boxing_cache_free(adt_boxing_cache *c);
+/* One Dijkstra from `from` to every state of the tensor through states whose blocks are all
+ * non-empty: to[i] the state, out[i] what adt_boxing_plan(from, to[i]) gives when reached that way
+ * (time and times by kind; ADT_BOXING_NONE when not reached: adt_boxing_plan may still find a path
+ * through empty blocks). Returns the number of states ((rank+2)^
+ * mesh axes), or -1 for a source that does not fit the tensor or is P of a dtype that does not
+ * sum. The cache fills itself with it. */
+int adt_boxing_plan_all(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
+                        const adt_comm_cost *cost, adt_ndsbp *to, adt_boxing_cached *out);
 
 /* One line per step: "axis 1: all_gather (S(0),S(1)) -> (S(0),B), G 1024 B, sends 512 B". */
 char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n);
