@@ -556,8 +556,22 @@ static void test_cli(void) {
     rc = run_adtrain("plan --strategy auto --model configs/mlp-mnist.json --cluster " CPU " --devices 100000 2>&1", out,
                      sizeof out);
     CHECK(rc == 2 && contains(out, "--devices"), "exit %d: %s", rc, out);
-    const char *leaves[] = {"auto.json"};
-    check_tmpdir_remove(leaves, 1);
+    /* calibrate (one rank: the kernels and the memory): a cluster file the planner reads */
+    const char *cal = check_tmp_path("cal.json");
+    snprintf(args, sizeof args, "calibrate -o %s 2>&1", cal);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "calibrate: exit %d: %s", rc, out);
+    adt_cluster c;
+    rc = adt_cluster_load(&c, cal);
+    CHECK(rc == ADT_OK, "calibrated cluster: %s", adt_error_message());
+    if (!rc) {
+        for (int k = 0; k < ADT_OPCLASS_COUNT; k++) CHECK(c.rate[k] > 0, "rate of %s", adt_op_class_name(k));
+        CHECK(c.memory_bw > 0 && c.devices_per_node == 1, "memory bandwidth, devices");
+    }
+    rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--ranks"), "exit %d: %s", rc, out);
+    const char *leaves[] = {"auto.json", "cal.json"};
+    check_tmpdir_remove(leaves, 2);
 }
 
 int main(void) {

@@ -29,6 +29,7 @@ typedef struct cli_plan_auto_opts {
 } cli_plan_auto_opts;
 int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const char *label);
 int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label);
+int cli_calibrate(int argc, char **argv);
 /* The flag loop of a subcommand: "--flag value" or "--flag=value", each handed to apply(opts,
  * flag, value); -h/--help prints usage to stdout. Returns 0 to go on, -1 after --help, else the
  * exit code (2 for a bad or unknown flag, with the message printed). */
