@@ -473,6 +473,9 @@ adt_comm_cost adt_comm_cost_default(const adt_mesh *m);
  * multiply to the device count, a batch that does not split over dp and the microbatches, more
  * stages than layers, zero without a dp axis of 2 or more. */
 int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert_opts *o, adt_plan *out);
+/* Layers 0..L-1 of weights w[] into p contiguous non-empty stages (p <= L) minimising the largest
+ * stage's sum (exact, dynamic programming): stage s holds layers first[s]..last[s]. */
+void adt_stage_cut(const double *w, int L, int p, int *first, int *last);
 
 #ifdef __cplusplus
 }

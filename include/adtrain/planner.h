@@ -186,6 +186,9 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
 void adt_sbp_space_free(adt_sbp_space *s);
 /* The choice of every variable matching a plan's node signatures (-1 where none matches). */
 void adt_sbp_space_choice(const adt_sbp_space *s, const adt_graph *g, const adt_nd_sig *node_sig, int *x);
+/* The layout each leaf is held in under node signatures node_sig, the partitioner's default:
+ * as its in-place updater reads it, else as its first reader reads it (P as B), else replicated. */
+void adt_leaf_layouts(const adt_graph *g, const adt_nd_sig *node_sig, adt_ndsbp *leaf_sbp);
 /* Signatures and leaf layouts from a choice: params and optimizer state held as their updater
  * reads them, fed inputs as their first reader reads them (P as B), the rest replicated. */
 void adt_sbp_space_apply(const adt_sbp_space *s, const adt_graph *g, const int *x, adt_nd_sig *node_sig,

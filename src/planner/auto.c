@@ -74,31 +74,6 @@ static void plan_mesh(adt_plan *p, int pp, int nd, const int *dims) {
     for (int i = 0; i < p->mesh.nranks; i++) p->mesh.ranks[i] = i;
 }
 
-/* Layers 0..L-1 into p contiguous stages minimising the largest stage time (linear partition). */
-static void cut_stages(const double *w, int L, int p, int *first, int *last) {
-    double *f = adt_calloc((size_t)L + 1, sizeof *f);
-    for (int t = 0; t < L; t++) f[t + 1] = f[t] + w[t];
-    double *best = adt_malloc((size_t)(p + 1) * (L + 1) * sizeof *best);
-    int *cut = adt_malloc((size_t)(p + 1) * (L + 1) * sizeof *cut);
-#define AT(s, t) ((size_t)(s) * (size_t)(L + 1) + (size_t)(t))
-    for (int t = 0; t <= L; t++) best[AT(1, t)] = f[t], cut[AT(1, t)] = 0;
-    for (int s = 2; s <= p; s++)
-        for (int t = s; t <= L; t++) {
-            best[AT(s, t)] = -1;
-            for (int c = s - 1; c < t; c++) {
-                double x = f[t] - f[c], m = best[AT(s - 1, c)] > x ? best[AT(s - 1, c)] : x;
-                if (best[AT(s, t)] < 0 || m < best[AT(s, t)]) best[AT(s, t)] = m, cut[AT(s, t)] = c;
-            }
-        }
-    for (int s = p, t = L; s >= 1; s--) {
-        int c = cut[AT(s, t)];
-        first[s - 1] = c, last[s - 1] = t - 1;
-        t = c;
-    }
-#undef AT
-    free(f), free(best), free(cut);
-}
-
 /* ---- candidates ----------------------------------------------------------------------------------- */
 
 typedef struct expert_rec {
@@ -255,7 +230,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
                 if (t >= 0 && t < p.n_layers)
                     w[t] += adt_node_time(g, i, adt_nd_sig_parts(&g->nodes[i], &p.node_sig[i], &sm), &x->cl);
             }
-            cut_stages(w, p.n_layers, pp, p.stage_first, p.stage_last);
+            adt_stage_cut(w, p.n_layers, pp, p.stage_first, p.stage_last);
             free(w);
         } else {
             p.stage_first[0] = 0, p.stage_last[0] = p.n_layers - 1;

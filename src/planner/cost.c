@@ -56,40 +56,12 @@ static double block_bytes(const adt_graph *g, int v, const adt_ndsbp *s, const a
     return (double)adt_shape_numel(&hi) * (double)adt_dtype_size(g->values[v].dtype);
 }
 
-/* Input index of an in-place node that its output k overwrites (w, then the states). */
-static int inplace_input(int k) { return k == 0 ? 0 : 1 + k; }
 
-static adt_ndsbp no_partial(adt_ndsbp s) {
-    for (int a = 0; a < s.ndim; a++)
-        if (s.s[a].kind == ADT_SBP_P) s.s[a] = (adt_sbp){ADT_SBP_B, 0};
-    return s;
-}
-
-/* The held layout of every leaf, the partitioner's way: leaf_sbp when given, else as its in-place
- * updater reads it, else as its first reader reads it (P as B), else replicated. */
+/* The held layout of every leaf: the plan's where it says one, else the partitioner's default. */
 static void held_layouts(const adt_plan *p, const adt_graph *g, adt_ndsbp *held) {
-    int nd = p->node_sig[0].ndim;
-    for (int v = 0; v < g->n_values; v++) held[v].ndim = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const adt_node *n = &g->nodes[i];
-        if (!adt_op_get(n->op)->inplace) continue;
-        for (int k = 0; k < n->n_out; k++) {
-            int v = n->in[inplace_input(k)];
-            if (g->values[v].producer < 0 && !held[v].ndim) held[v] = p->node_sig[i].in[inplace_input(k)];
-        }
-    }
-    for (int i = 0; i < g->n_nodes; i++) {
-        const adt_node *n = &g->nodes[i];
-        for (int j = 0; j < n->n_in; j++) {
-            int v = n->in[j];
-            if (g->values[v].producer < 0 && !held[v].ndim) held[v] = no_partial(p->node_sig[i].in[j]);
-        }
-    }
-    for (int v = 0; v < g->n_values; v++) {
-        if (g->values[v].producer >= 0) continue;
-        if (p->leaf_sbp && p->leaf_sbp[v].ndim) held[v] = p->leaf_sbp[v];
-        else if (!held[v].ndim) held[v] = adt_ndsbp_all_b(nd);
-    }
+    adt_leaf_layouts(g, p->node_sig, held);
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].producer < 0 && p->leaf_sbp && p->leaf_sbp[v].ndim) held[v] = p->leaf_sbp[v];
 }
 
 /* Layouts a value has been boxed to in this stage, with the time each is ready. */

@@ -287,9 +287,7 @@ void adt_sbp_space_choice(const adt_sbp_space *s, const adt_graph *g, const adt_
     }
 }
 
-void adt_sbp_space_apply(const adt_sbp_space *s, const adt_graph *g, const int *x, adt_nd_sig *node_sig,
-                         adt_ndsbp *leaf_sbp) {
-    for (int i = 0; i < g->n_nodes; i++) node_sig[i] = s->sigs[s->var_of[i]][x[s->var_of[i]]];
+void adt_leaf_layouts(const adt_graph *g, const adt_nd_sig *node_sig, adt_ndsbp *leaf_sbp) {
     int nd = g->n_nodes ? node_sig[0].ndim : 1;
     for (int v = 0; v < g->n_values; v++) leaf_sbp[v].ndim = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -309,4 +307,10 @@ void adt_sbp_space_apply(const adt_sbp_space *s, const adt_graph *g, const int *
     }
     for (int v = 0; v < g->n_values; v++)
         if (g->values[v].producer < 0 && !leaf_sbp[v].ndim) leaf_sbp[v] = adt_ndsbp_all_b(nd);
+}
+
+void adt_sbp_space_apply(const adt_sbp_space *s, const adt_graph *g, const int *x, adt_nd_sig *node_sig,
+                         adt_ndsbp *leaf_sbp) {
+    for (int i = 0; i < g->n_nodes; i++) node_sig[i] = s->sigs[s->var_of[i]][x[s->var_of[i]]];
+    adt_leaf_layouts(g, node_sig, leaf_sbp);
 }
