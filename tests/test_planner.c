@@ -491,6 +491,42 @@ static void test_planner_vs_experts(void) {
     }
 }
 
+/* Placement: a plan whose ranks put the tensor-parallel axis across nodes is moved back so it
+ * runs inside them; the placed plan is never priced worse than either order. */
+static void test_placement(void) {
+    adt_cluster c = small_cluster(2, 4);
+    adt_model_cfg m = mlp_cfg(256, 512, 16);
+    adt_graph *g = NULL;
+    adt_plan p;
+    if (expert(&m, "dp=2,tp=4", 8, 16, &g, &p)) {
+        CHECK(0, "%s", adt_error_message());
+        adt_graph_free(g);
+        return;
+    }
+    int rk[8];
+    adt_mesh sm;
+    adt_plan_stage_mesh(&p, 0, &sm, rk);
+    p.cost = adt_cluster_mesh_cost(&c, &sm);
+    adt_cost_report natural, reversed, placed;
+    CHECK(adt_plan_cost(&p, g, &c, &natural) == ADT_OK, "%s", adt_error_message());
+    for (int i = 0; i < 8; i++) { /* dp innermost: coordinate (d, t) on device t * 2 + d */
+        int co[2];
+        adt_mesh_coord(&p.mesh, i, co);
+        p.mesh.ranks[i] = co[1] * 2 + co[0];
+    }
+    adt_plan_stage_mesh(&p, 0, &sm, rk);
+    p.cost = adt_cluster_mesh_cost(&c, &sm);
+    CHECK(adt_plan_cost(&p, g, &c, &reversed) == ADT_OK, "%s", adt_error_message());
+    CHECK(reversed.step_s > natural.step_s, "tp across nodes should cost more: %g vs %g", reversed.step_s, natural.step_s);
+    CHECK(adt_planner_place(&p, g, &c, &placed) == ADT_OK, "%s", adt_error_message());
+    CHECK(placed.step_s <= natural.step_s * (1 + 1e-9), "placed %g, natural %g", placed.step_s, natural.step_s);
+    CHECK(p.mesh.ranks[1] == 1 && p.mesh.intra_axis == 1, "tp back inside the node: rank[1] %d, intra %d", p.mesh.ranks[1],
+          p.mesh.intra_axis);
+    CHECK(adt_plan_validate(&p, g) == ADT_OK, "%s", adt_error_message());
+    adt_plan_free(&p);
+    adt_graph_free(g);
+}
+
 static void test_replan(void) {
     adt_cluster c = small_cluster(4, 2);
     adt_model_cfg gpt;
@@ -582,6 +618,7 @@ int main(void) {
     RUN(test_cost_closed_forms);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);
+    RUN(test_placement);
     RUN(test_replan);
     RUN(test_cli);
     return check_finish();

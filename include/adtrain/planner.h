@@ -227,6 +227,11 @@ typedef struct adt_planner_result {
 int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_planner_opts *o,
                        adt_planner_result *out);
 void adt_planner_result_free(adt_planner_result *r);
+/* Placement: the nesting of the plan's mesh axes onto device ids (every order of the axes; the
+ * innermost becomes the intra-node axis) that the cost model prices fastest, so the heaviest
+ * traffic rides the fastest links. Rewrites p's ranks, link costs and intra-node axis when an
+ * order is better than the current one; *r (may be NULL) the placed plan's report. */
+int adt_planner_place(adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *r);
 /* Re-plans an existing plan's model, batch and optimizer on a changed cluster (every device of
  * it): what the elastic runtime calls when a node leaves or joins. */
 int adt_planner_replan(const adt_plan *old, const adt_cluster *cl, adt_planner_result *out);

@@ -310,6 +310,7 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
         if (!x->have_best) rc = adt_error(ADT_ERR_ARG, "planner: no plan of model %s fits %d devices of cluster %s",
                                           adt_model_type_name(c->type), N, cl->name);
     }
+    if (!rc && x->best_expert < 0) adt_planner_place(&x->best, x->best_g, &x->cl, &x->best_cost); /* never worse */
     if (!rc && (rc = adt_plan_validate(&x->best, x->best_g)) && x->best_expert < 0) adt_plan_free(&x->best);
     if (!rc) {
         out->from_expert = x->best_expert;
@@ -346,4 +347,51 @@ void adt_planner_result_free(adt_planner_result *r) {
 int adt_planner_replan(const adt_plan *old, const adt_cluster *cl, adt_planner_result *out) {
     adt_planner_opts o = {.batch = old->batch, .optim = old->optim, .momentum = old->momentum};
     return adt_planner_search(&old->model, cl, &o, out);
+}
+
+/* ---- placement ------------------------------------------------------------------------------------ */
+
+/* Device ids of a mesh whose axes nest in `order` (order[0] outermost): coordinate c sits at the
+ * row-major index of (c[order[0]], c[order[1]], ...). */
+static void order_ranks(const adt_mesh *m, const int *order, int *ranks) {
+    for (int i = 0; i < m->nranks; i++) {
+        int c[ADT_MAX_MESH_DIMS], id = 0;
+        adt_mesh_coord(m, i, c);
+        for (int k = 0; k < m->ndim; k++) id = id * m->dim[order[k]] + c[order[k]];
+        ranks[i] = id;
+    }
+}
+
+int adt_planner_place(adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *r) {
+    static const int perms[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    int nd = p->mesh.ndim, n = p->mesh.nranks;
+    int *ranks = adt_malloc((size_t)n * sizeof *ranks), *keep = adt_malloc((size_t)n * sizeof *keep);
+    int *srk = adt_malloc((size_t)n * sizeof *srk);
+    memcpy(keep, p->mesh.ranks, (size_t)n * sizeof *keep);
+    adt_comm_cost keep_cost = p->cost;
+    int keep_intra = p->mesh.intra_axis;
+    adt_cost_report best;
+    int rc = adt_plan_cost(p, g, c, &best);
+    for (int q = 0; !rc && q < 6; q++) {
+        int ok = 1; /* the orders of nd axes: the permutations of 0..nd-1 among the six */
+        for (int k = 0; k < nd; k++) ok &= perms[q][k] < nd;
+        if (!ok || (nd == 1 && q) || (nd == 2 && perms[q][2] != 2)) continue;
+        order_ranks(&p->mesh, perms[q], ranks);
+        memcpy(p->mesh.ranks, ranks, (size_t)n * sizeof *ranks);
+        adt_mesh sm;
+        adt_plan_stage_mesh(p, 0, &sm, srk);
+        p->cost = adt_cluster_mesh_cost(c, &sm);
+        adt_cost_report t;
+        if (adt_plan_cost(p, g, c, &t)) continue;
+        if ((t.feasible && !best.feasible) || (t.feasible == best.feasible && t.step_s < best.step_s * (1 - 1e-9))) {
+            best = t, keep_cost = p->cost, keep_intra = perms[q][nd - 1];
+            memcpy(keep, ranks, (size_t)n * sizeof *keep);
+        }
+    }
+    memcpy(p->mesh.ranks, keep, (size_t)n * sizeof *keep);
+    p->cost = keep_cost;
+    p->mesh.intra_axis = keep_intra;
+    if (r) *r = best;
+    free(ranks), free(keep), free(srk);
+    return rc;
 }
