@@ -53,12 +53,12 @@ static int largest_tag(const adt_graph *g) {
 }
 
 /* Microbatches for pp stages: 4 per stage where the batch allows (1F1B's bubble is (p-1)/(m+p-1)),
- * else fewer; 1 without a pipeline. */
-static int micro_for(int pp, int batch) {
+ * else fewer, each microbatch keeping at least min_samples; 1 without a pipeline. */
+static int micro_for(int pp, int batch, int min_samples) {
     if (pp <= 1) return 1;
     for (int f = 4; f >= 1; f /= 2)
-        if (batch % (f * pp) == 0) return f * pp;
-    return batch % pp == 0 ? pp : 1;
+        if (batch % (f * pp) == 0 && batch / (f * pp) >= min_samples) return f * pp;
+    return 1;
 }
 
 /* ---- the plan object ------------------------------------------------------------------------------ */
@@ -120,7 +120,7 @@ static void add_expert(ctx *x, const char *strategy) {
     adt_strategy st;
     snprintf(e->plan.name, sizeof e->plan.name, "%s", strategy);
     if (adt_strategy_parse(strategy, x->devices, &st)) return;
-    e->micro = micro_for(st.pp, x->o->batch);
+    e->micro = micro_for(st.pp, x->o->batch, st.dp); /* a sample per data-parallel rank at least */
     e->g = graph_for(&x->gs, x->c, x->o, e->micro);
     if (!e->g) return;
     adt_expert_opts eo = {.strategy = strategy, .devices = x->devices, .batch = x->o->batch, .microbatches = e->micro,
@@ -159,7 +159,7 @@ static void make_experts(ctx *x) {
 
 /* Searches one (pp, stage mesh shape); offers what it finds. */
 static void search_one(ctx *x, int pp, int nd, const int *dims) {
-    int micro = micro_for(pp, x->o->batch);
+    int micro = micro_for(pp, x->o->batch, 1);
     if (x->o->batch % micro) return;
     adt_graph *g = graph_for(&x->gs, x->c, x->o, micro);
     if (!g) return;
