@@ -97,6 +97,24 @@ int adt_nd_sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const ad
 /* The usable n-D signatures of a node on a mesh, in product order (all-B first), at most max
  * of them written to out (out may be NULL with max 0); returns how many are usable in all. */
 int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max);
+/* adt_node_nd_sigs computed once per node structure (op, attributes, operand shapes, dtypes and
+ * roles) of one graph on one mesh: repeated layers share the list. Set g and m, zero the rest;
+ * the list returned (count in *n) lives until adt_sig_cache_free. Not shared between threads. */
+typedef struct adt_sig_cache {
+    const adt_graph *g;
+    const adt_mesh *m;
+    uint64_t *hash; /* 0: empty slot */
+    int *rep, *count;  /* count -1: the list not computed yet */
+    adt_nd_sig **sigs;
+    int *n_ok;         /* signatures adt_sig_cache_valid accepted, per structure */
+    adt_nd_sig **ok;
+    size_t cap, n;
+} adt_sig_cache;
+const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int node, int *n);
+/* adt_nd_sig_valid(g, node, s, m), remembered per node structure: a signature accepted once for a
+ * structure is accepted for every node of it without a new check. */
+int adt_sig_cache_valid(adt_sig_cache *sc, int node, const adt_nd_sig *s);
+void adt_sig_cache_free(adt_sig_cache *sc);
 /* "(S(0),B) (B,B) -> (S(0),B)": inputs, then outputs. */
 char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n);
 
@@ -189,6 +207,46 @@ typedef struct adt_boxing_prog {
  * that does not fit the tensor's rank or the mesh, or P of a dtype that does not sum). */
 int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
                     const adt_ndsbp *to, const adt_comm_cost *cost, adt_boxing_prog *out);
+/* Program times cached by (tensor shape, dtype, from, to), for one mesh and one set of link
+ * prices (set m and cost, zero the rest, before the first call; adt_boxing_cache_free at the
+ * end). Not shared between threads. */
+#define ADT_BOXING_NONE 1e30 /* the time of a conversion no program makes */
+
+typedef struct adt_boxing_key {
+    adt_shape shape;
+    int dtype;
+    adt_ndsbp from, to;
+} adt_boxing_key;
+
+typedef struct adt_boxing_cached {
+    double time;                        /* ADT_BOXING_NONE: no program    */
+    double kind[ADT_BOXING_KIND_COUNT]; /* the steps' times by their kind */
+} adt_boxing_cached;
+
+typedef struct adt_boxing_cache {
+    const adt_mesh *m;
+    const adt_comm_cost *cost;
+    adt_boxing_key *key;
+    adt_boxing_cached *val;
+    char *used;
+    size_t cap, n;
+} adt_boxing_cache;
+
+/* The time of the cheapest program converting value v from `from` to `to` (adt_boxing_plan's),
+ * 0 when they are equal, ADT_BOXING_NONE when none exists; *kinds (may be NULL) points at the
+ * cached entry (its steps' times by kind), valid until the next call. */
+double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
+                             const adt_boxing_cached **kinds);
+void adt_boxing_cache_free(adt_boxing_cache *c);
+/* One Dijkstra from `from` to every state of the tensor through states whose blocks are all
+ * non-empty: to[i] the state, out[i] what adt_boxing_plan(from, to[i]) gives when reached that way
+ * (time and times by kind; ADT_BOXING_NONE when not reached: adt_boxing_plan may still find a path
+ * through empty blocks). Returns the number of states ((rank+2)^
+ * mesh axes), or -1 for a source that does not fit the tensor or is P of a dtype that does not
+ * sum. The cache fills itself with it. */
+int adt_boxing_plan_all(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
+                        const adt_comm_cost *cost, adt_ndsbp *to, adt_boxing_cached *out);
+
 /* One line per step: "axis 1: all_gather (S(0),S(1)) -> (S(0),B), G 1024 B, sends 512 B". */
 char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n);
 
@@ -415,6 +473,9 @@ adt_comm_cost adt_comm_cost_default(const adt_mesh *m);
  * multiply to the device count, a batch that does not split over dp and the microbatches, more
  * stages than layers, zero without a dp axis of 2 or more. */
 int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert_opts *o, adt_plan *out);
+/* Layers 0..L-1 of weights w[] into p contiguous non-empty stages (p <= L) minimising the largest
+ * stage's sum (exact, dynamic programming): stage s holds layers first[s]..last[s]. */
+void adt_stage_cut(const double *w, int L, int p, int *first, int *last);
 
 /* ---- pipeline stages -------------------------------------------------------------------------------
  * Stage s of a plan runs the nodes whose layer tag its range holds (forward, backward, and the

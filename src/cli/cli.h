@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "adtrain/dist.h"
 #include "adtrain/elastic.h"
 #include "adtrain/models.h"
 
@@ -18,6 +19,17 @@ int cli_train(int argc, char **argv);
 int cli_fail(const char *command, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int cli_graph(int argc, char **argv);
 int cli_plan(int argc, char **argv);
+/* `adtrain plan --strategy auto` (plan_auto.c) */
+typedef struct cli_plan_auto_opts {
+    const char *cluster_path, *out_path;
+    long devices, batch, max_pp;
+    double mem_limit;
+    adt_optim_kind optimizer;
+    int momentum, json, explain;
+} cli_plan_auto_opts;
+int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const char *label);
+int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label);
+int cli_calibrate(int argc, char **argv);
 /* The flag loop of a subcommand: "--flag value" or "--flag=value", each handed to apply(opts,
  * flag, value); -h/--help prints usage to stdout. Returns 0 to go on, -1 after --help, else the
  * exit code (2 for a bad or unknown flag, with the message printed). */
@@ -27,6 +39,10 @@ int cli_parse_flags(const char *command, int argc, char **argv, void (*usage)(FI
  * with the message when it does not load. */
 int cli_load_model(const char *command, const char *path, adt_model_cfg *m, char *label, size_t n);
 /* An integer flag value in [lo, hi], else exit code 2 with a message naming the flag. */
+/* The same, with flags that take no value (`switches`, NULL-terminated; apply gets NULL). */
+int cli_parse_flags_switches(const char *command, int argc, char **argv, void (*usage)(FILE *),
+                             int (*apply)(void *opts, const char *flag, const char *value), void *opts,
+                             const char *const *switches);
 int cli_parse_long(const char *command, const char *flag, const char *v, long lo, long hi, long *out);
 int cli_ckpt(int argc, char **argv);
 

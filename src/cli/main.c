@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  train     train a model (adtrain train --help)\n"
             "  graph     build a model's training graph and dump it as JSON or DOT\n"
             "  plan      make an expert parallel plan (dp, zero, tp, pp) and write it as a plan file\n"
+            "  calibrate measure this machine (kernel FLOP/s, memory, MPI all-reduce) into a cluster file\n"
             "  ckpt      export or describe a distributed checkpoint (adtrain ckpt --help)\n"
             "  launch    run an elastic job (master + agent on this machine, torchrun-like)\n"
             "  master    serve an elastic job's master API\n"
@@ -43,6 +44,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "graph")) return cli_graph(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return cli_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return cli_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "ckpt")) return cli_ckpt(argc - 1, argv + 1);
     if (!strcmp(cmd, "launch")) return cli_launch(argc - 1, argv + 1);
     if (!strcmp(cmd, "master")) return cli_master(argc - 1, argv + 1);

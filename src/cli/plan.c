@@ -20,6 +20,7 @@ typedef struct plan_opts {
     long devices, batch, microbatches;
     adt_optim_kind optimizer;
     int momentum;
+    cli_plan_auto_opts a; /* --strategy auto (plan_auto.c) */
 } plan_opts;
 
 #define plan_fail(...) cli_fail("plan", __VA_ARGS__)
@@ -44,6 +45,15 @@ static void plan_usage(FILE *f) {
             "  --microbatches M   a step in M microbatches of B/M samples (default 1)\n"
             "  --optimizer K      the optimizer the training graph ends with (default adamw)\n"
             "\n"
+            "--strategy auto searches the plan (pipeline degree, mesh, per-node signatures) with the cost\n"
+            "model of a cluster, and prints it next to every expert plan's prediction:\n"
+            "  --cluster C.json   the cluster (docs/formats.md \"Cluster files\"; adtrain calibrate writes one)\n"
+            "  --devices N        plan for the cluster's first N devices (default: all)\n"
+            "  --mem-limit BYTES  memory per device (default: the cluster's)\n"
+            "  --max-pp P         largest pipeline degree tried\n"
+            "  --json             the predictions as JSON (predicted_step_s, peak_mem_bytes, search_s, experts)\n"
+            "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
+            "\n"
             "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"
             "cannot apply (the message says why)\n");
 }
@@ -61,7 +71,12 @@ static int plan_apply(void *opts, const char *f, const char *v) {
         else if (!strcmp(v, "sgd")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 0;
         else if (!strcmp(v, "sgd-momentum")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 1;
         else return plan_fail(2, "--optimizer: expected 'adamw', 'sgd' or 'sgd-momentum', got '%s'", v);
-    } else {
+    } else if (!strcmp(f, "--cluster")) o->a.cluster_path = v;
+    else if (!strcmp(f, "--mem-limit")) return cli_double("plan", f, v, 1, 1e18, &o->a.mem_limit) ? 2 : 0;
+    else if (!strcmp(f, "--max-pp")) return cli_parse_long("plan", f, v, 1, ADT_PLAN_MAX_STAGES, &o->a.max_pp);
+    else if (!strcmp(f, "--json")) o->a.json = 1;
+    else if (!strcmp(f, "--explain")) o->a.explain = 1;
+    else {
         return plan_fail(2, "unknown flag '%s' (see adtrain plan --help)", f);
     }
     return 0;
@@ -221,12 +236,36 @@ done:
     return rc;
 }
 
+/* The summary of a bound plan (auto plans print it too). */
+int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label) {
+    boxing_tally t = {0};
+    t.steps = adt_calloc((size_t)p->n_layers, sizeof *t.steps);
+    t.bytes = adt_calloc((size_t)p->n_layers, sizeof *t.bytes);
+    int rc = tally_boxing(p, g, &t);
+    if (rc) rc = plan_fail(1, "partitioning the plan: %s", adt_error_message());
+    else print_summary(p, g, label, &t);
+    free(t.steps);
+    free(t.bytes);
+    return rc;
+}
+
 int cli_plan(int argc, char **argv) {
     plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW};
-    int rc = cli_parse_flags("plan", argc, argv, plan_usage, plan_apply, &o);
+    static const char *const switches[] = {"--json", "--explain", NULL};
+    int rc = cli_parse_flags_switches("plan", argc, argv, plan_usage, plan_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.strategy && !strcmp(o.strategy, "auto")) {
+        adt_model_cfg am;
+        char alabel[320];
+        if ((rc = cli_load_model("plan", o.model_path, &am, alabel, sizeof alabel))) return rc;
+        o.a.devices = o.devices, o.a.batch = o.batch, o.a.optimizer = o.optimizer, o.a.momentum = o.momentum;
+        o.a.out_path = o.out_path;
+        return cli_plan_auto(&o.a, &am, alabel);
+    }
     if (!o.devices) return plan_fail(2, "--devices: missing; expected the number of devices to plan for");
-    if (!o.strategy) return plan_fail(2, "--strategy: missing; expected e.g. dp, zero, tp, dp=2,tp=2 or dp=2,pp=2");
+    if (!o.strategy) return plan_fail(2, "--strategy: missing; expected auto, or e.g. dp, zero, tp, dp=2,tp=2 or dp=2,pp=2");
+    if (o.a.cluster_path || o.a.json || o.a.explain || o.a.mem_limit > 0 || o.a.max_pp)
+        return plan_fail(2, "--cluster, --json, --explain, --mem-limit and --max-pp go with --strategy auto");
     adt_model_cfg m;
     char label[320];
     if ((rc = cli_load_model("plan", o.model_path, &m, label, sizeof label))) return rc;

@@ -206,6 +206,23 @@ int cli_parse_flags(const char *command, int argc, char **argv, void (*usage)(FI
     return 0;
 }
 
+/* cli_parse_flags where the flags in `switches` (NULL-terminated) take no value (apply gets NULL). */
+static const char *const *cur_switches;
+static int takes_value_or_switch(const char *name) { return !cli_in_list(name, cur_switches) && takes_value(name); }
+
+int cli_parse_flags_switches(const char *command, int argc, char **argv, void (*usage)(FILE *),
+                             int (*apply)(void *opts, const char *flag, const char *value), void *opts,
+                             const char *const *switches) {
+    flag_loop w = {command, apply, opts, 0};
+    cur_switches = switches;
+    int i = 1, r = cli_parse(command, argc, argv, &i, takes_value_or_switch, flag_loop_apply, &w, usage);
+    cur_switches = NULL;
+    if (r == 1) return -1;
+    if (r == 2) return w.rc ? w.rc : 2;
+    if (i < argc) return cli_fail(command, 2, "unexpected argument '%s' (see adtrain %s --help)", argv[i], command);
+    return 0;
+}
+
 int cli_parse_long(const char *command, const char *flag, const char *v, long lo, long hi, long *out) {
     return cli_long(command, flag, v, lo, hi, out) ? 2 : 0;
 }

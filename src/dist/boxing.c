@@ -214,6 +214,31 @@ int adt_boxing_plan(const adt_mesh *m, adt_shape global, adt_dtype dtype, const 
     return ADT_OK;
 }
 
+int adt_boxing_plan_all(const adt_mesh *m, adt_shape global, adt_dtype dtype, const adt_ndsbp *from,
+                        const adt_comm_cost *cost, adt_ndsbp *to, adt_boxing_cached *out) {
+    if (check_state("source", from, m, global) || (!dtype_sums(dtype) && adt_ndsbp_partial_mask(from))) return -1;
+    int d = m->ndim, base = global.ndim + 2, n = 1;
+    for (int a = 0; a < d; a++) n *= base;
+    size_t elem_size = adt_dtype_size(dtype);
+    double dist[MAX_STATES];
+    int prev[MAX_STATES], prev_axis[MAX_STATES], src = state_id(from, base);
+    search(m, global, dtype, cost, src, -1, 0, dist, prev, prev_axis);
+    for (int v = 0; v < n; v++) {
+        to[v] = state_ndsbp(v, base, d);
+        memset(&out[v], 0, sizeof out[v]);
+        out[v].time = dist[v] < INFINITY ? dist[v] : ADT_BOXING_NONE;
+        int len = 0;
+        for (int u = v; u != src && dist[v] < INFINITY; u = prev[u], len++) {
+            adt_ndsbp su = state_ndsbp(prev[u], base, d), sv = state_ndsbp(u, base, d);
+            adt_boxing_step st;
+            make_step(m, global, elem_size, &su, prev_axis[u], sv.s[prev_axis[u]], cost, &st);
+            out[v].kind[st.kind] += st.time;
+        }
+        if (len > ADT_BOXING_MAX_STEPS) out[v].time = ADT_BOXING_NONE; /* adt_boxing_plan refuses it */
+    }
+    return n;
+}
+
 char *adt_boxing_prog_str(const adt_boxing_prog *p, char *buf, size_t n) {
     size_t k = 0;
     buf[0] = 0;

@@ -304,12 +304,18 @@ static int policy_allow(void *ctx, const adt_graph *g, int node, const adt_nd_si
 /* ---- pipeline stages ----------------------------------------------------------------------------- */
 
 /* Cuts layers 0..L-1 into p contiguous stages minimising the largest stage's FLOPs (forward,
- * backward and update of the layer's nodes): the linear partition problem, by dynamic
- * programming over (stages, layers). */
+ * backward and update of the layer's nodes). */
 static void balance_stages(const adt_graph *g, int L, int p, int *first, int *last) {
+    double *w = adt_calloc((size_t)L, sizeof *w);
+    for (int i = 0; i < g->n_nodes; i++) w[g->nodes[i].layer_tag] += adt_node_flops(g, &g->nodes[i]);
+    adt_stage_cut(w, L, p, first, last);
+    free(w);
+}
+
+/* The linear partition problem, by dynamic programming over (stages, layers). */
+void adt_stage_cut(const double *w, int L, int p, int *first, int *last) {
     double *f = adt_calloc((size_t)L + 1, sizeof *f); /* prefix sums */
-    for (int i = 0; i < g->n_nodes; i++) f[g->nodes[i].layer_tag + 1] += adt_node_flops(g, &g->nodes[i]);
-    for (int t = 0; t < L; t++) f[t + 1] += f[t];
+    for (int t = 0; t < L; t++) f[t + 1] = f[t] + w[t];
     double *best = adt_malloc((size_t)(p + 1) * (L + 1) * sizeof *best);
     int *cut = adt_malloc((size_t)(p + 1) * (L + 1) * sizeof *cut);
 #define AT(s, t) ((size_t)(s) * (size_t)(L + 1) + (size_t)(t))
@@ -318,7 +324,7 @@ static void balance_stages(const adt_graph *g, int L, int p, int *first, int *la
         for (int t = s; t <= L; t++) {
             best[AT(s, t)] = -1;
             for (int c = s - 1; c < t; c++) { /* stage s holds layers c..t-1 */
-                double w = f[t] - f[c], m = best[AT(s - 1, c)] > w ? best[AT(s - 1, c)] : w;
+                double x = f[t] - f[c], m = best[AT(s - 1, c)] > x ? best[AT(s - 1, c)] : x;
                 if (best[AT(s, t)] < 0 || m < best[AT(s, t)]) best[AT(s, t)] = m, cut[AT(s, t)] = c;
             }
         }

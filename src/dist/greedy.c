@@ -27,6 +27,8 @@ typedef struct greedy {
     const adt_greedy_opts *o;
     adt_ndsbp *layout; /* [n_values]: produced or held; ndim 0 for an open leaf */
     boxed_list *boxed; /* [n_values] */
+    adt_boxing_cache bc;
+    adt_sig_cache sc;  /* usable signatures per node structure (repeated layers share them) */
 } greedy;
 
 static adt_ndsbp no_partial(adt_ndsbp s) {
@@ -37,17 +39,15 @@ static adt_ndsbp no_partial(adt_ndsbp s) {
 
 /* Seconds to make value v available in layout `want`; a negative number when no program
  * exists. An open leaf is read in any layout but P for free (it will be held that way). */
-static double read_cost(const greedy *gr, int v, const adt_ndsbp *want) {
+static double read_cost(greedy *gr, int v, const adt_ndsbp *want) {
     const adt_ndsbp *have = &gr->layout[v];
     if (!have->ndim) return adt_ndsbp_partial_mask(want) ? gr->o->cost.local : 0.0;
     if (adt_ndsbp_equal(have, want)) return 0.0;
     const boxed_list *b = &gr->boxed[v];
     for (int i = 0; i < b->n; i++)
         if (adt_ndsbp_equal(&b->to[i], want)) return 0.0;
-    const adt_value *val = &gr->g->values[v];
-    adt_boxing_prog prog;
-    if (adt_boxing_plan(gr->m, val->shape, val->dtype, have, want, &gr->o->cost, &prog)) return -1.0;
-    return prog.time;
+    double t = adt_boxing_cache_time(&gr->bc, &gr->g->values[v], have, want, NULL);
+    return t >= ADT_BOXING_NONE ? -1.0 : t;
 }
 
 /* Input index of an in-place node that its output k overwrites (graph.c: w, then the states). */
@@ -83,7 +83,7 @@ static int split_outputs(const adt_node *n, const adt_nd_sig *s) {
 }
 
 /* The best of cands[0..n) for node i (with the filter when `filtered`), or -1. */
-static int pick(const greedy *gr, int i, const adt_nd_sig *cands, int n_cands, int filtered) {
+static int pick(greedy *gr, int i, const adt_nd_sig *cands, int n_cands, int filtered) {
     const adt_node *n = &gr->g->nodes[i];
     int best = -1, best_split = 0;
     double best_cost = 0;
@@ -127,7 +127,7 @@ static void commit(greedy *gr, const adt_node *n, const adt_nd_sig *s, adt_ndsbp
 int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts *o, adt_ndsbp *leaf_sbp,
                     adt_nd_sig *node_sig) {
     if (g->status) return adt_error(g->status, "greedy plan: the graph has an error: %s", g->err);
-    greedy gr = {.g = g, .m = m, .o = o};
+    greedy gr = {.g = g, .m = m, .o = o, .bc = {.m = m, .cost = &o->cost}, .sc = {.g = g, .m = m}};
     gr.layout = adt_calloc((size_t)g->n_values + 1, sizeof *gr.layout);
     gr.boxed = adt_calloc((size_t)g->n_values + 1, sizeof *gr.boxed);
     int rc = ADT_OK;
@@ -141,15 +141,9 @@ int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts
         }
         gr.layout[v] = leaf_sbp[v];
     }
-    adt_nd_sig *cands = NULL;
-    int cap = 0;
     for (int i = 0; i < g->n_nodes && !rc; i++) {
-        int n_cands = adt_node_nd_sigs(g, i, m, NULL, 0);
-        if (n_cands > cap) {
-            cap = n_cands;
-            cands = adt_realloc(cands, (size_t)cap * sizeof *cands);
-        }
-        adt_node_nd_sigs(g, i, m, cands, n_cands);
+        int n_cands;
+        const adt_nd_sig *cands = adt_sig_cache_get(&gr.sc, i, &n_cands);
         int best = pick(&gr, i, cands, n_cands, 1);
         if (best < 0) best = pick(&gr, i, cands, n_cands, 0);
         if (best < 0) {
@@ -167,6 +161,7 @@ int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts
     for (int v = 0; v < g->n_values; v++) free(gr.boxed[v].to);
     free(gr.boxed);
     free(gr.layout);
-    free(cands);
+    adt_sig_cache_free(&gr.sc);
+    adt_boxing_cache_free(&gr.bc);
     return rc;
 }

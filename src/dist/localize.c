@@ -97,15 +97,76 @@ static int first_misfit(const adt_graph *g, const adt_node *n, const adt_nd_sig 
     return -1;
 }
 
+#define MAX_REPS 64
+
+static void add_rep(int *reps, int *n, int r) {
+    for (int i = 0; i < *n; i++)
+        if (reps[i] == r) return;
+    if (*n < MAX_REPS + 1) reps[(*n)++] = r;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* Coordinates that stand for all others when the op has no localize rule (its local op depends on
+ * block shapes only). Along mesh axis a a block's length depends on the coordinate c_a only
+ * through comparisons c_a < r, r a remainder L mod p_a of a length L the axis splits (every
+ * length the outer axes can leave, for nested splits): the coordinates {0} and each such r stand
+ * for the intervals between them, and their product for every coordinate, with the same result
+ * and the same first failing coordinate in row-major order. 0 when there are too many. */
+static int coord_reps(const adt_graph *g, const adt_node *n, const adt_nd_sig *s, const adt_mesh *m,
+                      int reps[][MAX_REPS + 1], int *nrep) {
+    for (int a = 0; a < m->ndim; a++) nrep[a] = 0, add_rep(reps[a], &nrep[a], 0);
+    for (int i = 0; i < n->n_in + n->n_out; i++) {
+        const adt_ndsbp *sb = i < n->n_in ? &s->in[i] : &s->out[i - n->n_in];
+        const adt_shape *sh = &g->values[i < n->n_in ? n->in[i] : n->out[i - n->n_in]].shape;
+        for (int k = 0; k < sh->ndim; k++) {
+            int64_t len[16];
+            int nl = 1;
+            len[0] = sh->dim[k];
+            for (int a = 0; a < m->ndim; a++) {
+                if (sb->s[a].kind != ADT_SBP_S || sb->s[a].axis != k) continue;
+                int p = m->dim[a], nn = 0;
+                int64_t next[16];
+                for (int q = 0; q < nl; q++) {
+                    int64_t r = len[q] % p, b = len[q] / p;
+                    if (r) add_rep(reps[a], &nrep[a], (int)r);
+                    for (int t = 0; t < (r ? 2 : 1); t++) {
+                        int64_t v = b + t, seen = 0;
+                        for (int u = 0; u < nn; u++) seen |= next[u] == v;
+                        if (!seen && nn < 16) next[nn++] = v;
+                        else if (!seen) return 0;
+                    }
+                }
+                memcpy(len, next, (size_t)nn * sizeof *len);
+                nl = nn;
+            }
+        }
+    }
+    for (int a = 0; a < m->ndim; a++) {
+        if (nrep[a] > MAX_REPS) return 0;
+        qsort(reps[a], (size_t)nrep[a], sizeof reps[a][0], cmp_int);
+    }
+    return 1;
+}
+
 /* Runs the op's shape rule on scratch graph sg, whose first n_in values stand for the inputs
- * and get each coordinate's block shapes. */
+ * and get each coordinate's block shapes: at every coordinate, or at the representatives of
+ * coord_reps when the op has no localize rule. */
 static int check_coords(const adt_graph *g, int node, const adt_nd_sig *s, const adt_mesh *m, adt_graph *sg) {
     const adt_node *n = &g->nodes[node];
     const adt_op_def *d = adt_op_get(n->op);
     char sigs[512], mbuf[32], cbuf[32], e[64], got[64];
-    for (int idx = 0; idx < m->nranks; idx++) {
+    int reps[ADT_MAX_MESH_DIMS][MAX_REPS + 1], nrep[ADT_MAX_MESH_DIMS], count = m->nranks, use_reps = 0;
+    if (!d->localize && coord_reps(g, n, s, m, reps, nrep)) {
+        use_reps = 1, count = 1;
+        for (int a = 0; a < m->ndim; a++) count *= nrep[a];
+    }
+    for (int idx = 0; idx < count; idx++) {
         int coord[ADT_MAX_MESH_DIMS];
-        adt_mesh_coord(m, idx, coord);
+        if (use_reps)
+            for (int a = m->ndim - 1, r = idx; a >= 0; a--) coord[a] = reps[a][r % nrep[a]], r /= nrep[a];
+        else
+            adt_mesh_coord(m, idx, coord);
         adt_local_node ln;
         adt_dist_localize(g, node, s, m, coord, &ln);
         adt_node local = *n;
@@ -214,6 +275,105 @@ int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig
     adt_graph_free(sg);
     adt_error_clear();
     return usable;
+}
+
+/* ---- usable signatures shared by nodes of equal structure ------------------------------------------
+ * Whether a product signature is usable depends on the op, its attributes and its operands'
+ * shapes, dtypes and roles only, so nodes that agree on all of them (the same layer repeated)
+ * share one list. The hash finds candidates; an exact comparison decides. */
+
+static uint64_t node_hash(const adt_graph *g, const adt_node *n) {
+    uint64_t h = adt_rng_mix64((uint64_t)n->op << 16 | (uint64_t)n->n_in << 8 | (uint64_t)n->n_out);
+    h = adt_crc32c((uint32_t)h, &n->a, sizeof n->a) ^ h;
+    for (int j = 0; j < n->n_in + n->n_out; j++) {
+        const adt_value *v = &g->values[j < n->n_in ? n->in[j] : n->out[j - n->n_in]];
+        h = adt_rng_mix64(h ^ adt_crc32c((uint32_t)(v->dtype | v->role << 4), v->shape.dim, (size_t)v->shape.ndim * 8));
+    }
+    return h | 1; /* 0 marks an empty slot */
+}
+
+static int same_structure(const adt_graph *g, const adt_node *a, const adt_node *b) {
+    if (a->op != b->op || a->n_in != b->n_in || a->n_out != b->n_out || memcmp(&a->a, &b->a, sizeof a->a)) return 0;
+    for (int j = 0; j < a->n_in + a->n_out; j++) {
+        const adt_value *x = &g->values[j < a->n_in ? a->in[j] : a->out[j - a->n_in]];
+        const adt_value *y = &g->values[j < b->n_in ? b->in[j] : b->out[j - b->n_in]];
+        if (x->dtype != y->dtype || x->role != y->role || !adt_shape_equal(&x->shape, &y->shape)) return 0;
+    }
+    return 1;
+}
+
+/* The slot of node i's structure class, created (lists not computed: count -1) when new. */
+static size_t class_slot(adt_sig_cache *sc, int i) {
+    const adt_graph *g = sc->g;
+    if (2 * (sc->n + 1) > sc->cap) { /* grow: rehash the classes */
+        adt_sig_cache old = *sc;
+        sc->cap = sc->cap ? 2 * sc->cap : 64;
+        sc->hash = adt_calloc(sc->cap, sizeof *sc->hash);
+        sc->rep = adt_malloc(sc->cap * sizeof *sc->rep);
+        sc->count = adt_malloc(sc->cap * sizeof *sc->count);
+        sc->sigs = adt_malloc(sc->cap * sizeof *sc->sigs);
+        sc->n_ok = adt_malloc(sc->cap * sizeof *sc->n_ok);
+        sc->ok = adt_malloc(sc->cap * sizeof *sc->ok);
+        for (size_t k = 0; k < old.cap; k++) {
+            if (!old.hash[k]) continue;
+            size_t j = old.hash[k] & (sc->cap - 1);
+            while (sc->hash[j]) j = (j + 1) & (sc->cap - 1);
+            sc->hash[j] = old.hash[k], sc->rep[j] = old.rep[k], sc->count[j] = old.count[k], sc->sigs[j] = old.sigs[k];
+            sc->n_ok[j] = old.n_ok[k], sc->ok[j] = old.ok[k];
+        }
+        free(old.hash), free(old.rep), free(old.count), free(old.sigs), free(old.n_ok), free(old.ok);
+    }
+    const adt_node *n = &g->nodes[i];
+    uint64_t h = node_hash(g, n);
+    size_t j = h & (sc->cap - 1);
+    while (sc->hash[j]) {
+        if (sc->hash[j] == h && same_structure(g, &g->nodes[sc->rep[j]], n)) return j;
+        j = (j + 1) & (sc->cap - 1);
+    }
+    sc->hash[j] = h, sc->rep[j] = i, sc->count[j] = -1, sc->sigs[j] = NULL, sc->n_ok[j] = 0, sc->ok[j] = NULL;
+    sc->n++;
+    return j;
+}
+
+const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int i, int *n_out) {
+    size_t j = class_slot(sc, i);
+    if (sc->count[j] < 0) {
+        int cnt = adt_node_nd_sigs(sc->g, i, sc->m, NULL, 0);
+        sc->sigs[j] = adt_malloc((size_t)(cnt ? cnt : 1) * sizeof **sc->sigs);
+        adt_node_nd_sigs(sc->g, i, sc->m, sc->sigs[j], cnt);
+        sc->count[j] = cnt;
+    }
+    *n_out = sc->count[j];
+    return sc->sigs[j];
+}
+
+static int nd_sig_same(const adt_node *n, const adt_nd_sig *a, const adt_nd_sig *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int k = 0; k < n->n_in; k++)
+        if (!adt_ndsbp_equal(&a->in[k], &b->in[k])) return 0;
+    for (int k = 0; k < n->n_out; k++)
+        if (!adt_ndsbp_equal(&a->out[k], &b->out[k])) return 0;
+    return 1;
+}
+
+int adt_sig_cache_valid(adt_sig_cache *sc, int node, const adt_nd_sig *s) {
+    size_t j = class_slot(sc, node);
+    const adt_node *n = &sc->g->nodes[node];
+    for (int k = 0; k < sc->n_ok[j]; k++)
+        if (nd_sig_same(n, &sc->ok[j][k], s)) return ADT_OK;
+    int rc = adt_nd_sig_valid(sc->g, node, s, sc->m);
+    if (rc) return rc;
+    if (!(sc->n_ok[j] & (sc->n_ok[j] - 1))) /* grow at powers of two */
+        sc->ok[j] = adt_realloc(sc->ok[j], (size_t)(sc->n_ok[j] ? 2 * sc->n_ok[j] : 1) * sizeof **sc->ok);
+    sc->ok[j][sc->n_ok[j]++] = *s;
+    return ADT_OK;
+}
+
+void adt_sig_cache_free(adt_sig_cache *sc) {
+    for (size_t k = 0; k < sc->cap; k++)
+        if (sc->hash[k]) free(sc->sigs[k]), free(sc->ok[k]);
+    free(sc->hash), free(sc->rep), free(sc->count), free(sc->sigs), free(sc->n_ok), free(sc->ok);
+    memset(sc, 0, sizeof *sc);
 }
 
 /* ---- signatures as text; registered signatures ------------------------------------------------ */

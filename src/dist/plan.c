@@ -228,8 +228,10 @@ int adt_plan_validate(const adt_plan *p, const adt_graph *g) {
     int ranks[1024], *rk = p->mesh.nranks <= 1024 ? ranks : adt_malloc((size_t)p->mesh.nranks * sizeof *rk);
     adt_mesh sm;
     rc = adt_plan_stage_mesh(p, 0, &sm, rk);
+    adt_sig_cache sc = {.g = g, .m = &sm}; /* repeated layers are checked once */
     for (int i = 0; i < g->n_nodes && !rc; i++)
-        if ((rc = adt_nd_sig_valid(g, i, &p->node_sig[i], &sm))) rc = adt_error_prefix(rc, "%s: ", p->name);
+        if ((rc = adt_sig_cache_valid(&sc, i, &p->node_sig[i]))) rc = adt_error_prefix(rc, "%s: ", p->name);
+    adt_sig_cache_free(&sc);
     if (!rc) rc = check_leaves(p, g, &sm);
     if (!rc) rc = check_inplace(p, g);
     if (rk != ranks) free(rk);

@@ -1,0 +1,242 @@
+/*
+ * adtrain/planner.h - the cluster object, the cost model that prices a plan on it, and the
+ * automatic planner that searches plans (DESIGN.md section 4).
+ *
+ *   cluster   what the devices are and how they are linked (a JSON file, docs/formats.md
+ *             "Cluster files"): nodes of identical devices, link levels from the innermost
+ *             (inside a node) outwards; `adtrain calibrate` writes one for this machine.
+ *   cost      a plan's predicted step time (per stage a list schedule of compute and of the
+ *             boxing programs the partitioner inserts, collectives overlapping computation the
+ *             way the executor runs them; pipeline time sum(t_i) + (m-1) max(t_i)) and peak
+ *             memory per device (persistent state by its shards, a liveness walk over the
+ *             stage's values, saved activations times the microbatches in flight).
+ *   search    over pipeline degrees and mesh shapes; per mesh an assignment of one n-D
+ *             signature per node (tied layers share one choice) by exact eliminations and
+ *             coordinate descent from every expert plan and the greedy one; layers to stages by
+ *             dynamic programming; the best plan by the cost model, never predicted worse than
+ *             the best expert plan.
+ *
+ * Layering: planner -> dist -> graph. Times in seconds, sizes in bytes.
+ */
+#ifndef ADTRAIN_PLANNER_H
+#define ADTRAIN_PLANNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "adtrain/dist.h"
+#include "adtrain/graph.h"
+#include "adtrain/models.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the cluster object ----------------------------------------------------------------------- */
+
+#define ADT_CLUSTER_MAX_LINKS 4
+#define ADT_CLUSTER_NAME_LEN 128
+
+/* Op classes with their own calibrated compute rate. */
+typedef enum adt_op_class {
+    ADT_OPCLASS_MATMUL = 0, /* matrix products, embeddings                 */
+    ADT_OPCLASS_CONV,       /* convolutions and their gradients            */
+    ADT_OPCLASS_ATTENTION,  /* fused attention and its gradient            */
+    ADT_OPCLASS_OTHER,      /* elementwise, norms, losses, optimizer steps */
+    ADT_OPCLASS_COUNT
+} adt_op_class;
+const char *adt_op_class_name(int c);
+int adt_op_class_of(int op_kind);
+
+/* One link level: every aligned group of `span` consecutive devices is connected by it (level
+ * 0: the devices of one node; the last level spans the whole cluster). bandwidth: bytes per
+ * second one device moves in a ring collective over this level; latency: seconds per message. */
+typedef struct adt_link {
+    char name[32];
+    int span;
+    double bandwidth, latency;
+} adt_link;
+
+typedef struct adt_cluster {
+    char name[ADT_CLUSTER_NAME_LEN];
+    char device_kind[64];
+    int nodes, devices_per_node;
+    double peak_flops[ADT_DTYPE_COUNT]; /* 0: not given                                     */
+    adt_dtype compute_dtype;            /* whose peak the compute rates derive from          */
+    double efficiency;                  /* achieved / peak where no rate is calibrated       */
+    double rate[ADT_OPCLASS_COUNT];     /* calibrated FLOP/s per op class, 0: peak x eff.    */
+    double memory_bytes;                /* per device                                        */
+    double memory_bw;                   /* bytes per second per device                       */
+    double launch_s;                    /* fixed cost of one op                              */
+    int n_links;
+    adt_link link[ADT_CLUSTER_MAX_LINKS];
+} adt_cluster;
+
+/* Parses a cluster from JSON text / a file. Strict: unknown fields, wrong types, out-of-range
+ * numbers, link spans that do not nest, are errors whose message starts with the name and names
+ * the field. Every object may carry a "comment" string (where its numbers come from). */
+int adt_cluster_parse(adt_cluster *c, const char *json_text, const char *name_for_errors);
+int adt_cluster_load(adt_cluster *c, const char *path);
+/* Checks a cluster built in code; the message names the field. */
+int adt_cluster_validate(const adt_cluster *c, const char *name_for_errors);
+/* The JSON form (adt_cluster_parse reads it back to the same object); free() it. */
+char *adt_cluster_to_json(const adt_cluster *c);
+int adt_cluster_devices(const adt_cluster *c);
+/* The FLOP/s of an op class: the calibrated rate, else peak(compute_dtype) x efficiency. */
+double adt_cluster_rate(const adt_cluster *c, int op_class);
+/* The innermost link level joining devices a and b (a == b: level 0). */
+int adt_cluster_level(const adt_cluster *c, int a, int b);
+/* Alpha and beta of each mesh axis: the slowest link any group along the axis spans, the
+ * mesh's ranks taken as device ids. The local-step price is a tie-breaker. */
+adt_comm_cost adt_cluster_mesh_cost(const adt_cluster *c, const adt_mesh *m);
+/* The same cluster without node `node` / with `count` more nodes (re-planning). */
+int adt_cluster_remove_node(adt_cluster *c, int node);
+int adt_cluster_add_nodes(adt_cluster *c, int count);
+
+/* ---- the cost model --------------------------------------------------------------------------- */
+
+typedef struct adt_cost_report {
+    int feasible;              /* peak memory within the device's                               */
+    double step_s;             /* predicted time of one step                                    */
+    double peak_mem_bytes;     /* the largest over devices                                      */
+    int n_stages, microbatches;
+    double stage_s[ADT_PLAN_MAX_STAGES];   /* one microbatch through stage s                    */
+    double stage_mem[ADT_PLAN_MAX_STAGES]; /* peak bytes per device of stage s                  */
+    /* where the time goes (stage of the longest t_i, per microbatch, then scaled to a step) */
+    double compute_s;          /* compute on the critical stage                                  */
+    double comm_s[ADT_BOXING_KIND_COUNT]; /* busy time of each collective kind                  */
+    double exposed_comm_s;     /* communication not hidden behind compute                        */
+    double p2p_s;              /* stage-boundary transfers                                       */
+    double bubble_s;           /* pipeline bubbles: step - m x max(t_i)                         */
+    double state_bytes;        /* parameters and optimizer state per device (critical stage)     */
+    double act_bytes;          /* the liveness peak of one microbatch                            */
+    double saved_bytes;        /* activations kept for backward, per microbatch in flight        */
+} adt_cost_report;
+
+/* Prices a bound plan on a cluster (the plan's ranks are device ids); g is the plan's graph.
+ * The boxing programs are priced with the plan's own link costs (what the partitioner inserts
+ * and the executor runs), the compute with the cluster's rates. */
+int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out);
+/* The product of the mesh axes on which some operand of signature s is split: how many devices
+ * share the node's work (OneFlow's rule; P x B -> P does not split it). */
+double adt_nd_sig_parts(const adt_node *n, const adt_nd_sig *s, const adt_mesh *m);
+/* The compute seconds of one node when `parts` devices share its work. */
+double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c);
+
+/* ---- the signature-assignment problem and its solvers --------------------------------------------
+ * Variables x_i in [0, k_i); cost J(x) = sum_i unary_i(x_i) + sum_e pair_e(x_a, x_b), every term
+ * >= 0 (infinite: ADT_SEARCH_INF). The planner builds one per stage mesh (variables = tied groups
+ * of nodes, choices = their usable n-D signatures); the tests build random ones. */
+#define ADT_SEARCH_INF ADT_BOXING_NONE
+
+typedef struct adt_search_problem {
+    int n_vars;
+    int *k;          /* [n_vars] choices                                   */
+    double **unary;  /* [n_vars][k_i]                                      */
+    int n_edges, cap_edges;
+    int *ea, *eb;    /* [n_edges] endpoints, ea != eb                      */
+    double **pair;   /* [n_edges][k_a * k_b], row-major in x_a             */
+} adt_search_problem;
+
+void adt_search_init(adt_search_problem *p, int n_vars, const int *k);
+/* Adds cost[k_a * k_b] (row-major in x_a) to the pair (a, b); a pair seen before is summed into
+ * the same edge; a == b adds the diagonal to the unary. */
+void adt_search_add_pair(adt_search_problem *p, int a, int b, const double *cost);
+void adt_search_free(adt_search_problem *p);
+double adt_search_cost(const adt_search_problem *p, const int *x);
+
+typedef struct adt_search_stats {
+    int eliminated;  /* variables removed exactly (degree <= 2)                 */
+    int core;        /* variables left for coordinate descent                   */
+    int sweeps;
+    int starts;
+    int exact;       /* 1: the result is proved optimal (the elimination left nothing, or the
+                        bounded branch and bound on the core finished)              */
+} adt_search_stats;
+
+/* The search: eliminates degree-0, -1 and -2 variables exactly (a chain or a series-parallel
+ * graph is solved exactly), then coordinate descent with pair moves on what is left, from each
+ * of the n_starts start points (x of the full problem, entries may be -1), from the greedy one
+ * and from a few random ones, at most max_sweeps sweeps each; then, on a core of at most 32
+ * variables, a branch and bound from the best point of at most core_steps steps (0: none;
+ * ADT_SEARCH_CORE_STEPS the planner's), which proves it optimal or improves it. x receives the
+ * best found. Returns its cost. */
+#define ADT_SEARCH_CORE_STEPS 2e5
+double adt_search_solve(const adt_search_problem *p, const int *const *starts, int n_starts, int max_sweeps,
+                        double core_steps, int *x, adt_search_stats *st);
+/* The exact optimum by depth-first branch and bound (for small problems: the yardstick).
+ * Returns the cost, or a negative number after max_nodes branch steps without a proof. */
+double adt_search_exhaustive(const adt_search_problem *p, int *x, double max_nodes);
+
+/* The problem of a graph on a stage mesh: one variable per tied group of nodes (nodes in layers
+ * of equal structure at the same position), choices = the representative's usable n-D
+ * signatures; unary = compute time (+ lambda x the persistent and saved bytes the choice keeps
+ * per device); pairs = the boxing time of every edge (a parameter's or optimizer state's held
+ * layout is its updater's). */
+typedef struct adt_sbp_space {
+    adt_search_problem prob;
+    int *var_of;          /* [n_nodes] */
+    int *rep;             /* [n_vars] representative node */
+    adt_nd_sig **sigs;    /* [n_vars][k] */
+    double **mem;         /* [n_vars][k] bytes per device the choice keeps (all members) */
+} adt_sbp_space;
+
+int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m, const adt_comm_cost *cost,
+                        const adt_cluster *c, double lambda);
+void adt_sbp_space_free(adt_sbp_space *s);
+/* The choice of every variable matching a plan's node signatures (-1 where none matches). */
+void adt_sbp_space_choice(const adt_sbp_space *s, const adt_graph *g, const adt_nd_sig *node_sig, int *x);
+/* The layout each leaf is held in under node signatures node_sig, the partitioner's default:
+ * as its in-place updater reads it, else as its first reader reads it (P as B), else replicated. */
+void adt_leaf_layouts(const adt_graph *g, const adt_nd_sig *node_sig, adt_ndsbp *leaf_sbp);
+/* Signatures and leaf layouts from a choice: params and optimizer state held as their updater
+ * reads them, fed inputs as their first reader reads them (P as B), the rest replicated. */
+void adt_sbp_space_apply(const adt_sbp_space *s, const adt_graph *g, const int *x, adt_nd_sig *node_sig,
+                         adt_ndsbp *leaf_sbp);
+
+/* ---- the automatic planner -------------------------------------------------------------------- */
+
+typedef struct adt_planner_opts {
+    int devices;          /* 0: every device of the cluster                         */
+    int batch;            /* global samples per step                                 */
+    adt_optim_kind optim;
+    int momentum;
+    double mem_limit;     /* bytes per device; 0: the cluster's device memory         */
+    int max_pp;           /* largest pipeline degree tried; 0: up to the layer count  */
+    int max_sweeps;       /* 0: 50                                                   */
+    int no_search;        /* 1: expert plans only (the baseline)                      */
+} adt_planner_opts;
+
+#define ADT_PLANNER_MAX_EXPERTS 32
+
+typedef struct adt_planner_result {
+    adt_plan plan;                  /* the chosen plan (bound to graph)                   */
+    adt_graph *graph;               /* the training graph it was made for                 */
+    adt_cost_report cost;
+    double search_s;                /* wall clock                                           */
+    double search_cpu_s;            /* CPU time of the process meanwhile (a shared machine) */
+    int n_candidates;               /* (pp, mesh) pairs searched                           */
+    int from_expert;                /* the chosen plan is an expert plan (index), or -1   */
+    int n_experts;
+    char expert_name[ADT_PLANNER_MAX_EXPERTS][64];
+    adt_cost_report expert_cost[ADT_PLANNER_MAX_EXPERTS];
+    int expert_ok[ADT_PLANNER_MAX_EXPERTS]; /* 0: refused (the strategy cannot apply)     */
+} adt_planner_result;
+
+/* Finds the plan of model c on the cluster (its first opts->devices devices). */
+int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_planner_opts *o,
+                       adt_planner_result *out);
+void adt_planner_result_free(adt_planner_result *r);
+/* Placement: the nesting of the plan's mesh axes onto device ids (every order of the axes; the
+ * innermost becomes the intra-node axis) that the cost model prices fastest, so the heaviest
+ * traffic rides the fastest links. Rewrites p's ranks, link costs and intra-node axis when an
+ * order is better than the current one; *r (may be NULL) the placed plan's report. */
+int adt_planner_place(adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *r);
+/* Re-plans an existing plan's model, batch and optimizer on a changed cluster (every device of
+ * it): what the elastic runtime calls when a node leaves or joins. */
+int adt_planner_replan(const adt_plan *old, const adt_cluster *cl, adt_planner_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

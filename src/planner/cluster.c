@@ -1,0 +1,350 @@
+/*
+ * cluster.c - the cluster object: its JSON form (docs/formats.md, "Cluster files"), the checks,
+ * the compute rate of each op class, and the link a group of devices talks over.
+ *
+ * A cluster is `nodes` nodes of `devices_per_node` identical devices; devices are numbered node
+ * by node. Link levels go from the innermost (span = devices_per_node or less) outwards, each
+ * span a multiple of the one before and the last covering every device: a group of devices
+ * communicates over the innermost level whose aligned blocks hold all of them, and a ring is as
+ * slow as its slowest hop.
+ */
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/planner.h"
+#include "models/cfg_internal.h"
+
+#define CLUSTER_MAX_BYTES (1L << 20)
+#define CLUSTER_MAX_DEVICES (1 << 20)
+
+const char *adt_op_class_name(int c) {
+    static const char *const n[] = {"matmul", "conv", "attention", "other"};
+    return c >= 0 && c < ADT_OPCLASS_COUNT ? n[c] : "?";
+}
+
+int adt_op_class_of(int op) {
+    switch (op) {
+    case ADT_OP_MATMUL:
+    case ADT_OP_EMBEDDING:
+    case ADT_OP_EMBEDDING_BWD: return ADT_OPCLASS_MATMUL;
+    case ADT_OP_CONV2D:
+    case ADT_OP_CONV2D_BWD_DATA:
+    case ADT_OP_CONV2D_BWD_WEIGHT: return ADT_OPCLASS_CONV;
+    case ADT_OP_ATTENTION:
+    case ADT_OP_ATTENTION_BWD: return ADT_OPCLASS_ATTENTION;
+    default: return ADT_OPCLASS_OTHER;
+    }
+}
+
+/* ---- reading ----------------------------------------------------------------------------------- */
+
+static int get_number(const cJSON *obj, const char *field, const char *where, int required, double lo, double hi,
+                      const char *name, double *out) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!j) {
+        if (!required) return ADT_OK;
+        return adt_error(ADT_ERR_ARG, "%s: missing field \"%s%s\" (expected a number in [%g, %g])", name, where, field,
+                         lo, hi);
+    }
+    if (!cJSON_IsNumber(j))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %s, expected a number in [%g, %g]", name, where, field,
+                         adt_cfg_json_kind(j), lo, hi);
+    if (!(j->valuedouble >= lo && j->valuedouble <= hi))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %g, expected a number in [%g, %g]", name, where, field,
+                         j->valuedouble, lo, hi);
+    *out = j->valuedouble;
+    return ADT_OK;
+}
+
+static int get_int(const cJSON *obj, const char *field, const char *where, int required, int lo, int hi,
+                   const char *name, int *out) {
+    double d = *out;
+    int rc = get_number(obj, field, where, required, lo, hi, name, &d);
+    if (rc) return rc;
+    if (d != floor(d))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %g, expected an integer in [%d, %d]", name, where, field,
+                         d, lo, hi);
+    *out = (int)d;
+    return ADT_OK;
+}
+
+static int get_string(const cJSON *obj, const char *field, const char *where, int required, const char *name,
+                      char *out, size_t cap) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
+    if (!j) {
+        if (!required) return ADT_OK;
+        return adt_error(ADT_ERR_ARG, "%s: missing field \"%s%s\" (expected a string)", name, where, field);
+    }
+    if (!cJSON_IsString(j))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %s, expected a string", name, where, field,
+                         adt_cfg_json_kind(j));
+    if (strlen(j->valuestring) >= cap)
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %zu characters long, expected at most %zu", name, where,
+                         field, strlen(j->valuestring), cap - 1);
+    snprintf(out, cap, "%s", j->valuestring);
+    return ADT_OK;
+}
+
+static int get_object(const cJSON *obj, const char *field, const char *where, int required, const char *name,
+                      const cJSON **out) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
+    *out = NULL;
+    if (!j) {
+        if (!required) return ADT_OK;
+        return adt_error(ADT_ERR_ARG, "%s: missing field \"%s%s\" (expected an object)", name, where, field);
+    }
+    if (!cJSON_IsObject(j))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%s%s\" is %s, expected an object", name, where, field,
+                         adt_cfg_json_kind(j));
+    *out = j;
+    return ADT_OK;
+}
+
+/* A comment, when present, must be a string (an array of strings would be silently lost). */
+static int check_comment(const cJSON *obj, const char *where, const char *name) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, "comment");
+    if (!j) return ADT_OK;
+    if (!cJSON_IsString(j))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%scomment\" is %s, expected a string", name, where,
+                         adt_cfg_json_kind(j));
+    return ADT_OK;
+}
+
+static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
+    static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
+                                         "memory_bytes", "memory_bw", "launch_s", "comment", NULL};
+    int rc;
+    if ((rc = adt_cfg_check_fields(d, fields, "device", name)) || (rc = check_comment(d, "device.", name)) ||
+        (rc = get_string(d, "kind", "device.", 1, name, c->device_kind, sizeof c->device_kind)))
+        return rc;
+    const cJSON *pf;
+    if ((rc = get_object(d, "peak_flops", "device.", 1, name, &pf))) return rc;
+    static const char *const pf_fields[] = {"f32", "bf16", "comment", NULL};
+    if ((rc = adt_cfg_check_fields(pf, pf_fields, "device.peak_flops", name)) ||
+        (rc = check_comment(pf, "device.peak_flops.", name)) ||
+        (rc = get_number(pf, "f32", "device.peak_flops.", 1, 1e6, 1e18, name, &c->peak_flops[ADT_F32])) ||
+        (rc = get_number(pf, "bf16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_flops[ADT_BF16])))
+        return rc;
+    char dt[16] = "f32";
+    if ((rc = get_string(d, "compute_dtype", "device.", 0, name, dt, sizeof dt))) return rc;
+    if (!strcmp(dt, "f32")) c->compute_dtype = ADT_F32;
+    else if (!strcmp(dt, "bf16")) c->compute_dtype = ADT_BF16;
+    else return adt_error(ADT_ERR_ARG, "%s: field \"device.compute_dtype\" is \"%s\", expected \"f32\" or \"bf16\"", name, dt);
+    if (!c->peak_flops[c->compute_dtype])
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.compute_dtype\" is \"%s\", but \"device.peak_flops.%s\" is not "
+                         "given", name, dt, dt);
+    c->efficiency = 0.5;
+    if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
+    const cJSON *rates;
+    if ((rc = get_object(d, "rates", "device.", 0, name, &rates))) return rc;
+    if (rates) {
+        static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
+        if ((rc = adt_cfg_check_fields(rates, r_fields, "device.rates", name)) ||
+            (rc = check_comment(rates, "device.rates.", name)))
+            return rc;
+        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+            if ((rc = get_number(rates, adt_op_class_name(k), "device.rates.", 0, 1e3, 1e18, name, &c->rate[k])))
+                return rc;
+    }
+    if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
+        (rc = get_number(d, "memory_bw", "device.", 1, 1e6, 1e15, name, &c->memory_bw)) ||
+        (rc = get_number(d, "launch_s", "device.", 0, 0, 1, name, &c->launch_s)))
+        return rc;
+    return ADT_OK;
+}
+
+static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
+    if (!links) return adt_error(ADT_ERR_ARG, "%s: missing field \"links\" (expected an array of link levels, innermost "
+                                 "first)", name);
+    if (!cJSON_IsArray(links))
+        return adt_error(ADT_ERR_ARG, "%s: field \"links\" is %s, expected an array of link levels, innermost first", name,
+                         adt_cfg_json_kind(links));
+    int n = cJSON_GetArraySize(links);
+    if (n < 1 || n > ADT_CLUSTER_MAX_LINKS)
+        return adt_error(ADT_ERR_ARG, "%s: field \"links\" has %d levels, expected 1 to %d", name, n,
+                         ADT_CLUSTER_MAX_LINKS);
+    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "comment", NULL};
+    int i = 0, rc;
+    for (const cJSON *l = links->child; l; l = l->next, i++) {
+        char where[32];
+        snprintf(where, sizeof where, "links[%d].", i);
+        if (!cJSON_IsObject(l))
+            return adt_error(ADT_ERR_ARG, "%s: field \"links[%d]\" is %s, expected an object", name, i,
+                             adt_cfg_json_kind(l));
+        adt_link *k = &c->link[i];
+        if ((rc = adt_cfg_check_fields(l, fields, "link", name)) || (rc = check_comment(l, where, name)) ||
+            (rc = get_string(l, "name", where, 1, name, k->name, sizeof k->name)) ||
+            (rc = get_int(l, "span", where, 1, 1, CLUSTER_MAX_DEVICES, name, &k->span)) ||
+            (rc = get_number(l, "bandwidth", where, 1, 1e3, 1e15, name, &k->bandwidth)) ||
+            (rc = get_number(l, "latency", where, 1, 0, 10, name, &k->latency)))
+            return rc;
+    }
+    c->n_links = n;
+    return ADT_OK;
+}
+
+int adt_cluster_parse(adt_cluster *c, const char *text, const char *name) {
+    memset(c, 0, sizeof *c);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) return adt_cfg_json_error(text, end, name);
+    static const char *const fields[] = {"name", "comment", "nodes", "devices_per_node", "device", "links", NULL};
+    int rc;
+    const cJSON *dev = NULL;
+    if (!cJSON_IsObject(root))
+        rc = adt_error(ADT_ERR_ARG, "%s: expected a JSON object at the top level, got %s", name, adt_cfg_json_kind(root));
+    else if (!(rc = adt_cfg_check_fields(root, fields, "cluster", name)) && !(rc = check_comment(root, "", name)) &&
+             !(rc = get_string(root, "name", "", 1, name, c->name, sizeof c->name)) &&
+             !(rc = get_int(root, "nodes", "", 1, 1, CLUSTER_MAX_DEVICES, name, &c->nodes)) &&
+             !(rc = get_int(root, "devices_per_node", "", 1, 1, 4096, name, &c->devices_per_node)) &&
+             !(rc = get_object(root, "device", "", 1, name, &dev)) && !(rc = parse_device(c, dev, name)))
+        rc = parse_links(c, cJSON_GetObjectItemCaseSensitive(root, "links"), name);
+    cJSON_Delete(root);
+    if (!rc) rc = adt_cluster_validate(c, name);
+    return rc;
+}
+
+int adt_cluster_validate(const adt_cluster *c, const char *name) {
+    if (c->nodes < 1 || c->devices_per_node < 1 || (long)c->nodes * c->devices_per_node > CLUSTER_MAX_DEVICES)
+        return adt_error(ADT_ERR_ARG, "%s: %d nodes of %d devices, expected at least one device and at most %d", name,
+                         c->nodes, c->devices_per_node, CLUSTER_MAX_DEVICES);
+    if (!(c->memory_bytes > 0) || !(c->memory_bw > 0) || !(c->peak_flops[c->compute_dtype] > 0))
+        return adt_error(ADT_ERR_ARG, "%s: field \"device\": memory_bytes, memory_bw and the peak FLOP/s of the compute "
+                         "dtype must be positive", name);
+    if (c->n_links < 1 || c->n_links > ADT_CLUSTER_MAX_LINKS)
+        return adt_error(ADT_ERR_ARG, "%s: %d link levels, expected 1 to %d", name, c->n_links, ADT_CLUSTER_MAX_LINKS);
+    int total = c->nodes * c->devices_per_node;
+    for (int i = 0; i < c->n_links; i++) {
+        const adt_link *l = &c->link[i];
+        if (l->span < 1 || !(l->bandwidth > 0) || !(l->latency >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"links[%d]\": span, bandwidth must be positive and latency not "
+                             "negative", name, i);
+        if (i && (l->span <= c->link[i - 1].span || l->span % c->link[i - 1].span))
+            return adt_error(ADT_ERR_ARG, "%s: field \"links[%d].span\" is %d, expected a multiple of links[%d].span "
+                             "(%d) larger than it: levels go from the innermost outwards", name, i, l->span, i - 1,
+                             c->link[i - 1].span);
+        if (!i && (c->devices_per_node % l->span))
+            return adt_error(ADT_ERR_ARG, "%s: field \"links[0].span\" is %d, expected a divisor of devices_per_node "
+                             "(%d): the innermost level lies inside a node", name, l->span, c->devices_per_node);
+    }
+    if (c->link[c->n_links - 1].span < total && c->nodes > 1)
+        return adt_error(ADT_ERR_ARG, "%s: field \"links[%d].span\" is %d, but the cluster has %d devices; expected the "
+                         "outermost level to span them all", name, c->n_links - 1, c->link[c->n_links - 1].span, total);
+    return ADT_OK;
+}
+
+int adt_cluster_load(adt_cluster *c, const char *path) {
+    char *text = NULL;
+    memset(c, 0, sizeof *c);
+    int rc = adt_cfg_read_text(path, "cluster file", CLUSTER_MAX_BYTES, &text);
+    if (rc) return rc;
+    rc = adt_cluster_parse(c, text, path);
+    free(text);
+    return rc;
+}
+
+char *adt_cluster_to_json(const adt_cluster *c) {
+    cJSON *root = cJSON_CreateObject(), *dev = cJSON_CreateObject(), *pf = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "name", c->name);
+    cJSON_AddNumberToObject(root, "nodes", c->nodes);
+    cJSON_AddNumberToObject(root, "devices_per_node", c->devices_per_node);
+    cJSON_AddStringToObject(dev, "kind", c->device_kind);
+    cJSON_AddNumberToObject(pf, "f32", c->peak_flops[ADT_F32]);
+    if (c->peak_flops[ADT_BF16] > 0) cJSON_AddNumberToObject(pf, "bf16", c->peak_flops[ADT_BF16]);
+    cJSON_AddItemToObject(dev, "peak_flops", pf);
+    cJSON_AddStringToObject(dev, "compute_dtype", adt_dtype_name(c->compute_dtype));
+    cJSON_AddNumberToObject(dev, "efficiency", c->efficiency);
+    int any = 0;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) any |= c->rate[k] > 0;
+    if (any) {
+        cJSON *r = cJSON_CreateObject();
+        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+            if (c->rate[k] > 0) cJSON_AddNumberToObject(r, adt_op_class_name(k), c->rate[k]);
+        cJSON_AddItemToObject(dev, "rates", r);
+    }
+    cJSON_AddNumberToObject(dev, "memory_bytes", c->memory_bytes);
+    cJSON_AddNumberToObject(dev, "memory_bw", c->memory_bw);
+    cJSON_AddNumberToObject(dev, "launch_s", c->launch_s);
+    cJSON_AddItemToObject(root, "device", dev);
+    cJSON *links = cJSON_CreateArray();
+    for (int i = 0; i < c->n_links; i++) {
+        cJSON *l = cJSON_CreateObject();
+        cJSON_AddStringToObject(l, "name", c->link[i].name);
+        cJSON_AddNumberToObject(l, "span", c->link[i].span);
+        cJSON_AddNumberToObject(l, "bandwidth", c->link[i].bandwidth);
+        cJSON_AddNumberToObject(l, "latency", c->link[i].latency);
+        cJSON_AddItemToArray(links, l);
+    }
+    cJSON_AddItemToObject(root, "links", links);
+    char *s = cJSON_Print(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ---- using it ---------------------------------------------------------------------------------- */
+
+int adt_cluster_devices(const adt_cluster *c) { return c->nodes * c->devices_per_node; }
+
+double adt_cluster_rate(const adt_cluster *c, int k) {
+    if (k >= 0 && k < ADT_OPCLASS_COUNT && c->rate[k] > 0) return c->rate[k];
+    return c->peak_flops[c->compute_dtype] * c->efficiency;
+}
+
+int adt_cluster_level(const adt_cluster *c, int a, int b) {
+    for (int i = 0; i < c->n_links; i++)
+        if (a / c->link[i].span == b / c->link[i].span) return i;
+    return c->n_links - 1;
+}
+
+adt_comm_cost adt_cluster_mesh_cost(const adt_cluster *c, const adt_mesh *m) {
+    adt_comm_cost cost = {.local = 1e-9};
+    for (int a = 0; a < m->ndim; a++) {
+        int level = 0;
+        /* every group along axis a: the coordinates with c_a = 0, compared with their neighbours */
+        for (int i = 0; i < m->nranks; i++) {
+            int coord[ADT_MAX_MESH_DIMS];
+            adt_mesh_coord(m, i, coord);
+            if (coord[a] + 1 >= m->dim[a]) continue;
+            int r0 = adt_mesh_rank(m, coord);
+            coord[a]++;
+            int l = adt_cluster_level(c, r0, adt_mesh_rank(m, coord));
+            if (l > level) level = l;
+        }
+        cost.alpha[a] = c->link[level].latency;
+        cost.beta[a] = 1.0 / c->link[level].bandwidth;
+    }
+    return cost;
+}
+
+/* After nodes were added: the outermost level spans every device again (rounded up to a multiple
+ * of the level inside it). A cluster that shrank keeps its spans: a level may be larger than the
+ * devices left. */
+static void fit_outer(adt_cluster *c) {
+    int total = adt_cluster_devices(c);
+    adt_link *o = &c->link[c->n_links - 1];
+    if (o->span >= total || c->n_links < 2) return;
+    int inner = c->link[c->n_links - 2].span;
+    o->span = (total + inner - 1) / inner * inner;
+}
+
+int adt_cluster_remove_node(adt_cluster *c, int node) {
+    if (node < 0 || node >= c->nodes || c->nodes < 2)
+        return adt_error(ADT_ERR_ARG, "cluster %s: cannot remove node %d of %d", c->name, node, c->nodes);
+    c->nodes--;
+    return adt_cluster_validate(c, c->name);
+}
+
+int adt_cluster_add_nodes(adt_cluster *c, int count) {
+    if (count < 1 || (long)(c->nodes + count) * c->devices_per_node > CLUSTER_MAX_DEVICES)
+        return adt_error(ADT_ERR_ARG, "cluster %s: cannot add %d nodes to %d", c->name, count, c->nodes);
+    if (c->n_links < 2)
+        return adt_error(ADT_ERR_ARG, "cluster %s: cannot add nodes: its one link level lies inside a node; expected a "
+                         "second level joining nodes", c->name);
+    c->nodes += count;
+    fit_outer(c);
+    return adt_cluster_validate(c, c->name);
+}

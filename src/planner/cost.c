@@ -1,0 +1,254 @@
+/*
+ * cost.c - the cost model: what one step of a plan takes on a cluster, and how much memory each
+ * device needs (DESIGN.md section 4; notes: autoparallel-anchors 6.3).
+ *
+ * Per stage, one microbatch is list-scheduled the way the executor runs a local graph
+ * (src/exec/exec.c): compute nodes one after another on the compute clock; on every edge whose
+ * layouts differ the boxing program the partitioner inserts (adt_boxing_plan with the plan's link
+ * costs, reused by later readers of the same layout), its steps in order on one communication
+ * clock, started when the value is ready and the link is free, waited for by the first reader.
+ * A collective whose input is a leaf starts at its reader, and one that carries a forward value
+ * into the backward pass starts no earlier than the reader's turn (the executor keeps them out of
+ * the forward pass), so gradient all-reduces overlap the rest of the backward pass and weight
+ * gathers do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B, Alpa's objective) with t_i
+ * a microbatch's forward and backward through stage i including a stage-boundary transfer (alpha +
+ * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
+ * updates and the gradient synchronisation still in flight when they start.
+ *
+ * Memory per device of a stage: persistent values (parameters, optimizer state) and fed values
+ * by their held block; a liveness walk over the stage's order for activations, gradients and
+ * boxing buffers (a value lives from its producer to its last reader in the stage; views and
+ * in-place outputs share their base's storage); activations kept for the backward pass once
+ * more for every further microbatch in flight (stage s of p holds p - s under 1F1B).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/planner.h"
+
+double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
+    const adt_node *n = &g->nodes[node];
+    if (parts < 1) parts = 1;
+    double f = adt_node_flops(g, n) / parts, b = adt_node_bytes(g, n) / parts;
+    double tf = f / adt_cluster_rate(c, adt_op_class_of(n->op)), tb = b / c->memory_bw;
+    return (tf > tb ? tf : tb) + c->launch_s;
+}
+
+/* The product of the mesh axes on which some operand of the signature is split: the share of
+ * the node's work one device does (the greedy's and OneFlow's rule). */
+double adt_nd_sig_parts(const adt_node *n, const adt_nd_sig *s, const adt_mesh *m) {
+    double parts = 1;
+    for (int a = 0; a < m->ndim; a++) {
+        int split = 0;
+        for (int i = 0; i < n->n_in && !split; i++) split = s->in[i].s[a].kind == ADT_SBP_S;
+        for (int k = 0; k < n->n_out && !split; k++) split = s->out[k].s[a].kind == ADT_SBP_S;
+        if (split) parts *= m->dim[a];
+    }
+    return parts;
+}
+
+static double block_bytes(const adt_graph *g, int v, const adt_ndsbp *s, const adt_mesh *m) {
+    adt_shape lo, hi;
+    adt_ndsbp_block_bounds(s, m, g->values[v].shape, &lo, &hi);
+    return (double)adt_shape_numel(&hi) * (double)adt_dtype_size(g->values[v].dtype);
+}
+
+
+/* The held layout of every leaf: the plan's where it says one, else the partitioner's default. */
+static void held_layouts(const adt_plan *p, const adt_graph *g, adt_ndsbp *held) {
+    adt_leaf_layouts(g, p->node_sig, held);
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].producer < 0 && p->leaf_sbp && p->leaf_sbp[v].ndim) held[v] = p->leaf_sbp[v];
+}
+
+/* Layouts a value has been boxed to in this stage, with the time each is ready. */
+typedef struct boxed {
+    adt_ndsbp to[8];
+    double ready[8];
+    int n;
+} boxed;
+
+typedef struct stage_eval {
+    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, state, act_peak, saved;
+} stage_eval;
+
+static int root_of(const adt_graph *g, int v) {
+    while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
+    return v;
+}
+
+static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *c, int s, const adt_mesh *m,
+                      const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
+    memset(ev, 0, sizeof *ev);
+    int lo = p->stage_first[s], hi = p->stage_last[s];
+    int nv = g->n_values;
+    double *ready = adt_calloc((size_t)nv, sizeof *ready);
+    boxed *bx = adt_calloc((size_t)nv, sizeof *bx);
+    int *last = adt_malloc((size_t)nv * sizeof *last);
+    double *extra = adt_calloc((size_t)nv, sizeof *extra); /* boxing buffers freed with the value */
+    for (int v = 0; v < nv; v++) last[v] = -1;
+    const adt_ndsbp **lay = adt_malloc((size_t)nv * sizeof *lay);
+    for (int v = 0; v < nv; v++) {
+        int pr = g->values[v].producer;
+        lay[v] = pr < 0 ? &held[v] : &p->node_sig[pr].out[g->values[v].out_index];
+    }
+    int in_stage_any = 0;
+    char *bwd_read = adt_calloc((size_t)nv, 1); /* a forward value the backward pass reads */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (n->layer_tag < lo || n->layer_tag > hi) continue;
+        in_stage_any = 1;
+        for (int j = 0; j < n->n_in; j++) {
+            last[root_of(g, n->in[j])] = i;
+            if (n->is_backward) bwd_read[root_of(g, n->in[j])] = 1;
+        }
+    }
+    int rc = ADT_OK;
+    double tc = 0, tm = 0, live = 0, peak = 0;
+    int backward_started = 0, opt_started = 0;
+    /* persistent and fed values of the stage: held for the whole step */
+    for (int v = 0; v < nv; v++) {
+        const adt_value *val = &g->values[v];
+        if (val->producer < 0 && val->alias_of < 0 && last[v] >= 0) ev->state += block_bytes(g, v, &held[v], m);
+    }
+    for (int i = 0; i < g->n_nodes && in_stage_any && !rc; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (n->layer_tag < lo || n->layer_tag > hi) continue;
+        const adt_nd_sig *sig = &p->node_sig[i];
+        if ((n->is_backward || n->is_optimizer) && !backward_started) backward_started = 1;
+        if (n->is_optimizer && !opt_started) opt_started = 1, ev->fb = tc;
+        double start = tc;
+        for (int j = 0; j < n->n_in; j++) {
+            int v = n->in[j];
+            const adt_value *val = &g->values[v];
+            int pr = val->producer;
+            double t_in = ready[v];
+            if (pr >= 0 && (g->nodes[pr].layer_tag < lo || g->nodes[pr].layer_tag > hi)) {
+                /* from another stage: one transfer per microbatch over the link between them */
+                if (bx[v].n == 0 && ready[v] == 0) {
+                    int ps = adt_plan_stage_of(p, g->nodes[pr].layer_tag);
+                    int r0[ADT_MAX_MESH_DIMS] = {0}, r1[ADT_MAX_MESH_DIMS] = {0}, d0 = 0, d1 = 0;
+                    if (p->pp_axis >= 0 && ps >= 0) {
+                        r0[p->pp_axis] = ps, r1[p->pp_axis] = s;
+                        d0 = adt_mesh_rank(&p->mesh, r0), d1 = adt_mesh_rank(&p->mesh, r1);
+                    }
+                    const adt_link *l = &c->link[adt_cluster_level(c, d0, d1)];
+                    double t = l->latency + block_bytes(g, v, lay[v], m) / l->bandwidth;
+                    ev->p2p += t;
+                    tm = (tm > tc ? tm : tc) + t;
+                    ready[v] = tm;
+                }
+                t_in = ready[v];
+            }
+            if (!adt_ndsbp_equal(lay[v], &sig->in[j])) {
+                boxed *b = &bx[v];
+                int k = 0;
+                while (k < b->n && !adt_ndsbp_equal(&b->to[k], &sig->in[j])) k++;
+                if (k < b->n) {
+                    t_in = b->ready[k];
+                } else {
+                    const adt_boxing_cached *kinds;
+                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds);
+                    if (bt >= ADT_BOXING_NONE) {
+                        char fa[64], fb[64];
+                        rc = adt_error(ADT_ERR_ARG, "cost of plan: node %s input %d: no boxing from %s to %s", n->name, j,
+                                       adt_ndsbp_str(lay[v], fa, sizeof fa), adt_ndsbp_str(&sig->in[j], fb, sizeof fb));
+                        break;
+                    }
+                    double t0 = ready[v] > tm ? ready[v] : tm;
+                    int late = pr < 0 || (!g->nodes[pr].is_backward && !g->nodes[pr].is_optimizer &&
+                                          (n->is_backward || n->is_optimizer));
+                    if (late && t0 < tc) t0 = tc;
+                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kinds->kind[q];
+                    tm = t0 + bt;
+                    t_in = tm;
+                    if (b->n < 8) b->to[b->n] = sig->in[j], b->ready[b->n++] = tm;
+                    double buf = block_bytes(g, v, &sig->in[j], m);
+                    live += buf, extra[root_of(g, v)] += buf;
+                }
+            }
+            if (t_in > start) start = t_in;
+        }
+        if (rc) break;
+        double t = adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
+        ev->compute += t;
+        tc = start + t;
+        for (int k = 0; k < n->n_out; k++) {
+            int v = n->out[k];
+            ready[v] = tc;
+            if (g->values[v].alias_of >= 0) continue;
+            live += block_bytes(g, v, &sig->out[k], m);
+            if (!n->is_backward && !n->is_optimizer && bwd_read[v]) ev->saved += block_bytes(g, v, &sig->out[k], m);
+        }
+        if (live > peak) peak = live;
+        for (int j = 0; j < n->n_in; j++) { /* values whose last reader this was */
+            int r = root_of(g, n->in[j]);
+            if (last[r] != i || g->values[r].producer < 0) continue;
+            last[r] = -2; /* freed once */
+            live -= block_bytes(g, r, lay[r], m) + extra[r];
+        }
+        for (int k = 0; k < n->n_out; k++) { /* outputs nobody reads here die at once */
+            int v = n->out[k];
+            if (g->values[v].alias_of >= 0 || last[v] != -1 || g->values[v].is_output) continue;
+            live -= block_bytes(g, v, &sig->out[k], m);
+        }
+    }
+    ev->time = tc > tm ? tc : tm;
+    if (!opt_started) ev->fb = ev->time;
+    ev->act_peak = peak;
+    free(ready), free(bx), free(last), free(extra), free(lay), free(bwd_read);
+    return rc;
+}
+
+int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out) {
+    memset(out, 0, sizeof *out);
+    if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: cost of an unbound plan", p->name);
+    adt_ndsbp *held = adt_malloc((size_t)g->n_values * sizeof *held);
+    held_layouts(p, g, held);
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
+    int rc = ADT_OK, crit = 0, m = p->microbatches > 0 ? p->microbatches : 1;
+    stage_eval ev[ADT_PLAN_MAX_STAGES], *e;
+    double sum = 0, mx = 0, once = 0;
+    out->n_stages = p->n_stages, out->microbatches = m;
+    out->peak_mem_bytes = 0;
+    for (int s = 0; s < p->n_stages && !rc; s++) {
+        adt_mesh sm;
+        if ((rc = adt_plan_stage_mesh(p, s, &sm, ranks))) break;
+        adt_boxing_cache bc = {.m = &sm, .cost = &p->cost};
+        rc = eval_stage(p, g, c, s, &sm, held, &bc, &ev[s]);
+        adt_boxing_cache_free(&bc);
+        if (rc) break;
+        /* per microbatch: forward, backward and what overlaps them; once per step: the update and
+         * the gradient synchronisation still in flight when it starts */
+        out->stage_s[s] = ev[s].fb;
+        sum += ev[s].fb;
+        if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
+        if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
+        double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
+        /* a 5% slack for allocator rounding and workspaces (OneFlow uses 1.04 x 1.06) */
+        out->stage_mem[s] = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
+        if (out->stage_mem[s] > out->peak_mem_bytes) out->peak_mem_bytes = out->stage_mem[s];
+    }
+    if (!rc) {
+        e = &ev[crit];
+        out->step_s = sum + (m - 1) * mx + once;
+        out->compute_s = e->compute * m;
+        double comm = 0;
+        for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m, comm += e->comm[k];
+        out->p2p_s = e->p2p * m;
+        out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
+        if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
+        (void)comm;
+        out->bubble_s = sum - mx;
+        out->state_bytes = e->state;
+        out->act_bytes = e->act_peak;
+        out->saved_bytes = e->saved;
+        out->feasible = out->peak_mem_bytes <= c->memory_bytes;
+    }
+    free(ranks);
+    free(held);
+    return rc;
+}
