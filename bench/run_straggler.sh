@@ -19,10 +19,12 @@
 #                  mitigation latency
 # Per run: steps/s over the whole run and over its second half (the steady state), from the
 # JSONL log's per-step times; the ideal is sum_i capacity_i / batch, with capacity_i rank i's
-# samples per second of compute (its step time minus the time blocked in the all-reduces) as
-# the static run of the same round measured it ("own ideal": as the run itself measured it, which
-# sees the same background load). Load average and the busiest other processes
-# are recorded before and after: the machine is shared.
+# samples per second of compute (its passes, not the all-reduces nor the update) over the steps
+# the controller judges (after the warmup), as the static run of the same round measured it
+# ("own ideal": as the run itself measured it, which sees the same background load); and the
+# milliseconds per step spent besides the slowest rank's compute (all-reduce not hidden, update,
+# timings). Load average and the busiest other processes are recorded before and after, and
+# sampled during the rounds: the machine is shared.
 #
 # Results: bench/results/straggler-<UTC date-time>.txt (every run's numbers) and the summary on
 # stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3 STEPS=40 BATCH=512 MODEL=CFG.json (default:
@@ -137,6 +139,7 @@ done
 # ---- the rounds --------------------------------------------------------------------------------
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
+    echo "# round $r: load average $(cut -d " " -f 1-3 /proc/loadavg)" >> "$OUT"
     if [ $((r % 2)) = 1 ]; then order="off dd nd"; else order="nd dd off"; fi
     for pol in $order; do
         echo "round $r: contention, $pol" >&2
@@ -180,10 +183,17 @@ def caps(name):
         if m: return float(m.group(1)), float(m.group(2))
     return None
 
+def overhead(name):
+    for line in open(os.path.join(work, name + ".err")):
+        m = re.search(r"; ([0-9.]+) ms per step besides the slowest rank's compute", line)
+        if m: return float(m.group(1))
+    return float("nan")
+
 def rate(steps):
     return len(steps) / (sum(s["ms"] for s in steps) / 1e3)
 
-print("# every run: scenario round policy | steps/s whole, second half | capacities r0 r1 (samples/s) | actions")
+print("# every run: scenario round policy | steps/s whole, second half | capacities r0 r1 (samples/s) | ms per step "
+      "besides the slowest rank's compute | actions")
 rows = {}
 for sc in ("contention", "hetero", "transient"):
     for r in range(1, rounds + 1):
@@ -203,14 +213,15 @@ for sc in ("contention", "hetero", "transient"):
                 after_off = [a for a in acts if a["wall"] >= off]
                 if after_on: lat += " first action %.2f s after the slowdown started" % (after_on[0]["wall"] - on)
                 if after_off: lat += "; first action %.2f s after they stopped" % (after_off[0]["wall"] - off)
-            print("%s %d %s | %.2f %.2f | %.0f %.0f | %d%s" % (sc, r, pol, whole, half, cp[0], cp[1], len(acts), lat))
+            print("%s %d %s | %.2f %.2f | %.0f %.0f | %.1f | %d%s" % (sc, r, pol, whole, half, cp[0], cp[1], overhead(name),
+                                                             len(acts), lat))
             own = (cp[0] + cp[1]) / batch
-            rows.setdefault((sc, pol), []).append((whole, half, ideal, own))
+            rows.setdefault((sc, pol), []).append((whole, half, ideal, own, overhead(name)))
 
 print()
 print("## summary (medians over %d rounds; rank 1 at %s ran at %s of rank 0's speed in the calibration)" % (rounds, level, ratio))
-print("| scenario | policy | steps/s (whole run) | steps/s (second half) | ideal (static run's capacities) | second half / ideal | whole run / own ideal |")
-print("|---|---|---|---|---|---|---|")
+print("| scenario | policy | steps/s (whole run) | steps/s (second half) | ideal (static run's capacities) | second half / ideal | whole run / own ideal | ms/step besides the slowest compute |")
+print("|---|---|---|---|---|---|---|---|")
 for sc in ("contention", "hetero", "transient"):
     for pol in ("off", "dd", "nd"):
         v = rows[(sc, pol)]
@@ -218,7 +229,8 @@ for sc in ("contention", "hetero", "transient"):
         ideals = [x[2] for x in v if x[2]]
         i = statistics.median(ideals) if ideals else float("nan")
         o = statistics.median(x[0] / x[3] for x in v)
-        print("| %s | %s | %.2f | %.2f | %.2f | %.0f%% | %.0f%% |" % (sc, pol, w, h, i, 100 * h / i, 100 * o))
+        ov = statistics.median(x[4] for x in v)
+        print("| %s | %s | %.2f | %.2f | %.2f | %.0f%% | %.0f%% | %.1f |" % (sc, pol, w, h, i, 100 * h / i, 100 * o, ov))
 EOF
 sed -n '/^## summary/,$p' "$OUT"
 grep '^transient' "$OUT" | sed -n '/first action/p'

@@ -577,6 +577,91 @@ static int fold_run(const char *what, adt_graph *g, int x, int w, int b, int out
     return ran;
 }
 
+/* after_node: one call per node, in run order, each after the node's outputs are written. */
+typedef struct after_log {
+    int n, calls[64];
+    const adt_graph *g;
+    adt_exec *ex;
+    int y;
+    float *y_then; /* y as it was when its producer's call came */
+} after_log;
+
+static void after_record(void *ctx, int node) {
+    after_log *l = ctx;
+    if (l->n < 64) l->calls[l->n] = node;
+    l->n++;
+    if (node == l->g->values[l->y].producer)
+        memcpy(l->y_then, adt_exec_data(l->ex, l->y), (size_t)adt_value_bytes(l->g, l->y));
+}
+
+/* Two executors, one parameter storage (adt_exec_bind): a forward-only executor bound to a training
+ * executor's weights computes with the weights the training executor holds, before and after its
+ * update, with no copy; the training executor's after_node callback sees every node once. */
+static void test_exec_bind(void) {
+    int64_t M = irand(2, 9), K = irand(1, 6), N = irand(2, 12);
+    adt_graph *ga = adt_graph_create(), *gb = adt_graph_create();
+    int xa = adt_input(ga, "x", ADT_F32, adt_shape_2d(M, K)), wa = P(ga, "w", K, N), ba = P(ga, "b", N);
+    int ya = adt_bias_add(ga, adt_matmul(ga, xa, wa, 0, 0, 0), ba);
+    adt_graph_mark_output(ga, ya);
+    adt_graph_backward(ga, adt_reduce_sum(ga, adt_mul(ga, ya, ya), 0, 1));
+    adt_optim_cfg sgd = adt_optim_sgd(0.0f, 0.0f);
+    adt_graph_optimizer(ga, &sgd);
+    int xb = adt_input(gb, "x", ADT_F32, adt_shape_2d(M, K)), wb = P(gb, "w", K, N), bb = P(gb, "b", N);
+    int yb = adt_bias_add(gb, adt_matmul(gb, xb, wb, 0, 0, 0), bb);
+    adt_graph_mark_output(gb, yb);
+    CHECK(!adt_graph_error(ga) && !adt_graph_error(gb), "graphs: %s %s", adt_graph_error_message(ga),
+          adt_graph_error_message(gb));
+    float *y_then = malloc((size_t)(M * N) * sizeof *y_then);
+    after_log log = {.g = ga, .y = ya, .y_then = y_then};
+    adt_exec *ea, *eb;
+    CHECK(adt_exec_create(&ea, ga, &(adt_exec_opts){.threads = 1, .after_node = after_record, .after_ctx = &log}) == 0,
+          "%s", adt_error_message());
+    CHECK(adt_exec_create(&eb, gb, &(adt_exec_opts){.threads = 1}) == 0, "%s", adt_error_message());
+    log.ex = ea;
+    CHECK(adt_exec_bind(eb, wb, adt_exec_data(ea, wa)) == 0 && adt_exec_bind(eb, bb, adt_exec_data(ea, ba)) == 0,
+          "bind: %s", adt_error_message());
+    CHECK(adt_exec_data(eb, wb) == adt_exec_data(ea, wa), "the bound storage is the other executor's");
+    CHECK(adt_exec_bind(eb, yb, adt_exec_data(ea, wa)) != 0, "an activation cannot be bound");
+    float *pxa = adt_exec_data(ea, xa), *pxb = adt_exec_data(eb, xb), *pw = adt_exec_data(ea, wa), *pb = adt_exec_data(ea, ba);
+    for (int64_t i = 0; i < M * K; i++) pxa[i] = pxb[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) pw[i] = urand(-1, 1);
+    for (int64_t i = 0; i < N; i++) pb[i] = urand(-1, 1);
+    float *before = malloc((size_t)(M * N) * sizeof *before);
+    double worst = 0, moved = 0;
+    for (int round = 0; round < 2; round++) { /* before and after the training executor's update */
+        CHECK(adt_exec_run_forward(eb) == 0, "forward: %s", adt_error_message());
+        const float *py = adt_exec_data(eb, yb);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double r = ref_linear(pxb, pw, pb, i, j, K, N);
+                worst = fmax(worst, fabs(py[i * N + j] - r) / fmax(fabs(r), 1.0));
+                if (round) moved = fmax(moved, fabs(py[i * N + j] - before[i * N + j]));
+                else before[i * N + j] = py[i * N + j];
+            }
+        if (round) break;
+        adt_exec_set_lr_step(ea, 0.1f, 1);
+        log.n = 0;
+        CHECK(adt_exec_run(ea) == 0, "step: %s", adt_error_message());
+    }
+    CHECK(worst < 1e-5, "the bound executor computed with other weights: off by %.3g (seed %llu)", worst,
+          (unsigned long long)g_seed);
+    CHECK(moved > 0, "the update did not reach the bound executor");
+    /* the callback: every node once, in the executor's order, y final at its producer's call */
+    CHECK(log.n == ga->n_nodes, "%d calls for %d nodes", log.n, ga->n_nodes);
+    int seen[64] = {0}, ok = log.n <= 64;
+    for (int k = 0; ok && k < log.n; k++) ok = !seen[log.calls[k]]++;
+    CHECK(ok, "a node reported twice");
+    const float *ya_now = adt_exec_data(ea, ya);
+    CHECK(!memcmp(y_then, ya_now, (size_t)(M * N) * sizeof *y_then), "y changed after its producer's call");
+    adt_exec_free(ea), adt_exec_free(eb);
+    /* not with microbatch slots */
+    CHECK(adt_exec_create(&eb, gb, &(adt_exec_opts){.threads = 1, .microbatch_slots = 2}) == 0, "%s", adt_error_message());
+    CHECK(adt_exec_bind(eb, wb, before) != 0, "bound with microbatch slots");
+    adt_exec_free(eb);
+    free(before), free(y_then);
+    adt_graph_free(ga), adt_graph_free(gb);
+}
+
 static void test_bias_fold(void) {
     int64_t M = irand(2, 12), K = irand(1, 6), N = irand(K + 1, 24); /* N > K: see case 2 */
     /* 1. a linear layer: folded */
@@ -1168,6 +1253,7 @@ int main(void) {
     RUN(test_grad_shape_ops);
     RUN(test_every_op_covered);
     RUN(test_bias_fold);
+    RUN(test_exec_bind);
     RUN(test_optimizers);
     RUN(test_update_schedule);
     RUN(test_momentum_fold);

@@ -140,6 +140,50 @@ static void test_persistent_dd_rebalances(void) {
     adt_straggler_free(s.m);
 }
 
+/* Ranks that differ from the start (heterogeneous hardware): the first decision comes once
+ * `first_after` judged steps are in, not a whole window later (first=0: at the window); it starts
+ * no cooldown, so when the slow rank slows further the full window corrects the split at once. */
+static void test_first_decision(void) {
+    for (int pol = ADT_STRAGGLER_DD; pol <= ADT_STRAGGLER_ND; pol++) {
+        for (int first = 0; first <= 3; first += 3) {
+            adt_straggler_cfg cfg = adt_straggler_defaults((adt_straggler_policy)pol);
+            cfg.first_after = first;
+            int after = pol == ADT_STRAGGLER_DD ? cfg.dd_after : cfg.nd_after;
+            sim s;
+            sim_init(&s, 2, 48, cfg);
+            s.per_sample[1] = 2e-3; /* half speed from step 1 */
+            for (long st = 1; st <= 40; st++) sim_step(&s, st, ADT_PHASE_TRAIN, 100);
+            long expect = cfg.warmup_steps + (first ? first : after);
+            CHECK(s.first_action == expect, "policy %s, first=%d: first action at step %ld, expected %ld",
+                  adt_straggler_policy_name(pol), first, s.first_action, expect);
+            CHECK(s.actions == 1 && s.split[0] == 32 && s.split[1] == 16, "policy %s, first=%d: %d actions, split "
+                  "%lld/%lld", adt_straggler_policy_name(pol), first, s.actions, (long long)s.split[0],
+                  (long long)s.split[1]);
+            adt_straggler_free(s.m);
+        }
+    }
+    /* DD: 2x for the first decision, 3x from the step after it: the window of 9 (steps 4-12, six of
+     * them at 3x) decides at step 12, long before a cooldown from step 6 would end */
+    adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_DD);
+    sim s;
+    sim_init(&s, 2, 48, cfg);
+    s.per_sample[1] = 2e-3;
+    long second = -1;
+    for (long st = 1; st <= 40; st++) {
+        if (st == cfg.warmup_steps + cfg.first_after + 1) s.per_sample[1] = 3e-3;
+        int before = s.actions;
+        sim_step(&s, st, ADT_PHASE_TRAIN, 100);
+        if (before == 1 && s.actions == 2) second = st;
+    }
+    CHECK(s.first_action == cfg.warmup_steps + cfg.first_after, "first decision at step %ld", s.first_action);
+    CHECK(second == cfg.warmup_steps + cfg.dd_after && second < s.first_action + cfg.cooldown,
+          "the window corrected at step %ld, expected %d", second, cfg.warmup_steps + cfg.dd_after);
+    /* speeds 3:1 -> 36/12 of 48 */
+    CHECK(s.actions == 2 && s.split[0] == 36 && s.split[1] == 12, "%d actions, split %lld/%lld", s.actions,
+          (long long)s.split[0], (long long)s.split[1]);
+    adt_straggler_free(s.m);
+}
+
 static void test_off_never_acts(void) {
     sim s;
     sim_init(&s, 2, 16, adt_straggler_defaults(ADT_STRAGGLER_OFF));
@@ -196,9 +240,10 @@ static void test_phases_and_warmup_not_judged(void) {
 
 static void test_config_parse(void) {
     adt_straggler_cfg c = adt_straggler_defaults(ADT_STRAGGLER_DD);
-    CHECK(adt_straggler_cfg_parse(&c, "k=2,cooldown=7,restart_cost=12.5") == 0, "%s", adt_error_message());
-    CHECK(c.slow_ratio[0] == 2 && c.cooldown == 7 && c.restart_cost_s == 12.5, "values");
-    const char *bad[] = {"k", "k=", "k=abc", "cooldown=1.5", "nope=1", "k=1", "alpha=0", "gain=1", "persist=0", NULL};
+    CHECK(adt_straggler_cfg_parse(&c, "k=2,cooldown=7,restart_cost=12.5,first=0") == 0, "%s", adt_error_message());
+    CHECK(c.slow_ratio[0] == 2 && c.cooldown == 7 && c.restart_cost_s == 12.5 && c.first_after == 0, "values");
+    const char *bad[] = {"k", "k=", "k=abc", "cooldown=1.5", "nope=1", "k=1", "alpha=0", "gain=1", "persist=0",
+                         "first=-1", "first=65", NULL};
     for (int i = 0; bad[i]; i++) {
         adt_straggler_cfg d = c;
         CHECK(adt_straggler_cfg_parse(&d, bad[i]) != 0, "'%s' accepted", bad[i]);
@@ -217,6 +262,7 @@ int main(void) {
     RUN(test_alternating_at_most_one);
     RUN(test_persistent_dd_rebalances);
     RUN(test_off_never_acts);
+    RUN(test_first_decision);
     RUN(test_nd_restart_only_when_it_pays);
     RUN(test_phases_and_warmup_not_judged);
     RUN(test_config_parse);

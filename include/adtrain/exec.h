@@ -78,6 +78,13 @@ typedef struct adt_exec_opts {
     int comm_sync; /* run every communication node to completion where it stands: no overlap
                       (the yardstick for how much the overlap hides) */
     int microbatch_slots; /* > 0: this many activation sets, passes run apart (see below) */
+    /* Called after each node a run performs where it stands (not a collective started and
+     * waited for apart), in run order, with the node's id, also for a node a fusion made another
+     * node do (at its own place): its outputs are written. Lets a caller use a value (a
+     * gradient) the moment it is final, e.g. start its collective. NULL: none. Not called by
+     * microbatch slots' passes. */
+    void (*after_node)(void *ctx, int node);
+    void *after_ctx;
 } adt_exec_opts;
 
 /* What the runs spent on communication. Per collective, "in flight" is the time from the return
@@ -107,6 +114,11 @@ void adt_exec_free(adt_exec *ex);
  * for values you want to read afterwards). */
 void *adt_exec_data(adt_exec *ex, int value);
 float *adt_exec_f32(adt_exec *ex, const char *name); /* by name; NULL if absent */
+/* Puts persistent or fed value v (and every view of it) in caller-owned storage p of v's size
+ * instead of the executor's own, until bound again; p must stay valid while the executor runs.
+ * Two executors bound to one parameter's storage share it: what one updates the other reads, with
+ * no copy. Not with microbatch slots (an error). */
+int adt_exec_bind(adt_exec *ex, int value, void *p);
 
 /* Initialises every PARAM from its init spec and zeroes optimizer state (deterministic in the
  * seed, the parameter's name and the element's global index). */

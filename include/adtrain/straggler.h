@@ -26,7 +26,10 @@
  * of outliers in the window (a single pause, noise) moves nothing, and rebalance when the
  * speed-proportional split of those medians predicts a step time at least `min_gain` below the
  * current split's. At most one action per `cooldown` steps: an oscillating load cannot make the
- * split oscillate.
+ * split oscillate. The very first decision comes sooner: when `first_after` judged steps are in
+ * (fewer than the window), their medians decide once, so ranks that differ from the start are
+ * balanced within a few steps; that decision starts no cooldown, and the full window may correct
+ * it when it fills.
  */
 #ifndef ADTRAIN_STRAGGLER_H
 #define ADTRAIN_STRAGGLER_H
@@ -74,6 +77,8 @@ typedef struct adt_straggler_cfg {
     double min_gain;       /* a rebalance must cut the predicted step time by this: 0.1      */
     int dd_after;          /* DD: the window of steps whose medians decide: default 9        */
     int nd_after;          /* ND: the same, shorter: default 5                               */
+    int first_after;       /* judged steps whose medians make the first decision (once, if
+                              fewer than the window); 0: none. default 3                      */
     int cooldown;          /* steps between two actions: default 20                          */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */
@@ -82,7 +87,7 @@ typedef struct adt_straggler_cfg {
 /* The defaults above, for `policy`. */
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy);
 /* Sets fields from "key=value,key=value" (keys: warmup, k, persist, clear, alpha, clip, gain,
- * dd_after, nd_after, cooldown, restart_cost, min_local); a bad key or value is an error naming
+ * dd_after, nd_after, first, cooldown, restart_cost, min_local); a bad key or value is an error naming
  * it. */
 int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec);
 

@@ -16,15 +16,26 @@
  * Graphs: one small "update" graph (every parameter, its optimizer state, the gradient as a fed
  * input, the optimizer's update nodes) is t->g with executor t->ex, so checkpoints, --init and
  * --resume see the usual names; and per pass size s a step graph (the model at batch s, forward
- * and backward, no optimizer) with its executor, kept in a small cache. The parameters are copied
- * into a step executor before its first pass of each step.
+ * and backward, no optimizer) with its executor, kept in a small cache. A step executor's
+ * parameters are bound to the update executor's storage (adt_exec_bind): what the update writes
+ * the next pass reads, with no copy.
+ *
+ * Overlap: a pass's gradients are added into the update's inputs as each is made (the executor's
+ * after_node callback), and on a rank's last pass of the step each sum is final then, so its
+ * all-reduce starts at once while the backward pass goes on to the earlier layers. The
+ * all-reduces start in one fixed order on every rank (the parameters in the order the model's
+ * backward pass makes their gradients), a gradient made out of that order waiting for those
+ * before it, since collectives on a communicator must start in the same order everywhere.
  *
  * Monitor and controller (adtrain/straggler.h): after its passes each rank knows its compute time
  * (the passes' wall time, excluding the all-reduces); one all-reduce gives every rank every
  * rank's time and sample count (and the weighted loss). Each rank feeds the same numbers to its own monitor, so every
  * rank takes the same decision at the same step boundary without a further message; rank 0
- * prints and logs it. --inject-slowdown makes a rank sleep after its passes so that its compute
- * takes FACTOR times as long (the sleep counts as compute): deterministic slowness for tests.
+ * prints and logs it. --inject-slowdown makes a rank's compute take FACTOR times as long, as on
+ * a slower CPU: it sleeps after each node of its passes (FACTOR - 1) x the node's time (sleeps
+ * under 1 ms are saved up), so its all-reduces run during its stretched backward pass as they
+ * would there; what is left (and a +SECONDS pause) after the passes. The sleep counts as
+ * compute: deterministic slowness for tests.
  */
 #include <errno.h>
 #include <math.h>
@@ -48,7 +59,8 @@ typedef struct bal_exec {
     adt_model_io io;
     adt_exec *ex;
     int *param, *grad; /* [n_param] value ids in g                           */
-    long fresh_step;   /* the step whose parameters it holds                   */
+    int *made_by;      /* [n_nodes] the first parameter whose gradient the node makes, or -1 */
+    int *next_made;    /* [n_param] the next one the same node makes, or -1    */
     long used;         /* last step it ran (eviction)                          */
 } bal_exec;
 
@@ -65,12 +77,26 @@ typedef struct train_bal {
     adt_straggler *mon;
     adt_straggler_cfg cfg;
     double comm_s, compute_s; /* this rank's totals                                         */
+    double step_s, slowest_s; /* summed wall time of the steps, and of their slowest rank's
+                                 compute: the difference is what data parallelism adds      */
     double *rank_compute;     /* [nranks] summed compute seconds per rank                   */
     int64_t *rank_samples;    /* [nranks] summed samples per rank                           */
     long steps;
     int64_t generation;      /* --straggler-master: the generation reports name             */
     int master_warned;       /* the master could not be reached (said once)                 */
     int32_t *split32;        /* [nranks] the split as rank 0 broadcasts it                  */
+    /* the pass in progress, for the after_node callback */
+    bal_exec *cur;
+    float cur_w;             /* s/B of the pass                                              */
+    int cur_first, cur_last; /* the rank's first / last pass of the step                     */
+    int cb_rc;               /* the first error a callback met                               */
+    int *seq;                /* [n_param] the order the all-reduces start in                 */
+    unsigned char *ready;    /* [n_param] the gradient's sum is final                        */
+    int n_started;           /* all-reduces started this step (seq[0..n_started))            */
+    adt_comm_req **req;      /* [n_param] in flight                                          */
+    /* --inject-slowdown FACTOR: every node of the rank's passes takes FACTOR times as long */
+    int slowing;
+    double slow_mark, slow_debt, slept; /* last accounting time, sleep owed, slept this step  */
 } train_bal;
 
 /* ---- flags ------------------------------------------------------------------------------------- */
@@ -169,8 +195,61 @@ static int parse_split(trainer *t, int64_t *split) {
 static void bal_exec_free(bal_exec *c) {
     adt_exec_free(c->ex);
     adt_graph_free(c->g);
-    free(c->param), free(c->grad);
+    free(c->param), free(c->grad), free(c->made_by), free(c->next_made);
     memset(c, 0, sizeof *c);
+}
+
+static void sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
+/* Starts, in the fixed order, the all-reduces of the gradient sums that are final. */
+static int start_ready(trainer *t) {
+    train_bal *b = t->bal;
+    while (b->n_started < b->n_param && b->ready[b->seq[b->n_started]]) {
+        int i = b->seq[b->n_started++];
+        if (adt_comm_iallreduce(t->world, adt_exec_data(t->ex, b->u_grad[i]), b->elems[i], ADT_F32, &b->req[i]))
+            return -1;
+    }
+    return 0;
+}
+
+/* After each node of a pass: the gradients it made go into the update's inputs, weighted by s/B
+ * (written by the rank's first pass, added to by the others: no separate buffer); on the last
+ * pass they are final, and their all-reduces start. */
+static void bal_after_node(void *ctx, int node) {
+    trainer *t = ctx;
+    train_bal *b = t->bal;
+    const bal_exec *c = b->cur;
+    int any = 0;
+    for (int i = c->made_by[node]; i >= 0; i = c->next_made[i]) {
+        const float *g = adt_exec_data(c->ex, c->grad[i]);
+        float *a = adt_exec_data(t->ex, b->u_grad[i]), w = b->cur_w;
+        if (b->cur_first)
+            for (int64_t e = 0; e < b->elems[i]; e++) a[e] = w * g[e];
+        else
+            for (int64_t e = 0; e < b->elems[i]; e++) a[e] += w * g[e];
+        b->ready[i] = (unsigned char)b->cur_last;
+        any = 1;
+    }
+    if (t->world && b->cur_last && !b->cb_rc) {
+        if (any && start_ready(t)) b->cb_rc = -1;
+        else if (b->n_started && adt_comm_progress(t->world)) b->cb_rc = -1; /* MPI moves data inside its calls */
+    }
+    if (b->slowing) { /* as on a slower CPU: each node stretched, the collectives in flight meanwhile */
+        double now = adt_now_s();
+        b->slow_debt += (t->o.bal.slow_factor - 1) * (now - b->slow_mark);
+        if (b->slow_debt >= 1e-3) { /* shorter sleeps would overshoot */
+            sleep_s(b->slow_debt);
+            double woke = adt_now_s();
+            b->slow_debt -= woke - now, b->slept += woke - now;
+            now = woke;
+        }
+        b->slow_mark = now;
+    }
 }
 
 /* The model at `batch` samples per pass, forward and backward; every parameter's gradient and the
@@ -194,12 +273,25 @@ static int bal_exec_make(trainer *t, bal_exec *c, int batch) {
     }
     if (adt_graph_error(c->g))
         return train_fail(EXIT_RUNTIME, "building the step graph: %s", adt_graph_error_message(c->g));
-    if (adt_exec_create(&c->ex, c->g, &b->eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
-    c->fresh_step = -1;
+    c->made_by = adt_malloc((size_t)c->g->n_nodes * sizeof *c->made_by);
+    c->next_made = adt_malloc((size_t)b->n_param * sizeof *c->next_made);
+    for (int v = 0; v < c->g->n_nodes; v++) c->made_by[v] = -1;
+    for (int i = b->n_param - 1; i >= 0; i--) {
+        int p = c->g->values[c->grad[i]].producer;
+        ADT_ASSERT(p >= 0);
+        c->next_made[i] = c->made_by[p], c->made_by[p] = i;
+    }
+    adt_exec_opts eo = b->eo;
+    eo.after_node = bal_after_node, eo.after_ctx = t;
+    if (adt_exec_create(&c->ex, c->g, &eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+    for (int i = 0; i < b->n_param; i++)
+        if (adt_exec_bind(c->ex, c->param[i], adt_exec_data(t->ex, b->u_param[i])))
+            return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
     return 0;
 }
 
-/* The cached executor for passes of `batch` samples (made, evicting the least recently used). */
+/* The cached executor for passes of `batch` samples (made, evicting the least recently used). Its
+ * parameters are the update executor's. */
 static int bal_exec_get(trainer *t, int batch, long step, bal_exec **out) {
     train_bal *b = t->bal;
     bal_exec *c = NULL;
@@ -212,12 +304,6 @@ static int bal_exec_get(trainer *t, int batch, long step, bal_exec **out) {
         bal_exec_free(c);
         int rc = bal_exec_make(t, c, batch);
         if (rc) return rc;
-    }
-    if (c->fresh_step != step) { /* this step's parameters */
-        for (int i = 0; i < b->n_param; i++)
-            memcpy(adt_exec_data(c->ex, c->param[i]), adt_exec_data(t->ex, b->u_param[i]),
-                   (size_t)b->elems[i] * sizeof(float));
-        c->fresh_step = step;
     }
     c->used = step;
     *out = c;
@@ -257,6 +343,23 @@ static int build_update_graph(trainer *t, const adt_graph *sg) {
     return 0;
 }
 
+/* seq: the parameters in the order the backward pass of graph sg makes their gradients (their
+ * producers' order; every rank builds the same sg), the order their all-reduces start in. */
+static void order_allreduces(train_bal *b, const adt_graph *u, const adt_graph *sg) {
+    int *key = adt_malloc((size_t)b->n_param * sizeof *key);
+    b->seq = adt_malloc((size_t)b->n_param * sizeof *b->seq);
+    b->ready = adt_calloc((size_t)b->n_param, 1);
+    b->req = adt_calloc((size_t)b->n_param, sizeof *b->req);
+    for (int i = 0; i < b->n_param; i++) {
+        int v = adt_graph_find_value(sg, u->values[b->u_param[i]].name);
+        key[i] = sg->values[sg->values[v].grad].producer;
+        int j = i; /* insertion: few parameters */
+        while (j > 0 && key[b->seq[j - 1]] > key[i]) b->seq[j] = b->seq[j - 1], j--;
+        b->seq[j] = i;
+    }
+    free(key);
+}
+
 int train_balance_build(trainer *t) {
     train_bal *b = t->bal = adt_calloc(1, sizeof *t->bal);
     int n = t->nranks;
@@ -286,6 +389,7 @@ int train_balance_build(trainer *t) {
         return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
     }
     rc = build_update_graph(t, sg);
+    if (!rc) order_allreduces(b, t->g, sg);
     adt_graph_free(sg);
     if (rc) return rc;
     t->io = (adt_model_io){.input = -1, .input2 = -1, .label = -1, .logits = -1, .loss = t->g->loss};
@@ -317,7 +421,8 @@ void train_balance_free(trainer *t) {
     train_bal *b = t->bal;
     if (!b) return;
     if (!cli_quiet && t->rank == 0 && b->steps > 0) {
-        /* measured capacities: samples per compute second of each rank, and what they add up to */
+        /* measured capacities: samples per compute second of each rank over the judged steps, and
+         * what they add up to */
         double cap = 0;
         fprintf(stderr, "straggler: capacity (samples/s of compute)");
         for (int i = 0; i < t->nranks; i++) {
@@ -325,29 +430,24 @@ void train_balance_free(trainer *t) {
             cap += c;
             fprintf(stderr, " r%d %.1f", i, c);
         }
-        fprintf(stderr, "; ideal %.3f steps/s; %lld actions\n", cap / (double)t->o.batch,
-                (long long)adt_straggler_actions(b->mon));
+        fprintf(stderr, "; ideal %.3f steps/s; %lld actions; %.1f ms per step besides the slowest rank's compute\n",
+                cap / (double)t->o.batch, (long long)adt_straggler_actions(b->mon),
+                1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
     }
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
     adt_straggler_free(b->mon);
     free(b->u_param), free(b->u_grad), free(b->elems), free(b->split), free(b->times);
     free(b->rank_compute), free(b->rank_samples), free(b->split32);
+    free(b->seq), free(b->ready), free(b->req);
     free(b);
     t->bal = NULL;
 }
 
 /* ---- the step ---------------------------------------------------------------------------------- */
 
-static void sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
-    }
-}
-
 /* This rank's passes over its samples idx[0..n): the update graph's gradient inputs get
- * sum (s/B) g_pass (written by the first pass, added to by the others: no separate buffer, no
- * copy), loss_w = sum (s/B) loss. */
+ * sum (s/B) g_pass (bal_after_node), loss_w = sum (s/B) loss; the gradients' all-reduces are
+ * started (each as soon as its sum is final) but not waited for. */
 static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
     train_bal *b = t->bal;
     const double B = (double)t->o.batch;
@@ -355,6 +455,8 @@ static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
     int64_t k = (n + m - 1) / m; /* passes, of q or q+1 samples */
     int64_t q = n / k, r = n % k;
     b->loss_w = 0;
+    b->n_started = 0, b->cb_rc = 0;
+    memset(b->ready, 0, (size_t)b->n_param);
     float lr = *(const float *)adt_exec_data(t->ex, t->g->lr_input);
     for (int64_t p = 0, off = 0; p < k; p++) {
         int s = (int)(q + (p < r));
@@ -366,19 +468,13 @@ static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
                               adt_exec_data(c->ex, c->io.label)))
             return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
         adt_exec_set_lr_step(c->ex, lr, (int32_t)step);
-        if (adt_exec_run(c->ex)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
-        float w = (float)((double)s / B);
-        for (int i = 0; i < b->n_param; i++) {
-            const float *g = adt_exec_data(c->ex, c->grad[i]);
-            float *a = adt_exec_data(t->ex, b->u_grad[i]);
-            if (p == 0)
-                for (int64_t e = 0; e < b->elems[i]; e++) a[e] = w * g[e];
-            else
-                for (int64_t e = 0; e < b->elems[i]; e++) a[e] += w * g[e];
-        }
-        b->loss_w += w * *(const float *)adt_exec_data(c->ex, c->io.loss);
+        b->cur = c, b->cur_w = (float)((double)s / B), b->cur_first = p == 0, b->cur_last = p == k - 1;
+        if (adt_exec_run(c->ex) || b->cb_rc) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+        b->loss_w += b->cur_w * *(const float *)adt_exec_data(c->ex, c->io.loss);
         off += s;
     }
+    if (t->world && start_ready(t)) /* every sum is final after the last pass: none left unstarted */
+        return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
     return 0;
 }
 
@@ -459,34 +555,44 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     int64_t first = 0;
     for (int i = 0; i < me; i++) first += b->split[i];
     double t0 = adt_now_s();
+    int slow = me == o->slow_rank && step >= o->slow_first && step <= o->slow_last;
+    b->slowing = slow && o->slow_factor > 1;
+    b->slow_mark = t0, b->slow_debt = 0, b->slept = 0;
     int rc = run_passes(t, step, idx + first, b->split[me]);
+    b->slowing = 0;
     if (rc) return rc;
     double compute = adt_now_s() - t0;
-    if (me == o->slow_rank && step >= o->slow_first && step <= o->slow_last) {
-        sleep_s((o->slow_factor - 1) * compute + o->slow_add_s);
+    if (slow) { /* the rest of FACTOR x the work (and what ran outside the nodes), then any pause */
+        sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
         compute = adt_now_s() - t0;
     }
-    /* the gradients and the loss summed over the ranks, then every rank's timing */
+    /* the gradients' all-reduces (started in the passes) done, then every rank's timing and the
+     * loss summed */
     double c0 = adt_now_s();
     memset(b->times, 0, (2 * (size_t)n + 1) * sizeof *b->times);
     b->times[me] = compute, b->times[n + me] = (double)b->split[me], b->times[2 * n] = b->loss_w;
-    for (int i = 0; t->world && i < b->n_param; i++) /* in place, in the update's inputs */
-        if (adt_comm_allreduce_f32(t->world, adt_exec_data(t->ex, b->u_grad[i]), b->elems[i]))
-            return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
+    if (t->world && adt_comm_waitall(b->req, b->n_param))
+        return train_fail(EXIT_RUNTIME, "step %ld: summing the gradients: %s", step, adt_error_message());
     if (t->world && adt_comm_allreduce_f64(t->world, b->times, 2 * n + 1))
         return train_fail(EXIT_RUNTIME, "step %ld: summing the timings: %s", step, adt_error_message());
     b->comm_s += adt_now_s() - c0;
     b->compute_s += compute;
     if (adt_exec_run(t->ex)) return train_fail(EXIT_RUNTIME, "step %ld: update: %s", step, adt_error_message());
     *loss = b->times[2 * n];
+    double step_s = adt_now_s() - t0;
 
     /* the monitor and controller: the same inputs on every rank, so the same decision */
     int64_t samples[ADT_STRAGGLER_MAX_RANKS];
+    /* the capacities are summed over the steps the monitor judges (not the warmup, which makes
+     * the executors), as the controller sees them, unless the run is all warmup */
+    int judged = step > b->cfg.warmup_steps || t->o.steps <= b->cfg.warmup_steps;
+    double slowest = 0;
     for (int i = 0; i < n; i++) {
         samples[i] = (int64_t)b->times[n + i];
-        b->rank_compute[i] += b->times[i], b->rank_samples[i] += samples[i];
+        if (judged) b->rank_compute[i] += b->times[i], b->rank_samples[i] += samples[i];
+        slowest = fmax(slowest, b->times[i]);
     }
-    b->steps++;
+    if (judged) b->step_s += step_s, b->slowest_s += slowest, b->steps++;
     adt_straggler_action act;
     if (adt_straggler_observe(b->mon, step, ADT_PHASE_TRAIN, b->times, samples, b->split, t->o.steps - step, &act))
         return train_fail(EXIT_RUNTIME, "straggler monitor: %s", adt_error_message());

@@ -50,7 +50,7 @@ static void train_usage(FILE *f) {
             "                          nd: the same, quicker, and a persistent straggler is reported for a\n"
             "                          restart when the remaining run pays for it\n"
             "  --straggler-config K=V,...     warmup, k, persist, clear, alpha, clip, gain, dd_after,\n"
-            "                          nd_after, cooldown, restart_cost, min_local\n"
+            "                          nd_after, first, cooldown, restart_cost, min_local\n"
             "  --straggler-master HOST:PORT   rank 0 reports every step to this master (adtrain master\n"
             "                          --straggler-policy ...; token from $ADT_JOB_TOKEN), whose controller\n"
             "                          decides the split, and whose /dashboard shows the run\n"

@@ -49,14 +49,15 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
                                .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 9,
-                               .nd_after = 5, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
+                               .nd_after = 5, .first_after = 3, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
 }
 
 static int cfg_check(const adt_straggler_cfg *c) {
     if (c->warmup_steps < 0 || c->persist_after < 1 || c->clear_after < 1 || c->dd_after < 1 || c->nd_after < 1 ||
-        c->cooldown < 0 || c->min_local < 1 || c->dd_after > WIN || c->nd_after > WIN)
-        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown >= 0, persist, clear, min_local >= 1 and "
-                         "dd_after, nd_after in [1, %d] expected", WIN);
+        c->cooldown < 0 || c->min_local < 1 || c->dd_after > WIN || c->nd_after > WIN || c->first_after < 0 ||
+        c->first_after > WIN)
+        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown >= 0, persist, clear, min_local >= 1, "
+                         "dd_after, nd_after in [1, %d] and first in [0, %d] expected", WIN, WIN);
     if (!(c->alpha > 0 && c->alpha <= 1) || !(c->clip >= 1) || !(c->min_gain >= 0 && c->min_gain < 1) ||
         !(c->restart_cost_s >= 0) || !(c->slow_ratio[ADT_PHASE_TRAIN] > 1 || c->slow_ratio[ADT_PHASE_TRAIN] <= 0))
         return adt_error(ADT_ERR_ARG, "straggler config: expected alpha in (0, 1], clip >= 1, gain in [0, 1), "
@@ -83,7 +84,7 @@ int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec) {
         int *ip = !strcmp(key, "warmup") ? &c.warmup_steps : !strcmp(key, "persist") ? &c.persist_after
                 : !strcmp(key, "clear") ? &c.clear_after : !strcmp(key, "dd_after") ? &c.dd_after
                 : !strcmp(key, "nd_after") ? &c.nd_after : !strcmp(key, "cooldown") ? &c.cooldown
-                : !strcmp(key, "min_local") ? &c.min_local : NULL;
+                : !strcmp(key, "min_local") ? &c.min_local : !strcmp(key, "first") ? &c.first_after : NULL;
         double *dp = !strcmp(key, "k") ? &c.slow_ratio[ADT_PHASE_TRAIN] : !strcmp(key, "alpha") ? &c.alpha
                    : !strcmp(key, "clip") ? &c.clip : !strcmp(key, "gain") ? &c.min_gain
                    : !strcmp(key, "restart_cost") ? &c.restart_cost_s : NULL;
@@ -94,7 +95,7 @@ int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec) {
             *dp = v;
         } else {
             return adt_error(ADT_ERR_ARG, "straggler config: unknown key '%s'; expected warmup, k, persist, clear, "
-                             "alpha, clip, gain, dd_after, nd_after, cooldown, restart_cost or min_local", key);
+                             "alpha, clip, gain, dd_after, nd_after, first, cooldown, restart_cost or min_local", key);
         }
         p += len;
         if (*p == ',') p++;
@@ -304,7 +305,12 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
         }
     }
     int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;
-    if (m->n_obs < after) return 0;
+    /* the first decision: ranks that differ from the start (heterogeneous hardware) are balanced
+     * on the median of the first `first_after` judged steps instead of waiting for a whole
+     * window; it starts no cooldown, so the full window may correct it when it fills */
+    int first = m->n_obs == c->first_after && c->first_after < after && m->n_actions == 0;
+    if (first) after = c->first_after;
+    else if (m->n_obs < after) return 0;
     /* imbalance and the new split from each rank's median per-sample time over the last `after`
      * steps: measured, recent, and blind to a minority of outliers (a single pause, noise) */
     double mean_t[ADT_STRAGGLER_MAX_RANKS];
@@ -318,7 +324,9 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     for (int i = 0; i < m->n; i++) m->r[i].ewma_s = mean_t[i];
     memcpy(split, m->tsplit, (size_t)m->n * sizeof *split);
     act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain);
-    int o = snprintf(act->why, sizeof act->why, "imbalanced over the last %d steps; new split", after);
+    if (first) m->last_action = -1;
+    int o = snprintf(act->why, sizeof act->why, "imbalanced over the %s %d steps; new split", first ? "first" : "last",
+                     after);
     for (int i = 0; i < m->n && o < (int)sizeof act->why - 12; i++)
         o += snprintf(act->why + o, sizeof act->why - (size_t)o, "%s%lld", i ? "/" : " ", (long long)split[i]);
     snprintf(act->why + o, sizeof act->why - (size_t)o, " (-%.0f%% step time)", gain * 100);

@@ -539,6 +539,16 @@ void *adt_exec_data(adt_exec *ex, int value) {
     return ex->ptr[value];
 }
 
+int adt_exec_bind(adt_exec *ex, int value, void *p) {
+    const adt_graph *g = ex->g;
+    if (value < 0 || value >= g->n_values || ex->mp.root[value] != value || ex->mp.state_offset[value] < 0)
+        return adt_error(ADT_ERR_ARG, "exec bind: value %d is not a persistent or fed value that owns its storage", value);
+    if (ex->n_slots) return adt_error(ADT_ERR_ARG, "exec bind: '%s': not with microbatch slots", g->values[value].name);
+    for (int v = 0; v < g->n_values; v++)
+        if (ex->mp.root[v] == value) ex->ptr[v] = p;
+    return ADT_OK;
+}
+
 float *adt_exec_f32(adt_exec *ex, const char *name) {
     int v = adt_graph_find_value(ex->g, name);
     if (v < 0 || ex->g->values[v].dtype != ADT_F32) return NULL;
@@ -684,6 +694,7 @@ static int run_event(adt_exec *ex, const sched_ev *e, int training) {
     int b = e->node, rc;
     if (e->kind == EV_RUN) {
         rc = run_node(ex, b, training);
+        if (!rc && ex->o.after_node) ex->o.after_node(ex->o.after_ctx, b);
         return rc ? rc : ex->n_pend ? poll_pending(ex) : ADT_OK;
     }
     void *in[ADT_MAX_INPUTS], *outp[ADT_MAX_OUTPUTS];
@@ -743,7 +754,9 @@ static int exec_run(adt_exec *ex, int forward_only, int training) {
         for (int p = 0; p < ex->g->n_nodes && !rc; p++) {
             int i = ex->order[p];
             const adt_node *n = &ex->g->nodes[i];
-            if (!forward_only || (!n->is_backward && !n->is_optimizer)) rc = run_node(ex, i, training);
+            if (forward_only && (n->is_backward || n->is_optimizer)) continue;
+            rc = run_node(ex, i, training);
+            if (!rc && ex->o.after_node) ex->o.after_node(ex->o.after_ctx, i);
         }
     }
     ex->last.run_s = adt_now_s() - t0;
