@@ -36,8 +36,8 @@ WARMUP=${WARMUP:-2}
 BATCH=${BATCH:-16}
 MICRO=${MICRO:-4}
 THREADS=${THREADS:-1}
-PLANS2=${PLANS2:-dp tp zero pp}
-PLANS4=${PLANS4:-dp tp zero pp dp=2,tp=2 dp=2,pp=2 dp=2,tp=2,zero}
+PLANS2=${PLANS2-dp tp zero pp}
+PLANS4=${PLANS4-dp tp zero pp dp=2,tp=2 dp=2,pp=2 dp=2,tp=2,zero}
 PYTHON=${PYTHON:-/usr/bin/python3}
 MODEL=configs/gpt-s.json
 ADT=build/adtrain
@@ -91,7 +91,7 @@ rnd, n, strat, warmup, log, err = sys.argv[1:]
 ms = [json.loads(l)["ms"] for l in open(log) if '"loss"' in l][int(warmup):]
 mem = [json.loads(l) for l in open(err) if l.startswith('{"mem_report"')]
 print(json.dumps({"round": int(rnd), "ranks": int(n), "strategy": strat, "step_ms": ms,
-                  "step_ms_median": statistics.median(ms), "mem": mem}))
+                  "step_ms_median": round(statistics.median(ms), 3), "mem": mem}))
 EOF
     printf 'round %s/%s  %s ranks  %-16s median %s ms\n' "$1" "$ROUNDS" "$2" "$3" \
         "$(tail -n 1 "$OUT" | sed -n 's/.*"step_ms_median": *\([0-9.]*\).*/\1/p')" >&2
