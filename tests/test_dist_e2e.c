@@ -15,7 +15,10 @@
  *     the uninterrupted serial run's within 1e-5; resumed under the same plan, they equal that
  *     plan's uninterrupted run bit for bit;
  *   - --init from a distributed checkpoint under another plan gives the losses of the one-process
- *     run started from its export, and --resume under another --batch is refused, naming it.
+ *     run started from its export, and --resume under another --batch is refused, naming it;
+ *   - ADT_MEM_REPORT (the memory figures bench/run_plans.sh reads): every rank reports its state
+ *     block, and ZeRO on 2 ranks holds half of the 12 P bytes (parameters, AdamW's two moments)
+ *     that data parallelism holds on each, P from the model's sizes in closed form.
  * Runs use --schedule constant, so a run of 3 steps and the first 3 of a run of 6 take the same
  * learning rates. The seed comes from $ADT_TEST_SEED, else the time, and is printed.
  */
@@ -508,6 +511,66 @@ static void test_init_from_directory(void) {
     remove_tree(ck);
 }
 
+/* ---- memory report ----------------------------------------------------------------------------------- */
+
+/* The "end" lines of ADT_MEM_REPORT in `err`: state bytes per rank into state[0..n); returns how
+ * many ranks reported, -1 on a malformed line. */
+static int mem_states(const char *err, long long *state, int n, long *maxrss) {
+    int got = 0;
+    for (const char *l = strstr(err, "{\"mem_report\": \"end\""); l; l = strstr(l + 1, "{\"mem_report\": \"end\"")) {
+        int rank;
+        long rss;
+        long long st;
+        if (sscanf(l, "{\"mem_report\": \"end\", \"rank\": %d, \"stage\": %*d, \"slots\": %*d, \"maxrss_kib\": %ld, "
+                      "\"arena_bytes\": %*d, \"state_bytes\": %lld", &rank, &rss, &st) != 3 || rank < 0 || rank >= n)
+            return -1;
+        state[rank] = st, maxrss[rank] = rss, got++;
+    }
+    return got;
+}
+
+static void test_mem_report(void) {
+    static const int sizes[] = {64, 128, 96, 10};
+    long long p = 0; /* parameters: weights and biases */
+    for (int i = 0; i + 1 < 4; i++) p += (long long)sizes[i] * sizes[i + 1] + sizes[i + 1];
+    char cfg[512], args[2048], out[8192], plan[512];
+    fmt(cfg, sizeof cfg, "%s", check_tmp_path("mem-mlp.json"));
+    CHECK(write_text(cfg, "{\"type\":\"mlp\",\"sizes\":[64,128,96,10],\"activation\":\"gelu\"}") == 0, "writing %s", cfg);
+    long long state[2][2] = {{-1, -1}, {-1, -1}};
+    const char *strat[2] = {"dp", "zero"};
+    setenv("ADT_MEM_REPORT", "1", 1);
+    for (int k = 0; k < 2; k++) {
+        fmt(plan, sizeof plan, "%s", check_tmp_path("mem-plan.json"));
+        fmt(args, sizeof args, "plan --devices 2 --strategy %s --model %s --batch 8 -o %s", strat[k], cfg, plan);
+        int rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "adtrain %s: exit %d\n%s", args, rc, out);
+        const char *argv[] = {g_bin, "train", "--model", cfg, "--data", "synthetic:mlp", "--batch", "8", "--steps", "2",
+                              "--plan", plan, NULL};
+        mpi_world wd = {.n = 2, .argv = argv};
+        mpi_run_world(&wd, check_tmpdir(), 120);
+        CHECK(wd.status == 0, "%s: mpiexec -n 2 adtrain train: exit %d", strat[k], wd.status);
+        if (wd.status) mpi_print_failure(&wd);
+        long rss[2] = {0, 0};
+        int n = mem_states(wd.err ? wd.err : "", state[k], 2, rss);
+        CHECK(n == 2, "%s: %d ranks reported their memory (expected 2):\n%s", strat[k], n, wd.err ? wd.err : "");
+        for (int r = 0; r < 2 && n == 2; r++)
+            CHECK(rss[r] > 0 && state[k][r] > 0, "%s rank %d: maxrss %ld KiB, state %lld bytes", strat[k], r, rss[r],
+                  state[k][r]);
+        mpi_world_free(&wd);
+        unlink(plan);
+    }
+    unsetenv("ADT_MEM_REPORT");
+    unlink(cfg);
+    /* dp: 12 P + F per rank (F: the rank's fed inputs); zero: 12 P + 2 F over both ranks. Each
+     * block of the state is aligned to 64 bytes: 3 values per parameter tensor (6 of them) per rank. */
+    long long diff = 2 * state[0][0] - state[1][0] - state[1][1], slack = 4LL * 18 * 64;
+    CHECK(state[0][0] == state[0][1], "dp: the ranks hold %lld and %lld state bytes, expected the same", state[0][0],
+          state[0][1]);
+    CHECK(llabs(diff - 12 * p) <= slack, "zero holds %lld + %lld state bytes, dp %lld per rank: the difference %lld, "
+          "expected 12 P = %lld (P = %lld) within %lld", state[1][0], state[1][1], state[0][0], diff, 12 * p, p, slack);
+    printf("state per rank: dp %lld bytes, zero %lld + %lld; 12 P = %lld\n", state[0][0], state[1][0], state[1][1], 12 * p);
+}
+
 int main(void) {
     const char *s = getenv("ADT_TEST_SEED");
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
@@ -526,6 +589,7 @@ int main(void) {
     RUN(test_random_plans);
     RUN(test_resume_across_plans);
     RUN(test_init_from_directory);
+    RUN(test_mem_report);
     printf("%d distributed runs compared with the serial run; the whole file took %.1f s\n",
            g_fig_expert.runs + g_fig_random.runs + g_fig_resume.runs, adt_now_s() - t0);
     for (int fi = 0; fi < N_FAMILIES; fi++) {

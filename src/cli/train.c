@@ -63,6 +63,7 @@ static int make_executor(trainer *t) {
         int rc = train_balance_executor(t, &eo);
         if (rc) return rc;
     } else if (t->world) {
+        train_dist_mem_report(t, "before_executor");
         int rc = train_dist_executor(t, &eo);
         if (rc) return rc;
     } else if (adt_exec_create(&t->ex, t->g, &eo)) {
@@ -292,6 +293,7 @@ static int train_loop(trainer *t) {
     }
     if (t->tty && !cli_quiet) fprintf(stderr, "\n");
     long done = t->o.steps - t->start_step;
+    train_dist_mem_report(t, "end");
     if (!cli_quiet)
         fprintf(stderr, "done: %ld steps in %.2f s (%.3g ms/step); loss %.4f -> %.4f\n", done, st.total_s,
                 st.total_s * 1e3 / (double)done, first_loss, st.loss);

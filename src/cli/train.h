@@ -124,6 +124,7 @@ int train_world_init(trainer *t);            /* MPI when launched by mpiexec; se
 int train_world_agree(trainer *t, int rc);   /* every rank's setup result -> the common one     */
 void train_world_end(trainer *t);
 void train_world_fatal(trainer *t, int rc);  /* a failure while training: ends every rank      */
+void train_dist_mem_report(trainer *t, const char *when); /* ADT_MEM_REPORT: peak RSS, memory plan */
 int train_dist_partition(trainer *t);        /* plan and local graph (no communication)        */
 int train_dist_executor(trainer *t, const adt_exec_opts *eo); /* collective: comms, executor  */
 const adt_graph *train_run_graph(const trainer *t); /* the graph the executor runs             */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "adtrain/base.h"
 #include "train.h"
@@ -165,6 +166,29 @@ int train_dist_executor(trainer *t, const adt_exec_opts *eo) {
     o.comm = adt_mesh_comm_hook(t->mc, t->loc.g);
     if (adt_exec_create(&t->ex, t->loc.g, &o)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
     return 0;
+}
+
+/* With ADT_MEM_REPORT set in the environment, every rank prints one JSON line to stderr: its peak
+ * resident set so far (getrusage) and the memory plan of its executor, so that a benchmark can
+ * set what each plan's ranks hold next to what the plan predicts (bench/run_plans.sh). A pipeline
+ * stage holds `slots` arenas (min(stages - stage, microbatches)) next to one state block. */
+void train_dist_mem_report(trainer *t, const char *when) {
+    if (!t->world || !getenv("ADT_MEM_REPORT")) return;
+    struct rusage ru;
+    long maxrss_kib = getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss;
+    if (!t->ex) {
+        fprintf(stderr, "{\"mem_report\": \"%s\", \"rank\": %d, \"maxrss_kib\": %ld}\n", when, t->rank, maxrss_kib);
+        return;
+    }
+    const adt_memplan *mp = adt_exec_memplan(t->ex);
+    int stage = t->pipe ? adt_pipe_stage_index(t->pipe) : 0, slots = 1;
+    if (t->pipe) {
+        slots = t->xplan.n_stages - stage;
+        if (t->xplan.microbatches < slots) slots = t->xplan.microbatches;
+    }
+    fprintf(stderr, "{\"mem_report\": \"%s\", \"rank\": %d, \"stage\": %d, \"slots\": %d, \"maxrss_kib\": %ld, "
+            "\"arena_bytes\": %lld, \"state_bytes\": %lld, \"scratch_bytes\": %lld}\n", when, t->rank, stage, slots,
+            maxrss_kib, (long long)mp->arena_bytes, (long long)mp->state_bytes, (long long)mp->scratch_bytes);
 }
 
 const adt_graph *train_run_graph(const trainer *t) { return t->loc.g ? t->loc.g : t->g; }
