@@ -151,13 +151,15 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     ckpt_meta m;
     meta_make(t, step, &m);
     int rc = 0;
-    if (t->world) rc = save_distributed(t, path, step, &m);
-    else if (adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS))
+    int dist = t->world && (t->loc.g || t->pipe); /* partitioned, or pipeline stages: each rank its blocks; else
+                                                   * every rank holds the whole state and rank 0 writes one file */
+    if (dist) rc = save_distributed(t, path, step, &m);
+    else if (t->rank == 0 && adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS))
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     free(m.model_json);
     if (rc) return rc;
     if (!cli_quiet && (!t->tty || step == t->o.steps))
-        fprintf(stderr, "saved %s%s (step %ld)\n", path, t->world ? " (distributed checkpoint)" : "", step);
+        fprintf(stderr, "saved %s%s (step %ld)\n", path, dist ? " (distributed checkpoint)" : "", step);
     return 0;
 }
 
