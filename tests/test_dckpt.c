@@ -11,7 +11,8 @@
  * and torn checkpoints (no manifest, a truncated, damaged or missing rank file, slices that do
  * not cover a tensor, a commit missing a rank) are refused with messages naming the file or
  * tensor; exporting to one file gives the saved tensors, close to a serial run's; a single-file
- * checkpoint loads into any partitioned run; `adtrain ckpt` exports and describes.
+ * checkpoint loads into any partitioned run; pipeline stages (a tied parameter on two of them)
+ * write and load their blocks; `adtrain ckpt` exports and describes.
  */
 #include <cJSON.h>
 #include <dirent.h>
@@ -867,6 +868,174 @@ static void test_export_and_single_file(void) {
     fixture_free(&f);
 }
 
+/* ---- pipeline stages ----------------------------------------------------------------------------
+ * A GPT (wte tied between the embedding on the first stage and the head on the last) under
+ * tp=2,pp=2 on 4 ranks and pp=3 on 3, each rank a stage view over plain buffers: every rank's
+ * blocks are cut from known whole tensors, every rank writes, one commits. The manifest's
+ * slices tile every tensor once (the tied wte and its momentum come from one rank), the export
+ * is the whole tensors bit for bit, and loading into fresh buffers (NaN) gives every rank,
+ * both holders of wte included, its blocks back bit for bit.
+ */
+typedef struct stage_rank {
+    adt_pipe_stage st;
+    adt_dist_local loc;
+    adt_mesh mesh;
+    int ranks[8], coord[ADT_MAX_MESH_DIMS];
+    float **buf; /* [loc.g->n_values] the held blocks of saved values */
+    char *elsewhere;
+} stage_rank;
+
+static void *stage_data(void *ctx, int lv) { return ((stage_rank *)ctx)->buf[lv]; }
+
+static adt_ckpt_view stage_view(stage_rank *r, const adt_graph *pg, int nranks) {
+    adt_ckpt_view vw = {.g = pg, .local = &r->loc, .mesh = &r->mesh, .coord = r->coord, .data = stage_data, .ctx = r};
+    adt_ckpt_view_stage(&vw, &r->st, nranks, r->elsewhere);
+    return vw;
+}
+
+/* Fills (or with `check`, compares) every held block of every saved value with its part of
+ * whole[v]; returns the number of elements that differ. */
+static int64_t stage_blocks(stage_rank *r, const adt_graph *pg, float *const *whole, int check) {
+    int64_t bad = 0;
+    for (int v = 0; v < pg->n_values; v++) {
+        int sv = r->st.local_of[v], lv = sv >= 0 ? r->loc.value[sv] : -1;
+        if (!whole[v] || lv < 0) continue;
+        const adt_value *x = &r->loc.g->values[lv];
+        adt_box blk = {.global = x->global_shape, .shape = x->shape}, all = {.global = pg->values[v].shape,
+                                                                              .shape = pg->values[v].shape};
+        memcpy(blk.offset, x->offset, sizeof blk.offset);
+        int64_t n = adt_shape_numel(&x->shape);
+        if (!check) {
+            r->buf[lv] = malloc((size_t)n * sizeof(float) + 4);
+            adt_box_transfer(r->buf[lv], &blk, whole[v], &all, sizeof(float), 0);
+            continue;
+        }
+        float *want = malloc((size_t)n * sizeof(float) + 4);
+        adt_box_transfer(want, &blk, whole[v], &all, sizeof(float), 0);
+        for (int64_t i = 0; i < n; i++) bad += memcmp(&want[i], &r->buf[lv][i], sizeof(float)) != 0;
+        free(want);
+    }
+    return bad;
+}
+
+static void stage_case(const char *strategy, int devices) {
+    const char *json = "{\"type\":\"gpt\",\"vocab_size\":11,\"n_ctx\":4,\"n_layer\":2,\"n_embd\":8,\"n_head\":2}";
+    adt_model_cfg cfg;
+    CHECK(adt_model_cfg_parse(&cfg, json, "gpt") == ADT_OK, "%s", adt_error_message());
+    adt_graph *pg = adt_graph_create();
+    adt_model_io io;
+    adt_model_build(pg, &cfg, 2, &io);
+    adt_graph_backward(pg, io.loss);
+    adt_optim_cfg oc = adt_optim_sgd(0.9f, 0.0f);
+    adt_graph_optimizer(pg, &oc);
+    adt_plan p;
+    adt_expert_opts eo = {.strategy = strategy, .devices = devices, .batch = 4, .microbatches = 2};
+    int rc = adt_expert_plan(pg, &cfg, &eo, &p);
+    CHECK(rc == ADT_OK, "%s: %s", strategy, adt_error_message());
+    if (rc) {
+        adt_graph_free(pg);
+        return;
+    }
+    float **whole = calloc((size_t)pg->n_values, sizeof *whole);
+    for (int v = 0; v < pg->n_values; v++) {
+        const adt_value *x = &pg->values[v];
+        if (x->alias_of >= 0 || x->dtype != ADT_F32 || (x->role != ADT_ROLE_PARAM && x->role != ADT_ROLE_OPT_STATE)) continue;
+        int64_t n = adt_shape_numel(&x->shape);
+        whole[v] = malloc((size_t)n * sizeof(float) + 4);
+        for (int64_t i = 0; i < n; i++) whole[v][i] = (float)v + (float)i / (float)(n + 1);
+    }
+    stage_rank *r = calloc((size_t)devices, sizeof *r);
+    for (int k = 0; k < devices && !rc; k++) {
+        int s;
+        rc = adt_plan_locate(&p, k, &s, r[k].coord);
+        if (!rc) rc = adt_pipe_stage_build(pg, &p, s, &r[k].st);
+        if (!rc) {
+            adt_dist_plan d = adt_pipe_stage_dist(&r[k].st, &p, r[k].ranks);
+            r[k].mesh = d.mesh;
+            rc = adt_dist_partition(r[k].st.g, &d, r[k].coord, &r[k].loc);
+        }
+        CHECK(rc == ADT_OK, "%s, rank %d: %s", strategy, k, adt_error_message());
+        if (rc) break;
+        r[k].buf = calloc((size_t)r[k].loc.g->n_values + 1, sizeof *r[k].buf);
+        r[k].elsewhere = malloc((size_t)pg->n_values + 1);
+        stage_blocks(&r[k], pg, whole, 0);
+    }
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("stages.ckpt"));
+    char **parts = calloc((size_t)devices, sizeof *parts);
+    for (int k = 0; k < devices && !rc; k++) {
+        adt_ckpt_view vw = stage_view(&r[k], pg, devices);
+        rc = adt_dckpt_write_rank(dir, 1, &vw, 1, &parts[k]);
+        CHECK(rc == ADT_OK, "%s, rank %d writes: %s", strategy, k, adt_error_message());
+    }
+    if (!rc) rc = adt_dckpt_commit(dir, 1, pg, 1, (const char *const *)parts, devices, NULL, 0);
+    CHECK(rc == ADT_OK, "%s: commit (every tensor tiled once): %s", strategy, adt_error_message());
+    adt_dckpt *ck = NULL;
+    if (!rc) rc = adt_dckpt_open(&ck, dir);
+    if (!rc) { /* wte and its momentum (held by the first and the last stage) from the first stage's ranks */
+        int n_wte = 0;
+        for (int f = 0; f < adt_dckpt_file_count(ck); f++) {
+            const adt_dckpt_file *fl = adt_dckpt_file_get(ck, f);
+            for (int j = 0; j < fl->n_slices; j++) {
+                if (!strstr(adt_dckpt_tensor_get(ck, fl->slices[j].tensor)->name, "wte.weight")) continue;
+                n_wte++;
+                CHECK(fl->rank < devices && r[fl->rank].st.stage == 0, "%s: rank %d (stage %d) wrote '%s'", strategy,
+                      fl->rank, fl->rank < devices ? r[fl->rank].st.stage : -1,
+                      adt_dckpt_tensor_get(ck, fl->slices[j].tensor)->name);
+            }
+        }
+        CHECK(n_wte >= 2, "%s: %d slices of wte.weight and its momentum", strategy, n_wte);
+        rc = adt_dckpt_export(ck, check_tmp_path("stages.safetensors"), 1);
+        CHECK(rc == ADT_OK, "%s: export: %s", strategy, adt_error_message());
+    }
+    adt_st_file *one = NULL;
+    if (!rc && !(rc = adt_st_open(&one, check_tmp_path("stages.safetensors")))) {
+        int64_t bad = 0;
+        for (int v = 0; v < pg->n_values; v++) {
+            if (!whole[v]) continue;
+            const adt_st_tensor *t = adt_st_find(one, pg->values[v].name);
+            int64_t n = adt_shape_numel(&pg->values[v].shape);
+            bad += !t ? n : memcmp(t->data, whole[v], (size_t)n * sizeof(float)) != 0;
+        }
+        CHECK(bad == 0, "%s: %lld tensors of the export differ from what the stages held", strategy, (long long)bad);
+    }
+    adt_st_close(one);
+    for (int k = 0; k < devices && !rc; k++) { /* fresh buffers, loaded */
+        for (int lv = 0; lv < r[k].loc.g->n_values; lv++)
+            if (r[k].buf[lv])
+                for (int64_t i = 0; i < adt_value_numel(r[k].loc.g, lv); i++) r[k].buf[lv][i] = NAN;
+        adt_ckpt_view vw = stage_view(&r[k], pg, devices);
+        rc = adt_dckpt_load(ck, &vw, 1);
+        CHECK(rc == ADT_OK, "%s, rank %d loads: %s", strategy, k, adt_error_message());
+        int64_t bad = rc ? -1 : stage_blocks(&r[k], pg, whole, 1);
+        CHECK(bad == 0, "%s, rank %d (stage %d): %lld elements not loaded as saved", strategy, k, r[k].st.stage,
+              (long long)bad);
+    }
+    adt_dckpt_close(ck);
+    printf("  %s on %d ranks: %d stages, saved and loaded%s\n", strategy, devices, p.n_stages, rc ? " (failed)" : "");
+    for (int k = 0; k < devices; k++) {
+        for (int lv = 0; r[k].buf && lv < r[k].loc.g->n_values; lv++) free(r[k].buf[lv]);
+        free(r[k].buf);
+        free(r[k].elsewhere);
+        free(parts[k]);
+        adt_dist_local_free(&r[k].loc);
+        adt_pipe_stage_free(&r[k].st);
+    }
+    free(parts);
+    free(r);
+    for (int v = 0; v < pg->n_values; v++) free(whole[v]);
+    free(whole);
+    remove_tree(dir);
+    unlink(check_tmp_path("stages.safetensors"));
+    adt_plan_free(&p);
+    adt_graph_free(pg);
+}
+
+static void test_pipeline_stages(void) {
+    stage_case("tp=2,pp=2", 4);
+    stage_case("pp=3", 3);
+}
+
 /* The export against a serial run that never saw a partition: same feeds, same seed. */
 static void test_export_vs_serial(void) {
     model md;
@@ -1139,6 +1308,7 @@ int main(void) {
     RUN(test_commit_rules);
     RUN(test_export_and_single_file);
     RUN(test_export_vs_serial);
+    RUN(test_pipeline_stages);
     RUN(test_ranks_as_processes);
     RUN(test_cli);
     remove_tree(check_tmpdir());

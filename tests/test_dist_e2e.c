@@ -1,17 +1,17 @@
 /*
  * test_dist_e2e.c - `adtrain train` end to end under MPI, against the one-process run of the same
  * flags. For each model family (a tiny GPT with dropout and two blocks, an MLP, a VGG, a DLRM),
- * with a global batch of 7 (uneven over 2, 3 and 4 ranks):
+ * with a global batch of 7 (uneven over 2, 3 and 4 ranks; pipelines take 8, in 4 microbatches):
  *   - every expert strategy of the table below that applies to world sizes 2, 3 and 4 (a plan
- *     file from `adtrain plan`), and random valid plans (tests/plan_random.h: on meshes (2), (3),
- *     (4) and (2,2)), each run as `mpiexec -n N adtrain train --plan PLAN --save DIR`, log the
+ *     file from `adtrain plan`; pipeline stages over every rank, and dp=2,pp=2), and random valid
+ *     plans (tests/plan_random.h: on meshes (2), (3), (4) and (2,2)), each run as `mpiexec -n N adtrain train --plan PLAN --save DIR`, log the
  *     serial run's loss at every one of 5 steps within 1e-5 relative, and the distributed
  *     checkpoint DIR, exported to one file, holds the serial run's parameters and optimizer
  *     state within 1e-4 (|x - ref| / (|ref| + max|ref|) per tensor);
  *   - a strategy that cannot apply (tensor parallelism over a degree that does not divide the
  *     GPT's heads) is refused by `adtrain plan`, naming the reason;
  *   - checkpoints across plans: saved at step 3 under plan A on a ranks (or one process: a
- *     single file), resumed under plan B on b ranks up to step 6, the losses of steps 4-6 equal
+ *     single file), resumed under plan B on b ranks up to step 6 (pipelines on either side), the losses of steps 4-6 equal
  *     the uninterrupted serial run's within 1e-5; resumed under the same plan, they equal that
  *     plan's uninterrupted run bit for bit;
  *   - --init from a distributed checkpoint under another plan gives the losses of the one-process
@@ -38,6 +38,7 @@
 #define RESUME_AT 3
 #define RESUME_TO 6
 #define BATCH 7
+#define BATCH_PIPE 8 /* pipelines: 4 microbatches of 2 */
 #define LOSS_TOL 1e-5
 #define STATE_TOL 1e-4
 #define N_RANDOM 24
@@ -78,14 +79,16 @@ typedef struct strategy {
     const char *text;  /* adtrain plan --strategy */
     int worlds;        /* world sizes it runs on (bits) */
     const char *flags; /* more adtrain plan flags */
+    int batch;         /* the global batch */
 } strategy;
 
 static const strategy strategies[] = {
-    {"dp", W2 | W3 | W4, ""},
-    {"tp", W2 | W3 | W4, ""},
-    {"zero", W2 | W3 | W4, ""},
-    {"dp=2,tp=2", W4, ""},
-    /* pipelines, once adtrain train runs them: {"dp=2,pp=2", W4, "--microbatches 4"}, */
+    {"dp", W2 | W3 | W4, "", BATCH},
+    {"tp", W2 | W3 | W4, "", BATCH},
+    {"zero", W2 | W3 | W4, "", BATCH},
+    {"dp=2,tp=2", W4, "", BATCH},
+    {"pp", W2 | W3 | W4, "--microbatches 4", BATCH_PIPE}, /* a stage per rank */
+    {"dp=2,pp=2", W4, "--microbatches 4", BATCH_PIPE},
 };
 #define N_STRATEGIES ((int)(sizeof strategies / sizeof strategies[0]))
 
@@ -101,11 +104,14 @@ static void fmt(char *buf, size_t n, const char *f, ...) {
     CHECK(k >= 0 && (size_t)k < n, "a command line of %d characters does not fit %zu", k, n);
 }
 
+/* The serial references, per global batch: [0] BATCH, [1] BATCH_PIPE. */
 typedef struct family_files {
-    char cfg[512];    /* the model config */
-    char serial[512]; /* the serial run's checkpoint after STEPS steps */
-    double loss[RESUME_TO]; /* the serial run's losses */
+    char cfg[512];       /* the model config */
+    char serial[2][512]; /* the serial run's checkpoint after STEPS steps */
+    double loss[2][RESUME_TO]; /* the serial run's losses */
 } family_files;
+
+static int batch_index(int batch) { return batch == BATCH_PIPE; }
 
 static family_files g_ff[N_FAMILIES];
 
@@ -122,9 +128,9 @@ static void fig_add(figures *f, double loss, double state) {
     if (!(state <= f->worst_state)) f->worst_state = state;
 }
 
-static void common_flags(const family *f, int fi, int steps, char *buf, size_t n) {
+static void common_flags(const family *f, int fi, int batch, int steps, char *buf, size_t n) {
     fmt(buf, n, "train --model '%s' %s --batch %d --schedule constant --seed %llu --steps %d", g_ff[fi].cfg, f->flags,
-             BATCH, (unsigned long long)(g_seed % 100000), steps);
+             batch, (unsigned long long)(g_seed % 100000), steps);
 }
 
 /* `mpiexec -n N adtrain <args>` (N 0: one process, no launcher); args split at blanks (paths
@@ -228,17 +234,18 @@ static double compare_checkpoint(const char *dir, const char *serial, int world,
 }
 
 /* One distributed run of STEPS steps under plan file `plan` against the serial run. */
-static void run_plan(int fi, int world, const char *plan, const char *what, figures *fig) {
+static void run_plan(int fi, int world, int batch, const char *plan, const char *what, figures *fig) {
     const family *f = &families[fi];
     char args[4096], flags[2048], log[512], dir[512];
-    common_flags(f, fi, STEPS, flags, sizeof flags);
+    int bi = batch_index(batch);
+    common_flags(f, fi, batch, STEPS, flags, sizeof flags);
     fmt(log, sizeof log, "%s", check_tmp_path("dist.jsonl"));
     fmt(dir, sizeof dir, "%s", check_tmp_path("dist.ckpt"));
     fmt(args, sizeof args, "%s --plan %s --log %s --save %s", flags, plan, log, dir);
     if (run_world(world, args, what)) return;
-    double el = compare_losses(log, 1, STEPS, g_ff[fi].loss, what);
+    double el = compare_losses(log, 1, STEPS, g_ff[fi].loss[bi], what);
     char worst[256] = "";
-    double es = compare_checkpoint(dir, g_ff[fi].serial, world, what, worst, sizeof worst);
+    double es = compare_checkpoint(dir, g_ff[fi].serial[bi], world, what, worst, sizeof worst);
     printf("  %-58s loss %.1e, state %.1e (%s)\n", what, el, es, worst);
     fig_add(fig, el, es);
     unlink(log);
@@ -254,21 +261,25 @@ static void test_serial(void) {
         fmt(name, sizeof name, "%s.json", f->name);
         fmt(g_ff[fi].cfg, sizeof g_ff[fi].cfg, "%s", check_tmp_path(name));
         CHECK(write_text(g_ff[fi].cfg, f->json) == 0, "writing %s", g_ff[fi].cfg);
-        fmt(name, sizeof name, "%s-serial-{step}.safetensors", f->name);
-        char pattern[512];
-        fmt(pattern, sizeof pattern, "%s", check_tmp_path(name));
-        fmt(name, sizeof name, "%s-serial-%d.safetensors", f->name, STEPS);
-        fmt(g_ff[fi].serial, sizeof g_ff[fi].serial, "%s", check_tmp_path(name));
-        fmt(log, sizeof log, "%s", check_tmp_path("serial.jsonl"));
-        /* one run to RESUME_TO steps saves at STEPS (the matrix's end) and at the end */
-        common_flags(f, fi, RESUME_TO, flags, sizeof flags);
-        fmt(args, sizeof args, "%s --log %s --save-every %d --save %s", flags, log, STEPS, pattern);
-        if (run_world(0, args, f->name)) continue;
-        int n_eval;
-        int n = read_losses(log, g_ff[fi].loss, RESUME_TO, &n_eval);
-        CHECK(n == RESUME_TO, "%s: %d step lines in the serial log", f->name, n);
-        for (int i = 0; i < n; i++) CHECK(isfinite(g_ff[fi].loss[i]), "%s: step %d loss %g", f->name, i + 1, g_ff[fi].loss[i]);
-        unlink(log);
+        for (int bi = 0; bi < 2; bi++) {
+            int batch = bi ? BATCH_PIPE : BATCH;
+            fmt(name, sizeof name, "%s-b%d-serial-{step}.safetensors", f->name, batch);
+            char pattern[512];
+            fmt(pattern, sizeof pattern, "%s", check_tmp_path(name));
+            fmt(name, sizeof name, "%s-b%d-serial-%d.safetensors", f->name, batch, STEPS);
+            fmt(g_ff[fi].serial[bi], sizeof g_ff[fi].serial[bi], "%s", check_tmp_path(name));
+            fmt(log, sizeof log, "%s", check_tmp_path("serial.jsonl"));
+            /* one run to RESUME_TO steps saves at STEPS (the matrix's end) and at the end */
+            common_flags(f, fi, batch, RESUME_TO, flags, sizeof flags);
+            fmt(args, sizeof args, "%s --log %s --save-every %d --save %s", flags, log, STEPS, pattern);
+            if (run_world(0, args, f->name)) continue;
+            int n_eval;
+            double *loss = g_ff[fi].loss[bi];
+            int n = read_losses(log, loss, RESUME_TO, &n_eval);
+            CHECK(n == RESUME_TO, "%s: %d step lines in the serial log", f->name, n);
+            for (int i = 0; i < n; i++) CHECK(isfinite(loss[i]), "%s: step %d loss %g", f->name, i + 1, loss[i]);
+            unlink(log);
+        }
     }
 }
 
@@ -295,8 +306,9 @@ static void test_expert_plans(void) {
                 char what[128], args[2048], out[8192], plan[512];
                 fmt(what, sizeof what, "%s, %s on %d ranks", f->name, s->text, world);
                 fmt(plan, sizeof plan, "%s", check_tmp_path("plan.json"));
+                int batch = s->batch;
                 fmt(args, sizeof args, "plan --devices %d --strategy %s %s --model '%s' --batch %d --optimizer %s -o '%s'",
-                         world, s->text, s->flags, g_ff[fi].cfg, BATCH, f->optimizer, plan);
+                         world, s->text, s->flags, g_ff[fi].cfg, batch, f->optimizer, plan);
                 int rc = run_adtrain(args, out, sizeof out);
                 const char *why = expected_refusal(f, s, world);
                 if (why) {
@@ -306,7 +318,7 @@ static void test_expert_plans(void) {
                     continue;
                 }
                 CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", what, args, rc, out);
-                if (!rc) run_plan(fi, world, plan, what, &g_fig_expert);
+                if (!rc) run_plan(fi, world, batch, plan, what, &g_fig_expert);
                 unlink(plan);
             }
     printf("expert plans: %d runs (%d refused as expected), worst loss error %.2e (relative), worst state error %.2e\n",
@@ -346,7 +358,7 @@ static void test_random_plans(void) {
         fmt(plan, sizeof plan, "%s", check_tmp_path("random.json"));
         int rc = plan_random_file(g, &cfg, BATCH, &m, seed, plan);
         CHECK(rc == 0, "%s: %s", what, adt_error_message());
-        if (!rc) run_plan(fi, m.nranks, plan, what, &g_fig_random);
+        if (!rc) run_plan(fi, m.nranks, BATCH, plan, what, &g_fig_random);
         unlink(plan);
         adt_graph_free(g);
     }
@@ -357,32 +369,38 @@ static void test_random_plans(void) {
 
 /* ---- checkpoints across plans -------------------------------------------------------------------------- */
 
-/* A side of a resume: world 0 is one process (no plan, one file); strategy NULL a random plan. */
+/* A side of a resume: world 0 is one process (no plan, one file); strategy NULL a random plan;
+ * flags: more adtrain plan flags. */
 typedef struct side {
     int world;
     const char *strategy;
+    const char *flags;
 } side;
 
 typedef struct resume_case {
     int family;
     side a, b;
+    int batch;
 } resume_case;
 
 static const resume_case resumes[] = {
-    {1, {3, "zero"}, {2, "tp"}},        /* sharded optimizer state -> column/row-split weights */
-    {0, {2, "tp"}, {4, "dp=2,tp=2"}},   /* tensor parallel -> 2-D, other world size */
-    {2, {4, "dp"}, {0, NULL}},          /* distributed -> one process */
-    {3, {0, NULL}, {3, "zero"}},        /* one file -> sharded over 3 */
-    {3, {3, NULL}, {2, "zero"}},        /* a random plan -> ZeRO */
-    {1, {3, "zero"}, {3, "zero"}},      /* the same plan: bit for bit */
+    {1, {3, "zero", ""}, {2, "tp", ""}, BATCH},        /* sharded optimizer state -> column/row-split weights */
+    {0, {2, "tp", ""}, {4, "dp=2,tp=2", ""}, BATCH},   /* tensor parallel -> 2-D, other world size */
+    {2, {4, "dp", ""}, {0, NULL, ""}, BATCH},          /* distributed -> one process */
+    {3, {0, NULL, ""}, {3, "zero", ""}, BATCH},        /* one file -> sharded over 3 */
+    {3, {3, NULL, ""}, {2, "zero", ""}, BATCH},        /* a random plan -> ZeRO */
+    {1, {3, "zero", ""}, {3, "zero", ""}, BATCH},      /* the same plan: bit for bit */
+    {0, {2, "pp", "--microbatches 4"}, {3, "zero", ""}, BATCH_PIPE}, /* pipeline stages (tied wte) -> ZeRO */
+    {0, {2, "tp", ""}, {4, "dp=2,pp=2", "--microbatches 4"}, BATCH_PIPE}, /* tensor parallel -> replicated stages */
+    {2, {0, NULL, ""}, {3, "pp", "--microbatches 4"}, BATCH_PIPE},          /* one file -> three stages */
 };
 
 /* Writes the plan of a side to `path` (an expert plan, or a random one); 0 when written. */
-static int side_plan(int fi, const side *s, uint64_t seed, const char *path, const char *what) {
+static int side_plan(int fi, const side *s, int batch, uint64_t seed, const char *path, const char *what) {
     char args[2048], out[8192];
     if (s->strategy) {
-        fmt(args, sizeof args, "plan --devices %d --strategy %s --model '%s' --batch %d --optimizer %s -o '%s'",
-                 s->world, s->strategy, g_ff[fi].cfg, BATCH, families[fi].optimizer, path);
+        fmt(args, sizeof args, "plan --devices %d --strategy %s %s --model '%s' --batch %d --optimizer %s -o '%s'",
+                 s->world, s->strategy, s->flags, g_ff[fi].cfg, batch, families[fi].optimizer, path);
         int rc = run_adtrain(args, out, sizeof out);
         CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", what, args, rc, out);
         return rc;
@@ -391,7 +409,7 @@ static int side_plan(int fi, const side *s, uint64_t seed, const char *path, con
     adt_graph *g = family_graph(&families[fi], &cfg);
     adt_mesh m;
     adt_mesh_init(&m, 1, &s->world);
-    int rc = plan_random_file(g, &cfg, BATCH, &m, seed, path);
+    int rc = plan_random_file(g, &cfg, batch, &m, seed, path);
     CHECK(rc == 0, "%s: %s", what, adt_error_message());
     adt_graph_free(g);
     return rc;
@@ -418,22 +436,24 @@ static void test_resume_across_plans(void) {
         fmt(ck, sizeof ck, "%s", check_tmp_path(rc_->a.world ? "resume.ckpt" : "resume.safetensors"));
         fmt(log, sizeof log, "%s", check_tmp_path("resume.jsonl"));
         uint64_t seed = g_seed * 7919u + r;
-        if ((rc_->a.world && side_plan(fi, &rc_->a, seed, plan_a, what)) ||
-            (rc_->b.world && side_plan(fi, &rc_->b, seed, plan_b, what)))
+        int batch = rc_->batch;
+        if ((rc_->a.world && side_plan(fi, &rc_->a, batch, seed, plan_a, what)) ||
+            (rc_->b.world && side_plan(fi, &rc_->b, batch, seed, plan_b, what)))
             continue;
         /* A: RESUME_AT steps, saved */
-        common_flags(f, fi, RESUME_AT, flags, sizeof flags);
+        common_flags(f, fi, batch, RESUME_AT, flags, sizeof flags);
         fmt(args, sizeof args, "%s%s%s --save %s", flags, rc_->a.world ? " --plan " : "", rc_->a.world ? plan_a : "", ck);
         if (run_world(rc_->a.world, args, what)) continue;
         struct stat st;
         CHECK(stat(ck, &st) == 0 && (rc_->a.world ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)),
               "%s: %s is not a %s", what, ck, rc_->a.world ? "directory (a distributed checkpoint)" : "file");
         /* B: resumed up to RESUME_TO; for the same plan, also the uninterrupted run under it */
-        common_flags(f, fi, RESUME_TO, flags, sizeof flags);
+        common_flags(f, fi, batch, RESUME_TO, flags, sizeof flags);
         fmt(args, sizeof args, "%s%s%s --resume %s --log %s", flags, rc_->b.world ? " --plan " : "",
                  rc_->b.world ? plan_b : "", ck, log);
         if (run_world(rc_->b.world, args, what)) continue;
-        double el = compare_losses(log, RESUME_AT + 1, RESUME_TO, g_ff[fi].loss, what);
+        double el = compare_losses(log, RESUME_AT + 1, RESUME_TO, g_ff[fi].loss[batch_index(batch)], what);
+        printf("  %-90s loss %.1e\n", what, el);
         fig_add(&g_fig_resume, el, 0);
         int same = rc_->a.world == rc_->b.world && rc_->a.strategy && rc_->b.strategy && !strcmp(rc_->a.strategy, rc_->b.strategy);
         if (same) {
@@ -476,9 +496,9 @@ static void test_init_from_directory(void) {
     fmt(plan_b, sizeof plan_b, "%s", check_tmp_path("init_b.json"));
     fmt(ck, sizeof ck, "%s", check_tmp_path("init.ckpt"));
     fmt(one, sizeof one, "%s", check_tmp_path("init.safetensors"));
-    const side a = {3, "zero"}, b = {2, "tp"};
-    if (side_plan(fi, &a, 0, plan_a, "init") || side_plan(fi, &b, 0, plan_b, "init")) return;
-    common_flags(f, fi, RESUME_AT, flags, sizeof flags);
+    const side a = {3, "zero", ""}, b = {2, "tp", ""};
+    if (side_plan(fi, &a, BATCH, 0, plan_a, "init") || side_plan(fi, &b, BATCH, 0, plan_b, "init")) return;
+    common_flags(f, fi, BATCH, RESUME_AT, flags, sizeof flags);
     fmt(args, sizeof args, "%s --plan %s --save %s", flags, plan_a, ck);
     if (run_world(a.world, args, "init: saving under zero on 3 ranks")) return;
     adt_dckpt *c = NULL;
@@ -490,7 +510,7 @@ static void test_init_from_directory(void) {
     /* from the export, in one process; from the directory, under tp on 2 ranks */
     fmt(log_a, sizeof log_a, "%s", check_tmp_path("init_one.jsonl"));
     fmt(log_b, sizeof log_b, "%s", check_tmp_path("init_dist.jsonl"));
-    common_flags(f, fi, STEPS, flags, sizeof flags);
+    common_flags(f, fi, BATCH, STEPS, flags, sizeof flags);
     fmt(args, sizeof args, "%s --init %s --log %s", flags, one, log_a);
     if (run_world(0, args, "init: one process from the export")) return;
     fmt(args, sizeof args, "%s --plan %s --init %s --log %s", flags, plan_b, ck, log_b);
@@ -499,7 +519,7 @@ static void test_init_from_directory(void) {
     int ne, n = read_losses(log_a, want, STEPS, &ne);
     CHECK(n == STEPS, "init: %d step lines", n);
     double e = n == STEPS ? compare_losses(log_b, 1, STEPS, want, "init: tp on 2 ranks from the directory") : INFINITY;
-    CHECK(fabs(want[0] - g_ff[fi].loss[0]) > 1e-6 * fabs(want[0]),
+    CHECK(fabs(want[0] - g_ff[fi].loss[0][0]) > 1e-6 * fabs(want[0]),
           "init: the first loss %.9g equals a fresh run's: the weights were not loaded", want[0]);
     printf("--init from a distributed checkpoint under another plan: worst loss error %.2e (relative)\n", e);
     /* --resume with another --batch is refused, naming it, from the manifest's metadata */
@@ -594,13 +614,15 @@ int main(void) {
            g_fig_expert.runs + g_fig_random.runs + g_fig_resume.runs, adt_now_s() - t0);
     for (int fi = 0; fi < N_FAMILIES; fi++) {
         unlink(g_ff[fi].cfg);
-        unlink(g_ff[fi].serial);
-        char p[512];
-        fmt(p, sizeof p, "%s", g_ff[fi].serial);
-        char *at = strstr(p, "-serial-");
-        if (at) {
-            fmt(at, sizeof p - (size_t)(at - p), "-serial-%d.safetensors", RESUME_TO);
-            unlink(p);
+        for (int bi = 0; bi < 2; bi++) {
+            unlink(g_ff[fi].serial[bi]);
+            char p[512];
+            fmt(p, sizeof p, "%s", g_ff[fi].serial[bi]);
+            char *at = strstr(p, "-serial-");
+            if (at) {
+                fmt(at, sizeof p - (size_t)(at - p), "-serial-%d.safetensors", RESUME_TO);
+                unlink(p);
+            }
         }
     }
     rmdir(check_tmpdir());

@@ -15,7 +15,9 @@
  * its stages) equals the serial one within float tolerance, and every parameter was compared
  * somewhere. Then, in this process: `mpiexec -n N adtrain train --plan` of plan files `adtrain
  * plan` wrote (a GPT with dropout under pp=2 and dp=2,pp=2, an MLP under pp=3; 4 microbatches)
- * logs the one-process run's step losses, validation losses and accuracy.
+ * logs the one-process run's step losses, validation losses and accuracy; and --save under pp=2
+ * writes a distributed checkpoint (the tied wte once) whose export is the one-process run's
+ * checkpoint within float tolerance.
  *
  * The seed comes from $ADT_TEST_SEED, else the time, and is printed.
  */
@@ -369,6 +371,8 @@ static void cli_compare(const char *label, int n, const char *model_json, const 
     fprintf(stderr, "%s, mpiexec -n %d: worst step loss error %.2e over 5 steps\n", label, n, worst);
 }
 
+static void cli_save_pipe(const char *gpt);
+
 static void test_cli_train_pipe(void) {
     if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
     const char *gpt = "{\"type\":\"gpt\",\"vocab_size\":65,\"n_ctx\":16,\"n_layer\":2,\"n_embd\":16,\"n_head\":2,"
@@ -380,24 +384,91 @@ static void test_cli_train_pipe(void) {
     cli_compare("gpt, pp=2", 2, gpt, gpt_flags, "--strategy pp=2 --microbatches 4 --batch 8");
     cli_compare("mlp, pp=3", 3, mlp, mlp_flags, "--strategy pp=3 --microbatches 4 --batch 8 --optimizer sgd-momentum");
     cli_compare("gpt, dp=2,pp=2", 4, gpt, gpt_flags, "--strategy dp=2,pp=2 --microbatches 4 --batch 8");
-    /* checkpoints are not written under a pipeline plan: refused before training, printed once */
-    char cfgp[512], planp[512], args[2048], out[8192];
+    cli_save_pipe(gpt);
+}
+
+/* --save under a pipeline plan (GPT, pp=2, its wte tied across the stages): a distributed
+ * checkpoint of the world of 2, each tied tensor written by one rank only, whose export holds
+ * the one-process run's parameters and optimizer state after the same steps. */
+static void cli_save_pipe(const char *gpt) {
+    char cfgp[512], planp[512], dir[512], serial[512], one[512], args[2048], out[8192];
     snprintf(cfgp, sizeof cfgp, "%s", check_tmp_path("ckpt_model.json"));
     snprintf(planp, sizeof planp, "%s", check_tmp_path("ckpt_plan.json"));
-    write_text(cfgp, mlp);
-    snprintf(args, sizeof args, "plan --devices 2 --model '%s' --strategy pp=2 --microbatches 2 --batch 8 -o '%s'", cfgp,
-             planp);
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("ckpt_pipe"));
+    snprintf(serial, sizeof serial, "%s", check_tmp_path("ckpt_serial.safetensors"));
+    snprintf(one, sizeof one, "%s", check_tmp_path("ckpt_export.safetensors"));
+    write_text(cfgp, gpt);
+    snprintf(args, sizeof args, "plan --devices 2 --model '%s' --strategy pp=2 --microbatches 2 --batch 8 "
+             "--optimizer sgd-momentum -o '%s'", cfgp, planp);
     int rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0, "adtrain %s: exit %d:\n%s", args, rc, out);
-    const char *argv[] = {g_bin, "train", "--model", cfgp, "--data", "synthetic:mlp", "--steps", "2", "--batch", "8",
-                          "--plan", planp, "--save", "/tmp/never-written.safetensors", NULL};
-    mpi_world wd = {.n = 2, .argv = argv};
-    mpi_run_world(&wd, check_tmpdir(), 60);
-    CHECK(wd.status == 2 && count_of(wd.err, "--save: checkpoints of a plan with 2 pipeline stages") == 1,
-          "--save under a pipeline plan: exit %d:\n%s", wd.status, wd.err);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)(g_seed % 100000));
+    const char *argv[] = {g_bin, "train", "--model", cfgp, "--data", "synthetic:text", "--steps", "3", "--batch", "8",
+                          "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.1", "--seed", seed, "--save", serial,
+                          "--plan", planp, NULL};
+    argv[20] = NULL; /* one process: no plan */
+    mpi_world wd = {.n = 0, .argv = argv};
+    if (!rc) mpi_run_world(&wd, check_tmpdir(), 60);
+    CHECK(!rc && wd.status == 0, "the one-process run: exit %d:\n%s", wd.status, wd.err);
     mpi_world_free(&wd);
-    unlink(cfgp);
-    unlink(planp);
+    argv[19] = dir, argv[20] = "--plan";
+    wd = (mpi_world){.n = 2, .argv = argv};
+    if (!rc) mpi_run_world(&wd, check_tmpdir(), 60);
+    CHECK(!rc && wd.status == 0, "--save under pp=2: exit %d:\n%s", wd.status, wd.err);
+    mpi_world_free(&wd);
+    adt_dckpt *c = NULL;
+    rc = adt_dckpt_open(&c, dir);
+    CHECK(rc == ADT_OK, "--save under pp=2: %s", adt_error_message());
+    if (!rc) {
+        CHECK(adt_dckpt_world(c) == 2 && adt_dckpt_step(c) == 3, "world %d, step %lld; expected 2 and 3",
+              adt_dckpt_world(c), (long long)adt_dckpt_step(c));
+        const char *tied[] = {"wte.weight", "opt.m.wte.weight"};
+        for (int k = 0; k < 2; k++) { /* held by both stages, written by one */
+            int files = 0;
+            for (int i = 0; i < adt_dckpt_file_count(c); i++) {
+                const adt_dckpt_file *fl = adt_dckpt_file_get(c, i);
+                for (int j = 0; j < fl->n_slices; j++) files += !strcmp(adt_dckpt_tensor_get(c, fl->slices[j].tensor)->name, tied[k]);
+            }
+            CHECK(files == 1, "'%s' is written by %d ranks, expected 1", tied[k], files);
+        }
+        rc = adt_dckpt_export(c, one, 1);
+        CHECK(rc == ADT_OK, "export: %s", adt_error_message());
+    }
+    adt_dckpt_close(c);
+    adt_st_file *a = NULL, *b = NULL;
+    if (!rc && !(rc = adt_st_open(&a, one)) && !(rc = adt_st_open(&b, serial))) {
+        CHECK(adt_st_count(a) == adt_st_count(b), "%d tensors exported, the one-process file has %d", adt_st_count(a),
+              adt_st_count(b));
+        double worst = 0;
+        for (int i = 0; i < adt_st_count(b); i++) {
+            const adt_st_tensor *want = adt_st_get(b, i);
+            long n = 1;
+            for (int d = 0; d < want->ndim; d++) n *= (long)want->shape[d];
+            float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+            int r2 = adt_st_read_f32(a, want->name, x, want->ndim, want->shape) |
+                     adt_st_read_f32(b, want->name, y, want->ndim, want->shape);
+            double e = r2 ? INFINITY : check_scaled_err(x, y, n);
+            CHECK(e <= STATE_TOL, "'%s' saved under pp=2 differs from the one-process run's by %.3g (%s)", want->name, e,
+                  r2 ? adt_error_message() : "values");
+            if (!(e <= worst)) worst = e;
+            free(x), free(y);
+        }
+        fprintf(stderr, "gpt, pp=2, --save: %d tensors, worst error against the one-process checkpoint %.2e\n",
+                adt_st_count(b), worst);
+    }
+    CHECK(rc == ADT_OK, "reading the checkpoints: %s", adt_error_message());
+    adt_st_close(a);
+    adt_st_close(b);
+    unlink(one), unlink(serial), unlink(cfgp), unlink(planp);
+    char p[1024];
+    for (int r = 0; r < 2; r++) {
+        snprintf(p, sizeof p, "%s/step3-rank%05d-of-00002.safetensors", dir, r);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    unlink(p);
+    rmdir(dir);
 }
 
 int main(int argc, char **argv) {

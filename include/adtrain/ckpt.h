@@ -51,7 +51,22 @@ typedef struct adt_ckpt_view {
     const int *coord;
     adt_ckpt_data_fn data;
     void *ctx;
+    /* A pipeline stage (local_of not NULL; adt_ckpt_view_stage fills these three): `local`
+     * partitions the stage's graph, whose value of g's value v is local_of[v] (-1 where the stage
+     * holds none of v), `mesh` is the stage mesh with the world's ranks in mesh->ranks, `world`
+     * the number of ranks of all stages, and elsewhere[v] is nonzero for a value an earlier stage
+     * holds as well (a tied parameter and its optimizer state), which that stage writes. */
+    const int *local_of;
+    const char *elsewhere;
+    int world;
 } adt_ckpt_view;
+
+/* Makes vw, which names g, local (st's graph partitioned for vw->coord), mesh (the stage mesh
+ * with world ranks), coord, data and ctx, the view of pipeline stage st in a world of `world`
+ * ranks; elsewhere[g->n_values] is the caller's storage, filled here, and must outlive the view.
+ * The view writes the stage's blocks of what it holds (each tied parameter on the first stage
+ * holding it) and loads every block it holds. */
+void adt_ckpt_view_stage(adt_ckpt_view *vw, const adt_pipe_stage *st, int world, char *elsewhere);
 
 /* Writes every PARAM of g (and, with_state, every OPT_STATE) as F32 under its own name, in the
  * graph's order, plus the metadata pairs meta[0..2*n_meta) = key, value, ...; atomically (a
@@ -99,8 +114,8 @@ typedef struct adt_dckpt adt_dckpt;
 /* Writes the blocks this rank is the writer of (see above) of every parameter (and with_state
  * every optimizer state) as F32 slices under their global names into
  * DIR/step<S>-rank<R>-of-<W>.safetensors, atomically, creating DIR (and its parents) if needed.
- * R is the rank at view->coord (adt_mesh_rank), W the mesh's size; a view without `local` is
- * rank 0 of 1. *part receives (malloc'd; free()) this rank's part of the manifest: a short JSON
+ * R is the rank at view->coord (adt_mesh_rank), W the mesh's size (a stage's view: its `world`);
+ * a view without `local` is rank 0 of 1. *part receives (malloc'd; free()) this rank's part of the manifest: a short JSON
  * text naming the file, its size, crc32c and slices (or no file, when the rank writes nothing).
  * Errors name the file or the tensor. */
 int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *view, int with_state, char **part);

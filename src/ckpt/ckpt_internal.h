@@ -27,6 +27,9 @@ int ckpt_is_saved(const adt_value *v, int with_state);
 /* Optimizer state by its name: "opt.m.*", "opt.v.*". */
 int ckpt_is_opt_state_name(const char *name);
 
+/* Where the view's local arrays (local->value, local->layout) hold global value v: v itself, or
+ * for a pipeline stage its stage graph's value (-1 where the stage holds none). */
+int ckpt_view_index(const adt_ckpt_view *vw, int v);
 /* The local value holding global value v in the view (-1 if this rank holds none of it), and the
  * block of v it holds. */
 int ckpt_view_block(const adt_ckpt_view *vw, int v, adt_box *box);

@@ -65,8 +65,10 @@ static int plan_writers(const adt_ckpt_view *vw, int with_state, char *mine) {
     for (int v = 0; v < g->n_values && !rc; v++) {
         const adt_value *val = &g->values[v];
         mine[v] = 0;
-        if (!ckpt_is_saved(val, with_state)) continue;
-        const adt_ndsbp *lay = &vw->local->layout[v];
+        int li = ckpt_view_index(vw, v);
+        /* a stage decides among its own positions, for what it holds and no earlier stage does */
+        if (!ckpt_is_saved(val, with_state) || li < 0 || (vw->elsewhere && vw->elsewhere[v])) continue;
+        const adt_ndsbp *lay = &vw->local->layout[li];
         char s[64];
         if (lay->ndim != m->ndim || adt_ndsbp_partial_mask(lay))
             rc = adt_error(ADT_ERR_ARG, "'%s' is held as %s on a %d-axis mesh; a checkpoint needs split or replicated "
@@ -144,7 +146,7 @@ int adt_dckpt_write_rank(const char *dir, int64_t step, const adt_ckpt_view *vw,
     if (vw->local && (!vw->mesh || !vw->coord))
         return adt_error(ADT_ERR_ARG, "checkpoint %s: a view with a local graph needs its mesh and coordinate", dir);
     int rank = vw->local ? adt_mesh_rank(vw->mesh, vw->coord) : 0;
-    int world = vw->local ? vw->mesh->nranks : 1;
+    int world = !vw->local ? 1 : vw->world ? vw->world : vw->mesh->nranks;
     char *mine = adt_calloc((size_t)g->n_values + 1, 1);
     int rc = plan_writers(vw, with_state, mine);
     if (rc) {
@@ -436,9 +438,10 @@ int adt_dckpt_commit(const char *dir, int64_t step, const adt_graph *g, int with
 
 int adt_dckpt_save(const char *dir, int64_t step, const adt_ckpt_view *vw, int with_state, const char *const *meta,
                    int n_meta) {
-    if (vw->local && vw->mesh && vw->mesh->nranks != 1)
+    if (vw->local && ((vw->mesh && vw->mesh->nranks != 1) || vw->world > 1))
         return adt_error(ADT_ERR_ARG, "checkpoint %s: adt_dckpt_save holds one process's view of the whole model; a world "
-                         "of %d saves with adt_dckpt_write_rank on every rank and adt_dckpt_commit", dir, vw->mesh->nranks);
+                         "of %d saves with adt_dckpt_write_rank on every rank and adt_dckpt_commit", dir,
+                         vw->world > 1 ? vw->world : vw->mesh->nranks);
     char *part;
     int rc = adt_dckpt_write_rank(dir, step, vw, with_state, &part);
     if (rc) return rc;

@@ -26,9 +26,12 @@ int ckpt_is_saved(const adt_value *v, int with_state) {
 
 int ckpt_is_opt_state_name(const char *name) { return !strncmp(name, "opt.m.", 6) || !strncmp(name, "opt.v.", 6); }
 
+int ckpt_view_index(const adt_ckpt_view *vw, int v) { return vw->local_of ? vw->local_of[v] : v; }
+
 int ckpt_view_block(const adt_ckpt_view *vw, int v, adt_box *box) {
     const adt_graph *g = vw->g;
-    int lv = vw->local ? vw->local->value[v] : v;
+    int i = ckpt_view_index(vw, v);
+    int lv = !vw->local ? v : i >= 0 ? vw->local->value[i] : -1;
     if (lv < 0) return -1;
     const adt_value *x = vw->local ? &vw->local->g->values[lv] : &g->values[v];
     memset(box, 0, sizeof *box);
@@ -37,6 +40,20 @@ int ckpt_view_block(const adt_ckpt_view *vw, int v, adt_box *box) {
     if (vw->local) memcpy(box->offset, x->offset, sizeof box->offset);
     else box->global = x->shape; /* a serial graph: the whole tensor */
     return lv;
+}
+
+void adt_ckpt_view_stage(adt_ckpt_view *vw, const adt_pipe_stage *st, int world, char *elsewhere) {
+    const adt_graph *g = vw->g;
+    memset(elsewhere, 0, (size_t)g->n_values);
+    uint64_t earlier = ((uint64_t)1 << st->stage) - 1;
+    for (int k = 0; k < st->n_tied; k++)
+        if (st->tied[k].holders & earlier) elsewhere[st->tied[k].param] = 1;
+    for (int v = 0; v < g->n_values; v++) /* a tied parameter's state goes with it: every holder updates */
+        if (g->values[v].role == ADT_ROLE_OPT_STATE && g->values[v].param >= 0 && elsewhere[g->values[v].param])
+            elsewhere[v] = 1;
+    vw->local_of = st->local_of;
+    vw->elsewhere = elsewhere;
+    vw->world = world;
 }
 
 int adt_ckpt_save(const char *path, const adt_graph *g, adt_ckpt_data_fn data, void *ctx, int with_state,

@@ -102,6 +102,7 @@ typedef struct trainer {
     adt_graph *pg;
     adt_model_io pio;
     adt_pipe *pipe;       /* the rank's stage; t->ex is its executor */
+    char *ckpt_elsewhere; /* [pg's n_values] the stage's checkpoint view: what an earlier stage writes */
     struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
     struct train_elastic *el; /* NULL unless started by an elastic agent */
 } trainer;

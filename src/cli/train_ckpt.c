@@ -10,9 +10,11 @@
  *
  * One process saves one safetensors file. A run over several ranks saves a distributed checkpoint
  * (a directory: docs/formats.md, "Distributed checkpoints"): every rank writes the blocks it is
- * the writer of, rank 0 gathers the ranks' parts of the manifest and commits it. --init and
- * --resume read either kind under any plan and world size: each rank loads its own blocks (the
- * boxes of its layouts) from whichever files hold them.
+ * the writer of, rank 0 gathers the ranks' parts of the manifest and commits it; under a pipeline
+ * plan each rank writes its stage's blocks (a tied parameter once, by the first stage holding it).
+ * --init and --resume read either kind under any plan and world size: each rank loads its own
+ * blocks (the boxes of its layouts; a tied parameter into every stage holding it) from whichever
+ * files hold them.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -30,10 +32,16 @@
 /* Storage of a value of the graph the executor runs (the global graph, or this rank's local one). */
 static void *exec_data(void *ctx, int v) { return adt_exec_data(((trainer *)ctx)->ex, v); }
 
-/* Where this rank's share of the model lives: all of it, or the blocks of its local graph. */
+/* Where this rank's share of the model lives: all of it, the blocks of its local graph, or those
+ * of its pipeline stage's (the plan's graph names the same tensors in the same shapes). */
 static adt_ckpt_view ckpt_view(trainer *t) {
     adt_ckpt_view v = {.g = t->g, .data = exec_data, .ctx = t};
     if (t->loc.g) v.local = &t->loc, v.mesh = &t->plan.mesh, v.coord = t->coord;
+    if (t->pipe) {
+        v.g = t->pg, v.local = adt_pipe_local(t->pipe), v.mesh = &t->plan.mesh, v.coord = t->coord;
+        if (!t->ckpt_elsewhere) t->ckpt_elsewhere = adt_malloc((size_t)t->pg->n_values + 1);
+        adt_ckpt_view_stage(&v, adt_pipe_stage_info(t->pipe), t->nranks, t->ckpt_elsewhere);
+    }
     return v;
 }
 
@@ -129,7 +137,7 @@ static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m
     cli_defer_errors(1);
     if (gather_parts(t, part, &parts)) rc = train_fail(EXIT_RUNTIME, "--save: gathering the manifest: %s", adt_error_message());
     if (!rc && t->rank == 0 &&
-        adt_dckpt_commit(dir, step, t->g, 1, (const char *const *)parts, t->nranks, m->kv, META_PAIRS))
+        adt_dckpt_commit(dir, step, view.g, 1, (const char *const *)parts, t->nranks, m->kv, META_PAIRS))
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     for (int r = 0; parts && r < t->nranks; r++) free(parts[r]);
     free(parts);
@@ -143,8 +151,8 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     ckpt_meta m;
     meta_make(t, step, &m);
     int rc = 0;
-    int dist = t->world && t->loc.g; /* else every rank holds the whole state (one process, balanced
-                                      * data parallelism): rank 0 writes one file */
+    int dist = t->world && (t->loc.g || t->pipe); /* partitioned, or pipeline stages: each rank its blocks; else
+                                                   * every rank holds the whole state and rank 0 writes one file */
     if (dist) rc = save_distributed(t, path, step, &m);
     else if (t->rank == 0 && train_ckpt_write(t, path, step, exec_data, t))
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());

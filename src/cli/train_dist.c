@@ -65,6 +65,8 @@ int train_world_agree(trainer *t, int rc) {
 void train_world_end(trainer *t) {
     adt_pipe_free(t->pipe);
     t->pipe = NULL;
+    free(t->ckpt_elsewhere);
+    t->ckpt_elsewhere = NULL;
     adt_graph_free(t->pg);
     t->pg = NULL;
     adt_mesh_comm_free(t->mc);
@@ -136,13 +138,8 @@ int train_dist_partition(trainer *t) {
     if (!t->world) return t->o.plan_path ? make_plan(t) : 0; /* a plan of one device runs serially */
     int rc = make_plan(t);
     if (rc) return rc;
-    if (t->pg) { /* a pipeline: each rank partitions its stage when the pipe is made */
-        const char *flag = t->o.save_path ? "--save" : t->o.init_path ? "--init" : t->o.resume_path ? "--resume" : NULL;
-        if (flag)
-            return train_fail(EXIT_USAGE, "%s: checkpoints of a plan with %d pipeline stages and %d microbatches are not "
-                              "written by adtrain train yet; expected a plan of one stage and no microbatches",
-                              flag, t->xplan.n_stages, t->xplan.microbatches);
-    } else if (adt_dist_partition(t->g, &t->plan, t->coord, &t->loc)) {
+    /* a pipeline: each rank partitions its stage when the pipe is made */
+    if (!t->pg && adt_dist_partition(t->g, &t->plan, t->coord, &t->loc)) {
         return train_fail(EXIT_RUNTIME, "partitioning the training graph: %s", adt_error_message());
     }
     int fed[3] = {t->io.input, t->io.input2, t->io.label};
