@@ -154,7 +154,7 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     int dist = t->world && (t->loc.g || t->pipe); /* partitioned, or pipeline stages: each rank its blocks; else
                                                    * every rank holds the whole state and rank 0 writes one file */
     if (dist) rc = save_distributed(t, path, step, &m);
-    else if (t->rank == 0 && train_ckpt_write(t, path, step, exec_data, t))
+    else if (t->rank == 0 && adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS)) /* metadata made once */
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     free(m.model_json);
     if (rc) return rc;
