@@ -29,7 +29,8 @@
  * hands it to PyTorch too, so that both frameworks run the same GEMM kernels.
  *
  * Under mpiexec (N > 1 ranks) it measures data parallelism instead: the global graph of N times
- * the per-rank batch, partitioned under the data-parallel expert plan (adt_expert_plan "dp"), every
+ * the per-rank batch, partitioned under the data-parallel expert plan (adt_expert_plan "dp", or
+ * "zero" with --strategy zero: gradients reduce-scattered, each rank updating its shard), every
  * rank running its part with gradient all-reduces overlapped with the backward pass (or, with
  * --no-overlap, each run where it stands). Each step is timed on rank 0 between barriers, so the
  * slowest rank sets the time, as torch_ddp.py times DDP. Rank 0 prints the JSON line with
@@ -46,7 +47,8 @@
  * matmul nodes grouped by shape next to the replay rate of the same shape. Nodes the executor
  * folds into another node (a bias_add into its matmul) never run and show 0. Timer overhead is
  * two clock reads per node (a few hundred nodes), well below the run-to-run noise, so the JSON
- * line stays valid.
+ * line stays valid. Under mpiexec it prints rank 0's local graph (boxing nodes are the waits on
+ * its collectives).
  */
 #include <cJSON.h>
 #include <cblas.h>
@@ -65,6 +67,7 @@
 typedef struct opts {
     const char *model; /* "gpt-s", "mlp" or "all" */
     int threads, warmup, steps, gemm_reps, profile, no_overlap;
+    const char *strategy; /* data-parallel mode's expert plan: "dp" or "zero" */
     uint64_t seed;
 } opts;
 
@@ -75,7 +78,7 @@ static int g_rank, g_nranks = 1;
 static void usage(FILE *f) {
     fprintf(f, "usage: bench_core [--model gpt-s|mlp|all] [--threads N] [--warmup N] [--steps N]\n"
                "                  [--gemm-reps N] [--seed N] [--profile] [--no-overlap]\n"
-               "       mpiexec -n N bench_core ...   (data parallel over N ranks)\n"
+               "       mpiexec -n N bench_core ... [--strategy dp|zero]   (data parallel over N ranks)\n"
                "       bench_core --blas-core   (print the OpenBLAS kernel family in use)\n"
                "  defaults: --model all --threads 1 --warmup 3 --steps 20 --gemm-reps 9 --seed 0\n");
 }
@@ -93,7 +96,7 @@ static int parse_int(const char *flag, const char *s, int min, int *out) {
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
-    *o = (opts){.model = "all", .threads = 1, .warmup = 3, .steps = 20, .gemm_reps = 9};
+    *o = (opts){.model = "all", .strategy = "dp", .threads = 1, .warmup = 3, .steps = 20, .gemm_reps = 9};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--profile")) {
@@ -125,6 +128,12 @@ static int parse_args(int argc, char **argv, opts *o) {
                 return -1;
             }
             o->model = v;
+        } else if (!strcmp(a, "--strategy")) {
+            if (strcmp(v, "dp") && strcmp(v, "zero")) {
+                fprintf(stderr, "bench_core: --strategy expects dp or zero, got '%s'\n", v);
+                return -1;
+            }
+            o->strategy = v;
         } else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &o->threads);
         else if (!strcmp(a, "--warmup")) rc = parse_int(a, v, 0, &o->warmup);
         else if (!strcmp(a, "--steps")) rc = parse_int(a, v, 1, &o->steps);
@@ -607,7 +616,7 @@ static int bench_model_dp(const char *name, const opts *o) {
     double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL, *cpu = NULL;
     int rc = -1, ranks[64];
     if (build_model(g, name, g_nranks, &spec, &io, &cfg)) goto out;
-    adt_expert_opts xo = {.strategy = "dp", .devices = g_nranks, .batch = spec.batch * g_nranks};
+    adt_expert_opts xo = {.strategy = o->strategy, .devices = g_nranks, .batch = spec.batch * g_nranks};
     if (adt_expert_plan(g, &cfg, &xo, &xp)) {
         fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
         goto out;
@@ -619,7 +628,7 @@ static int bench_model_dp(const char *name, const opts *o) {
         goto out;
     }
     adt_exec_opts eo = {.threads = o->threads, .seed = o->seed, .comm = adt_mesh_comm_hook(mc, loc.g),
-                        .comm_sync = o->no_overlap};
+                        .comm_sync = o->no_overlap, .profile = o->profile};
     if (adt_exec_create(&ex, loc.g, &eo)) {
         fprintf(stderr, "bench_core: %s: %s\n", name, adt_error_message());
         goto out;
@@ -647,7 +656,15 @@ static int bench_model_dp(const char *name, const opts *o) {
     if (!times || !wait || !flight || !start || !poll || !cpu) abort();
     double sum_wait = 0, sum_flight = 0;
     float loss_first = NAN, loss_last = NAN;
+    int nn = loc.g->n_nodes;
+    double *sec0 = calloc((size_t)nn + 1, sizeof *sec0), *prev = calloc((size_t)nn + 1, sizeof *prev);
+    double *smin = calloc((size_t)nn + 1, sizeof *smin);
+    if (!sec0 || !prev || !smin) abort();
+    for (int k = 0; k < nn; k++) smin[k] = INFINITY;
+    double sum_ms = 0;
     for (int i = 0; i < o->warmup + n; i++) {
+        if (i == o->warmup && o->profile) /* the timers run from creation: drop the warmup */
+            memcpy(sec0, adt_exec_node_seconds(ex), (size_t)nn * sizeof *sec0);
         adt_comm_barrier(g_world);
         double t0 = adt_now_s(), c0 = cpu_now_s();
         adt_exec_set_lr_step(ex, spec.lr, (int32_t)(i + 1));
@@ -663,8 +680,16 @@ static int bench_model_dp(const char *name, const opts *o) {
         if (i >= o->warmup) {
             int k = i - o->warmup;
             times[k] = ms, wait[k] = st.comm_wait_s * 1e3, flight[k] = st.comm_flight_s * 1e3;
+            sum_ms += ms;
             start[k] = st.comm_start_s * 1e3, poll[k] = st.comm_poll_s * 1e3, cpu[k] = cms;
             sum_wait += st.comm_wait_s, sum_flight += st.comm_flight_s;
+        }
+        if (o->profile) { /* each node's fastest timed step */
+            const double *ns = adt_exec_node_seconds(ex);
+            for (int k = 0; k < nn; k++) {
+                if (i >= o->warmup && ns[k] - prev[k] < smin[k]) smin[k] = ns[k] - prev[k];
+                prev[k] = ns[k];
+            }
         }
         if (i == 0 || i + 1 == o->warmup + n) { /* outside the timed window */
             float l = NAN;
@@ -674,6 +699,18 @@ static int bench_model_dp(const char *name, const opts *o) {
             else loss_last = l;
         }
     }
+    if (o->profile && g_rank == 0) { /* rank 0's local graph: its kernels, and its boxing nodes' waits */
+        const double *s = adt_exec_node_seconds(ex);
+        double *sec = calloc((size_t)nn + 1, sizeof *sec);
+        if (!sec) abort();
+        for (int i = 0; i < nn; i++) sec[i] = s[i] - sec0[i];
+        gemm_list none = {0};
+        print_profile(loc.g, &spec, sec, smin, n, sum_ms / n, &none);
+        free(sec);
+    }
+    free(sec0);
+    free(prev);
+    free(smin);
     qsort(times, (size_t)n, sizeof *times, cmp_double);
     double med = percentile(times, n, 50);
     int64_t ops;
@@ -683,6 +720,7 @@ static int bench_model_dp(const char *name, const opts *o) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model", name);
         cJSON_AddStringToObject(j, "framework", "adtrain-dp");
+        cJSON_AddStringToObject(j, "strategy", o->strategy);
         cJSON_AddNumberToObject(j, "world", g_nranks);
         cJSON_AddNumberToObject(j, "threads", o->threads);
         cJSON_AddNumberToObject(j, "batch_per_rank", spec.batch);
