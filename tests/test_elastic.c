@@ -48,7 +48,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-static char g_adtrain[4096], g_worker[4096], g_ip[64];
+static char g_adtrain[4096], g_worker[4096], g_ip[64], g_cluster[4200];
 static uint64_t g_seed;
 
 static double rnd(double lo, double hi) {
@@ -1192,6 +1192,7 @@ static int g_n_replan;
 
 static void test_train_replan(void) {
     mlp_cfg();
+    CHECK(g_cluster[0], "configs/clusters/cpu-epyc-32x2.json not found: run the test from the repository's root");
     static const char *flags[] = {"--model", g_mlp_cfg, "--data", "synthetic:mlp", "--batch", "12", "--optimizer",
                                   "sgd", "--lr", "0.1", "--commit-every", "20", "--lease-timeout", "10", "--steps",
                                   "400", NULL};
@@ -1200,8 +1201,9 @@ static void test_train_replan(void) {
     if (reference_losses(flags, 1, ref, steps)) return;
     ejob j;
     train_job_init(&j, "treplan", flags);
-    const char *extra[] = {"--model", g_mlp_cfg, "--strategy", "zero", "--batch", "12", "--optimizer", "sgd"};
-    for (int i = 0; i < 8; i++)
+    const char *extra[] = {"--model", g_mlp_cfg, "--strategy", "zero",     "--batch",
+                           "12",      "--optimizer", "sgd",  "--cluster", g_cluster};
+    for (int i = 0; i < 10; i++)
         j.master_extra[j.n_master_extra++] = extra[i];
     scale_run(&j, 30, 150, 60);
     train_audit(&j, steps);
@@ -1236,8 +1238,8 @@ static void test_train_replan(void) {
             continue;
         }
         seen++;
-        CHECK(strstr(detail, want[g - 1]) != NULL, "generation %d: replan event '%s', expected '%s'", g, detail,
-              want[g - 1]);
+        CHECK(strstr(detail, want[g - 1]) && strstr(detail, "ms/step"), "generation %d: replan event '%s', "
+              "expected '%s' and a predicted step time", g, detail, want[g - 1]);
         if (g == 2)
             CHECK(strstr(detail, "--strategy zero cannot apply to 1 ranks") && strstr(detail, "fell back to dp"),
                   "the world of 1: '%s' does not say why it fell back", detail);
@@ -1725,6 +1727,7 @@ int main(int argc, char **argv) {
         snprintf(dir, sizeof dir, ".");
     snprintf(g_worker, sizeof g_worker, "%s/elastic_worker", dir);
     snprintf(g_adtrain, sizeof g_adtrain, "%s/../adtrain", dir);
+    if (realpath("configs/clusters/cpu-epyc-32x2.json", g_cluster) == NULL) g_cluster[0] = 0; /* from the root */
     const char *ips[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
     for (int i = 0; i < 4 && !g_ip[0]; i++)
         if (access(ips[i], X_OK) == 0) snprintf(g_ip, sizeof g_ip, "%s", ips[i]);

@@ -149,7 +149,10 @@ static int search(const cli_replan_opts *r, int world, adt_world_plan *out) {
     adt_planner_result res;
     if (adt_planner_search(&r->model, &c, &po, &res)) return -1;
     out->json = adt_plan_to_json(&res.plan, res.graph);
-    snprintf(out->strategy, sizeof out->strategy, "auto: %.56s", res.plan.strategy);
+    if (res.from_expert >= 0) /* the search found nothing better than this expert plan */
+        snprintf(out->strategy, sizeof out->strategy, "auto (expert %.40s)", res.expert_name[res.from_expert]);
+    else
+        snprintf(out->strategy, sizeof out->strategy, "auto (searched, %d candidates)", res.n_candidates);
     adt_mesh_str(&res.plan.mesh, out->mesh, sizeof out->mesh);
     out->predicted_step_s = res.cost.step_s;
     adt_planner_result_free(&res);

@@ -182,19 +182,9 @@ static void prune_ckpts(const char *dir, int64_t below, const char *keep) {
  * of the manifest as part-R.json (an atomic rename: present = its slices are durable); rank 0
  * waits for all W parts, commits the manifest, and only then commits the step with the ledger. */
 static int write_part(const char *dir, int rank, const char *part) {
-    char path[4500], tmp[4600];
+    char path[4500];
     snprintf(path, sizeof path, "%s/part-%d.json", dir, rank);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return adt_error(ADT_ERR_IO, "%s: %s", tmp, strerror(errno));
-    int bad = fputs(part, f) < 0;
-    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path)) {
-        unlink(tmp);
-        return adt_error(ADT_ERR_IO, "%s: write failed", path);
-    }
-    return ADT_OK;
+    return adt_file_write_atomic(path, part, strlen(part));
 }
 
 /* Rank 0: every rank's part, waiting up to `wait_s` for the slowest; then the manifest. */

@@ -22,7 +22,6 @@
  * they first joined (so ranks stay where they were); each runs min(its slots, what the worker
  * target leaves) ranks.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,22 +287,6 @@ static void plan_path(const adt_master *m, int64_t gen, char *buf, size_t n) {
     snprintf(buf, n, "%s/plan-g%lld.json", m->job_dir, (long long)gen);
 }
 
-/* Writes `text` to `path` through a temporary file and a rename, so a reader never sees half. */
-static int write_atomic(const char *path, const char *text) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return adt_error(ADT_ERR_IO, "%s: %s", tmp, strerror(errno));
-    int bad = fputs(text, f) < 0;
-    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path)) {
-        unlink(tmp);
-        return adt_error(ADT_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    }
-    return ADT_OK;
-}
-
 /* The new world's plan (cfg.plan_world), written next to the state and recorded as an event.
  * Planning runs before the agents can learn of the world (the lock is held), so every worker
  * of the generation finds its plan. A failure leaves the world data parallel, and says why. */
@@ -317,7 +300,7 @@ static void replan(adt_master *m) {
     if (!rc && m->plan.json && !m->in_memory) {
         char path[4096];
         plan_path(m, m->gen, path, sizeof path);
-        rc = write_atomic(path, m->plan.json);
+        rc = adt_file_write_atomic(path, m->plan.json, strlen(m->plan.json));
     }
     m->plan_s = adt_now_s() - t0;
     if (rc) {
