@@ -67,7 +67,8 @@ static const char *const k_post[] = {
     "/v1/agents",    "/v1/agents/heartbeat", "/v1/agents/event", "/v1/agents/leave", "/v1/kvs",
     "/v1/data/init", "/v1/data/lease",       "/v1/data/report",  "/v1/data/commit",  "/v1/scale"};
 static const char *const k_get[] = {"/v1/job",    "/v1/generation", "/v1/agents",    "/v1/workers", "/v1/shards",
-                                    "/v1/events", "/metrics",       "/v1/data/info", "/",           "/v1/agents/"};
+                                    "/v1/events", "/metrics",       "/v1/data/info", "/",           "/v1/agents/",
+                                    "/v1/plan"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int once;
@@ -173,7 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         } else if (op < 15) {
             method = (fuzz_take(&in) & 7) ? "GET" : "PUT";
-            path = k_get[fuzz_take(&in) % 10];
+            path = k_get[fuzz_take(&in) % (sizeof k_get / sizeof k_get[0])];
             snprintf(after, sizeof after, "%d", (int)fuzz_take(&in) - 8);
             query[0] = (fuzz_take(&in) & 1) ? "after" : "leases", query[1] = (fuzz_take(&in) & 1) ? after : "all";
         } else {

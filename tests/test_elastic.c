@@ -48,7 +48,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-static char g_adtrain[4096], g_worker[4096], g_ip[64];
+static char g_adtrain[4096], g_worker[4096], g_ip[64], g_cluster[4200];
 static uint64_t g_seed;
 
 static double rnd(double lo, double hi) {
@@ -1025,14 +1025,20 @@ static double train_recovery(const ejob *j, int gen, double t_kill) {
 static double g_ref_gpt[2][61], g_ref_mlp[2][401]; /* [ranks - 2][step] */
 static int g_have_ref;
 
-static int train_refs(void) {
-    if (g_have_ref) return g_have_ref > 0 ? 0 : -1;
-    g_have_ref = -1;
+/* The MLP config file of the MLP runs (g_mlp_cfg), written once. */
+static void mlp_cfg(void) {
+    if (g_mlp_cfg[0]) return;
     const char *base = getenv("TMPDIR");
     snprintf(g_mlp_cfg, sizeof g_mlp_cfg, "%s/adt_test_elastic_mlp_%d.json", base && *base ? base : "/tmp",
              (int)getpid());
     FILE *f = fopen(g_mlp_cfg, "w");
     if (f) fputs("{\"type\": \"mlp\", \"sizes\": [32, 64, 10], \"activation\": \"relu\"}\n", f), fclose(f);
+}
+
+static int train_refs(void) {
+    if (g_have_ref) return g_have_ref > 0 ? 0 : -1;
+    g_have_ref = -1;
+    mlp_cfg();
     for (int r = 2; r <= 3; r++)
         if (reference_losses(TRAIN_GPT, r, g_ref_gpt[r - 2], flags_steps(TRAIN_GPT)) ||
             reference_losses(TRAIN_MLP, r, g_ref_mlp[r - 2], flags_steps(TRAIN_MLP)))
@@ -1171,6 +1177,91 @@ static void test_train_scale(void) {
           count_loss_lines(j.logf), steps);
     train_compare(&j, g_ref_mlp[0], steps, 0);
     CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* Re-planning: the master plans each world for the model (--strategy zero), the trainer runs
+ * the plan. Scaled 2 -> 1 -> 3: ZeRO on 2 ranks (sharded checkpoints: every rank its slices,
+ * one manifest), data parallel on 1 (ZeRO needs 2 or more: the fallback is an event), ZeRO on
+ * 3, each world restoring the last commit under its own plan. Every step's loss is the serial
+ * run's within 1e-5 (the global batch is the same in every world), the audit is clean, nothing
+ * is trained twice. */
+static double g_replan_ms[16];
+static int g_n_replan;
+
+static void test_train_replan(void) {
+    mlp_cfg();
+    CHECK(g_cluster[0], "configs/clusters/cpu-epyc-32x2.json not found: run the test from the repository's root");
+    static const char *flags[] = {"--model", g_mlp_cfg, "--data", "synthetic:mlp", "--batch", "12", "--optimizer",
+                                  "sgd", "--lr", "0.1", "--commit-every", "20", "--lease-timeout", "10", "--steps",
+                                  "400", NULL};
+    int steps = flags_steps(flags);
+    double ref[401];
+    if (reference_losses(flags, 1, ref, steps)) return;
+    ejob j;
+    train_job_init(&j, "treplan", flags);
+    const char *extra[] = {"--model", g_mlp_cfg, "--strategy", "zero",     "--batch",
+                           "12",      "--optimizer", "sgd",  "--cluster", g_cluster};
+    for (int i = 0; i < 10; i++)
+        j.master_extra[j.n_master_extra++] = extra[i];
+    scale_run(&j, 30, 150, 60);
+    train_audit(&j, steps);
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
+          count_loss_lines(j.logf), steps);
+    double got[401], worst = 0;
+    int top = read_step_losses(j.logf, got, steps), bad = 0;
+    CHECK(top == steps, "the run logged up to step %d of %d", top, steps);
+    for (int s = 1; s <= steps; s++) {
+        double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
+        if (!(rel <= 1e-5)) bad++;
+        if (rel > worst) worst = rel;
+    }
+    CHECK(bad == 0, "%d steps' losses differ from the serial run's by more than 1e-5 (worst %.3g)", bad, worst);
+    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
+    /* one replan event per world, each naming its plan; the world of 1 fell back and says why */
+    int st;
+    char *reply = NULL;
+    if (adt_master_call(j.addr, j.token, "GET", "/v1/events", NULL, 3.0, &st, &reply) != ADT_OK) reply = NULL;
+    const char *want[3] = {"strategy dp=2,zero, mesh (2)", "strategy dp=1, mesh (1)", "strategy dp=3,zero, mesh (3)"};
+    int seen = 0;
+    double formed = 0;
+    for (char *line = reply, *nl; line && *line; line = nl ? nl + 1 : NULL) { /* JSON lines */
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        cJSON *e = cJSON_Parse(line);
+        const char *kind = jstr(e, "kind"), *detail = jstr(e, "detail");
+        int g = (int)jnum(e, "generation");
+        if (!strcmp(kind, "generation")) formed = jnum(e, "t");
+        if (strcmp(jstr(e, "source"), "master") || strcmp(kind, "replan") || g < 1 || g > 3) {
+            cJSON_Delete(e);
+            continue;
+        }
+        seen++;
+        CHECK(strstr(detail, want[g - 1]) && strstr(detail, "ms/step"), "generation %d: replan event '%s', "
+              "expected '%s' and a predicted step time", g, detail, want[g - 1]);
+        if (g == 2)
+            CHECK(strstr(detail, "--strategy zero cannot apply to 1 ranks") && strstr(detail, "fell back to dp"),
+                  "the world of 1: '%s' does not say why it fell back", detail);
+        if (g_n_replan < 16 && formed > 0) g_replan_ms[g_n_replan++] = (jnum(e, "t") - formed) * 1e3;
+        cJSON_Delete(e);
+    }
+    CHECK(seen == 3, "%d replan events for 3 worlds", seen);
+    free(reply);
+    /* the plan files, and the last commit (of the ZeRO world of 3) a distributed checkpoint */
+    for (int g = 1; g <= 3; g++) {
+        char path[800];
+        snprintf(path, sizeof path, "%s/plan-g%d.json", j.jobdir, g);
+        CHECK(access(path, R_OK) == 0, "%s missing", path);
+    }
+    char man[800];
+    snprintf(man, sizeof man, "%s/ckpt-%d-g3/manifest.json", j.ckdir, steps);
+    CHECK(access(man, R_OK) == 0, "%s missing: the ZeRO world's commit is not a distributed checkpoint", man);
+    cJSON *job = api(&j, "GET", "/v1/job", NULL, NULL);
+    const cJSON *plan = job ? cJSON_GetObjectItemCaseSensitive(job, "plan") : NULL;
+    CHECK(cJSON_IsObject(plan) && strstr(jstr(plan, "strategy"), "zero") && jnum(plan, "generation") == 3,
+          "GET /v1/job: no plan of generation 3");
+    cJSON_Delete(job);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
@@ -1605,6 +1696,24 @@ static void test_cli_errors(void) {
     CHECK(run_cmd(log, a6, 10) == 2, "scale without a target");
     const char *a7[] = {g_adtrain, "launch", "--nproc-per-node", "0", "--", "/bin/true", NULL};
     CHECK(run_cmd(log, a7, 10) == 2, "launch --nproc-per-node 0");
+    /* re-planning flags */
+    mlp_cfg();
+    const char *a8[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", "/nonexistent/model.json", "--batch", "12",
+                        NULL};
+    CHECK(run_cmd(log, a8, 10) == 2, "master --model of a missing file");
+    const char *a9[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", g_mlp_cfg, "--batch", "12", "--strategy",
+                        "bogus", NULL};
+    CHECK(run_cmd(log, a9, 10) == 2, "master --strategy bogus");
+    const char *a10[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", g_mlp_cfg, "--batch", "12", "--strategy",
+                         "auto", NULL};
+    CHECK(run_cmd(log, a10, 10) == 2, "master --strategy auto without --cluster");
+    const char *a11[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", g_mlp_cfg, "--batch", "12", "--cluster",
+                         "/nonexistent/cluster.json", NULL};
+    CHECK(run_cmd(log, a11, 10) == 2, "master --cluster of a missing file");
+    const char *a12[] = {g_adtrain, "master", "--job", "/tmp/x", "--strategy", "zero", NULL};
+    CHECK(run_cmd(log, a12, 10) == 2, "master --strategy without --model");
+    const char *a13[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", g_mlp_cfg, NULL};
+    CHECK(run_cmd(log, a13, 10) == 2, "master --model without --batch");
 }
 
 int main(int argc, char **argv) {
@@ -1618,6 +1727,7 @@ int main(int argc, char **argv) {
         snprintf(dir, sizeof dir, ".");
     snprintf(g_worker, sizeof g_worker, "%s/elastic_worker", dir);
     snprintf(g_adtrain, sizeof g_adtrain, "%s/../adtrain", dir);
+    if (realpath("configs/clusters/cpu-epyc-32x2.json", g_cluster) == NULL) g_cluster[0] = 0; /* from the root */
     const char *ips[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
     for (int i = 0; i < 4 && !g_ip[0]; i++)
         if (access(ips[i], X_OK) == 0) snprintf(g_ip, sizeof g_ip, "%s", ips[i]);
@@ -1652,6 +1762,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_zombie);
     MAYBE(test_train_sigterm);
     MAYBE(test_train_scale);
+    MAYBE(test_train_replan);
     MAYBE(test_train_trials);
     MAYBE(test_train_hosts);
     if (g_n_recovery) {
@@ -1669,6 +1780,13 @@ int main(int argc, char **argv) {
             hi = g_train_recovery[i] > hi ? g_train_recovery[i] : hi, sum += g_train_recovery[i];
         printf("MEASURE train_kill_worker_to_next_step mean=%.3f s min=%.3f max=%.3f (%d runs)\n",
                sum / g_n_train_recovery, lo, hi, g_n_train_recovery);
+    }
+    if (g_n_replan) {
+        double hi = 0, sum = 0;
+        for (int i = 0; i < g_n_replan; i++)
+            hi = g_replan_ms[i] > hi ? g_replan_ms[i] : hi, sum += g_replan_ms[i];
+        printf("MEASURE replan_world_formed_to_plan_written mean=%.2f ms max=%.2f ms (%d worlds)\n", sum / g_n_replan,
+               hi, g_n_replan);
     }
     if (g_mlp_cfg[0]) unlink(g_mlp_cfg);
     reap_all();

@@ -83,6 +83,10 @@ void adt_log_set_tag(const char *tag);
  * `what` names the expected content in messages ("text data"). ADT_ERR_IO (cannot open, a
  * directory, read error) or ADT_ERR_FORMAT (too large). */
 int adt_file_read(const char *path, size_t max, const char *what, char **out, size_t *n);
+/* Writes n bytes to `path` through PATH.tmp, fsynced, then renamed over it: a reader sees the old
+ * file or the whole new one, and after a crash the new one is there or not at all. ADT_ERR_IO
+ * naming the file. */
+int adt_file_write_atomic(const char *path, const void *data, size_t n);
 
 /* ---------------------------------------------------------------------------------------------
  * Clocks

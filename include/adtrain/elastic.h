@@ -77,6 +77,16 @@ typedef enum adt_job_state {
     ADT_JOB_FAILED,      /* the restart budget is spent                         */
 } adt_job_state;
 
+/* The plan of one world, as a re-planning hook (adt_master_config.plan_world) makes it. */
+typedef struct adt_world_plan {
+    char *json;              /* the plan file's text (malloc'd; the master frees it); NULL: none,
+                                the workers run data parallel                                  */
+    char strategy[64];       /* as the plan says: "zero", "dp=2,tp=2", "auto: ..."             */
+    char mesh[64];           /* "(2)", "(2,2)"                                                  */
+    double predicted_step_s; /* the cost model's step time; 0: not priced (no cluster)         */
+    char note[256];          /* why a requested strategy fell back, or "" */
+} adt_world_plan;
+
 typedef struct adt_master_config {
     const char *job_dir;     /* DIR: DIR/master.db and DIR/ledger.db, created if missing; a
                                 state found there is resumed. ":memory:" keeps nothing on disk */
@@ -113,6 +123,14 @@ typedef struct adt_master_config {
      * /v1/straggler/report consult: "off" (default), "dd" or "nd", and its "key=value,..."
      * config (NULL: the defaults). */
     const char *straggler_policy, *straggler_config;
+    /* Re-planning. When set, called (under the master's lock) each time a world of `world`
+     * ranks forms, before its agents learn of it: the plan for that world into *out (zeroed
+     * first). The master writes out->json to DIR/plan-g<G>.json (an atomic rename), records a
+     * "replan" event (strategy, mesh, predicted step time, the note, how long planning took) and
+     * serves the text to the workers (GET /v1/plan). A non-zero return leaves the world without
+     * a plan (data parallel), the message in the event. NULL: every world is data parallel. */
+    int (*plan_world)(void *ctx, int world, adt_world_plan *out);
+    void *plan_ctx;
 } adt_master_config;
 
 /* Opens (or creates) the job's state; serves nothing yet. Errors name the flag or file. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "adtrain/base.h"
 
@@ -45,4 +46,26 @@ int adt_file_read(const char *path, size_t max, const char *what, char **out, si
     *out = buf;
     *n_out = n;
     return ADT_OK;
+}
+
+int adt_file_write_atomic(const char *path, const void *data, size_t n) {
+    size_t len = strlen(path) + 5;
+    char *tmp = adt_malloc(len);
+    snprintf(tmp, len, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        int rc = adt_error(ADT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        free(tmp);
+        return rc;
+    }
+    int bad = n && fwrite(data, 1, n, f) != n;
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    int rc = ADT_OK;
+    if (bad || rename(tmp, path)) {
+        rc = adt_error(ADT_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    free(tmp);
+    return rc;
 }

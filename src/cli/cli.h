@@ -10,6 +10,7 @@
 #include "adtrain/dist.h"
 #include "adtrain/elastic.h"
 #include "adtrain/models.h"
+#include "adtrain/planner.h"
 
 #define ADT_VERSION "0.1.0"
 
@@ -54,9 +55,33 @@ int cli_status(int argc, char **argv);
 int cli_scale(int argc, char **argv);
 int cli_audit(int argc, char **argv);
 
+/* The master's re-planning flags (replan.c): --model, --cluster, --strategy, --batch,
+ * --optimizer; what cli_replan_finish loaded from them. */
+typedef struct cli_replan_opts {
+    const char *model_path, *cluster_path, *strategy;
+    long batch;
+    adt_optim_kind optim;
+    int momentum, optim_given;
+    adt_model_cfg model;
+    char label[320];
+    adt_cluster cluster;
+    int have_cluster;
+} cli_replan_opts;
+/* 1: the flag was one of them and is applied; 0: not one; -1: bad value (printed). */
+int cli_replan_flag(const char *command, cli_replan_opts *r, const char *name, const char *value);
+/* Loads and checks the model, cluster and strategy; with --model sets cfg's plan_world hook
+ * (ctx r, which must outlive the master). -1 after printing the problem. */
+int cli_replan_finish(const char *command, cli_replan_opts *r, adt_master_config *cfg, long global_batch);
+/* The hook: the plan of the model for `world` devices (adt_master_config.plan_world). */
+int cli_replan_world(void *ctx, int world, adt_world_plan *out);
+/* The training graph the plans are made for (*out is set even on failure; free it). */
+int cli_replan_graph(const cli_replan_opts *r, adt_graph **out);
+extern const char cli_replan_flags_help[];
+
 /* The master's flags, shared by `adtrain master` and `adtrain launch` (master.c). */
 typedef struct cli_master_opts {
     adt_master_config cfg;
+    cli_replan_opts rp;
     adt_ledger_job job; /* the data flags (--samples ...), if any */
     int data_flags;
     char token[300];

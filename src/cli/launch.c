@@ -33,10 +33,10 @@ static void launch_usage(FILE *f) {
             "  --rdzv-id ID            the job's id (TORCHELASTIC_RUN_ID)\n"
             "  --token T               the job token (required when HOST is not loopback)\n"
             "agent:\n%s"
-            "master:\n%s"
+            "master:\n%s%s"
             "\n"
             "exit status: 0 the job finished, 1 it failed, 2 bad flag\n",
-            cli_agent_flags_help, cli_master_flags_help);
+            cli_agent_flags_help, cli_master_flags_help, cli_replan_flags_help);
 }
 
 /* Is a master answering at hostport? */

@@ -75,6 +75,11 @@ static const char *const k_value_flags[] = {"--listen",
                                             "--linger",
                                             "--straggler-policy",
                                             "--straggler-config",
+                                            "--model",
+                                            "--cluster",
+                                            "--strategy",
+                                            "--batch",
+                                            "--optimizer",
                                             NULL};
 
 int cli_master_has_value(const char *name) { return cli_in_list(name, k_value_flags); }
@@ -90,6 +95,8 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     adt_master_config *c = &o->cfg;
     long x, y;
     double d;
+    int k = cli_replan_flag(cmd, &o->rp, f, v);
+    if (k) return k;
     if (!strcmp(f, "--listen"))
         c->listen = v;
     else if (!strcmp(f, "--job"))
@@ -187,7 +194,7 @@ int cli_master_finish(const char *cmd, cli_master_opts *o) {
         o->job.replicas = 1;
         o->cfg.data = &o->job;
     }
-    return 0;
+    return cli_replan_finish(cmd, &o->rp, &o->cfg, o->data_flags ? (long)o->job.global_batch : 0);
 }
 
 static void master_usage(FILE *f) {
@@ -203,10 +210,10 @@ static void master_usage(FILE *f) {
             "  --token T, --token-file F   every request must carry 'Authorization: Bearer T'\n"
             "  --run-id ID             the job's id (TORCHELASTIC_RUN_ID of the workers)\n"
             "  --linger S              after the job ends, keep serving S seconds (default 3)\n"
-            "%s"
+            "%s%s"
             "\n"
             "exit status: 0 the job finished, 1 it failed or the master could not run, 2 bad flag\n",
-            ADT_MASTER_DEFAULT_PORT, cli_master_flags_help);
+            ADT_MASTER_DEFAULT_PORT, cli_master_flags_help, cli_replan_flags_help);
 }
 
 /* Off loopback without a token: the one in DIR/token (a restarted master keeps its agents'), or

@@ -84,6 +84,13 @@ static void print_status(const cJSON *job, const cJSON *agents, const cJSON *wor
     if (cJSON_GetObjectItemCaseSensitive(job, "last_recovery_s"))
         printf("; last recovery %.2f s", num(job, "last_recovery_s"));
     printf("\n");
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(job, "plan");
+    if (cJSON_IsObject(pl)) {
+        printf("plan of generation %.0f: %s on mesh %s", num(pl, "generation"), str(pl, "strategy"), str(pl, "mesh"));
+        if (num(pl, "predicted_step_s") > 0) printf(", predicted %.4f ms/step", num(pl, "predicted_step_s") * 1e3);
+        printf("; planned in %.1f ms%s%s\n", num(pl, "planning_s") * 1e3, str(pl, "note")[0] ? "; " : "",
+               str(pl, "note"));
+    }
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(job, "ledger");
     if (cJSON_IsObject(l)) {
         double done = num(l, "committed_steps"), total = num(l, "total_steps");

@@ -52,7 +52,8 @@ static int build_graph(trainer *t) {
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
     /* Accuracy and AUC read the logits after a forward run. */
     if (t->model.type != ADT_MODEL_GPT) adt_graph_mark_output(t->g, t->io.logits);
-    int rc = train_dist_partition(t);
+    int rc = train_elastic_plan(t);
+    if (!rc) rc = train_dist_partition(t);
     return rc ? rc : check_memory(t);
 }
 
@@ -119,6 +120,7 @@ static void trainer_free(trainer *t) {
     adt_sampler_free(&t->sampler);
     train_data_free(t);
     free(t->idx);
+    free(t->o.plan_text);
     if (t->log) fclose(t->log);
 }
 

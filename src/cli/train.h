@@ -35,6 +35,7 @@ typedef struct train_opts {
     const char *init_path, *resume_path, *save_path;
     long save_every;
     const char *plan_path; /* --plan PLAN.json (train_dist.c) */
+    char *plan_text;       /* the elastic master's plan for this world (train_elastic.c), or NULL */
     /* balanced data parallelism (train_balance.c): --straggler-policy, --straggler-config,
      * --split, --micro-batch, --inject-slowdown; `on` once any of them is given */
     struct train_balance_opts {
@@ -163,10 +164,19 @@ int train_ckpt_save(trainer *t, const char *path, long step);
 /* The file --save writes, from any storage (a flash checkpoint's slot): adt_status, no message
  * printed, so that a background thread may call it. */
 int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx);
+/* The two halves of a distributed checkpoint, without collectives (a background thread may call
+ * them): this rank's slices into DIR, their storage given by data(ctx, v) over the ids of the
+ * graph the rank's executor runs, *part its part of the manifest; then, on one rank, the
+ * manifest of all t->nranks parts. adt_status, no message printed. */
+int train_ckpt_write_rank(trainer *t, const char *dir, long step, adt_ckpt_data_fn data, void *ctx, char **part);
+int train_ckpt_commit_parts(trainer *t, const char *dir, long step, const char *const *parts);
 
 /* train_elastic.c: the run as a worker of an elastic job (ADT_MASTER set by `adtrain agent`). */
 /* Collective: lease client, restore. -1: the job's last step is committed already (exit 0). */
 int train_elastic_start(trainer *t);
+/* Before the graph is partitioned: the plan the master made for this world (o.plan_text), if
+ * it made one; a world without one runs data parallel. */
+int train_elastic_plan(trainer *t);
 int train_elastic_batch(trainer *t, long step, int64_t *idx); /* the step's samples from leases */
 /* After step `step`: report it; checkpoint and commit when due; *stop: leave the loop, returning
  * the result (0 after a planned stop or the last step). */

@@ -171,6 +171,21 @@ int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn d
     return rc;
 }
 
+int train_ckpt_write_rank(trainer *t, const char *dir, long step, adt_ckpt_data_fn data, void *ctx, char **part) {
+    adt_ckpt_view view = ckpt_view(t);
+    view.data = data, view.ctx = ctx;
+    return adt_dckpt_write_rank(dir, step, &view, 1, part);
+}
+
+int train_ckpt_commit_parts(trainer *t, const char *dir, long step, const char *const *parts) {
+    ckpt_meta m;
+    meta_make(t, step, &m);
+    adt_ckpt_view view = ckpt_view(t);
+    int rc = adt_dckpt_commit(dir, step, view.g, 1, parts, t->nranks, m.kv, META_PAIRS);
+    free(m.model_json);
+    return rc;
+}
+
 /* A checkpoint being read: one safetensors file, or a distributed checkpoint's directory. */
 typedef struct ckpt_src {
     const char *flag, *path;

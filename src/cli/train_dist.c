@@ -93,10 +93,16 @@ void train_world_fatal(trainer *t, int rc) {
  * at once, which is the same step. */
 static int make_plan(trainer *t) {
     char mb[32];
-    const char *flag = t->o.plan_path ? "--plan" : "the default plan";
+    /* a plan given: --plan's file, or the text the elastic master made for this world */
+    int given = t->o.plan_path || t->o.plan_text;
+    const char *flag = t->o.plan_path ? "--plan" : given ? "the master's plan" : "the default plan";
     if (t->o.plan_path) {
         if (adt_plan_load(&t->xplan, t->o.plan_path)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
         snprintf(t->plan_label, sizeof t->plan_label, "%s (%s)", t->o.plan_path, t->xplan.strategy);
+    } else if (given) {
+        if (adt_plan_parse(&t->xplan, t->o.plan_text, "the master's plan"))
+            return train_fail(EXIT_USAGE, "%s", adt_error_message());
+        snprintf(t->plan_label, sizeof t->plan_label, "the master's plan (%s)", t->xplan.strategy);
     } else {
         adt_expert_opts eo = {.strategy = "dp", .devices = t->nranks, .batch = (int)t->o.batch};
         if (adt_expert_plan(t->g, &t->model, &eo, &t->xplan))
@@ -108,24 +114,24 @@ static int make_plan(trainer *t) {
         return train_fail(EXIT_USAGE, "%s %s: the plan's mesh %s has %d devices, but %d rank%s started; expected "
                           "mpiexec -n %d", flag, p->name, adt_mesh_str(&p->mesh, mb, sizeof mb), p->mesh.nranks,
                           t->nranks, t->nranks == 1 ? " was" : "s were", p->mesh.nranks);
-    if (t->o.plan_path) {
+    if (given) {
         int momentum = t->oc.kind == ADT_OPTIM_SGD && t->oc.momentum != 0;
         if (adt_plan_check_model(p, &t->model, (int)t->o.batch))
-            return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+            return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
         if (p->optim != t->oc.kind || (p->optim == ADT_OPTIM_SGD && p->momentum != momentum))
-            return train_fail(EXIT_USAGE, "--plan %s: made for --optimizer %s%s, this run has %s%s", p->name,
+            return train_fail(EXIT_USAGE, "%s %s: made for --optimizer %s%s, this run has %s%s", flag, p->name,
                               p->optim == ADT_OPTIM_SGD ? "sgd" : "adamw", p->momentum ? " with --momentum" : "",
                               t->oc.kind == ADT_OPTIM_SGD ? "sgd" : "adamw", momentum ? " with --momentum" : "");
         const adt_graph *bind_to = t->g;
         if (p->n_stages > 1 || p->microbatches > 1) {
-            if (adt_plan_build_graph(p, &t->oc, &t->pg)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+            if (adt_plan_build_graph(p, &t->oc, &t->pg)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
             int *io[5] = {&t->pio.input, &t->pio.input2, &t->pio.label, &t->pio.logits, &t->pio.loss};
             const int from[5] = {t->io.input, t->io.input2, t->io.label, t->io.logits, t->io.loss};
             for (int i = 0; i < 5; i++) *io[i] = from[i] >= 0 ? adt_graph_find_value(t->pg, t->g->values[from[i]].name) : -1;
             if (t->model.type != ADT_MODEL_GPT && t->pio.logits >= 0) adt_graph_mark_output(t->pg, t->pio.logits);
             bind_to = t->pg;
         }
-        if (adt_plan_bind(&t->xplan, bind_to)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+        if (adt_plan_bind(&t->xplan, bind_to)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
     }
     int stage;
     if (adt_plan_locate(p, t->rank, &stage, t->coord)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());

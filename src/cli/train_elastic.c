@@ -60,8 +60,9 @@ typedef struct train_elastic {
     /* flash checkpoints */
     adt_flash *flash;
     char flash_path[1100];
-    int64_t *offset; /* [g->n_values]: byte offset of a persistent value in a slot, -1 if none */
+    int64_t *offset; /* [state graph's n_values]: byte offset of a persistent value in a slot, -1 if none */
     uint64_t state_bytes;
+    int sharded;     /* the plan gives ranks different state: every rank persists its slices */
     const uint8_t *persist_data; /* the slot the persister writes (its data callback reads it) */
     int64_t last_commit;
     char last_name[256];
@@ -86,8 +87,14 @@ static int el_fail(int code, const char *what) {
 
 /* ---- state <-> memory ------------------------------------------------------------------------ */
 
+/* The graph whose values this rank's executor holds: the whole training graph (one process),
+ * the rank's partition of it, or its pipeline stage's. A slot holds its persistent values. */
+static const adt_graph *state_graph(const trainer *t) {
+    return t->pipe ? adt_pipe_local(t->pipe)->g : train_run_graph(t);
+}
+
 static void layout_state(trainer *t, train_elastic *e) {
-    const adt_graph *g = t->g;
+    const adt_graph *g = state_graph(t);
     e->offset = adt_malloc((size_t)g->n_values * sizeof *e->offset);
     uint64_t off = 0;
     for (int v = 0; v < g->n_values; v++) {
@@ -97,59 +104,138 @@ static void layout_state(trainer *t, train_elastic *e) {
         off += (uint64_t)adt_value_bytes(g, v);
     }
     e->state_bytes = off;
+    /* Sharded: a pipeline, or a persistent value held here in part or not at all (ZeRO, tensor
+     * parallel). Then no rank can write the whole checkpoint alone. */
+    e->sharded = t->pipe != NULL;
+    for (int v = 0; t->loc.g && v < t->g->n_values && !e->sharded; v++) {
+        if (!adt_role_is_persistent(t->g->values[v].role)) continue;
+        int lv = t->loc.value[v];
+        e->sharded = lv < 0 || adt_value_bytes(t->loc.g, lv) != adt_value_bytes(t->g, v);
+    }
 }
 
-/* Copies every persistent value into dst (to = 1) or back from src (to = 0). */
+/* Copies every persistent value into mem (to = 1) or back from it (to = 0). */
 static void copy_state(trainer *t, train_elastic *e, uint8_t *mem, int to) {
-    for (int v = 0; v < t->g->n_values; v++) {
+    const adt_graph *g = state_graph(t);
+    for (int v = 0; v < g->n_values; v++) {
         if (e->offset[v] < 0) continue;
-        size_t n = (size_t)adt_value_bytes(t->g, v);
-        void *live = train_value(t, v);
+        size_t n = (size_t)adt_value_bytes(g, v);
+        void *live = adt_exec_data(t->ex, v);
         if (to) memcpy(mem + e->offset[v], live, n);
         else memcpy(live, mem + e->offset[v], n);
     }
 }
 
-static void *slot_data(void *ctx, int v) {
+/* A value of the slot being persisted: by the state graph's id (a distributed checkpoint's
+ * view), or by the global graph's (the one-file checkpoint of a replicated state). */
+static void *slot_local(void *ctx, int v) {
     trainer *t = ctx;
     return (void *)(t->el->persist_data + t->el->offset[v]);
 }
 
-static void ckpt_name(char *buf, size_t n, int64_t step, int64_t gen) {
-    snprintf(buf, n, "ckpt-%lld-g%lld.safetensors", (long long)step, (long long)gen);
+static void *slot_data(void *ctx, int v) {
+    trainer *t = ctx;
+    return slot_local(ctx, t->loc.g ? t->loc.value[v] : v);
 }
 
-/* Removes DIR/ckpt-*.safetensors except `keep_a` and `keep_b` (names). */
-static void prune_ckpts(const char *dir, const char *keep_a, const char *keep_b) {
+static void ckpt_name(char *buf, size_t n, int64_t step, int64_t gen, int sharded) {
+    /* a sharded state is a distributed checkpoint: a directory */
+    snprintf(buf, n, "ckpt-%lld-g%lld%s", (long long)step, (long long)gen, sharded ? "" : ".safetensors");
+}
+
+/* Removes DIR/ckpt-S-gG[.safetensors] (files, and the directories of distributed checkpoints)
+ * of steps below `below`, except `keep` (the commit before). Later steps may be being written
+ * by ranks ahead of this one, so they stay. */
+static void prune_ckpts(const char *dir, int64_t below, const char *keep) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *de;
     while ((de = readdir(d))) {
         const char *n = de->d_name;
-        size_t len = strlen(n);
-        if (strncmp(n, "ckpt-", 5) || len < 12 || strcmp(n + len - 12, ".safetensors")) continue;
-        if (!strcmp(n, keep_a) || !strcmp(n, keep_b)) continue;
+        long long step, gen;
+        int end = 0;
+        if (sscanf(n, "ckpt-%lld-g%lld%n", &step, &gen, &end) != 2 || step >= below || !strcmp(n, keep)) continue;
+        if (n[end] && strcmp(n + end, ".safetensors")) continue;
         char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, n);
-        unlink(path);
+        if (n[end] == 0) { /* a distributed checkpoint's directory: its files, then itself */
+            DIR *sub = opendir(path);
+            struct dirent *f;
+            while (sub && (f = readdir(sub))) {
+                if (f->d_name[0] == '.') continue;
+                char fp[4700];
+                snprintf(fp, sizeof fp, "%s/%s", path, f->d_name);
+                unlink(fp);
+            }
+            if (sub) closedir(sub);
+            rmdir(path);
+        } else {
+            unlink(path);
+        }
     }
     closedir(d);
 }
 
-/* The persister (rank 0's background thread): the slot as a --save file, then the commit. */
+/* ---- distributed checkpoints without MPI ----------------------------------------------------------
+ * The persisters are background threads, and MPI was not initialised for threads: the ranks
+ * agree through the checkpoint's directory instead. Each rank writes its slices, then its part
+ * of the manifest as part-R.json (an atomic rename: present = its slices are durable); rank 0
+ * waits for all W parts, commits the manifest, and only then commits the step with the ledger. */
+static int write_part(const char *dir, int rank, const char *part) {
+    char path[4500];
+    snprintf(path, sizeof path, "%s/part-%d.json", dir, rank);
+    return adt_file_write_atomic(path, part, strlen(part));
+}
+
+/* Rank 0: every rank's part, waiting up to `wait_s` for the slowest; then the manifest. */
+static int commit_parts(trainer *t, const char *dir, int64_t step, double wait_s) {
+    char **parts = adt_calloc((size_t)t->nranks, sizeof *parts);
+    double deadline = adt_now_s() + wait_s;
+    int rc = ADT_OK;
+    for (int r = 0; r < t->nranks && !rc; r++) {
+        char path[4500];
+        snprintf(path, sizeof path, "%s/part-%d.json", dir, r);
+        size_t n;
+        while (access(path, R_OK) && adt_now_s() < deadline) usleep(5000);
+        if (access(path, R_OK)) rc = adt_error(ADT_ERR_IO, "%s: rank %d did not write its slices within %.0f s", dir, r, wait_s);
+        else rc = adt_file_read(path, 1 << 20, "manifest part", &parts[r], &n);
+    }
+    if (!rc) rc = train_ckpt_commit_parts(t, dir, step, (const char *const *)parts);
+    for (int r = 0; r < t->nranks; r++) {
+        char path[4500];
+        snprintf(path, sizeof path, "%s/part-%d.json", dir, r);
+        if (!rc) unlink(path);
+        free(parts[r]);
+    }
+    free(parts);
+    return rc;
+}
+
+/* The persister (a background thread): the slot as a --save format file written by rank 0
+ * (every rank holds the whole state), or this rank's slices of a distributed checkpoint; then
+ * rank 0 commits the step. */
 static int persist(void *ctx, int64_t gen, int64_t step, const void *data, uint64_t bytes) {
     trainer *t = ctx;
     train_elastic *e = t->el;
     if (bytes != e->state_bytes) return adt_error(ADT_ERR_STATE, "flash slot of %llu bytes", (unsigned long long)bytes);
     char name[128], path[4400];
-    ckpt_name(name, sizeof name, step, gen);
+    ckpt_name(name, sizeof name, step, gen, e->sharded);
     snprintf(path, sizeof path, "%s/%s", t->o.elastic_dir, name);
     e->persist_data = data;
-    int rc = train_ckpt_write(t, path, (long)step, slot_data, t);
-    if (rc) return rc;
+    int rc;
+    if (e->sharded) {
+        char *part = NULL;
+        rc = train_ckpt_write_rank(t, path, (long)step, slot_local, t, &part);
+        if (!rc) rc = write_part(path, t->rank, part);
+        free(part);
+        if (!rc && t->rank == 0) rc = commit_parts(t, path, step, 2 * t->o.lease_timeout + 60);
+        if (rc || t->rank != 0) return rc;
+    } else if ((rc = train_ckpt_write(t, path, (long)step, slot_data, t))) {
+        return rc;
+    }
     if ((rc = adt_elastic_commit(e->commit, step, name))) return rc;
     /* the commit in force and the one before stay (a restore reads the former) */
-    prune_ckpts(t->o.elastic_dir, name, e->last_name);
+    prune_ckpts(t->o.elastic_dir, step, e->last_name);
     e->last_commit = step;
     snprintf(e->last_name, sizeof e->last_name, "%s", name);
     return ADT_OK;
@@ -168,9 +254,16 @@ static int open_flash(trainer *t, train_elastic *e) {
     snprintf(e->flash_path, sizeof e->flash_path, "%s/adtrain-flash-%s-%s-%s", dir && *dir ? dir : "/dev/shm",
              run && *run ? run : "job", safe, lr && *lr ? lr : "0");
     uint64_t layout = (uint64_t)adt_plan_graph_checksum(t->g) << 32 ^ e->state_bytes;
+    if (e->sharded) { /* a slot holds this rank's slices: only the same plan and place may read it */
+        char where[400];
+        int n = snprintf(where, sizeof where, "%s|%d|%d|", t->plan_label, t->rank, t->nranks);
+        uint32_t c = adt_crc32c(0, where, (size_t)n);
+        if (t->o.plan_text) c = adt_crc32c(c, t->o.plan_text, strlen(t->o.plan_text));
+        layout ^= (uint64_t)c << 16;
+    }
     if (adt_flash_open(&e->flash, e->flash_path, e->state_bytes ? e->state_bytes : 1, layout))
         return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
-    if (adt_flash_start(e->flash, t->rank == 0 ? persist : NULL, t))
+    if (adt_flash_start(e->flash, t->rank == 0 || e->sharded ? persist : NULL, t))
         return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
     return 0;
 }
@@ -194,14 +287,49 @@ static int restore(trainer *t, train_elastic *e, int64_t step, const char *name)
     return rc;
 }
 
+int train_elastic_plan(trainer *t) {
+    const char *master = getenv("ADT_MASTER"), *gen = getenv("ADT_GENERATION");
+    if (!master || !t->world || t->o.plan_path || t->o.bal.on) return 0; /* one process runs serially */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/plan?generation=%s", gen && *gen ? gen : "0");
+    /* the master may be restarting: retry while it cannot be reached or answers 5xx */
+    double deadline = adt_now_s() + 60;
+    for (;;) {
+        int status = 0;
+        char *reply = NULL;
+        int rc = adt_master_call(master, getenv("ADT_JOB_TOKEN"), "GET", path, NULL, 10, &status, &reply);
+        if (rc == ADT_OK && status == 200) {
+            t->o.plan_text = reply;
+            return 0;
+        }
+        if (rc == ADT_OK && status == 404) { /* this world has no plan: data parallel */
+            free(reply);
+            return 0;
+        }
+        if (rc == ADT_OK && status == 409) {
+            free(reply);
+            fprintf(stderr, "adtrain train: the plan of generation %s refused: this world generation ended\n", gen);
+            exit(EXIT_STALE);
+        }
+        if ((rc == ADT_OK && status < 500) || adt_now_s() > deadline) {
+            int r = train_fail(EXIT_RUNTIME, "elastic plan: GET %s from %s: %s%.200s", path, master,
+                               rc ? adt_error_message() : "HTTP ", rc ? "" : reply ? reply : "");
+            free(reply);
+            return r;
+        }
+        free(reply);
+        usleep(200000);
+    }
+}
+
 int train_elastic_start(trainer *t) {
     if (!getenv("ADT_MASTER")) return 0;
     if (t->o.resume_path || t->o.init_path)
         return train_fail(EXIT_USAGE, "%s: an elastic run restores the checkpoint the master names; expected no "
                           "--resume or --init under adtrain agent", t->o.resume_path ? "--resume" : "--init");
     if (t->o.plan_path)
-        return train_fail(EXIT_USAGE, "--plan: elastic runs are data parallel over the world the master forms; "
-                          "expected no --plan under adtrain agent");
+        return train_fail(EXIT_USAGE, "--plan: an elastic run takes the plan the master makes for each world "
+                          "(adtrain master --model CFG.json [--strategy S]); expected no --plan under adtrain agent");
     if (t->o.bal.on)
         return train_fail(EXIT_USAGE, "--straggler-policy/--split/--micro-batch/--inject-slowdown: balanced data "
                           "parallelism does not run under adtrain agent yet; expected none of them in an elastic run");
@@ -352,7 +480,7 @@ static int checkpoint(trainer *t, train_elastic *e, long step) {
         copy_state(t, e, mem, 1);
         if (adt_flash_end(e->flash, slot, gen, step, e->state_bytes))
             return train_fail(EXIT_RUNTIME, "--flash: %s", adt_error_message());
-    } else if (t->rank == 0) {
+    } else if (t->rank == 0 || e->sharded) {
         uint8_t *mem = adt_malloc(e->state_bytes ? e->state_bytes : 1);
         copy_state(t, e, mem, 1);
         int rc = persist(t, gen, step, mem, e->state_bytes);

@@ -352,6 +352,7 @@ void adt_master_free(adt_master *m) {
     free(m->agents);
     free(m->slots);
     free(m->fail_t);
+    free(m->plan.json);
     m_dash_free(m);
     free(m->job_dir);
     free(m->listen);

@@ -170,6 +170,17 @@ static cJSON *job_json(adt_master *m) {
     if (m->last_recovery_s >= 0) cJSON_AddNumberToObject(o, "last_recovery_s", m->last_recovery_s);
     cJSON_AddNumberToObject(o, "uptime_s", adt_wall_s() - m->started_wall);
     cJSON_AddItemToObject(o, "data", m->have_job ? wj_job_to_json(&m->job) : cJSON_CreateNull());
+    if (m->cfg.plan_world && m->plan_gen == m->gen && m->gen > 0) {
+        cJSON *p = cJSON_AddObjectToObject(o, "plan");
+        cJSON_AddNumberToObject(p, "generation", (double)m->plan_gen);
+        cJSON_AddStringToObject(p, "strategy", m->plan.json ? m->plan.strategy : "dp (no plan file)");
+        cJSON_AddStringToObject(p, "mesh", m->plan.mesh);
+        cJSON_AddNumberToObject(p, "predicted_step_s", m->plan.predicted_step_s);
+        cJSON_AddStringToObject(p, "note", m->plan.note);
+        cJSON_AddNumberToObject(p, "planning_s", m->plan_s);
+    } else {
+        cJSON_AddNullToObject(o, "plan");
+    }
     adt_ledger_status st;
     if (m->L && adt_ledger_get_status(m->L, &st) == ADT_OK) {
         cJSON_AddItemToObject(o, "ledger", ledger_status_json(m, &st));
@@ -999,6 +1010,26 @@ static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     reply_json(rp, 200, o);
 }
 
+/* GET /v1/plan[?generation=G]: the plan file of the current world, as text; 404 when the world
+ * has none (it runs data parallel), 409 when G is not the current generation. */
+static void ep_plan(adt_master *m, const adt_http_request *rq, adt_http_reply *rp) {
+    int64_t g = query_int(rq, "generation", m->gen);
+    if (g < 0) {
+        reply_error(rp, 400, "generation: expected a non-negative integer");
+        return;
+    }
+    if (g != m->gen) {
+        reply_error(rp, 409, "generation %lld is not the current one (%lld)", (long long)g, (long long)m->gen);
+        return;
+    }
+    const char *text = m_plan_text(m);
+    if (!text) {
+        reply_error(rp, 404, "generation %lld has no plan: it runs data parallel", (long long)g);
+        return;
+    }
+    reply_text(rp, 200, "application/json", adt_strdup(text));
+}
+
 static void ep_scale(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t workers, nodes;
     if (bad_field(rp,
@@ -1044,6 +1075,7 @@ enum {
     EP_REPORT,
     EP_COMMIT,
     EP_SCALE,
+    EP_PLAN,
 };
 
 static const route k_routes[] = {
@@ -1065,6 +1097,7 @@ static const route k_routes[] = {
     {"/v1/data/report", R_POST, EP_REPORT},
     {"/v1/data/commit", R_POST, EP_COMMIT},
     {"/v1/scale", R_POST, EP_SCALE},
+    {"/v1/plan", R_GET, EP_PLAN},
 };
 
 /* Compares the whole of both strings whatever they hold, so the time says nothing of the token. */
@@ -1108,7 +1141,7 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
         else
             reply_error(rp, 404,
                         "no such endpoint: %.200s (GET /v1/job, /v1/generation, /v1/agents, /v1/workers, "
-                        "/v1/shards, /v1/events, /v1/straggler, /metrics, /dashboard)",
+                        "/v1/shards, /v1/events, /v1/plan, /v1/straggler, /metrics, /dashboard)",
                         rq->path);
         return;
     }
@@ -1140,6 +1173,7 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
     case EP_REPORT: ep_report(m, body, rp); break;
     case EP_COMMIT: ep_commit(m, body, rp); break;
     case EP_SCALE: ep_scale(m, body, rp); break;
+    case EP_PLAN: ep_plan(m, rq, rp); break;
     }
     cJSON_Delete(body);
 }

@@ -292,6 +292,8 @@ static const char k_page[] =
     "  document.getElementById('summary').innerHTML='job <b>'+esc(job.job_state)+'</b>, generation <b id=\"gen\">'+"
     "job.generation+'</b> ('+esc(job.state)+(job.reason?': '+esc(job.reason):'')+'), world '+job.world_size+"
     "' ranks, '+job.replicas+' replicas of '+job.ranks_per_replica+' (the plan), restarts '+job.restarts+"
+    "(job.plan?', plan <b>'+esc(job.plan.strategy)+'</b> on mesh '+esc(job.plan.mesh)+(job.plan.predicted_step_s>0?"
+    "' (predicted '+(job.plan.predicted_step_s*1e3).toFixed(3)+' ms/step)':'')+(job.plan.note?' - '+esc(job.plan.note):''):'')+"
     "(st?', straggler policy <b>'+esc(st.policy)+'</b> at step '+st.step:'');\n"
     "  const L=job.ledger,sh=document.getElementById('shards');\n"
     "  if(L){const tot=L.committed_samples+L.uncommitted_samples+L.leased_samples+L.pool_samples||1;\n"

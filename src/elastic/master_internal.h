@@ -138,6 +138,11 @@ struct adt_master {
     int ticker_on, stopping;
 
     m_strag *strag;          /* the straggler monitor and controller (master_dash.c)       */
+
+    /* re-planning (cfg.plan_world): the plan of world `plan_gen`, its text served to workers */
+    adt_world_plan plan;     /* plan.json: the text, or NULL (data parallel)                 */
+    int64_t plan_gen;        /* 0: none made yet                                            */
+    double plan_s;           /* how long making it took                                      */
 };
 
 /* ---- master_store.c ----------------------------------------------------------------------- */
@@ -170,6 +175,9 @@ int m_ledger_ready(adt_master *m);
 int64_t m_ledger_gen(const adt_master *m);
 /* Asks the running world to stop at a step boundary (a planned change). */
 void m_request_stop(adt_master *m, const char *reason);
+/* The plan of the current generation (JSON text), reading DIR/plan-g<G>.json after a restart;
+ * NULL: none (data parallel). */
+const char *m_plan_text(adt_master *m);
 
 /* ---- master_api.c: replies, for the other files' endpoints ------------------------------- */
 void m_reply_json(adt_http_reply *rp, int status, cJSON *o); /* takes o */

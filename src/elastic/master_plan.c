@@ -23,6 +23,7 @@
  * target leaves) ranks.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -281,6 +282,57 @@ static int same_world(const adt_master *m, const m_slot *s, int n) {
     return 1;
 }
 
+/* ---- re-planning ---------------------------------------------------------------------------- */
+static void plan_path(const adt_master *m, int64_t gen, char *buf, size_t n) {
+    snprintf(buf, n, "%s/plan-g%lld.json", m->job_dir, (long long)gen);
+}
+
+/* The new world's plan (cfg.plan_world), written next to the state and recorded as an event.
+ * Planning runs before the agents can learn of the world (the lock is held), so every worker
+ * of the generation finds its plan. A failure leaves the world data parallel, and says why. */
+static void replan(adt_master *m) {
+    free(m->plan.json);
+    memset(&m->plan, 0, sizeof m->plan);
+    m->plan_gen = m->gen;
+    if (!m->cfg.plan_world) return;
+    double t0 = adt_now_s();
+    int rc = m->cfg.plan_world(m->cfg.plan_ctx, m->world_size, &m->plan);
+    if (!rc && m->plan.json && !m->in_memory) {
+        char path[4096];
+        plan_path(m, m->gen, path, sizeof path);
+        rc = adt_file_write_atomic(path, m->plan.json, strlen(m->plan.json));
+    }
+    m->plan_s = adt_now_s() - t0;
+    if (rc) {
+        free(m->plan.json);
+        m->plan.json = NULL;
+        ms_event(m, "replan", m->gen, -1, -1, "world %d: no plan, data parallel (%s); %.1f ms", m->world_size,
+                 adt_error_message(), m->plan_s * 1e3);
+        return;
+    }
+    char pred[64] = "not priced (no --cluster)";
+    if (m->plan.predicted_step_s > 0)
+        snprintf(pred, sizeof pred, "predicted %.4f ms/step", m->plan.predicted_step_s * 1e3);
+    ms_event(m, "replan", m->gen, -1, -1, "world %d: strategy %s, mesh %s, %s%s%s; planned in %.1f ms", m->world_size,
+             m->plan.json ? m->plan.strategy : "dp (no plan file)", m->plan.mesh, pred, m->plan.note[0] ? "; " : "",
+             m->plan.note, m->plan_s * 1e3);
+}
+
+const char *m_plan_text(adt_master *m) {
+    if (m->plan_gen == m->gen) return m->plan.json;
+    /* a restarted master: the plan its predecessor wrote for this generation, if any */
+    free(m->plan.json);
+    memset(&m->plan, 0, sizeof m->plan);
+    m->plan_gen = m->gen;
+    if (m->in_memory || m->gen < 1) return NULL;
+    char path[4096];
+    plan_path(m, m->gen, path, sizeof path);
+    size_t n;
+    if (access(path, R_OK) || adt_file_read(path, 64u << 20, "plan", &m->plan.json, &n)) m->plan.json = NULL;
+    if (m->plan.json) snprintf(m->plan.strategy, sizeof m->plan.strategy, "plan-g%lld.json", (long long)m->gen);
+    return m->plan.json;
+}
+
 /* Forms the next world (generation gen + 1) if the agents allow. */
 static void plan_next(adt_master *m) {
     m_slot *s;
@@ -332,6 +384,7 @@ static void plan_next(adt_master *m) {
                       s[i].local_size);
     ms_event(m, "generation", m->gen, -1, -1, "world %d (%d replicas) on %s, from step %lld (%s)", world, m->replicas,
              who, (long long)committed, why);
+    replan(m);
     int rc = ADT_OK;
     if (m->L) {
         int64_t g;
@@ -432,7 +485,7 @@ void m_progress(adt_master *m) {
             char why[160];
             snprintf(why, sizeof why, "re-plan: a world of %d ranks on %d agents is possible (now %d on %d)", world, n,
                      m->world_size, m->n_slots);
-            ms_event(m, "replan", m->gen, -1, -1, "%s", why);
+            ms_event(m, "world_change", m->gen, -1, -1, "%s", why);
             m_request_stop(m, why);
         }
         free(s);
