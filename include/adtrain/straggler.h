@@ -36,7 +36,7 @@
  * Convergence. A rank's per-sample time depends on its local batch (per-step costs are spread
  * over more or fewer samples), so the split proportional to the speeds measured at the old split
  * is not the balanced one. After an action, once `refine` judged steps have run at the new split,
- * their medians give a refined split (a fixed-point iteration: local batch proportional to the
+ * the medians of the steps run at it (up to the policy's window) give a refined split (a fixed-point iteration: local batch proportional to the
  * samples/s measured at the current local batch); it is taken, inside the cooldown too and
  * without starting one, when it predicts at least `refine_gain` and moves at most half as many
  * samples as the action did (so a load that comes and goes, which would move them all back, is
@@ -94,7 +94,7 @@ typedef struct adt_straggler_cfg {
     int agree;             /* a decision also when each of the last `agree` steps alone
                               predicts min_gain (same slowest rank); 0: off. default 3        */
     int refine;            /* judged steps at a new split before refining it; 0: off. 3      */
-    double refine_gain;    /* a refinement must cut the predicted step time by this: 0.02    */
+    double refine_gain;    /* a refinement must cut the predicted step time by this: 0.03    */
     int refine_max;        /* refinements per action: default 3                              */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */

@@ -52,7 +52,7 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
                                .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 9,
-                               .nd_after = 5, .first_after = 3, .cooldown = 20, .agree = 3, .refine = 3, .refine_gain = 0.02,
+                               .nd_after = 5, .first_after = 3, .cooldown = 20, .agree = 3, .refine = 3, .refine_gain = 0.03,
                                .refine_max = 3, .restart_cost_s = 30, .min_local = 1};
 }
 
@@ -317,20 +317,24 @@ static void why_split(adt_straggler_action *act, int o, int n, const int64_t *sp
     snprintf(act->why + o, sizeof act->why - (size_t)o, " (-%.0f%% step time)", gain * 100);
 }
 
-/* A refinement of the last action's split from the medians of the `refine` steps run at it (see
+/* A refinement of the last action's split from the medians of the steps run at it, at least
+ * `refine` of them and up to the policy's window (more steps, less noise, as the split stays; see
  * the header): taken when it gains refine_gain and moves at most half what the action moved. */
 static int try_refine(adt_straggler *m, long step, int64_t *split, adt_straggler_action *act) {
     const adt_straggler_cfg *c = &m->cfg;
-    if (c->refine < 1 || m->last_move < 1 || m->refines >= c->refine_max || m->n_obs - m->split_obs < c->refine)
-        return 0;
+    int64_t since = m->n_obs - m->split_obs;
+    if (c->refine < 1 || m->last_move < 1 || m->refines >= c->refine_max || since < c->refine) return 0;
+    int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;
+    int w = (int)(since < after ? since : after);
+    if (w < c->refine) w = c->refine;
     double med[ADT_STRAGGLER_MAX_RANKS];
-    for (int i = 0; i < m->n; i++) med[i] = window_median(m, i, c->refine);
+    for (int i = 0; i < m->n; i++) med[i] = window_median(m, i, w);
     double gain = split_gain(m, med, split, m->tsplit);
     if (gain < c->refine_gain || 2 * split_moved(m->n, split, m->tsplit) > m->last_move) return 0;
     int slowest = slowest_of(m->n, med, split);
     for (int i = 0; i < m->n; i++) m->r[i].ewma_s = med[i];
     act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain, 1, split, m->tsplit);
-    int o = snprintf(act->why, sizeof act->why, "refined from the %d steps at the last split; new split", c->refine);
+    int o = snprintf(act->why, sizeof act->why, "refined from %d steps at the last split; new split", w);
     why_split(act, o, m->n, split, gain);
     return 1;
 }
