@@ -23,7 +23,8 @@
 # compute (all-reduce not hidden, update, timings). The ideal is sum_i C_i / batch, where C_i is
 # rank i's best capacity (samples per second of compute: its passes, not the all-reduces nor the
 # update) among the six measurements of the scenario's round: each of its three runs (off, DD, ND)
-# measures it over its judged steps and over the steps at the split it ends with. A rank's samples/s
+# measures it over its judged steps and over the steps at the split it ends with (transient: over
+# its judged steps only, the slowdown being part of the run). A rank's samples/s
 # grow with its local batch (per-step costs spread over more samples), so the static run's
 # capacities alone are not an upper bound: a rebalanced run can beat them. With C_i the best a rank
 # showed at any local batch tried, no split can do better than sum_i C_i / batch steps/s (a step
@@ -212,10 +213,11 @@ for batch in batches:
     for sc in ("contention", "hetero", "transient"):
         for r in range(1, rounds + 1):
             names = ["%s-%d-%d-%s" % (sc, batch, r, pol) for pol in ("off", "dd", "nd")]
-            # the ideal: each rank's best capacity among the round's six measurements
+            # the ideal: each rank's best capacity among the round's six measurements (transient:
+            # the three over whole runs; a final split falls after the slowdown, at full speed)
             best = [0.0, 0.0]
             for name in names:
-                fin = grep(name, FIN)
+                fin = grep(name, FIN) if sc != "transient" else None
                 for c in (grep(name, CAP), fin[1:] if fin else None):
                     if c: best = [max(best[i], float(c[i])) for i in range(2)]
             ideal = sum(best) / batch
@@ -223,7 +225,7 @@ for batch in batches:
                 steps, acts = log(name)
                 whole, half = rate(steps), rate(steps[len(steps) // 2:])
                 cp, fin = grep(name, CAP), grep(name, FIN)
-                ov = grep(name, r"; ([0-9.]+) ms per step besides the slowest rank's compute")
+                ov = grep(name, r"; (-?[0-9.]+) ms per step besides the slowest rank's compute")
                 ov = float(ov[0]) if ov else float("nan")
                 lat, first = "", None
                 if sc == "transient":

@@ -236,8 +236,9 @@ static void test_first_decision(void) {
             adt_straggler_free(s.m);
         }
     }
-    /* DD: 2x for the first decision, 3x from the step after it: the refinement from the `refine`
-     * steps at the new split corrects it, long before a cooldown from step 6 would end */
+    /* DD: 2x for the first decision, 3x from the step after it: `agree` steps at 3x (or the
+     * refinement from `refine` steps at the new split, whichever comes first) correct it, long
+     * before a cooldown from step 6 would end */
     adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_DD);
     sim s;
     sim_init(&s, 2, 48, cfg);
@@ -250,8 +251,8 @@ static void test_first_decision(void) {
         if (before == 1 && s.actions == 2) second = st;
     }
     CHECK(s.first_action == cfg.warmup_steps + cfg.first_after, "first decision at step %ld", s.first_action);
-    CHECK(second == s.first_action + cfg.refine && second < s.first_action + cfg.cooldown,
-          "the refinement corrected at step %ld, expected %ld", second, s.first_action + cfg.refine);
+    long fix = s.first_action + (cfg.agree && cfg.agree < cfg.refine ? cfg.agree : cfg.refine);
+    CHECK(second == fix && second < s.first_action + cfg.cooldown, "corrected at step %ld, expected %ld", second, fix);
     /* speeds 3:1 -> 36/12 of 48 */
     CHECK(s.actions == 2 && s.split[0] == 36 && s.split[1] == 12, "%d actions, split %lld/%lld", s.actions,
           (long long)s.split[0], (long long)s.split[1]);

@@ -93,7 +93,7 @@ typedef struct adt_straggler_cfg {
     int cooldown;          /* steps between two actions: default 20                          */
     int agree;             /* a decision also when each of the last `agree` steps alone
                               predicts min_gain (same slowest rank); 0: off. default 3        */
-    int refine;            /* judged steps at a new split before refining it; 0: off. 3      */
+    int refine;            /* judged steps at a new split before refining it; 0: off. 5      */
     double refine_gain;    /* a refinement must cut the predicted step time by this: 0.03    */
     int refine_max;        /* refinements per action: default 3                              */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
