@@ -430,34 +430,34 @@ void train_balance_banner(const trainer *t) {
     fprintf(stderr, "\n");
 }
 
+/* Prints " r0 C0 r1 C1 ..." (samples per compute second of each rank) and returns their sum over
+ * the global batch: the steps/s of the ideal. */
+static double print_capacities(const trainer *t, const double *compute, const int64_t *samples) {
+    double cap = 0;
+    for (int i = 0; i < t->nranks; i++) {
+        double c = compute[i] > 0 ? (double)samples[i] / compute[i] : 0;
+        cap += c;
+        fprintf(stderr, " r%d %.1f", i, c);
+    }
+    return cap / (double)t->o.batch;
+}
+
 void train_balance_free(trainer *t) {
     train_bal *b = t->bal;
     if (!b) return;
     if (!cli_quiet && t->rank == 0 && b->steps > 0) {
-        /* measured capacities: samples per compute second of each rank over the judged steps, and
-         * what they add up to */
-        double cap = 0;
+        /* measured capacities over the judged steps, and what they add up to */
         fprintf(stderr, "straggler: capacity (samples/s of compute)");
-        for (int i = 0; i < t->nranks; i++) {
-            double c = b->rank_compute[i] > 0 ? (double)b->rank_samples[i] / b->rank_compute[i] : 0;
-            cap += c;
-            fprintf(stderr, " r%d %.1f", i, c);
-        }
+        double ideal = print_capacities(t, b->rank_compute, b->rank_samples);
         fprintf(stderr, "; ideal %.3f steps/s; %lld actions; %.1f ms per step besides the slowest rank's compute\n",
-                cap / (double)t->o.batch, (long long)adt_straggler_actions(b->mon),
-                1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
+                ideal, (long long)adt_straggler_actions(b->mon), 1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
         /* the same at the split the run ends with (each rank's samples/s at its final local batch) */
         if (b->fin_steps > 0) {
-            cap = 0;
             fprintf(stderr, "straggler: capacity at the final split");
             for (int i = 0; i < t->nranks; i++) fprintf(stderr, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
             fprintf(stderr, " (%ld steps)", b->fin_steps);
-            for (int i = 0; i < t->nranks; i++) {
-                double c = b->fin_compute[i] > 0 ? (double)b->fin_samples[i] / b->fin_compute[i] : 0;
-                cap += c;
-                fprintf(stderr, " r%d %.1f", i, c);
-            }
-            fprintf(stderr, "; ideal %.3f steps/s\n", cap / (double)t->o.batch);
+            ideal = print_capacities(t, b->fin_compute, b->fin_samples);
+            fprintf(stderr, "; ideal %.3f steps/s\n", ideal);
         }
     }
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
