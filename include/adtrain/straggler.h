@@ -36,11 +36,12 @@
  * Convergence. A rank's per-sample time depends on its local batch (per-step costs are spread
  * over more or fewer samples), so the split proportional to the speeds measured at the old split
  * is not the balanced one. After an action, once `refine` judged steps have run at the new split,
- * the medians of the steps run at it (up to the policy's window) give a refined split (a fixed-point iteration: local batch proportional to the
- * samples/s measured at the current local batch); it is taken, inside the cooldown too and
- * without starting one, when it predicts at least `refine_gain` and moves at most half as many
- * samples as the action did (so a load that comes and goes, which would move them all back, is
- * still left to the cooldown), up to `refine_max` refinements per action.
+ * the medians of the steps run at it (up to the policy's window) give a refined split (a
+ * fixed-point iteration: local batch proportional to the samples/s measured at the current local
+ * batch); it is taken, inside the cooldown too and without starting one, when it predicts at
+ * least `refine_gain` and moves at most half as many samples as the action did (so a load that
+ * comes and goes, which would move them all back, is still left to the cooldown), up to
+ * `refine_max` refinements per action.
  */
 #ifndef ADTRAIN_STRAGGLER_H
 #define ADTRAIN_STRAGGLER_H
