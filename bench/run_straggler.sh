@@ -1,7 +1,8 @@
 #!/bin/sh
 # run_straggler.sh - straggler mitigation on 2 data-parallel ranks (mpiexec, one core each):
 # steps per second with no policy (the static equal split), DD and ND, against the ideal (the sum
-# of the ranks' measured capacities), side by side in one invocation.
+# of the ranks' measured capacities), side by side in one invocation, at a global batch of 512
+# (steps of ~40 ms on a quiet machine) and 2048 (~130 ms).
 #
 #   sh bench/run_straggler.sh [rounds]
 #
@@ -18,24 +19,31 @@
 #                  time from the limit's start (end) to the first action after it is the
 #                  mitigation latency
 # Per run: steps/s over the whole run and over its second half (the steady state), from the
-# JSONL log's per-step times; the ideal is sum_i capacity_i / batch, with capacity_i rank i's
-# samples per second of compute (its passes, not the all-reduces nor the update) over the steps
-# the controller judges (after the warmup), as the static run of the same round measured it
-# ("own ideal": as the run itself measured it, which sees the same background load); and the
-# milliseconds per step spent besides the slowest rank's compute (all-reduce not hidden, update,
-# timings). Load average and the busiest other processes are recorded before and after, and
+# JSONL log's per-step times, and the milliseconds per step spent besides the slowest rank's
+# compute (all-reduce not hidden, update, timings). The ideal is sum_i C_i / batch, where C_i is
+# rank i's best capacity (samples per second of compute: its passes, not the all-reduces nor the
+# update) among the six measurements of the scenario's round: each of its three runs (off, DD, ND)
+# measures it over its judged steps and over the steps at the split it ends with (transient: over
+# its judged steps only, the slowdown being part of the run). A rank's samples/s
+# grow with its local batch (per-step costs spread over more samples), so the static run's
+# capacities alone are not an upper bound: a rebalanced run can beat them. With C_i the best a rank
+# showed at any local batch tried, no split can do better than sum_i C_i / batch steps/s (a step
+# takes at least max_i b_i / C_i >= B / sum_i C_i), up to the noise of the measurements. Load average and the busiest other processes are recorded before and after, and
 # sampled during the rounds: the machine is shared.
 #
 # Results: bench/results/straggler-<UTC date-time>.txt (every run's numbers) and the summary on
-# stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3 STEPS=40 BATCH=512 MODEL=CFG.json (default:
-# an MLP 256-1024-1024-10), HOG_AT=2 HOG_FOR=3 (transient), MAX_HOGS=4.
+# stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3,
+# BATCHES="512 2048" with STEPS_512=150 and STEPS_2048=60 (STEPS_<batch> for others, else STEPS=60),
+# MODEL=CFG.json (default: an MLP 256-1024-1024-10), HOG_AT=2 HOG_FOR=3 (transient: inside a run
+# of 6-8 s on a quiet machine), MAX_HOGS=4. The defaults take about 10 minutes on a quiet machine.
 set -eu
 
 cd "$(dirname "$0")/.."
 
 ROUNDS=${1:-${ROUNDS:-3}}
-STEPS=${STEPS:-40}
-BATCH=${BATCH:-512}
+BATCHES=${BATCHES:-${BATCH:-512 2048}}
+STEPS_512=${STEPS_512:-150}
+STEPS_2048=${STEPS_2048:-60}
 HOG_AT=${HOG_AT:-2}
 HOG_FOR=${HOG_FOR:-3}
 MAX_HOGS=${MAX_HOGS:-4}
@@ -114,20 +122,23 @@ capacities() {
 
 {
     echo "# run_straggler.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): $(getconf _NPROCESSORS_ONLN) CPUs ($(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1))"
-    echo "# rounds $ROUNDS, $STEPS steps of batch $BATCH, model $(cat "$MODEL")"
+    echo "# rounds $ROUNDS, batches $BATCHES, model $(cat "$MODEL")"
     echo "# before:"
     machine | sed 's/^/# /'
 } > "$OUT"
 
 # ---- calibration: rank 1's contention until it runs at about half rank 0's speed ----------------
 if [ "$CONTENTION" = cgroup ]; then LEVELS="60 45 35 25 18 12"; UNIT="% of a CPU"; else LEVELS="1 2 3 4"; UNIT=" hog(s)"; fi
+steps_of() { # BATCH: the steps of a run at that global batch
+    eval "echo \${STEPS_$1:-\${STEPS:-60}}"
+}
+set -- $BATCHES
+BATCH=$1 # the calibration's: a CPU quota slows any batch alike
 ratio=1
 for H in $LEVELS; do
     slow_on "$H"
-    STEPS_SAVE=$STEPS
     STEPS=15
     run calib$H off
-    STEPS=$STEPS_SAVE
     slow_off
     set -- $(capacities calib$H)
     ratio=$(python3 -c "print('%.2f' % ($2 / $1))")
@@ -136,28 +147,32 @@ for H in $LEVELS; do
     if python3 -c "import sys; sys.exit(0 if $ratio <= 0.6 else 1)"; then break; fi
 done
 
-# ---- the rounds --------------------------------------------------------------------------------
+# ---- the rounds: per batch, every scenario and policy ------------------------------------------
+for BATCH in $BATCHES; do
+STEPS=$(steps_of "$BATCH")
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
-    echo "# round $r: load average $(cut -d " " -f 1-3 /proc/loadavg)" >> "$OUT"
+    echo "# batch $BATCH ($STEPS steps), round $r: load average $(cut -d " " -f 1-3 /proc/loadavg)" >> "$OUT"
     if [ $((r % 2)) = 1 ]; then order="off dd nd"; else order="nd dd off"; fi
     for pol in $order; do
-        echo "round $r: contention, $pol" >&2
+        n=$BATCH-$r-$pol
+        echo "batch $BATCH, round $r: contention, $pol" >&2
         slow_on "$H"
-        run "contention-$r-$pol" "$pol"
+        run "contention-$n" "$pol"
         slow_off
-        echo "round $r: heterogeneous, $pol" >&2
-        run "hetero-$r-$pol" "$pol" --inject-slowdown 1:2
-        echo "round $r: transient, $pol" >&2
-        ( sleep "$HOG_AT"; slow_on "$H"; echo "$HOGS" > "$WORK/transient-hogs"; date +%s.%N > "$WORK/transient-$r-$pol.on";
-          sleep "$HOG_FOR"; slow_off; date +%s.%N > "$WORK/transient-$r-$pol.off" ) &
+        echo "batch $BATCH, round $r: heterogeneous, $pol" >&2
+        run "hetero-$n" "$pol" --inject-slowdown 1:2
+        echo "batch $BATCH, round $r: transient, $pol" >&2
+        ( sleep "$HOG_AT"; slow_on "$H"; echo "$HOGS" > "$WORK/transient-hogs"; date +%s.%N > "$WORK/transient-$n.on";
+          sleep "$HOG_FOR"; slow_off; date +%s.%N > "$WORK/transient-$n.off" ) &
         timer=$!
-        run "transient-$r-$pol" "$pol"
+        run "transient-$n" "$pol"
         wait "$timer" || true
         for p in $(cat "$WORK/transient-hogs" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
         slow_off
     done
     r=$((r + 1))
+done
 done
 
 {
@@ -165,9 +180,11 @@ done
     machine | sed 's/^/# /'
 } >> "$OUT"
 
-python3 - "$WORK" "$ROUNDS" "$BATCH" "$H$UNIT" "$ratio" >> "$OUT" <<'EOF'
+python3 - "$WORK" "$ROUNDS" "$BATCHES" "$H$UNIT" "$ratio" >> "$OUT" <<'EOF'
 import json, os, re, statistics, sys
-work, rounds, batch, level, ratio = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+work, rounds, batches, level, ratio = sys.argv[1], int(sys.argv[2]), [int(b) for b in sys.argv[3].split()], sys.argv[4], sys.argv[5]
+CAP = r"straggler: capacity \(samples/s of compute\) r0 ([0-9.]+) r1 ([0-9.]+);"
+FIN = r"straggler: capacity at the final split ([0-9/]+) \(\d+ steps\) r0 ([0-9.]+) r1 ([0-9.]+);"
 
 def log(name):
     steps, acts = [], []
@@ -177,61 +194,72 @@ def log(name):
         elif "ms" in o: steps.append(o)
     return steps, acts
 
-def caps(name):
+def grep(name, pat):
     for line in open(os.path.join(work, name + ".err")):
-        m = re.match(r"straggler: capacity \(samples/s of compute\) r0 ([0-9.]+) r1 ([0-9.]+);", line)
-        if m: return float(m.group(1)), float(m.group(2))
+        m = re.search(pat, line)
+        if m: return m.groups()
     return None
-
-def overhead(name):
-    for line in open(os.path.join(work, name + ".err")):
-        m = re.search(r"; ([0-9.]+) ms per step besides the slowest rank's compute", line)
-        if m: return float(m.group(1))
-    return float("nan")
 
 def rate(steps):
     return len(steps) / (sum(s["ms"] for s in steps) / 1e3)
 
-print("# every run: scenario round policy | steps/s whole, second half | capacities r0 r1 (samples/s) | ms per step "
-      "besides the slowest rank's compute | actions")
-rows = {}
-for sc in ("contention", "hetero", "transient"):
-    for r in range(1, rounds + 1):
-        ideal = None
-        c = caps("%s-%d-off" % (sc, r))
-        if c: ideal = (c[0] + c[1]) / batch
-        for pol in ("off", "dd", "nd"):
-            name = "%s-%d-%s" % (sc, r, pol)
-            steps, acts = log(name)
-            whole, half = rate(steps), rate(steps[len(steps) // 2:])
-            cp = caps(name)
-            lat = ""
-            if sc == "transient":
-                on = float(open(os.path.join(work, name + ".on")).read())
-                off = float(open(os.path.join(work, name + ".off")).read())
-                after_on = [a for a in acts if a["wall"] >= on]
-                after_off = [a for a in acts if a["wall"] >= off]
-                if after_on: lat += " first action %.2f s after the slowdown started" % (after_on[0]["wall"] - on)
-                if after_off: lat += "; first action %.2f s after they stopped" % (after_off[0]["wall"] - off)
-            print("%s %d %s | %.2f %.2f | %.0f %.0f | %.1f | %d%s" % (sc, r, pol, whole, half, cp[0], cp[1], overhead(name),
-                                                             len(acts), lat))
-            own = (cp[0] + cp[1]) / batch
-            rows.setdefault((sc, pol), []).append((whole, half, ideal, own, overhead(name)))
+def spread(v):
+    return "%.0f-%.0f%%" % (100 * min(v), 100 * max(v)) if v else "-"
 
-print()
-print("## summary (medians over %d rounds; rank 1 at %s ran at %s of rank 0's speed in the calibration)" % (rounds, level, ratio))
-print("| scenario | policy | steps/s (whole run) | steps/s (second half) | ideal (static run's capacities) | second half / ideal | whole run / own ideal | ms/step besides the slowest compute |")
-print("|---|---|---|---|---|---|---|---|")
-for sc in ("contention", "hetero", "transient"):
-    for pol in ("off", "dd", "nd"):
-        v = rows[(sc, pol)]
-        w = statistics.median(x[0] for x in v); h = statistics.median(x[1] for x in v)
-        ideals = [x[2] for x in v if x[2]]
-        i = statistics.median(ideals) if ideals else float("nan")
-        o = statistics.median(x[0] / x[3] for x in v)
-        ov = statistics.median(x[4] for x in v)
-        print("| %s | %s | %.2f | %.2f | %.2f | %.0f%% | %.0f%% | %.1f |" % (sc, pol, w, h, i, 100 * h / i, 100 * o, ov))
+print("# every run: batch scenario round policy | steps/s whole, second half | capacities r0 r1 (samples/s) over the "
+      "judged steps; at the final split b0/b1 | ms per step besides the slowest rank's compute | actions")
+rows = {}
+for batch in batches:
+    for sc in ("contention", "hetero", "transient"):
+        for r in range(1, rounds + 1):
+            names = ["%s-%d-%d-%s" % (sc, batch, r, pol) for pol in ("off", "dd", "nd")]
+            # the ideal: each rank's best capacity among the round's six measurements (transient:
+            # the three over whole runs; a final split falls after the slowdown, at full speed)
+            best = [0.0, 0.0]
+            for name in names:
+                fin = grep(name, FIN) if sc != "transient" else None
+                for c in (grep(name, CAP), fin[1:] if fin else None):
+                    if c: best = [max(best[i], float(c[i])) for i in range(2)]
+            ideal = sum(best) / batch
+            for pol, name in zip(("off", "dd", "nd"), names):
+                steps, acts = log(name)
+                whole, half = rate(steps), rate(steps[len(steps) // 2:])
+                cp, fin = grep(name, CAP), grep(name, FIN)
+                ov = grep(name, r"; (-?[0-9.]+) ms per step besides the slowest rank's compute")
+                ov = float(ov[0]) if ov else float("nan")
+                lat, first = "", None
+                if sc == "transient":
+                    on = float(open(os.path.join(work, name + ".on")).read())
+                    off = float(open(os.path.join(work, name + ".off")).read())
+                    after_on = [a for a in acts if a["wall"] >= on]
+                    after_off = [a for a in acts if a["wall"] >= off]
+                    if after_on:
+                        first = after_on[0]["wall"] - on
+                        lat += " first action %.2f s after the slowdown started" % first
+                    if after_off: lat += "; first action %.2f s after it stopped" % (after_off[0]["wall"] - off)
+                print("%d %s %d %s | %.2f %.2f | %.0f %.0f; %s | %.1f | %d%s" % (batch, sc, r, pol, whole, half,
+                      float(cp[0]), float(cp[1]), "at %s: %.0f %.0f" % (fin[0], float(fin[1]), float(fin[2])) if fin else "-",
+                      ov, len(acts), lat))
+                rows.setdefault((batch, sc, pol), []).append((whole, half, ideal, ov, len(acts), first))
+
+for batch in batches:
+    print()
+    print("## summary, batch %d (medians over %d rounds, the spread min-max; rank 1 at %s ran at %s of rank 0's speed "
+          "in the calibration)" % (batch, rounds, level, ratio))
+    print("| scenario | policy | steps/s (whole run) | steps/s (second half) | ideal | second half / ideal (spread) | "
+          "whole run / ideal | ms/step besides the slowest compute | actions | first action after the slowdown |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for sc in ("contention", "hetero", "transient"):
+        for pol in ("off", "dd", "nd"):
+            v = rows[(batch, sc, pol)]
+            h = [x[1] / x[2] for x in v]
+            lat = [x[5] for x in v if x[5] is not None]
+            print("| %s | %s | %.2f | %.2f | %.2f | %.0f%% (%s) | %.0f%% | %.1f | %g | %s |" % (sc, pol,
+                  statistics.median(x[0] for x in v), statistics.median(x[1] for x in v),
+                  statistics.median(x[2] for x in v), 100 * statistics.median(h), spread(h),
+                  100 * statistics.median(x[0] / x[2] for x in v), statistics.median(x[3] for x in v),
+                  statistics.median(x[4] for x in v),
+                  "%.2f s (%.2f-%.2f)" % (statistics.median(lat), min(lat), max(lat)) if lat else "-"))
 EOF
 sed -n '/^## summary/,$p' "$OUT"
-grep '^transient' "$OUT" | sed -n '/first action/p'
 echo "results: $OUT" >&2

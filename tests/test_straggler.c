@@ -22,6 +22,7 @@ typedef struct sim {
     int64_t split[8];
     double per_sample[8];
     double pause[8];  /* extra seconds this step only */
+    double fixed[8];  /* seconds per step whatever the local batch: the per-sample time depends on it */
     int actions, restarts;
     long first_action;
 } sim;
@@ -39,7 +40,7 @@ static void sim_step(sim *s, long step, adt_straggler_phase phase, long remainin
     double comp[8];
     int64_t samples[8];
     for (int i = 0; i < s->n; i++) {
-        comp[i] = (double)s->split[i] * s->per_sample[i] + s->pause[i];
+        comp[i] = (double)s->split[i] * s->per_sample[i] + s->fixed[i] + s->pause[i];
         samples[i] = s->split[i];
         s->pause[i] = 0;
     }
@@ -110,7 +111,9 @@ static void test_alternating_at_most_one(void) {
 }
 
 static void test_persistent_dd_rebalances(void) {
+  for (int agree = 3; agree >= 0; agree -= 3) {
     adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_DD);
+    cfg.agree = agree;
     sim s;
     sim_init(&s, 2, 48, cfg);
     for (long st = 1; st <= 10; st++) sim_step(&s, st, ADT_PHASE_TRAIN, 100);
@@ -123,9 +126,10 @@ static void test_persistent_dd_rebalances(void) {
     CHECK(turned >= 11 && turned < 11 + cfg.persist_after, "persistent at step %ld (slow from 11, persist %d)", turned,
           cfg.persist_after);
     CHECK(s.actions == 1, "%d actions", s.actions);
-    /* the median of the last dd_after steps turns slow once most of them are */
-    CHECK(s.first_action == 10 + (cfg.dd_after + 1) / 2, "DD acted at step %ld, expected when %d of the last %d steps "
-          "were slow", s.first_action, (cfg.dd_after + 1) / 2, cfg.dd_after);
+    /* the last `agree` steps each show the slowdown; without that rule, the median of the last
+     * dd_after steps turns slow once most of them are */
+    long expect = 10 + (agree ? agree : (cfg.dd_after + 1) / 2);
+    CHECK(s.first_action == expect, "agree=%d: DD acted at step %ld, expected %ld", agree, s.first_action, expect);
     /* speeds 2:1 -> 32/16 of 48: both ranks then take 32 ms */
     CHECK(s.split[0] == 32 && s.split[1] == 16, "split %lld/%lld", (long long)s.split[0], (long long)s.split[1]);
     /* after the rebalance the slow rank is still a straggler per sample (so ND would still weigh
@@ -138,6 +142,75 @@ static void test_persistent_dd_rebalances(void) {
           s.actions, (long long)s.split[0], (long long)s.split[1]);
     CHECK(adt_straggler_rank_info(s.m, 1)->state == ADT_STRAGGLER_NORMAL, "cleared");
     adt_straggler_free(s.m);
+  }
+}
+
+/* A deterministic slowdown: DD acts no later than ND (DD's longer window is for noise; `agree`
+ * consecutive slow steps are none). */
+static void test_dd_not_after_nd(void) {
+    long at[3] = {0};
+    for (int pol = ADT_STRAGGLER_DD; pol <= ADT_STRAGGLER_ND; pol++) {
+        sim s;
+        sim_init(&s, 2, 48, adt_straggler_defaults((adt_straggler_policy)pol));
+        for (long st = 1; st <= 40; st++) {
+            if (st == 20) s.per_sample[1] = 2e-3;
+            sim_step(&s, st, ADT_PHASE_TRAIN, 100);
+        }
+        at[pol] = s.first_action;
+        CHECK(s.actions == 1 && s.split[1] == 16, "policy %s: %d actions, split %lld/%lld", adt_straggler_policy_name(pol),
+              s.actions, (long long)s.split[0], (long long)s.split[1]);
+        adt_straggler_free(s.m);
+    }
+    CHECK(at[ADT_STRAGGLER_DD] >= 20 && at[ADT_STRAGGLER_DD] <= at[ADT_STRAGGLER_ND], "DD acted at step %ld, ND at %ld",
+          at[ADT_STRAGGLER_DD], at[ADT_STRAGGLER_ND]);
+}
+
+/* The step time of the best split of `total` over two ranks whose step takes b * per_sample[i] +
+ * fixed[i], by trying every split: the reference the controller's split must converge to. */
+static double best_step_time(const sim *s, int64_t total) {
+    double best = 1e300;
+    for (int64_t b0 = 1; b0 < total; b0++) {
+        double t0 = (double)b0 * s->per_sample[0] + s->fixed[0], t1 = (double)(total - b0) * s->per_sample[1] + s->fixed[1];
+        double t = t0 > t1 ? t0 : t1;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+/* Per-sample costs that depend on the local batch (a fixed cost per step spread over its samples):
+ * the split proportional to the speeds measured at the equal split leaves the slow rank ~12% over
+ * the balanced time; refinements from the times measured at each new split (inside the cooldown)
+ * converge until the next would gain less than refine_gain: within refine_gain + 1% (rounding) of
+ * the best split, by exhaustive search, long before the cooldown ends.
+ * With refinements off the controller stops at the first split (the check that they matter). */
+static void test_refine_converges(void) {
+    for (int pol = ADT_STRAGGLER_DD; pol <= ADT_STRAGGLER_ND; pol++) {
+        for (int refine = 3; refine >= 0; refine -= 3) {
+            adt_straggler_cfg cfg = adt_straggler_defaults((adt_straggler_policy)pol);
+            cfg.refine = refine;
+            cfg.first_after = 0;
+            sim s;
+            sim_init(&s, 2, 256, cfg);
+            s.fixed[0] = s.fixed[1] = 60e-3;
+            for (long st = 1; st <= 10; st++) sim_step(&s, st, ADT_PHASE_TRAIN, 1000);
+            s.per_sample[1] = 2e-3;
+            for (long st = 11; st <= 10 + cfg.cooldown; st++) sim_step(&s, st, ADT_PHASE_TRAIN, 1000);
+            double now = adt_straggler_step_time(2, (double[]){s.per_sample[0] + s.fixed[0] / (double)s.split[0],
+                                                               s.per_sample[1] + s.fixed[1] / (double)s.split[1]}, s.split);
+            double best = best_step_time(&s, 256), over = now / best - 1;
+            if (refine) {
+                CHECK(over < cfg.refine_gain + 0.01, "policy %s: step time %.1f ms at split %lld/%lld, %.1f%% over the best %.1f ms",
+                      adt_straggler_policy_name(pol), 1e3 * now, (long long)s.split[0], (long long)s.split[1],
+                      100 * over, 1e3 * best);
+                CHECK(s.actions >= 2 && s.actions <= 1 + cfg.refine_max, "policy %s: %d actions",
+                      adt_straggler_policy_name(pol), s.actions);
+            } else {
+                CHECK(over > 0.05 && s.actions == 1, "policy %s without refinements: %.1f%% over the best, %d actions",
+                      adt_straggler_policy_name(pol), 100 * over, s.actions);
+            }
+            adt_straggler_free(s.m);
+        }
+    }
 }
 
 /* Ranks that differ from the start (heterogeneous hardware): the first decision comes once
@@ -148,6 +221,7 @@ static void test_first_decision(void) {
         for (int first = 0; first <= 3; first += 3) {
             adt_straggler_cfg cfg = adt_straggler_defaults((adt_straggler_policy)pol);
             cfg.first_after = first;
+            cfg.agree = 0; /* else `agree` slow steps decide before the window */
             int after = pol == ADT_STRAGGLER_DD ? cfg.dd_after : cfg.nd_after;
             sim s;
             sim_init(&s, 2, 48, cfg);
@@ -162,8 +236,9 @@ static void test_first_decision(void) {
             adt_straggler_free(s.m);
         }
     }
-    /* DD: 2x for the first decision, 3x from the step after it: the window of 9 (steps 4-12, six of
-     * them at 3x) decides at step 12, long before a cooldown from step 6 would end */
+    /* DD: 2x for the first decision, 3x from the step after it: `agree` steps at 3x (or the
+     * refinement from `refine` steps at the new split, whichever comes first) correct it, long
+     * before a cooldown from step 6 would end */
     adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_DD);
     sim s;
     sim_init(&s, 2, 48, cfg);
@@ -176,8 +251,8 @@ static void test_first_decision(void) {
         if (before == 1 && s.actions == 2) second = st;
     }
     CHECK(s.first_action == cfg.warmup_steps + cfg.first_after, "first decision at step %ld", s.first_action);
-    CHECK(second == cfg.warmup_steps + cfg.dd_after && second < s.first_action + cfg.cooldown,
-          "the window corrected at step %ld, expected %d", second, cfg.warmup_steps + cfg.dd_after);
+    long fix = s.first_action + (cfg.agree && cfg.agree < cfg.refine ? cfg.agree : cfg.refine);
+    CHECK(second == fix && second < s.first_action + cfg.cooldown, "corrected at step %ld, expected %ld", second, fix);
     /* speeds 3:1 -> 36/12 of 48 */
     CHECK(s.actions == 2 && s.split[0] == 36 && s.split[1] == 12, "%d actions, split %lld/%lld", s.actions,
           (long long)s.split[0], (long long)s.split[1]);
@@ -240,10 +315,12 @@ static void test_phases_and_warmup_not_judged(void) {
 
 static void test_config_parse(void) {
     adt_straggler_cfg c = adt_straggler_defaults(ADT_STRAGGLER_DD);
-    CHECK(adt_straggler_cfg_parse(&c, "k=2,cooldown=7,restart_cost=12.5,first=0") == 0, "%s", adt_error_message());
-    CHECK(c.slow_ratio[0] == 2 && c.cooldown == 7 && c.restart_cost_s == 12.5 && c.first_after == 0, "values");
+    CHECK(adt_straggler_cfg_parse(&c, "k=2,cooldown=7,restart_cost=12.5,first=0,agree=4,refine=2,refine_gain=0.05,"
+                                  "refine_max=1") == 0, "%s", adt_error_message());
+    CHECK(c.slow_ratio[0] == 2 && c.cooldown == 7 && c.restart_cost_s == 12.5 && c.first_after == 0 && c.agree == 4 &&
+          c.refine == 2 && c.refine_gain == 0.05 && c.refine_max == 1, "values");
     const char *bad[] = {"k", "k=", "k=abc", "cooldown=1.5", "nope=1", "k=1", "alpha=0", "gain=1", "persist=0",
-                         "first=-1", "first=65", NULL};
+                         "first=-1", "first=65", "agree=-1", "refine=65", "refine_gain=1", "refine_max=-1", NULL};
     for (int i = 0; bad[i]; i++) {
         adt_straggler_cfg d = c;
         CHECK(adt_straggler_cfg_parse(&d, bad[i]) != 0, "'%s' accepted", bad[i]);
@@ -261,6 +338,8 @@ int main(void) {
     RUN(test_single_pause_no_action);
     RUN(test_alternating_at_most_one);
     RUN(test_persistent_dd_rebalances);
+    RUN(test_dd_not_after_nd);
+    RUN(test_refine_converges);
     RUN(test_off_never_acts);
     RUN(test_first_decision);
     RUN(test_nd_restart_only_when_it_pays);

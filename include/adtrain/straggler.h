@@ -29,7 +29,19 @@
  * split oscillate. The very first decision comes sooner: when `first_after` judged steps are in
  * (fewer than the window), their medians decide once, so ranks that differ from the start are
  * balanced within a few steps; that decision starts no cooldown, and the full window may correct
- * it when it fills.
+ * it when it fills. Either policy also decides as soon as each of the last `agree` judged steps
+ * alone predicts that gain with the same slowest rank: a deterministic slowdown is acted on after
+ * `agree` steps whatever the window, while one pause (a single step) still moves nothing.
+ *
+ * Convergence. A rank's per-sample time depends on its local batch (per-step costs are spread
+ * over more or fewer samples), so the split proportional to the speeds measured at the old split
+ * is not the balanced one. After an action, once `refine` judged steps have run at the new split,
+ * the medians of the steps run at it (up to the policy's window) give a refined split (a
+ * fixed-point iteration: local batch proportional to the samples/s measured at the current local
+ * batch); it is taken, inside the cooldown too and without starting one, when it predicts at
+ * least `refine_gain` and moves at most half as many samples as the action did (so a load that
+ * comes and goes, which would move them all back, is still left to the cooldown), up to
+ * `refine_max` refinements per action.
  */
 #ifndef ADTRAIN_STRAGGLER_H
 #define ADTRAIN_STRAGGLER_H
@@ -80,6 +92,11 @@ typedef struct adt_straggler_cfg {
     int first_after;       /* judged steps whose medians make the first decision (once, if
                               fewer than the window); 0: none. default 3                      */
     int cooldown;          /* steps between two actions: default 20                          */
+    int agree;             /* a decision also when each of the last `agree` steps alone
+                              predicts min_gain (same slowest rank); 0: off. default 3        */
+    int refine;            /* judged steps at a new split before refining it; 0: off. 5      */
+    double refine_gain;    /* a refinement must cut the predicted step time by this: 0.03    */
+    int refine_max;        /* refinements per action: default 3                              */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */
 } adt_straggler_cfg;
@@ -87,13 +104,14 @@ typedef struct adt_straggler_cfg {
 /* The defaults above, for `policy`. */
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy);
 /* Sets fields from "key=value,key=value" (keys: warmup, k, persist, clear, alpha, clip, gain,
- * dd_after, nd_after, first, cooldown, restart_cost, min_local); a bad key or value is an error naming
+ * dd_after, nd_after, first, cooldown, agree, refine, refine_gain, refine_max, restart_cost,
+ * min_local); a bad key or value is an error naming
  * it. */
 int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec);
 
 typedef enum adt_straggler_action_kind {
     ADT_ACTION_NONE = 0,
-    ADT_ACTION_REBALANCE = 1, /* new local batch split                                       */
+    ADT_ACTION_REBALANCE = 1, /* new local batch split (a refinement too: `why` says "refined") */
     ADT_ACTION_RESTART = 2,   /* ND: restart `rank` elsewhere (a new generation)              */
 } adt_straggler_action_kind;
 
@@ -127,7 +145,7 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
                           const int64_t *samples, int64_t *split, long remaining_steps, adt_straggler_action *act);
 
 const adt_straggler_rank *adt_straggler_rank_info(const adt_straggler *m, int rank);
-int64_t adt_straggler_actions(const adt_straggler *m); /* actions taken so far */
+int64_t adt_straggler_actions(const adt_straggler *m); /* actions taken so far, refinements included */
 
 /* The split of `total` samples over n ranks in proportion to speed[i] (> 0), each at least
  * min_each (largest remainders; ties to the lower rank). Fails when n * min_each > total. */

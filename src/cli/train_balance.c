@@ -81,6 +81,11 @@ typedef struct train_bal {
                                  compute: the difference is what data parallelism adds      */
     double *rank_compute;     /* [nranks] summed compute seconds per rank                   */
     int64_t *rank_samples;    /* [nranks] summed samples per rank                           */
+    double *fin_compute;      /* [nranks] the same since the split last changed: the capacities */
+    int64_t *fin_samples;     /* at the split the run ends with (a rank's samples/s depend on   */
+    long fin_steps;           /* its local batch)                                             */
+    int64_t *prev_split;      /* [nranks] the split of the step being observed                 */
+    double make_s;            /* seconds spent making step executors this step (not compute)  */
     long steps;
     int64_t generation;      /* --straggler-master: the generation reports name             */
     int master_warned;       /* the master could not be reached (said once)                 */
@@ -302,7 +307,12 @@ static int bal_exec_get(trainer *t, int batch, long step, bal_exec **out) {
         for (int i = 1; i < BAL_CACHE; i++)
             if (b->cache[i].used < c->used) c = &b->cache[i];
         bal_exec_free(c);
+        /* made once per pass size, so not part of the compute a rank's speed is judged on (nor
+         * stretched by --inject-slowdown) */
+        double m0 = adt_now_s();
         int rc = bal_exec_make(t, c, batch);
+        double dt = adt_now_s() - m0;
+        b->make_s += dt, b->slow_mark += dt;
         if (rc) return rc;
     }
     c->used = step;
@@ -367,6 +377,9 @@ int train_balance_build(trainer *t) {
     b->times = adt_calloc(2 * (size_t)n + 1, sizeof *b->times);
     b->rank_compute = adt_calloc((size_t)n, sizeof *b->rank_compute);
     b->rank_samples = adt_calloc((size_t)n, sizeof *b->rank_samples);
+    b->fin_compute = adt_calloc((size_t)n, sizeof *b->fin_compute);
+    b->fin_samples = adt_calloc((size_t)n, sizeof *b->fin_samples);
+    b->prev_split = adt_calloc((size_t)n, sizeof *b->prev_split);
     b->split32 = adt_calloc((size_t)n, sizeof *b->split32);
     const char *gen = getenv("ADT_GENERATION");
     b->generation = gen ? atoll(gen) : 0;
@@ -417,27 +430,41 @@ void train_balance_banner(const trainer *t) {
     fprintf(stderr, "\n");
 }
 
+/* Prints " r0 C0 r1 C1 ..." (samples per compute second of each rank) and returns their sum over
+ * the global batch: the steps/s of the ideal. */
+static double print_capacities(const trainer *t, const double *compute, const int64_t *samples) {
+    double cap = 0;
+    for (int i = 0; i < t->nranks; i++) {
+        double c = compute[i] > 0 ? (double)samples[i] / compute[i] : 0;
+        cap += c;
+        fprintf(stderr, " r%d %.1f", i, c);
+    }
+    return cap / (double)t->o.batch;
+}
+
 void train_balance_free(trainer *t) {
     train_bal *b = t->bal;
     if (!b) return;
     if (!cli_quiet && t->rank == 0 && b->steps > 0) {
-        /* measured capacities: samples per compute second of each rank over the judged steps, and
-         * what they add up to */
-        double cap = 0;
+        /* measured capacities over the judged steps, and what they add up to */
         fprintf(stderr, "straggler: capacity (samples/s of compute)");
-        for (int i = 0; i < t->nranks; i++) {
-            double c = b->rank_compute[i] > 0 ? (double)b->rank_samples[i] / b->rank_compute[i] : 0;
-            cap += c;
-            fprintf(stderr, " r%d %.1f", i, c);
-        }
+        double ideal = print_capacities(t, b->rank_compute, b->rank_samples);
         fprintf(stderr, "; ideal %.3f steps/s; %lld actions; %.1f ms per step besides the slowest rank's compute\n",
-                cap / (double)t->o.batch, (long long)adt_straggler_actions(b->mon),
-                1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
+                ideal, (long long)adt_straggler_actions(b->mon), 1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
+        /* the same at the split the run ends with (each rank's samples/s at its final local batch) */
+        if (b->fin_steps > 0) {
+            fprintf(stderr, "straggler: capacity at the final split");
+            for (int i = 0; i < t->nranks; i++) fprintf(stderr, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
+            fprintf(stderr, " (%ld steps)", b->fin_steps);
+            ideal = print_capacities(t, b->fin_compute, b->fin_samples);
+            fprintf(stderr, "; ideal %.3f steps/s\n", ideal);
+        }
     }
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
     adt_straggler_free(b->mon);
     free(b->u_param), free(b->u_grad), free(b->elems), free(b->split), free(b->times);
     free(b->rank_compute), free(b->rank_samples), free(b->split32);
+    free(b->fin_compute), free(b->fin_samples), free(b->prev_split);
     free(b->seq), free(b->ready), free(b->req);
     free(b);
     t->bal = NULL;
@@ -557,14 +584,14 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     double t0 = adt_now_s();
     int slow = me == o->slow_rank && step >= o->slow_first && step <= o->slow_last;
     b->slowing = slow && o->slow_factor > 1;
-    b->slow_mark = t0, b->slow_debt = 0, b->slept = 0;
+    b->slow_mark = t0, b->slow_debt = 0, b->slept = 0, b->make_s = 0;
     int rc = run_passes(t, step, idx + first, b->split[me]);
     b->slowing = 0;
     if (rc) return rc;
-    double compute = adt_now_s() - t0;
+    double compute = adt_now_s() - t0 - b->make_s;
     if (slow) { /* the rest of FACTOR x the work (and what ran outside the nodes), then any pause */
         sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
-        compute = adt_now_s() - t0;
+        compute = adt_now_s() - t0 - b->make_s;
     }
     /* the gradients' all-reduces (started in the passes) done, then every rank's timing and the
      * loss summed */
@@ -592,7 +619,12 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
         if (judged) b->rank_compute[i] += b->times[i], b->rank_samples[i] += samples[i];
         slowest = fmax(slowest, b->times[i]);
     }
-    if (judged) b->step_s += step_s, b->slowest_s += slowest, b->steps++;
+    if (judged) {
+        b->step_s += step_s - b->make_s, b->slowest_s += slowest, b->steps++;
+        for (int i = 0; i < n; i++) b->fin_compute[i] += b->times[i], b->fin_samples[i] += samples[i];
+        b->fin_steps++;
+    }
+    memcpy(b->prev_split, b->split, (size_t)n * sizeof *b->split);
     adt_straggler_action act;
     if (adt_straggler_observe(b->mon, step, ADT_PHASE_TRAIN, b->times, samples, b->split, t->o.steps - step, &act))
         return train_fail(EXIT_RUNTIME, "straggler monitor: %s", adt_error_message());
@@ -603,6 +635,11 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
         if (t->world && adt_comm_bcast(t->world, b->split32, n, ADT_I32, 0))
             return train_fail(EXIT_RUNTIME, "step %ld: the split from rank 0: %s", step, adt_error_message());
         for (int i = 0; i < n; i++) b->split[i] = b->split32[i];
+    }
+    if (memcmp(b->prev_split, b->split, (size_t)n * sizeof *b->split)) { /* a new split: measured afresh */
+        memset(b->fin_compute, 0, (size_t)n * sizeof *b->fin_compute);
+        memset(b->fin_samples, 0, (size_t)n * sizeof *b->fin_samples);
+        b->fin_steps = 0;
     }
     return 0;
 }

@@ -24,6 +24,9 @@ struct adt_straggler {
     double *win;                   /* [n][WIN] the last per-sample times of the imbalanced run */
     int64_t n_obs;                 /* judged steps with every rank's time: win's fill          */
     long last_action;              /* step of the last action; -1: none yet                   */
+    int64_t split_obs;             /* n_obs when the split last changed: later ones are at it  */
+    int64_t last_move;             /* samples the last action (not refinement) moved           */
+    int refines;                   /* refinements since the last action                       */
     int64_t n_actions;
     int *restart_considered;       /* [n] ND looked at this persistent episode already        */
     double *tmp, *tmp2;            /* [max(n, WIN)] scratch                                             */
@@ -49,19 +52,22 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
                                .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 9,
-                               .nd_after = 5, .first_after = 3, .cooldown = 20, .restart_cost_s = 30, .min_local = 1};
+                               .nd_after = 5, .first_after = 3, .cooldown = 20, .agree = 3, .refine = 5, .refine_gain = 0.03,
+                               .refine_max = 3, .restart_cost_s = 30, .min_local = 1};
 }
 
 static int cfg_check(const adt_straggler_cfg *c) {
     if (c->warmup_steps < 0 || c->persist_after < 1 || c->clear_after < 1 || c->dd_after < 1 || c->nd_after < 1 ||
         c->cooldown < 0 || c->min_local < 1 || c->dd_after > WIN || c->nd_after > WIN || c->first_after < 0 ||
-        c->first_after > WIN)
-        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown >= 0, persist, clear, min_local >= 1, "
-                         "dd_after, nd_after in [1, %d] and first in [0, %d] expected", WIN, WIN);
+        c->first_after > WIN || c->agree < 0 || c->agree > WIN || c->refine < 0 || c->refine > WIN ||
+        c->refine_max < 0)
+        return adt_error(ADT_ERR_ARG, "straggler config: warmup, cooldown, refine_max >= 0, persist, clear, min_local "
+                         ">= 1, dd_after, nd_after in [1, %d] and first, agree, refine in [0, %d] expected", WIN, WIN);
     if (!(c->alpha > 0 && c->alpha <= 1) || !(c->clip >= 1) || !(c->min_gain >= 0 && c->min_gain < 1) ||
+        !(c->refine_gain >= 0 && c->refine_gain < 1) ||
         !(c->restart_cost_s >= 0) || !(c->slow_ratio[ADT_PHASE_TRAIN] > 1 || c->slow_ratio[ADT_PHASE_TRAIN] <= 0))
         return adt_error(ADT_ERR_ARG, "straggler config: expected alpha in (0, 1], clip >= 1, gain in [0, 1), "
-                         "restart_cost >= 0 and k > 1 (or 0: off)");
+                         "refine_gain in [0, 1), restart_cost >= 0 and k > 1 (or 0: off)");
     return 0;
 }
 
@@ -84,10 +90,13 @@ int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec) {
         int *ip = !strcmp(key, "warmup") ? &c.warmup_steps : !strcmp(key, "persist") ? &c.persist_after
                 : !strcmp(key, "clear") ? &c.clear_after : !strcmp(key, "dd_after") ? &c.dd_after
                 : !strcmp(key, "nd_after") ? &c.nd_after : !strcmp(key, "cooldown") ? &c.cooldown
-                : !strcmp(key, "min_local") ? &c.min_local : !strcmp(key, "first") ? &c.first_after : NULL;
+                : !strcmp(key, "min_local") ? &c.min_local : !strcmp(key, "first") ? &c.first_after
+                : !strcmp(key, "agree") ? &c.agree : !strcmp(key, "refine") ? &c.refine
+                : !strcmp(key, "refine_max") ? &c.refine_max : NULL;
         double *dp = !strcmp(key, "k") ? &c.slow_ratio[ADT_PHASE_TRAIN] : !strcmp(key, "alpha") ? &c.alpha
                    : !strcmp(key, "clip") ? &c.clip : !strcmp(key, "gain") ? &c.min_gain
-                   : !strcmp(key, "restart_cost") ? &c.restart_cost_s : NULL;
+                   : !strcmp(key, "restart_cost") ? &c.restart_cost_s
+                   : !strcmp(key, "refine_gain") ? &c.refine_gain : NULL;
         if (ip) {
             if (!is_int) return adt_error(ADT_ERR_ARG, "straggler config: %s: expected an integer, got '%s'", key, val);
             *ip = (int)v;
@@ -95,7 +104,8 @@ int adt_straggler_cfg_parse(adt_straggler_cfg *cfg, const char *spec) {
             *dp = v;
         } else {
             return adt_error(ADT_ERR_ARG, "straggler config: unknown key '%s'; expected warmup, k, persist, clear, "
-                             "alpha, clip, gain, dd_after, nd_after, first, cooldown, restart_cost or min_local", key);
+                             "alpha, clip, gain, dd_after, nd_after, first, cooldown, agree, refine, refine_gain, refine_max, "
+                             "restart_cost or min_local", key);
         }
         p += len;
         if (*p == ',') p++;
@@ -248,11 +258,85 @@ static double split_gain(adt_straggler *m, const double *t, const int64_t *split
     return now > 0 ? 1.0 - then / now : 0;
 }
 
+/* Samples a new split moves: half the sum of the per-rank changes. */
+static int64_t split_moved(int n, const int64_t *a, const int64_t *b) {
+    int64_t d = 0;
+    for (int i = 0; i < n; i++) d += a[i] > b[i] ? a[i] - b[i] : b[i] - a[i];
+    return d / 2;
+}
+
+/* An action (refine: a refinement, which starts no cooldown) whose new split `to` replaces `split`. */
 static void act_set(adt_straggler *m, adt_straggler_action *act, adt_straggler_action_kind kind, long step, int rank,
-                    double gain) {
+                    double gain, int refine, int64_t *split, const int64_t *to) {
     act->kind = kind, act->step = step, act->rank = rank, act->gain = gain;
-    m->last_action = step;
+    if (refine) {
+        m->refines++;
+    } else {
+        m->last_action = step;
+        m->last_move = split_moved(m->n, split, to);
+        m->refines = 0;
+    }
+    if (split != to) memcpy(split, to, (size_t)m->n * sizeof *split);
+    m->split_obs = m->n_obs;
     m->n_actions++;
+}
+
+/* Rank i's median per-sample time over the last `after` judged steps. */
+static double window_median(adt_straggler *m, int i, int after) {
+    for (int j = 0; j < after; j++) m->tmp2[j] = m->win[(size_t)i * WIN + (m->n_obs - 1 - j) % WIN];
+    qsort(m->tmp2, (size_t)after, sizeof(double), cmp_double);
+    return after % 2 ? m->tmp2[after / 2] : 0.5 * (m->tmp2[after / 2 - 1] + m->tmp2[after / 2]);
+}
+
+/* The slowest rank of `split` at per-sample times t. */
+static int slowest_of(int n, const double *t, const int64_t *split) {
+    int s = 0;
+    for (int i = 1; i < n; i++)
+        if (t[i] * (double)split[i] > t[s] * (double)split[s]) s = i;
+    return s;
+}
+
+/* Does each of the last `agree` judged steps alone predict min_gain, with the same slowest rank? */
+static int steps_agree(adt_straggler *m, const int64_t *split) {
+    int agree = m->cfg.agree, who = -1;
+    if (agree < 1 || m->n_obs < agree) return 0;
+    double t[ADT_STRAGGLER_MAX_RANKS];
+    for (int j = 0; j < agree; j++) {
+        for (int i = 0; i < m->n; i++) t[i] = m->win[(size_t)i * WIN + (m->n_obs - 1 - j) % WIN];
+        int s = slowest_of(m->n, t, split);
+        if ((who >= 0 && s != who) || split_gain(m, t, split, m->tsplit) < m->cfg.min_gain) return 0;
+        who = s;
+    }
+    return 1;
+}
+
+/* The split description after "new split" in act->why. */
+static void why_split(adt_straggler_action *act, int o, int n, const int64_t *split, double gain) {
+    for (int i = 0; i < n && o < (int)sizeof act->why - 12; i++)
+        o += snprintf(act->why + o, sizeof act->why - (size_t)o, "%s%lld", i ? "/" : " ", (long long)split[i]);
+    snprintf(act->why + o, sizeof act->why - (size_t)o, " (-%.0f%% step time)", gain * 100);
+}
+
+/* A refinement of the last action's split from the medians of the steps run at it, at least
+ * `refine` of them and up to the policy's window (more steps, less noise, as the split stays; see
+ * the header): taken when it gains refine_gain and moves at most half what the action moved. */
+static int try_refine(adt_straggler *m, long step, int64_t *split, adt_straggler_action *act) {
+    const adt_straggler_cfg *c = &m->cfg;
+    int64_t since = m->n_obs - m->split_obs;
+    if (c->refine < 1 || m->last_move < 1 || m->refines >= c->refine_max || since < c->refine) return 0;
+    int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;
+    int w = (int)(since < after ? since : after);
+    if (w < c->refine) w = c->refine;
+    double med[ADT_STRAGGLER_MAX_RANKS];
+    for (int i = 0; i < m->n; i++) med[i] = window_median(m, i, w);
+    double gain = split_gain(m, med, split, m->tsplit);
+    if (gain < c->refine_gain || 2 * split_moved(m->n, split, m->tsplit) > m->last_move) return 0;
+    int slowest = slowest_of(m->n, med, split);
+    for (int i = 0; i < m->n; i++) m->r[i].ewma_s = med[i];
+    act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain, 1, split, m->tsplit);
+    int o = snprintf(act->why, sizeof act->why, "refined from %d steps at the last split; new split", w);
+    why_split(act, o, m->n, split, gain);
+    return 1;
 }
 
 int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase, const double *compute_s,
@@ -263,18 +347,19 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     double k = c->slow_ratio[phase];
     if (step <= c->warmup_steps || k <= 0) return 0; /* not judged: first steps, eval, checkpoints */
     double t[ADT_STRAGGLER_MAX_RANKS];
-    int all = 1, slowest = 0;
+    int all = 1;
     for (int i = 0; i < m->n; i++) {
         t[i] = samples[i] > 0 && compute_s[i] > 0 ? compute_s[i] / (double)samples[i] : 0;
         all &= t[i] > 0;
-        if (t[i] * (double)split[i] > t[slowest] * (double)split[slowest]) slowest = i;
     }
+    int slowest = slowest_of(m->n, t, split);
     classify(m, t, k);
     if (!all || m->n < 2) return 0;
 
     for (int i = 0; i < m->n; i++) m->win[(size_t)i * WIN + m->n_obs % WIN] = t[i];
     m->n_obs++;
     if (c->policy == ADT_STRAGGLER_OFF) return 0;
+    if (try_refine(m, step, split, act)) return 0;
     int cooled = m->last_action < 0 || step - m->last_action >= c->cooldown;
     if (!cooled) return 0;
 
@@ -295,8 +380,7 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
             double t_healed = adt_straggler_step_time(m->n, e, healed);
             double gain_s = (double)remaining_steps * (t_now - t_healed);
             if (gain_s > c->restart_cost_s) {
-                memcpy(split, cur, (size_t)m->n * sizeof *split);
-                act_set(m, act, ADT_ACTION_RESTART, step, i, gain_s);
+                act_set(m, act, ADT_ACTION_RESTART, step, i, gain_s, 0, split, cur);
                 snprintf(act->why, sizeof act->why, "rank %d persistent at %.2fx its peers; restart gains %.1f s "
                          "over %ld steps > cost %.1f s", i, m->r[i].ewma_s / e[i], gain_s, remaining_steps,
                          c->restart_cost_s);
@@ -310,26 +394,28 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
      * window; it starts no cooldown, so the full window may correct it when it fills */
     int first = m->n_obs == c->first_after && c->first_after < after && m->n_actions == 0;
     if (first) after = c->first_after;
-    else if (m->n_obs < after) return 0;
     /* imbalance and the new split from each rank's median per-sample time over the last `after`
-     * steps: measured, recent, and blind to a minority of outliers (a single pause, noise) */
-    double mean_t[ADT_STRAGGLER_MAX_RANKS];
-    for (int i = 0; i < m->n; i++) {
-        for (int j = 0; j < after; j++) m->tmp2[j] = m->win[(size_t)i * WIN + (m->n_obs - 1 - j) % WIN];
-        qsort(m->tmp2, (size_t)after, sizeof(double), cmp_double);
-        mean_t[i] = after % 2 ? m->tmp2[after / 2] : 0.5 * (m->tmp2[after / 2 - 1] + m->tmp2[after / 2]);
+     * steps: measured, recent, and blind to a minority of outliers (a single pause, noise); or,
+     * before the window has decided, over the last `agree` steps when each of them alone shows it */
+    double med[ADT_STRAGGLER_MAX_RANKS], gain = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (first || !steps_agree(m, split)) return 0;
+            after = c->agree;
+        } else if (m->n_obs < after) {
+            continue;
+        }
+        for (int i = 0; i < m->n; i++) med[i] = window_median(m, i, after);
+        gain = split_gain(m, med, split, m->tsplit);
+        if (gain >= c->min_gain) break;
+        if (pass == 1) return 0;
     }
-    double gain = split_gain(m, mean_t, split, m->tsplit);
-    if (gain < c->min_gain) return 0;
-    for (int i = 0; i < m->n; i++) m->r[i].ewma_s = mean_t[i];
-    memcpy(split, m->tsplit, (size_t)m->n * sizeof *split);
-    act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain);
+    for (int i = 0; i < m->n; i++) m->r[i].ewma_s = med[i];
+    act_set(m, act, ADT_ACTION_REBALANCE, step, slowest, gain, 0, split, m->tsplit);
     if (first) m->last_action = -1;
     int o = snprintf(act->why, sizeof act->why, "imbalanced over the %s %d steps; new split", first ? "first" : "last",
                      after);
-    for (int i = 0; i < m->n && o < (int)sizeof act->why - 12; i++)
-        o += snprintf(act->why + o, sizeof act->why - (size_t)o, "%s%lld", i ? "/" : " ", (long long)split[i]);
-    snprintf(act->why + o, sizeof act->why - (size_t)o, " (-%.0f%% step time)", gain * 100);
+    why_split(act, o, m->n, split, gain);
     return 0;
 }
 
