@@ -21,6 +21,7 @@
  *   after it (and after a collective that tells every rank drained) covers reported steps only.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,7 +101,14 @@ int adt_elastic_pipe_start(adt_elastic_pipe **out, adt_elastic *c) {
     p->stop_at = adt_elastic_stop_at(c);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    if (pthread_create(&p->th, NULL, pipe_main, p)) {
+    /* the thread starts with every signal blocked: SIGTERM and the like reach the trainer's
+     * thread, whose handler they are meant for */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int bad = pthread_create(&p->th, NULL, pipe_main, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (bad) {
         pthread_mutex_destroy(&p->mu);
         pthread_cond_destroy(&p->cv);
         free(p);
