@@ -41,9 +41,11 @@ static int call(adt_master *m, const char *method, const char *path, const char 
 static adt_ledger_job g_job = {.samples = 480, .seed = 7, .shuffle = 0, .global_batch = B, .shard_size = 32,
                                .epochs = 1, .max_leases = 4, .max_failures = 3, .lease_timeout_s = 60};
 
-/* A master serving on a loopback port with a world of `slots` ranks in generation 1, one
- * replica per rank; *agent is the agent's id. */
-static adt_master *master_up(const char *dir, int slots, char *addr, size_t n, long *agent) {
+/* A master of job directory dir (600 bytes: tmp/tag) serving on a loopback port (addr, 64
+ * bytes) with a world of `slots` ranks in generation 1, one replica per rank; *agent is the
+ * agent's id. */
+static adt_master *master_up(const char *tag, int slots, char *dir, char *addr, long *agent) {
+    snprintf(dir, 600, "%s", check_tmp_path(tag));
     adt_master *m = NULL;
     adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
                              .heartbeat_s = 60, .data = &g_job, .ranks_per_replica = 1,
@@ -63,7 +65,7 @@ static adt_master *master_up(const char *dir, int slots, char *addr, size_t n, l
     CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, "\"generation\":1"),
           "generation 1 did not form: %s", out ? out : "");
     free(out);
-    snprintf(addr, n, "127.0.0.1:%d", adt_master_port(m));
+    snprintf(addr, 64, "127.0.0.1:%d", adt_master_port(m));
     return m;
 }
 
@@ -91,9 +93,8 @@ static int audit(const char *dir, adt_ledger_audit *a) {
 
 static void test_order_and_commits(void) {
     char dir[600], addr[64];
-    snprintf(dir, sizeof dir, "%s", check_tmp_path("order"));
     long agent;
-    adt_master *m = master_up(dir, 2, addr, sizeof addr, &agent);
+    adt_master *m = master_up("order", 2, dir, addr, &agent);
     if (!m) return;
     adt_elastic *c[2] = {client(addr, 0), client(addr, 1)}, *cc = client(addr, 0);
     adt_elastic_pipe *p[2] = {NULL, NULL};
@@ -187,9 +188,8 @@ out:
 
 static void test_stale_while_queued(void) {
     char dir[600], addr[64];
-    snprintf(dir, sizeof dir, "%s", check_tmp_path("stale"));
     long agent;
-    adt_master *m = master_up(dir, 1, addr, sizeof addr, &agent);
+    adt_master *m = master_up("stale", 1, dir, addr, &agent);
     if (!m) return;
     adt_elastic *c = client(addr, 0);
     adt_elastic_pipe *p = NULL;
