@@ -1,22 +1,93 @@
 #!/bin/sh
 # Throughput of `adtrain train` under the elastic master (leases, per-step reports, flash
-# checkpoints) against plain mpiexec on the same flags and sample order; prints ms/step of each,
-# alternating runs (REPS pairs) so that load on the machine hits both alike.
-#   bench/elastic_overhead.sh [RANKS] [REPS] -- TRAIN FLAGS...
+# checkpoints) against plain training (mpiexec, or one process) on the same flags and sample
+# order, in short alternating pairs so that the load on the machine hits both sides alike.
+#
+#   bench/elastic_overhead.sh [REPS]                   the matrix: GPT-S (configs/gpt-s.json) and
+#                                                      an MLP, 1 and 2 ranks, REPS pairs each (6)
+#   bench/elastic_overhead.sh RANKS REPS -- FLAGS...   one case
+#
+# A run's time per step is the mean over its steps after the first two (warm-up) and before the
+# last (an elastic run ends waiting for its last commit) from its --log:
+# `ms` for a plain run; `step_wall_ms` for an elastic one, which also covers the step's report,
+# control all-reduce and checkpoint (the plain run has none). Per case it prints the median of
+# each side with its range, the median of the paired ratios elastic/plain with their quartiles
+# and range, and the elastic run's own accounting (--log `elastic_ms`: waiting for a lease, the
+# gather of the leased ranges, queueing the report, the control all-reduce, draining reports
+# before a commit, the flash copy) as ms/step and as a fraction of its step. The load average
+# is printed before and after.
 set -e
 ADT=${ADT:-build/adtrain}
-RANKS=${1:-2}; REPS=${2:-3}; shift 2 || true; [ "$1" = "--" ] && shift
-FLAGS=${*:-"--data synthetic:text --batch 64 --optimizer sgd --lr 0.05 --steps 60"}
 MPIEXEC=${ADT_MPIEXEC:-$(command -v mpiexec.mpich || command -v mpiexec)}
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-ms() { sed -n 's/.*done: .* (\([0-9.]*\) ms\/step).*/\1/p' "$1" | tail -n 1; }
-for i in $(seq "$REPS"); do
-    if [ "$RANKS" = 1 ]; then $ADT train $FLAGS >"$dir/plain.log" 2>&1
-    else $MPIEXEC -n "$RANKS" $ADT train $FLAGS >"$dir/plain.log" 2>&1; fi
-    rm -rf "$dir/job" "$dir/ckpt"
-    $ADT launch --nproc-per-node "$RANKS" --job "$dir/job" -- $ADT train $FLAGS --elastic-dir "$dir/ckpt" \
-        >"$dir/elastic.log" 2>&1
-    echo "pair $i: plain $(ms "$dir/plain.log") ms/step, elastic $(ms "$dir/elastic.log") ms/step;" \
-         "$(sed -n 's/.*elastic: \([0-9]* checkpoints blocked.*\)/\1/p' "$dir/elastic.log" | tail -n 1)"
-done
+trap 'rm -rf "$dir"' EXIT INT TERM
+
+# mean of a --log field over the steps after the first two and before the last (the run's end
+# waits for its last commit, a cost per run, not per step) of the lines that have it
+log_mean() {
+    awk -v k="\"$2\":" 'index($0, k) { s = $0; sub(/.*"step":/, "", s); st[++n] = s + 0
+        v[n] = substr($0, index($0, k) + length(k)) + 0; if (st[n] > last) last = st[n] }
+        END { for (i = 1; i <= n; i++) if (st[i] > 2 && st[i] < last) { sum += v[i]; m++ }
+              if (m) printf "%.4f\n", sum / m }' "$1"
+}
+# median, quartiles and range of the numbers in a file: "median [q1, q3] (min-max)"
+stats() {
+    sort -g "$1" | awk '{ v[NR] = $1 } END { if (!NR) { print "-"; exit }
+        m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        q1 = v[int((NR + 3) / 4)]; q3 = v[int((3 * NR + 3) / 4)]
+        printf "%.4g [%.4g, %.4g] (%.4g-%.4g)", m, q1, q3, v[1], v[NR] }'
+}
+
+plain_run() { # RANKS FLAGS...
+    r=$1; shift
+    if [ "$r" = 1 ]; then $ADT train "$@" --log "$dir/plain.jsonl" >"$dir/plain.out" 2>&1
+    else $MPIEXEC -n "$r" $ADT train "$@" --log "$dir/plain.jsonl" >"$dir/plain.out" 2>&1; fi
+    log_mean "$dir/plain.jsonl" ms
+}
+elastic_run() { # RANKS FLAGS...
+    r=$1; shift
+    rm -rf "$dir/job" "$dir/ckpt" "$dir/elastic.jsonl"
+    $ADT launch --nproc-per-node "$r" --job "$dir/job" -- $ADT train "$@" --elastic-dir "$dir/ckpt" \
+        --log "$dir/elastic.jsonl" >"$dir/elastic.out" 2>&1
+    log_mean "$dir/elastic.jsonl" step_wall_ms
+    log_mean "$dir/elastic.jsonl" elastic_ms >"$dir/el_ms"
+}
+
+run_case() { # NAME RANKS REPS FLAGS...
+    name=$1 r=$2 reps=$3; shift 3
+    : >"$dir/p" ; : >"$dir/e" ; : >"$dir/ratio" ; : >"$dir/elms" ; : >"$dir/frac"
+    for i in $(seq "$reps"); do
+        if [ $((i % 2)) = 1 ]; then p=$(plain_run "$r" "$@"); e=$(elastic_run "$r" "$@")
+        else e=$(elastic_run "$r" "$@"); p=$(plain_run "$r" "$@"); fi
+        el=$(cat "$dir/el_ms")
+        if [ -z "$p" ] || [ -z "$e" ] || [ -z "$el" ]; then
+            echo "$name, $r rank(s), pair $i: a run failed; its output:" >&2
+            tail -n 5 "$dir/plain.out" "$dir/elastic.out" >&2
+            exit 1
+        fi
+        echo "$p" >>"$dir/p"; echo "$e" >>"$dir/e"
+        awk -v a="$e" -v b="$p" 'BEGIN { printf "%.5f\n", a / b }' >>"$dir/ratio"
+        echo "$el" >>"$dir/elms"
+        awk -v a="$el" -v b="$e" 'BEGIN { printf "%.5f\n", 100 * a / b }' >>"$dir/frac"
+        [ -n "$VERBOSE" ] && echo "  pair $i: plain $p ms/step, elastic $e ms/step (elastic work $el ms/step)"
+    done
+    echo "$name, $r rank(s), $reps pairs: plain $(stats "$dir/p") ms/step; elastic $(stats "$dir/e") ms/step"
+    echo "    ratio elastic/plain $(stats "$dir/ratio"); in-run elastic work $(stats "$dir/elms") ms/step" \
+         "= $(stats "$dir/frac") % of the step"
+}
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$2" = "--" ] || [ "$3" = "--" ]; then
+    RANKS=$1; REPS=$2; shift 2; [ "$1" = "--" ] && shift
+    run_case "$*" "$RANKS" "$REPS" "$@"
+else
+    REPS=${1:-6}
+    echo '{"type": "mlp", "sizes": [32, 64, 10], "activation": "relu"}' >"$dir/mlp.json"
+    GPT="--model configs/gpt-s.json --data synthetic:text --batch 4 --optimizer sgd --lr 0.05 --steps 20"
+    MLP="--model $dir/mlp.json --data synthetic:mlp --batch 12 --optimizer sgd --lr 0.05 --steps 300"
+    for r in 1 2; do
+        run_case "GPT-S batch 4" "$r" "$REPS" $GPT
+        run_case "MLP 32-64-10 batch 12" "$r" "$REPS" $MLP
+    done
+fi
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -244,6 +244,27 @@ int adt_elastic_commit(adt_elastic *c, int64_t steps, const char *checkpoint);
  * reply); 0: no stop requested. */
 int64_t adt_elastic_stop_at(const adt_elastic *c);
 
+/* The lease and report calls off the training step: a thread of the pipe makes client c's calls
+ * in the order asked (c is the thread's until adt_elastic_pipe_free; the caller frees c after).
+ * adt_elastic_pipe_prefetch asks for a lease ahead (nothing if one is asked already); the next
+ * adt_elastic_pipe_lease returns it, waiting only if its reply is not in (without one asked, it
+ * asks and waits). adt_elastic_pipe_report queues a report once the previous one was
+ * acknowledged (so a step's end knows the reply to the step before). adt_elastic_pipe_drain
+ * waits until every queued report was acknowledged: commit after it. The first refusal
+ * (ADT_ERR_STALE: the generation ended) is kept: the thread sends nothing more and every call
+ * returns it. adt_elastic_pipe_status returns it without waiting; adt_elastic_pipe_stop_at is
+ * adt_elastic_stop_at as of the last reply. */
+typedef struct adt_elastic_pipe adt_elastic_pipe;
+int adt_elastic_pipe_start(adt_elastic_pipe **out, adt_elastic *c);
+int adt_elastic_pipe_prefetch(adt_elastic_pipe *p, int64_t max_samples);
+int adt_elastic_pipe_lease(adt_elastic_pipe *p, int64_t max_samples, adt_ledger_lease *out, int *grant);
+int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n);
+int adt_elastic_pipe_drain(adt_elastic_pipe *p);
+int adt_elastic_pipe_status(adt_elastic_pipe *p);
+int64_t adt_elastic_pipe_stop_at(adt_elastic_pipe *p);
+/* Joins the thread (after its call in flight, if any); queued calls are dropped. */
+void adt_elastic_pipe_free(adt_elastic_pipe *p);
+
 /* One request to a master, no retries: for tools (adtrain status, scale) and tests. *reply is
  * malloc'd (free() it; may be NULL on transport errors). Returns ADT_OK when a reply came (any
  * HTTP status, in *status), ADT_ERR_IO naming the address otherwise. */

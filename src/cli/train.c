@@ -291,7 +291,9 @@ static int train_loop(trainer *t) {
         if (t->o.eval_every > 0 && (s % t->o.eval_every == 0 || last) && (rc = run_eval(t, s))) return rc;
         if (t->o.save_every && s % t->o.save_every == 0 && (rc = train_ckpt_save(t, t->o.save_path, s))) return rc;
         int stop = 0;
+        double t_done = adt_now_s(); /* the elastic step's end (report, agreement) is step time too */
         if (t->el && ((rc = train_elastic_step_done(t, s, &stop)) || (stop && !last))) return rc;
+        if (t->el) st.total_s += adt_now_s() - t_done;
     }
     if (t->tty && !cli_quiet) fprintf(stderr, "\n");
     long done = t->o.steps - t->start_step;

@@ -185,5 +185,9 @@ void train_elastic_free(trainer *t);
 /* 1 in an elastic world after the job's first: the log continues (a step redone after a restore
  * appears again; the last line of a step is the one in the model). */
 int train_elastic_continues(void);
+/* Under an agent whose ranks take every core, MPI waits yield and nap (ADT_COMM_POLL=polite)
+ * instead of spinning, so the agent and the master beside them get the CPU to answer the
+ * step's lease and report; call before MPI starts. */
+void train_elastic_poll_env(void);
 
 #endif

@@ -28,6 +28,7 @@ int train_world_init(trainer *t) {
     t->rank = 0;
     t->nranks = 1;
     if (!adt_comm_launched()) return 0;
+    train_elastic_poll_env();
     if (adt_comm_init(ADT_COMM_MPI, &t->world))
         return train_fail(EXIT_RUNTIME, "MPI: %s", adt_error_message());
     t->rank = adt_comm_rank(t->world);

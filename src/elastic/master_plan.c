@@ -198,8 +198,11 @@ void m_request_stop(adt_master *m, const char *reason) {
     }
     int64_t last = m->max_reported >= m->gen_first_step ? m->max_reported : m->gen_first_step - 1;
     /* Every replica has reported `last` or is about to (steps end in a collective), so the
-     * earliest step all of them can still stop after is last + 1. */
-    m->stop_at = last + 2;
+     * earliest step all of them can still stop after is last + 1. A trainer that queues its
+     * reports (adt_elastic_pipe) learns the stop step from the reply to the report before the
+     * step that ends, one step later: last + 2 (0-based), which every rank reaches after
+     * learning it. */
+    m->stop_at = last + 3;
     set_gstate(m, G_STOPPING, reason);
     ms_event(m, "stop_request", m->gen, -1, -1, "stop after %lld steps: %s", (long long)m->stop_at, reason);
     ms_save(m);
