@@ -33,7 +33,7 @@ double adt_node_time(const adt_graph *g, int node, double parts, const adt_clust
     const adt_node *n = &g->nodes[node];
     if (parts < 1) parts = 1;
     double f = adt_node_flops(g, n) / parts, b = adt_node_bytes(g, n) / parts;
-    double tf = f / adt_cluster_rate(c, adt_op_class_of(n->op)), tb = b / c->memory_bw;
+    double tf = f / adt_cluster_op_rate(c, adt_op_class_of(n->op), f), tb = b / c->memory_bw;
     return (tf > tb ? tf : tb) + c->launch_s;
 }
 
@@ -64,6 +64,44 @@ static void held_layouts(const adt_plan *p, const adt_graph *g, adt_ndsbp *held)
         if (g->values[v].producer < 0 && p->leaf_sbp && p->leaf_sbp[v].ndim) held[v] = p->leaf_sbp[v];
 }
 
+/* The most ranks of the plan on one node: the devices busy at once there (a pipeline's idle
+ * stages still poll for messages). */
+static int busy_per_node(const adt_plan *p, const adt_cluster *c) {
+    int best = 0, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1;
+    for (int i = 0; i < p->mesh.nranks; i++) {
+        int node = (p->mesh.ranks ? p->mesh.ranks[i] : i) / dpn, k = 0;
+        for (int j = 0; j < p->mesh.nranks; j++) k += (p->mesh.ranks ? p->mesh.ranks[j] : j) / dpn == node;
+        if (k > best) best = k;
+    }
+    return best;
+}
+
+static int calibrated_links(const adt_cluster *c) {
+    for (int i = 0; i < c->n_links; i++)
+        if (c->link[i].n_coll) return 1;
+    return 0;
+}
+
+/* The boxing program the partitioner inserts (chosen with the plan's link prices), its steps
+ * priced with the cluster's calibrated collectives: per kind, group size and link level of the
+ * step's mesh axis; local steps as the program prices them. kind[] gets the steps' times. */
+static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_mesh *m, const adt_value *val,
+                             const adt_ndsbp *from, const adt_ndsbp *to, int busy, double *kind) {
+    adt_boxing_prog prog;
+    if (adt_boxing_plan(m, val->shape, val->dtype, from, to, &p->cost, &prog)) return ADT_BOXING_NONE;
+    double t = 0;
+    for (int i = 0; i < prog.n_steps; i++) {
+        const adt_boxing_step *st = &prog.step[i];
+        double ts = st->time;
+        if (st->kind <= ADT_BOXING_ALL_TO_ALL)
+            ts = adt_cluster_coll_time(c, adt_cluster_axis_level(c, m, st->mesh_axis), st->kind, st->group_size,
+                                       st->group_bytes, busy);
+        kind[st->kind] += ts;
+        t += ts;
+    }
+    return t;
+}
+
 /* Layouts a value has been boxed to in this stage, with the time each is ready. */
 typedef struct boxed {
     adt_ndsbp to[8];
@@ -82,6 +120,9 @@ static int root_of(const adt_graph *g, int v) {
 
 static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *c, int s, const adt_mesh *m,
                       const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
+    /* ranks time-sharing the cores compute slower, and collectives use the fits at that load */
+    int busy = busy_per_node(p, c), reprice = calibrated_links(c);
+    double share = adt_cluster_share(c, busy);
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
     int nv = g->n_values;
@@ -135,8 +176,8 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                         r0[p->pp_axis] = ps, r1[p->pp_axis] = s;
                         d0 = adt_mesh_rank(&p->mesh, r0), d1 = adt_mesh_rank(&p->mesh, r1);
                     }
-                    const adt_link *l = &c->link[adt_cluster_level(c, d0, d1)];
-                    double t = l->latency + block_bytes(g, v, lay[v], m) / l->bandwidth;
+                    double t = adt_cluster_coll_time(c, adt_cluster_level(c, d0, d1), ADT_COLL_SEND_RECV, 2,
+                                                     block_bytes(g, v, lay[v], m), busy);
                     ev->p2p += t;
                     tm = (tm > tc ? tm : tc) + t;
                     ready[v] = tm;
@@ -151,7 +192,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                     t_in = b->ready[k];
                 } else {
                     const adt_boxing_cached *kinds;
-                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds);
+                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds), kt[ADT_BOXING_KIND_COUNT];
                     if (bt >= ADT_BOXING_NONE) {
                         char fa[64], fb[64];
                         rc = adt_error(ADT_ERR_ARG, "cost of plan: node %s input %d: no boxing from %s to %s", n->name, j,
@@ -162,7 +203,12 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                     int late = pr < 0 || (!g->nodes[pr].is_backward && !g->nodes[pr].is_optimizer &&
                                           (n->is_backward || n->is_optimizer));
                     if (late && t0 < tc) t0 = tc;
-                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kinds->kind[q];
+                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) kt[q] = kinds->kind[q];
+                    if (reprice) {
+                        memset(kt, 0, sizeof kt);
+                        bt = reprice_boxing(p, c, m, val, lay[v], &sig->in[j], busy, kt);
+                    }
+                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kt[q];
                     tm = t0 + bt;
                     t_in = tm;
                     if (b->n < 8) b->to[b->n] = sig->in[j], b->ready[b->n++] = tm;
@@ -173,7 +219,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
             if (t_in > start) start = t_in;
         }
         if (rc) break;
-        double t = adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
+        double t = share * adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
         ev->compute += t;
         tc = start + t;
         for (int k = 0; k < n->n_out; k++) {
