@@ -6,7 +6,7 @@ Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS 
 writes one JSON line per plan to OUT.jsonl and prints the per-model summary."""
 import json, os, statistics, subprocess, sys, time
 
-ADT = "build/adtrain"
+ADT = os.environ.get("ADT", "build/adtrain")
 WORK, CLUSTER, OUT = sys.argv[1:4]
 RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
 STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])

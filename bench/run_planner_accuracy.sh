@@ -34,8 +34,12 @@ mkdir -p bench/results
 out=bench/results/planner-accuracy-$(date -u +%Y%m%dT%H%M%SZ).jsonl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# a copy of the binary: a rebuild while this runs changes neither predictions nor runs
+cp build/adtrain "$tmp/adtrain"
+ADT=$tmp/adtrain
+export ADT
 if [ -n "${CLUSTER:-}" ]; then cp "$CLUSTER" "$tmp/here.json"
-else build/adtrain calibrate --ranks "$RANKS" -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
+else "$ADT" calibrate --ranks "$RANKS" -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
     { cat "$tmp/calibrate.log" >&2; exit 1; }; fi
 "$PYTHON" bench/planner_accuracy.py "$tmp" "$tmp/here.json" "$out"
 echo "wrote $out" >&2

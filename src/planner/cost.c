@@ -27,6 +27,8 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/exec.h" /* adt_memplan: graph/memplan.c's, declared with the executor that uses it */
+#include "adtrain/ops.h"
 #include "adtrain/planner.h"
 
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
@@ -249,6 +251,152 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     return rc;
 }
 
+/* The executor's schedule of a local graph with collectives (src/exec/exec.c, the split
+ * schedule), as the memory plan sees it: a collective starts right after its input's producer
+ * (unless the input is a leaf, another collective's output, or a forward value read by a later
+ * pass) and is waited for just before the first node reading its output or overwriting its
+ * input in place, its buffers live until then (read_until); an all-reduce whose input root has
+ * no other reader runs in place (share). share stays NULL when none does. */
+static int is_comm_node(const adt_graph *g, int i) { return adt_op_get(g->nodes[i].op)->is_comm; }
+static int phase_of(const adt_node *n) { return n->is_optimizer ? 2 : n->is_backward ? 1 : 0; }
+
+static int hoistable(const adt_graph *g, int c) {
+    int p = g->values[g->nodes[c].in[0]].producer;
+    if (p < 0 || is_comm_node(g, p)) return 0;
+    return !(phase_of(&g->nodes[p]) == 0 && phase_of(&g->nodes[c]) != 0);
+}
+
+static void exec_schedule(const adt_graph *g, int *order, int *read_until, int **share_out) {
+    int nn = g->n_nodes, n = 0;
+    char *placed = adt_calloc((size_t)nn + 1, 1);
+    int *pos = adt_malloc((size_t)(nn + 1) * sizeof *pos);
+    for (int i = 0; i < nn; i++) {
+        if (placed[i]) continue;
+        placed[i] = 1, pos[i] = n, order[n++] = i;
+        for (int c = i + 1; c < nn; c++) /* the collectives reading what i made start now */
+            if (!placed[c] && is_comm_node(g, c) && hoistable(g, c))
+                for (int k = 0; k < g->nodes[i].n_out; k++)
+                    if (g->nodes[c].in[0] == g->nodes[i].out[k]) {
+                        placed[c] = 1, pos[c] = n, order[n++] = c;
+                        break;
+                    }
+    }
+    for (int q = 0; q < n; q++) {
+        int c = order[q];
+        read_until[q] = q;
+        if (!is_comm_node(g, c)) continue;
+        read_until[q] = n;
+        for (int r = q + 1; r < n && read_until[q] == n; r++) {
+            const adt_node *m = &g->nodes[order[r]];
+            int inplace = adt_op_get(m->op)->inplace;
+            for (int k = 0; k < m->n_in; k++)
+                if (m->in[k] == g->nodes[c].out[0] ||
+                    (inplace && root_of(g, m->in[k]) == root_of(g, g->nodes[c].in[0]))) {
+                    read_until[q] = r;
+                    break;
+                }
+        }
+    }
+    /* in-place all-reduces: the input's root read by nothing else (views on the way excepted) */
+    int *readers = adt_calloc((size_t)g->n_values + 1, sizeof *readers), *share = NULL;
+    for (int i = 0; i < nn; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) readers[root_of(g, g->nodes[i].in[k])]++;
+    for (int i = 0; i < nn; i++) {
+        const adt_node *nd = &g->nodes[i];
+        if (!is_comm_node(g, i) || (nd->a.i[0] & 0xff) != ADT_BOXING_ALL_REDUCE) continue;
+        int r = nd->in[0], links = 0, ok = 1;
+        for (; g->values[r].alias_of >= 0; r = g->values[r].alias_of, links++) {
+            const adt_value *v = &g->values[r];
+            ok &= v->producer >= 0 && adt_op_get(g->nodes[v->producer].op)->view_of >= 0 && !v->is_output;
+        }
+        if (!ok || g->values[r].producer < 0 || g->values[r].is_output || readers[r] != links + 1) continue;
+        if (!share) {
+            share = adt_malloc((size_t)g->n_values * sizeof *share);
+            for (int v = 0; v < g->n_values; v++) share[v] = -1;
+        }
+        share[nd->out[0]] = nd->in[0];
+    }
+    free(readers), free(placed), free(pos);
+    *share_out = share;
+}
+
+/* The memory plan the executor makes for stage s at stage-mesh coordinate coord: the stage's
+ * local graph as the partitioner (and, with several stages, adt_pipe_stage_build) makes it, its
+ * arena planned in graph order, or in passes (forward, backward, update) with `slots` microbatch
+ * arenas for a pipeline stage. Bytes: slots x arena + state + the largest scratch. */
+static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, const int *coord, double *bytes) {
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *order = NULL;
+    int piped = p->n_stages > 1, rc = ADT_OK;
+    adt_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    adt_dist_plan d;
+    if (piped && (rc = adt_pipe_stage_build(g, p, s, &st))) {
+        free(ranks);
+        return rc;
+    }
+    d = piped ? adt_pipe_stage_dist(&st, p, ranks) : adt_plan_dist(p, 0, ranks);
+    adt_dist_local loc;
+    if (!(rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) {
+        const adt_graph *lg = loc.g;
+        int *read_until = NULL, *share = NULL, any_comm = 0;
+        for (int i = 0; i < lg->n_nodes; i++) any_comm |= is_comm_node(lg, i);
+        order = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *order);
+        if (piped) { /* the executor's order with microbatch slots: passes apart */
+            int n = 0, *ru = NULL;
+            for (int ph = 0; ph < 3; ph++)
+                for (int i = 0; i < lg->n_nodes; i++)
+                    if (phase_of(&lg->nodes[i]) == ph) order[n++] = i;
+            if (any_comm) { /* only the in-place all-reduces of the split schedule */
+                ru = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *ru);
+                int *tmp = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *tmp);
+                exec_schedule(lg, tmp, ru, &share);
+                free(tmp), free(ru);
+            }
+        } else if (any_comm) {
+            read_until = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *read_until);
+            exec_schedule(lg, order, read_until, &share);
+        } else {
+            for (int i = 0; i < lg->n_nodes; i++) order[i] = i;
+        }
+        adt_memplan mp;
+        rc = adt_memplan_build_sched(&mp, lg, order, lg->n_nodes, 0, read_until, share);
+        free(read_until), free(share);
+        if (!rc) {
+            double kept = 0; /* `adtrain train` keeps a classifier's logits to the step's end (metrics) */
+            for (int i = 0; i < lg->n_nodes && p->model.type != ADT_MODEL_GPT; i++) {
+                const adt_node *nd = &lg->nodes[i];
+                if ((nd->op == ADT_OP_SOFTMAX_XENT || nd->op == ADT_OP_BCE_LOGITS) && !lg->values[nd->in[0]].is_output)
+                    kept += (double)adt_value_bytes(lg, nd->in[0]);
+            }
+            *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes;
+            adt_memplan_free(&mp);
+        }
+        adt_dist_local_free(&loc);
+    }
+    if (piped) adt_pipe_stage_free(&st);
+    free(order);
+    free(ranks);
+    return rc;
+}
+
+/* The largest of the stage's devices (blocks that do not divide evenly differ between ranks):
+ * every coordinate of a small stage mesh, the first and the last of a large one. */
+static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, double *bytes) {
+    adt_mesh sm;
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
+    int rc = adt_plan_stage_mesh(p, s, &sm, ranks);
+    *bytes = 0;
+    for (int i = 0; i < sm.nranks && !rc; i++) {
+        if (sm.nranks > 4 && i > 0 && i < sm.nranks - 1) continue;
+        int coord[ADT_MAX_MESH_DIMS] = {0};
+        double b = 0;
+        adt_mesh_coord(&sm, i, coord);
+        if (!(rc = coord_memplan(p, g, s, slots, coord, &b)) && b > *bytes) *bytes = b;
+    }
+    free(ranks);
+    return rc;
+}
+
 int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out) {
     memset(out, 0, sizeof *out);
     if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: cost of an unbound plan", p->name);
@@ -274,8 +422,15 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
         if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
         double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
-        /* a 5% slack for allocator rounding and workspaces (OneFlow uses 1.04 x 1.06) */
-        out->stage_mem[s] = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
+        /* the executor's memory plan of the stage; where the partitioner refuses the plan (the
+         * planner prices plans it has not validated yet), the liveness walk with a 5% slack */
+        double planned = 0;
+        int slots = p->n_stages > 1 ? (int)inflight : 1;
+        if (stage_memplan(p, g, s, slots, &planned)) {
+            adt_error_clear();
+            planned = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
+        }
+        out->stage_mem[s] = planned;
         if (out->stage_mem[s] > out->peak_mem_bytes) out->peak_mem_bytes = out->stage_mem[s];
     }
     if (!rc) {
