@@ -266,7 +266,8 @@ static void test_cost_closed_forms(void) {
 #define CAL_CLUSTER                                                                                                  \
     "{\"name\":\"cal\",\"nodes\":1,\"devices_per_node\":4,\"cores_per_node\":2,\"device\":{\"kind\":\"x\","          \
     "\"peak_flops\":{\"f32\":1e11},\"rates\":{\"matmul\":5e10},\"rates_small\":{\"matmul\":1e10},"                    \
-    "\"small_flops\":1e6,\"memory_bytes\":1e9,\"memory_bw\":1e10,\"launch_s\":1e-6},\"links\":[{\"name\":\"shm\","    \
+    "\"small_flops\":1e6,\"slowdown\":[{\"ranks\":1,\"factor\":1},{\"ranks\":2,\"factor\":1.25},"                \
+    "{\"ranks\":4,\"factor\":2.5}],\"memory_bytes\":1e9,\"memory_bw\":1e10,\"launch_s\":1e-6},\"links\":[{\"name\":\"shm\","    \
     "\"span\":4,\"bandwidth\":1e9,\"latency\":1e-5,\"collectives\":["                                                 \
     "{\"kind\":\"all_reduce\",\"ranks\":2,\"alpha\":2e-6,\"beta\":2e-10},"                                            \
     "{\"kind\":\"all_reduce\",\"ranks\":4,\"alpha\":3e-4,\"beta\":1e-9},"                                             \
@@ -285,8 +286,15 @@ static void test_cluster_calibrated(void) {
     CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_MATMUL, 5e5) == 1e10, "small matmul");
     CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_MATMUL, 5e6) == 5e10, "large matmul");
     CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_CONV, 5e5) == adt_cluster_rate(&c, ADT_OPCLASS_CONV), "conv: no small rate");
-    /* cores: 4 busy ranks on 2 cores run at half speed, 2 or 1 at full */
-    CHECK(adt_cluster_share(&c, 4) == 2.0 && adt_cluster_share(&c, 2) == 1.0 && adt_cluster_share(&c, 1) == 1.0, "share");
+    /* busy ranks: the measured slowdown of the largest rank count <= ranks */
+    CHECK(adt_cluster_share(&c, 4) == 2.5 && adt_cluster_share(&c, 3) == 1.25 && adt_cluster_share(&c, 2) == 1.25 &&
+              adt_cluster_share(&c, 1) == 1.0,
+          "measured slowdown");
+    /* without measurements, cores: 4 busy ranks on 2 cores run at half speed, 2 or 1 at full */
+    adt_cluster nm = c;
+    nm.n_slowdown = 0;
+    CHECK(adt_cluster_share(&nm, 4) == 2.0 && adt_cluster_share(&nm, 2) == 1.0 && adt_cluster_share(&nm, 1) == 1.0,
+          "share by cores");
     /* collectives: the fit of the group size; with more busy ranks than cores the fit at that load;
      * a kind without a fit: the link's latency and bandwidth */
     double G = 1 << 20;
@@ -301,6 +309,7 @@ static void test_cluster_calibrated(void) {
     CHECK(adt_cluster_parse(&d, s, "round trip") == ADT_OK, "%s", adt_error_message());
     CHECK(d.cores_per_node == c.cores_per_node && d.small_flops == c.small_flops &&
               !memcmp(d.rate_small, c.rate_small, sizeof c.rate_small) && d.link[0].n_coll == c.link[0].n_coll &&
+              d.n_slowdown == 3 && !memcmp(d.slowdown, c.slowdown, 3 * sizeof c.slowdown[0]) &&
               !memcmp(d.link[0].coll, c.link[0].coll, (size_t)c.link[0].n_coll * sizeof c.link[0].coll[0]),
           "round trip differs");
     free(s);
@@ -315,6 +324,8 @@ static void test_cluster_calibrated(void) {
         {"\"rates_small\":{\"matmul\"", "\"rates_small\":{\"matmull\"", "device.rates_small"},
         {"\"small_flops\":1e6", "\"small_flops\":-1", "device.small_flops"},
         {"\"collectives\":[", "\"collectives\":{\"a\":1},\"x\":[", "collectives"},
+        {"{\"ranks\":2,\"factor\":1.25}", "{\"ranks\":1,\"factor\":1.25}", "a second slowdown"},
+        {"\"factor\":2.5}", "\"factor\":0}", "device.slowdown[2].factor"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[2048];
@@ -329,13 +340,14 @@ static void test_cluster_calibrated(void) {
     }
 }
 
-/* The cost model on a calibrated cluster: compute slows by ranks / cores when the plan's ranks
- * outnumber the cores; a data-parallel plan's all-reduces take the calibrated fit's time. */
+/* The cost model on a calibrated cluster: compute slows by the measured slowdown of the plan's
+ * busy ranks (by ranks / cores without one); a data-parallel plan's all-reduces take the
+ * calibrated fit's time. */
 static void test_cost_calibrated(void) {
     adt_cluster c, plain;
     CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
     plain = c;
-    plain.cores_per_node = 0;
+    plain.cores_per_node = 0, plain.n_slowdown = 0;
     plain.link[0].n_coll = 0;
     adt_model_cfg m = mlp_cfg(64, 256, 10);
     for (int n = 2; n <= 4; n += 2) {
@@ -345,7 +357,12 @@ static void test_cost_calibrated(void) {
         adt_cost_report r, rp;
         CHECK(adt_plan_cost(&dp, g, &c, &r) == ADT_OK, "%s", adt_error_message());
         CHECK(adt_plan_cost(&dp, g, &plain, &rp) == ADT_OK, "%s", adt_error_message());
-        CHECK_CLOSE(r.compute_s, rp.compute_s * (n == 4 ? 2.0 : 1.0), 1e-9, 0);
+        CHECK_CLOSE(r.compute_s, rp.compute_s * (n == 4 ? 2.5 : 1.25), 1e-9, 0);
+        adt_cluster by_cores = c;
+        by_cores.n_slowdown = 0;
+        adt_cost_report rc2;
+        CHECK(adt_plan_cost(&dp, g, &by_cores, &rc2) == ADT_OK, "%s", adt_error_message());
+        CHECK_CLOSE(rc2.compute_s, rp.compute_s * (n == 4 ? 2.0 : 1.0), 1e-9, 0);
         /* the all-reduce of every parameter gradient by the fit at n ranks (busy = n here) */
         const adt_coll_fit *f = &c.link[0].coll[n == 4 ? 1 : 0];
         double want = 0, plain_want = 0;

@@ -36,6 +36,7 @@ extern "C" {
 
 #define ADT_CLUSTER_MAX_LINKS 4
 #define ADT_CLUSTER_NAME_LEN 128
+#define ADT_CLUSTER_MAX_SLOWDOWN 64
 
 /* Op classes with their own calibrated compute rate. */
 typedef enum adt_op_class {
@@ -84,6 +85,8 @@ typedef struct adt_cluster {
     double rate_small[ADT_OPCLASS_COUNT]; /* FLOP/s of ops below small_flops, 0: rate[]      */
     double small_flops;                 /* the size class boundary (FLOPs per device), 0: none */
     int cores_per_node;                 /* cores the node's devices share, 0: one each        */
+    int n_slowdown;                     /* measured compute slowdowns by busy ranks per node  */
+    struct { int ranks; double factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
 } adt_cluster;
@@ -102,8 +105,9 @@ int adt_cluster_devices(const adt_cluster *c);
 double adt_cluster_rate(const adt_cluster *c, int op_class);
 /* The FLOP/s of an op of the class doing `flops` per device: rate_small below small_flops. */
 double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
-/* How much slower compute runs when `ranks` devices of one node are busy at once: ranks /
- * cores_per_node when they outnumber the cores (ranks time-share them), else 1. */
+/* How much slower compute runs when `ranks` devices of one node are busy at once: the measured
+ * slowdown of the largest rank count <= ranks (device.slowdown), else ranks / cores_per_node when
+ * they outnumber the cores (ranks time-share them), else 1. */
 double adt_cluster_share(const adt_cluster *c, int ranks);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);

@@ -8,6 +8,8 @@
  *             small_flops per op) = the FLOPs over the seconds less the ops' fixed costs;
  *   memory    the bandwidth of a 64 MiB copy;
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
+ *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
+ *             time on each of k ranks over its time on one), into device.slowdown;
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
  *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's
@@ -113,6 +115,19 @@ static int time_model(const char *json, int batch, int threads, cal_compute *acc
     return rc;
 }
 
+/* The compute probe: seconds of a few training steps of a mid-size MLP, the kernels alone. Run
+ * by one rank, then by k ranks at once: the ratio is the slowdown of k busy ranks. */
+#define CAL_PROBE "{\"type\":\"mlp\",\"sizes\":[512,1024,1024,10],\"activation\":\"relu\"}"
+static double compute_probe(int threads) {
+    cal_compute *acc = adt_calloc(1, sizeof *acc);
+    double t = 0;
+    if (!time_model(CAL_PROBE, 64, threads, acc))
+        for (int sc = 0; sc < 2; sc++)
+            for (int k = 0; k < ADT_OPCLASS_COUNT; k++) t += acc->secs[sc][k];
+    free(acc);
+    return t;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -175,6 +190,11 @@ static int comm_worker(void) {
     float *a = adt_malloc(cap), *b = adt_malloc(cap);
     int64_t *cnt = adt_malloc((size_t)adt_comm_size(w) * sizeof *cnt);
     memset(a, 0, cap), memset(b, 0, cap);
+    /* every rank computes at once: the ranks' mean time of the probe */
+    adt_comm_barrier(w);
+    double probe = compute_probe(1);
+    adt_comm_allreduce_f64(w, &probe, 1);
+    if (adt_comm_rank(w) == 0) printf("probe 0 %.9g\n", probe / adt_comm_size(w));
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
             int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
@@ -232,7 +252,7 @@ static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l) {
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe) {
     char self[1024], cmd[1200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -249,6 +269,10 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l) {
         long long s;
         double t;
         int ki = 0;
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "probe")) {
+            *probe = t;
+            continue;
+        }
         if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3)
             while (ki < CAL_KINDS && strcmp(kind, adt_coll_kind_name(cal_kind[ki]))) ki++;
         if (ki >= CAL_KINDS || sscanf(line, "%31s %lld %lg", kind, &s, &t) != 3) {
@@ -339,8 +363,18 @@ int cli_calibrate(int argc, char **argv) {
     if (o.ranks >= 2) {
         cal_fit pooled;
         memset(&pooled, 0, sizeof pooled);
-        for (int k = 2; k <= o.ranks; k++)
-            if ((rc = measure_ranks(k, &pooled, &c.link[0]))) return rc;
+        /* compute with k busy ranks against one: the slowdown the cost model applies */
+        double one = compute_probe((int)o.threads);
+        c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
+        for (int k = 2; k <= o.ranks; k++) {
+            double probe = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &probe))) return rc;
+            if (probe > 0 && one > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
+                double f = probe / one < 1 ? 1 : probe / one;
+                c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown++].factor = f;
+                fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time\n", k, f);
+            }
+        }
         double a, b;
         if (!fit_solve(&pooled, &a, &b)) return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
         c.link[0].latency = a, c.link[0].bandwidth = 1.0 / b;

@@ -114,10 +114,42 @@ static int check_comment(const cJSON *obj, const char *where, const char *name) 
     return ADT_OK;
 }
 
+/* device.slowdown: [{"ranks", "factor"}], compute time with that many busy ranks on a node over
+ * one rank's. */
+static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
+    c->n_slowdown = 0;
+    if (!a) return ADT_OK;
+    if (!cJSON_IsArray(a))
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" is %s, expected an array of {ranks, factor}", name,
+                         adt_cfg_json_kind(a));
+    int n = cJSON_GetArraySize(a), i = 0, rc;
+    if (n > ADT_CLUSTER_MAX_SLOWDOWN)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
+                         ADT_CLUSTER_MAX_SLOWDOWN);
+    static const char *const fields[] = {"ranks", "factor", "comment", NULL};
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        char w[48];
+        snprintf(w, sizeof w, "device.slowdown[%d].", i);
+        if (!cJSON_IsObject(e))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\" is %s, expected an object", name, i,
+                             adt_cfg_json_kind(e));
+        if ((rc = adt_cfg_check_fields(e, fields, "slowdown", name)) || (rc = check_comment(e, w, name)) ||
+            (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
+            (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)))
+            return rc;
+        for (int j = 0; j < i; j++)
+            if (c->slowdown[j].ranks == c->slowdown[i].ranks)
+                return adt_error(ADT_ERR_ARG, "%s: field \"%sranks\": a second slowdown for %d ranks", name, w,
+                                 c->slowdown[i].ranks);
+    }
+    c->n_slowdown = n;
+    return ADT_OK;
+}
+
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
                                          "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops",
-                                         "comment", NULL};
+                                         "slowdown", "comment", NULL};
     int rc;
     if ((rc = adt_cfg_check_fields(d, fields, "device", name)) || (rc = check_comment(d, "device.", name)) ||
         (rc = get_string(d, "kind", "device.", 1, name, c->device_kind, sizeof c->device_kind)))
@@ -163,6 +195,7 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
                 return rc;
     }
     if ((rc = get_number(d, "small_flops", "device.", 0, 0, 1e18, name, &c->small_flops))) return rc;
+    if ((rc = parse_slowdown(c, cJSON_GetObjectItemCaseSensitive(d, "slowdown"), name))) return rc;
     if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
         (rc = get_number(d, "memory_bw", "device.", 1, 1e6, 1e15, name, &c->memory_bw)) ||
         (rc = get_number(d, "launch_s", "device.", 0, 0, 1, name, &c->launch_s)))
@@ -280,6 +313,13 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
     if (!(c->memory_bytes > 0) || !(c->memory_bw > 0) || !(c->peak_flops[c->compute_dtype] > 0))
         return adt_error(ADT_ERR_ARG, "%s: field \"device\": memory_bytes, memory_bw and the peak FLOP/s of the compute "
                          "dtype must be positive", name);
+    if (c->n_slowdown < 0 || c->n_slowdown > ADT_CLUSTER_MAX_SLOWDOWN)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\": %d entries, expected 0 to %d", name, c->n_slowdown,
+                         ADT_CLUSTER_MAX_SLOWDOWN);
+    for (int i = 0; i < c->n_slowdown; i++)
+        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1 and a positive factor",
+                             name, i);
     if (c->cores_per_node < 0 || !(c->small_flops >= 0))
         return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
     if (c->n_links < 1 || c->n_links > ADT_CLUSTER_MAX_LINKS)
@@ -354,6 +394,16 @@ char *adt_cluster_to_json(const adt_cluster *c) {
         cJSON_AddItemToObject(dev, "rates_small", r);
     }
     if (c->small_flops > 0) cJSON_AddNumberToObject(dev, "small_flops", c->small_flops);
+    if (c->n_slowdown > 0) {
+        cJSON *a = cJSON_CreateArray();
+        for (int i = 0; i < c->n_slowdown; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ranks", c->slowdown[i].ranks);
+            cJSON_AddNumberToObject(e, "factor", c->slowdown[i].factor);
+            cJSON_AddItemToArray(a, e);
+        }
+        cJSON_AddItemToObject(dev, "slowdown", a);
+    }
     cJSON_AddItemToObject(root, "device", dev);
     cJSON *links = cJSON_CreateArray();
     for (int i = 0; i < c->n_links; i++) {
@@ -398,6 +448,10 @@ double adt_cluster_op_rate(const adt_cluster *c, int k, double flops) {
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {
+    int best = -1;
+    for (int i = 0; i < c->n_slowdown; i++)
+        if (c->slowdown[i].ranks <= ranks && (best < 0 || c->slowdown[i].ranks > c->slowdown[best].ranks)) best = i;
+    if (best >= 0) return c->slowdown[best].factor;
     return c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
 }
 
