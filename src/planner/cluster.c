@@ -114,6 +114,22 @@ static int check_comment(const cJSON *obj, const char *where, const char *name) 
     return ADT_OK;
 }
 
+/* device.<field>: FLOP/s per op class, {"matmul", "conv", "attention", "other"}, each optional. */
+static int parse_rates(const cJSON *d, const char *field, const char *name, double *rate) {
+    const cJSON *rates;
+    char where[48];
+    int rc = get_object(d, field, "device.", 0, name, &rates);
+    if (rc || !rates) return rc;
+    static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
+    snprintf(where, sizeof where, "device.%s", field);
+    if ((rc = adt_cfg_check_fields(rates, r_fields, where, name))) return rc;
+    snprintf(where, sizeof where, "device.%s.", field);
+    if ((rc = check_comment(rates, where, name))) return rc;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+        if ((rc = get_number(rates, adt_op_class_name(k), where, 0, 1e3, 1e18, name, &rate[k]))) return rc;
+    return ADT_OK;
+}
+
 /* device.slowdown: [{"ranks", "factor"}], compute time with that many busy ranks on a node over
  * one rank's. */
 static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
@@ -172,28 +188,8 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
                          "given", name, dt, dt);
     c->efficiency = 0.5;
     if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
-    const cJSON *rates;
-    if ((rc = get_object(d, "rates", "device.", 0, name, &rates))) return rc;
-    if (rates) {
-        static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
-        if ((rc = adt_cfg_check_fields(rates, r_fields, "device.rates", name)) ||
-            (rc = check_comment(rates, "device.rates.", name)))
-            return rc;
-        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
-            if ((rc = get_number(rates, adt_op_class_name(k), "device.rates.", 0, 1e3, 1e18, name, &c->rate[k])))
-                return rc;
-    }
-    if ((rc = get_object(d, "rates_small", "device.", 0, name, &rates))) return rc;
-    if (rates) {
-        static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
-        if ((rc = adt_cfg_check_fields(rates, r_fields, "device.rates_small", name)) ||
-            (rc = check_comment(rates, "device.rates_small.", name)))
-            return rc;
-        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
-            if ((rc = get_number(rates, adt_op_class_name(k), "device.rates_small.", 0, 1e3, 1e18, name,
-                                 &c->rate_small[k])))
-                return rc;
-    }
+    if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)))
+        return rc;
     if ((rc = get_number(d, "small_flops", "device.", 0, 0, 1e18, name, &c->small_flops))) return rc;
     if ((rc = parse_slowdown(c, cJSON_GetObjectItemCaseSensitive(d, "slowdown"), name))) return rc;
     if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
