@@ -15,11 +15,18 @@
  * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
  * updates and the gradient synchronisation still in flight when they start.
  *
- * Memory per device of a stage: persistent values (parameters, optimizer state) and fed values
- * by their held block; a liveness walk over the stage's order for activations, gradients and
- * boxing buffers (a value lives from its producer to its last reader in the stage; views and
- * in-place outputs share their base's storage); activations kept for the backward pass once
- * more for every further microbatch in flight (stage s of p holds p - s under 1F1B).
+ * Memory per device of a stage: the memory plan the executor makes of the stage's local graph
+ * (adt_dist_partition, and adt_pipe_stage_build for pipelines; graph/memplan.c planned in the
+ * executor's order: collectives alive from their input's producer to their first reader,
+ * in-place all-reduces, a pipeline stage's passes apart with one arena per microbatch slot in
+ * flight, p - s under 1F1B), plus the logits the trainer keeps, the largest of the stage's
+ * devices, 1% over. Where the partitioner refuses a plan: persistent and fed blocks and a
+ * liveness walk (a value lives from its producer to its last reader; views and in-place outputs
+ * share their base's storage; saved activations once more per further microbatch in flight).
+ *
+ * Compute runs slower by the cluster's measured slowdown of the plan's busy ranks per node
+ * (adt_cluster_share); boxing steps and stage-boundary messages are priced with the cluster's
+ * calibrated collectives of their kind and group size where it has them.
  */
 #include <math.h>
 #include <stdio.h>
@@ -422,11 +429,15 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
         if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
         double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
-        /* the executor's memory plan of the stage; where the partitioner refuses the plan (the
-         * planner prices plans it has not validated yet), the liveness walk with a 5% slack */
+        /* the executor's memory plan of the stage, 1% over it: ranks whose blocks differ by a
+         * row (uneven splits) place their buffers at other aligned offsets (tens of bytes apart
+         * on this machine's runs); where the partitioner refuses the plan (the planner prices
+         * plans it has not validated yet), the liveness walk with a 5% slack */
         double planned = 0;
         int slots = p->n_stages > 1 ? (int)inflight : 1;
-        if (stage_memplan(p, g, s, slots, &planned)) {
+        if (!stage_memplan(p, g, s, slots, &planned)) {
+            planned *= 1.01;
+        } else {
             adt_error_clear();
             planned = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
         }
