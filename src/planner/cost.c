@@ -20,7 +20,7 @@
  * executor's order: collectives alive from their input's producer to their first reader,
  * in-place all-reduces, a pipeline stage's passes apart with one arena per microbatch slot in
  * flight, p - s under 1F1B), plus the logits the trainer keeps, the largest of the stage's
- * devices, 1% over. Where the partitioner refuses a plan: persistent and fed blocks and a
+ * devices, 0.1% over. Where the partitioner refuses a plan: persistent and fed blocks and a
  * liveness walk (a value lives from its producer to its last reader; views and in-place outputs
  * share their base's storage; saved activations once more per further microbatch in flight).
  *
@@ -429,14 +429,14 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
         if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
         double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
-        /* the executor's memory plan of the stage, 1% over it: ranks whose blocks differ by a
+        /* the executor's memory plan of the stage, 0.1% over it: ranks whose blocks differ by a
          * row (uneven splits) place their buffers at other aligned offsets (tens of bytes apart
          * on this machine's runs); where the partitioner refuses the plan (the planner prices
          * plans it has not validated yet), the liveness walk with a 5% slack */
         double planned = 0;
         int slots = p->n_stages > 1 ? (int)inflight : 1;
         if (!stage_memplan(p, g, s, slots, &planned)) {
-            planned *= 1.01;
+            planned *= 1.001;
         } else {
             adt_error_clear();
             planned = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
