@@ -5,7 +5,10 @@
  *     cJSON here), links resolve per device pair and per mesh axis; bad files are refused with
  *     messages naming the file and the field; the JSON form reads back to the same object.
  *   - cost model: data-parallel all-reduce time against the ring formula summed over the
- *     parameters by hand; ZeRO's state shards against the replicated state over n.
+ *     parameters by hand; ZeRO's state shards against the replicated state over n; on a
+ *     calibrated cluster (cores_per_node, small ops' rates, collectives per kind and group size)
+ *     compute slowed by ranks / cores when oversubscribed and the all-reduces at the fit's alpha
+ *     and beta; the new fields read back, and bad ones are named.
  *   - search: on >= 1000 random small instances (chains, diamonds, random sparse graphs, and the
  *     signature problems of a transformer block, a 3-layer MLP, a small VGG and an embedding+MLP
  *     on several meshes) the search's cost against the exhaustive optimum: equal on chains and
@@ -21,6 +24,7 @@
 #include <time.h>
 
 #include "adtrain/base.h"
+#include "adtrain/exec.h"
 #include "adtrain/planner.h"
 #include "check.h"
 #include "cli_run.h"
@@ -194,8 +198,8 @@ static adt_cluster small_cluster(int nodes, int per_node) {
     c.peak_flops[ADT_F32] = 1e11, c.compute_dtype = ADT_F32, c.efficiency = 0.5;
     c.memory_bytes = 8e9, c.memory_bw = 2e10, c.launch_s = 1e-6;
     c.n_links = 2;
-    c.link[0] = (adt_link){"shm", per_node, 1e10, 2e-6};
-    c.link[1] = (adt_link){"net", nodes * per_node, 1e9, 2e-5};
+    c.link[0] = (adt_link){.name = "shm", .span = per_node, .bandwidth = 1e10, .latency = 2e-6};
+    c.link[1] = (adt_link){.name = "net", .span = nodes * per_node, .bandwidth = 1e9, .latency = 2e-5};
     return c;
 }
 
@@ -255,6 +259,159 @@ static void test_cost_closed_forms(void) {
     CHECK(r.feasible && r.peak_mem_bytes > r.state_bytes, "memory");
     adt_plan_free(&dp), adt_plan_free(&zero);
     adt_graph_free(g), adt_graph_free(g2);
+}
+
+/* ---- calibrated clusters: cores, size classes, collectives per kind and group size --------------- */
+
+#define CAL_CLUSTER                                                                                                  \
+    "{\"name\":\"cal\",\"nodes\":1,\"devices_per_node\":4,\"cores_per_node\":2,\"device\":{\"kind\":\"x\","          \
+    "\"peak_flops\":{\"f32\":1e11},\"rates\":{\"matmul\":5e10},\"rates_small\":{\"matmul\":1e10},"                    \
+    "\"small_flops\":1e6,\"slowdown\":[{\"ranks\":1,\"factor\":1},{\"ranks\":2,\"factor\":1.25},"                \
+    "{\"ranks\":4,\"factor\":2.5}],\"memory_bytes\":1e9,\"memory_bw\":1e10,\"launch_s\":1e-6},\"links\":[{\"name\":\"shm\","    \
+    "\"span\":4,\"bandwidth\":1e9,\"latency\":1e-5,\"collectives\":["                                                 \
+    "{\"kind\":\"all_reduce\",\"ranks\":2,\"alpha\":2e-6,\"beta\":2e-10},"                                            \
+    "{\"kind\":\"all_reduce\",\"ranks\":4,\"alpha\":3e-4,\"beta\":1e-9},"                                             \
+    "{\"kind\":\"send_recv\",\"ranks\":2,\"alpha\":1e-6,\"beta\":1e-10}]}]}"
+
+static void test_cluster_calibrated(void) {
+    adt_cluster c;
+    int rc = adt_cluster_parse(&c, CAL_CLUSTER, "cal.json");
+    CHECK(rc == ADT_OK, "%s", adt_error_message());
+    if (rc) return;
+    CHECK(c.cores_per_node == 2 && c.small_flops == 1e6 && c.rate_small[ADT_OPCLASS_MATMUL] == 1e10, "fields");
+    CHECK(c.link[0].n_coll == 3 && c.link[0].coll[1].kind == ADT_BOXING_ALL_REDUCE && c.link[0].coll[1].ranks == 4 &&
+              c.link[0].coll[2].kind == ADT_COLL_SEND_RECV,
+          "collectives");
+    /* size classes: below small_flops the small rate; a class without one keeps its rate */
+    CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_MATMUL, 5e5) == 1e10, "small matmul");
+    CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_MATMUL, 5e6) == 5e10, "large matmul");
+    CHECK(adt_cluster_op_rate(&c, ADT_OPCLASS_CONV, 5e5) == adt_cluster_rate(&c, ADT_OPCLASS_CONV), "conv: no small rate");
+    /* busy ranks: the measured slowdown of the largest rank count <= ranks */
+    CHECK(adt_cluster_share(&c, 4) == 2.5 && adt_cluster_share(&c, 3) == 1.25 && adt_cluster_share(&c, 2) == 1.25 &&
+              adt_cluster_share(&c, 1) == 1.0,
+          "measured slowdown");
+    /* without measurements, cores: 4 busy ranks on 2 cores run at half speed, 2 or 1 at full */
+    adt_cluster nm = c;
+    nm.n_slowdown = 0;
+    CHECK(adt_cluster_share(&nm, 4) == 2.0 && adt_cluster_share(&nm, 2) == 1.0 && adt_cluster_share(&nm, 1) == 1.0,
+          "share by cores");
+    /* collectives: the fit of the group size; with more busy ranks than cores the fit at that load;
+     * a kind without a fit: the link's latency and bandwidth */
+    double G = 1 << 20;
+    CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_REDUCE, 2, G, 2), 2 * 2e-6 + G * 2e-10, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_REDUCE, 2, G, 4), 2 * 3e-4 + G * 1e-9, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_REDUCE, 4, G, 4), 6 * 3e-4 + 1.5 * G * 1e-9, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_GATHER, 4, G, 4), 3 * 1e-5 + 0.75 * G / 1e9, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_COLL_SEND_RECV, 2, G, 2), 1e-6 + G * 1e-10, 1e-12, 0);
+    /* the JSON form reads back to the same object */
+    char *s = adt_cluster_to_json(&c);
+    adt_cluster d;
+    CHECK(adt_cluster_parse(&d, s, "round trip") == ADT_OK, "%s", adt_error_message());
+    CHECK(d.cores_per_node == c.cores_per_node && d.small_flops == c.small_flops &&
+              !memcmp(d.rate_small, c.rate_small, sizeof c.rate_small) && d.link[0].n_coll == c.link[0].n_coll &&
+              d.n_slowdown == 3 && !memcmp(d.slowdown, c.slowdown, 3 * sizeof c.slowdown[0]) &&
+              !memcmp(d.link[0].coll, c.link[0].coll, (size_t)c.link[0].n_coll * sizeof c.link[0].coll[0]),
+          "round trip differs");
+    free(s);
+
+    /* bad fields are named */
+    static const struct { const char *from, *to, *expect; } bad[] = {
+        {"\"kind\":\"all_reduce\",\"ranks\":2", "\"kind\":\"broadcast\",\"ranks\":2", "collectives[0].kind"},
+        {"\"ranks\":2,\"alpha\":2e-6", "\"ranks\":1,\"alpha\":2e-6", "collectives[0].ranks"},
+        {"\"ranks\":4,\"alpha\":3e-4", "\"ranks\":2,\"alpha\":3e-4", "a second all_reduce fit"},
+        {"\"beta\":2e-10}", "\"beta\":0}", "collectives[0].beta"},
+        {"\"cores_per_node\":2", "\"cores_per_node\":0", "cores_per_node"},
+        {"\"rates_small\":{\"matmul\"", "\"rates_small\":{\"matmull\"", "device.rates_small"},
+        {"\"small_flops\":1e6", "\"small_flops\":-1", "device.small_flops"},
+        {"\"collectives\":[", "\"collectives\":{\"a\":1},\"x\":[", "collectives"},
+        {"{\"ranks\":2,\"factor\":1.25}", "{\"ranks\":1,\"factor\":1.25}", "a second slowdown"},
+        {"\"factor\":2.5}", "\"factor\":0}", "device.slowdown[2].factor"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[2048];
+        const char *at = strstr(CAL_CLUSTER, bad[i].from);
+        CHECK(at != NULL, "case %zu: pattern", i);
+        if (!at) continue;
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - CAL_CLUSTER), CAL_CLUSTER, bad[i].to, at + strlen(bad[i].from));
+        CHECK(adt_cluster_parse(&d, text, "bad.json") != ADT_OK, "case %zu accepted", i);
+        const char *msg = adt_error_message();
+        CHECK(!strncmp(msg, "bad.json: ", 10) && strstr(msg, bad[i].expect), "case %zu: '%s' lacks '%s'", i, msg,
+              bad[i].expect);
+    }
+}
+
+/* The cost model on a calibrated cluster: compute slows by the measured slowdown of the plan's
+ * busy ranks (by ranks / cores without one); a data-parallel plan's all-reduces take the
+ * calibrated fit's time. */
+static void test_cost_calibrated(void) {
+    adt_cluster c, plain;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    plain = c;
+    plain.cores_per_node = 0, plain.n_slowdown = 0;
+    plain.link[0].n_coll = 0;
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    for (int n = 2; n <= 4; n += 2) {
+        adt_graph *g = NULL;
+        adt_plan dp;
+        CHECK(expert(&m, "dp", n, 32, &g, &dp) == ADT_OK, "%s", adt_error_message());
+        adt_cost_report r, rp;
+        CHECK(adt_plan_cost(&dp, g, &c, &r) == ADT_OK, "%s", adt_error_message());
+        CHECK(adt_plan_cost(&dp, g, &plain, &rp) == ADT_OK, "%s", adt_error_message());
+        CHECK_CLOSE(r.compute_s, rp.compute_s * (n == 4 ? 2.5 : 1.25), 1e-9, 0);
+        adt_cluster by_cores = c;
+        by_cores.n_slowdown = 0;
+        adt_cost_report rc2;
+        CHECK(adt_plan_cost(&dp, g, &by_cores, &rc2) == ADT_OK, "%s", adt_error_message());
+        CHECK_CLOSE(rc2.compute_s, rp.compute_s * (n == 4 ? 2.0 : 1.0), 1e-9, 0);
+        /* the all-reduce of every parameter gradient by the fit at n ranks (busy = n here) */
+        const adt_coll_fit *f = &c.link[0].coll[n == 4 ? 1 : 0];
+        double want = 0, plain_want = 0;
+        for (int v = 0; v < g->n_values; v++) {
+            if (g->values[v].role != ADT_ROLE_PARAM) continue;
+            double b = (double)adt_value_bytes(g, v);
+            want += 2.0 * (n - 1) * f->alpha + 2.0 * (n - 1) / n * b * f->beta;
+            plain_want += 2.0 * (n - 1) * dp.cost.alpha[0] + 2.0 * (n - 1) / n * b * dp.cost.beta[0];
+        }
+        CHECK_CLOSE(r.comm_s[ADT_BOXING_ALL_REDUCE], want, 1e-9, 0);
+        /* without calibrated collectives the plan's own link prices, as before */
+        CHECK_CLOSE(rp.comm_s[ADT_BOXING_ALL_REDUCE], plain_want, 1e-9, 0);
+        adt_plan_free(&dp);
+        adt_graph_free(g);
+    }
+}
+
+/* The predicted peak memory of a one-device plan against the memory plan of an executor made on
+ * the same graph (the trainer keeps a classifier's logits too: marked as an output here). */
+static void test_cost_memplan(void) {
+    adt_cluster c = small_cluster(1, 4);
+    static const char *const models[] = {"mlp", "vgg"};
+    for (int k = 0; k < 2; k++) {
+        adt_model_cfg m;
+        if (k == 0) m = mlp_cfg(64, 256, 10);
+        else
+            CHECK(adt_model_cfg_parse(&m, "{\"type\":\"vgg\",\"in_channels\":1,\"height\":8,\"width\":8,"
+                                          "\"blocks\":[[4],[8]],\"fc\":[16],\"classes\":10}", "vgg") == ADT_OK,
+                  "%s", adt_error_message());
+        adt_graph *g = NULL;
+        adt_plan dp;
+        CHECK(expert(&m, "dp", 1, 8, &g, &dp) == ADT_OK, "%s", adt_error_message());
+        adt_cost_report r;
+        CHECK(adt_plan_cost(&dp, g, &c, &r) == ADT_OK, "%s", adt_error_message());
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == ADT_OP_SOFTMAX_XENT) adt_graph_mark_output(g, g->nodes[i].in[0]);
+        adt_exec *ex = NULL;
+        adt_exec_opts eo = {.threads = 1, .seed = 1};
+        CHECK(adt_exec_create(&ex, g, &eo) == ADT_OK, "%s", adt_error_message());
+        if (ex) {
+            const adt_memplan *mp = adt_exec_memplan(ex);
+            double want = (double)(mp->arena_bytes + mp->state_bytes + mp->scratch_bytes);
+            CHECK(r.peak_mem_bytes >= want && r.peak_mem_bytes <= 1.1 * want, "%s: predicted %g, executor's plan %g",
+                  models[k], r.peak_mem_bytes, want);
+            adt_exec_free(ex);
+        }
+        adt_plan_free(&dp);
+        adt_graph_free(g);
+    }
 }
 
 /* ---- search vs exhaustive ---------------------------------------------------------------------------- */
@@ -592,6 +749,18 @@ static void test_cli(void) {
     rc = run_adtrain("plan --strategy auto --model configs/mlp-mnist.json --cluster " CPU " --devices 100000 2>&1", out,
                      sizeof out);
     CHECK(rc == 2 && contains(out, "--devices"), "exit %d: %s", rc, out);
+    /* an expert plan priced on a cluster: the same prediction the planner gives that expert */
+    rc = run_adtrain("plan --strategy dp --model configs/mlp-mnist.json --cluster " CPU
+                     " --devices 2 --batch 32 --json 2>&1", out, sizeof out);
+    CHECK(rc == 0, "exit %d: %s", rc, out);
+    j = cJSON_Parse(out);
+    CHECK(j && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "predicted_step_s")) &&
+              cJSON_GetObjectItemCaseSensitive(j, "predicted_step_s")->valuedouble > 0 &&
+              cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "peak_mem_bytes")),
+          "expert prediction: %.300s", out);
+    cJSON_Delete(j);
+    rc = run_adtrain("plan --strategy dp --model configs/mlp-mnist.json --devices 2 --json 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--cluster"), "exit %d: %s", rc, out);
     /* calibrate (one rank: the kernels and the memory): a cluster file the planner reads */
     const char *cal = check_tmp_path("cal.json");
     snprintf(args, sizeof args, "calibrate -o %s 2>&1", cal);
@@ -603,6 +772,8 @@ static void test_cli(void) {
     if (!rc) {
         for (int k = 0; k < ADT_OPCLASS_COUNT; k++) CHECK(c.rate[k] > 0, "rate of %s", adt_op_class_name(k));
         CHECK(c.memory_bw > 0 && c.devices_per_node == 1, "memory bandwidth, devices");
+        CHECK(c.cores_per_node >= 1 && c.small_flops > 0 && c.rate_small[ADT_OPCLASS_MATMUL] > 0,
+              "cores %d, small ops' matmul rate %g", c.cores_per_node, c.rate_small[ADT_OPCLASS_MATMUL]);
     }
     rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--ranks"), "exit %d: %s", rc, out);
@@ -616,6 +787,9 @@ int main(void) {
     RUN(test_cluster_bad);
     RUN(test_boxing_cache);
     RUN(test_cost_closed_forms);
+    RUN(test_cluster_calibrated);
+    RUN(test_cost_calibrated);
+    RUN(test_cost_memplan);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);
     RUN(test_placement);

@@ -36,6 +36,7 @@ extern "C" {
 
 #define ADT_CLUSTER_MAX_LINKS 4
 #define ADT_CLUSTER_NAME_LEN 128
+#define ADT_CLUSTER_MAX_SLOWDOWN 64
 
 /* Op classes with their own calibrated compute rate. */
 typedef enum adt_op_class {
@@ -51,10 +52,23 @@ int adt_op_class_of(int op_kind);
 /* One link level: every aligned group of `span` consecutive devices is connected by it (level
  * 0: the devices of one node; the last level spans the whole cluster). bandwidth: bytes per
  * second one device moves in a ring collective over this level; latency: seconds per message. */
+/* A collective calibrated on one link level for one group size: its time on a group of `ranks`
+ * devices sharing a block of G bytes is the formula of include/adtrain/dist.h's boxing table
+ * (e.g. all-reduce 2(n-1) alpha + 2(n-1)/n G beta) with this alpha and beta; send/recv is one
+ * message, alpha + G beta. Kinds: adt_boxing_kind's collectives, or ADT_COLL_SEND_RECV. */
+#define ADT_COLL_SEND_RECV ADT_BOXING_KIND_COUNT
+#define ADT_LINK_MAX_COLL 80
+typedef struct adt_coll_fit {
+    int kind, ranks;
+    double alpha, beta;
+} adt_coll_fit;
+
 typedef struct adt_link {
     char name[32];
     int span;
     double bandwidth, latency;
+    int n_coll;                        /* calibrated collectives (0: bandwidth/latency for all) */
+    adt_coll_fit coll[ADT_LINK_MAX_COLL];
 } adt_link;
 
 typedef struct adt_cluster {
@@ -68,6 +82,11 @@ typedef struct adt_cluster {
     double memory_bytes;                /* per device                                        */
     double memory_bw;                   /* bytes per second per device                       */
     double launch_s;                    /* fixed cost of one op                              */
+    double rate_small[ADT_OPCLASS_COUNT]; /* FLOP/s of ops below small_flops, 0: rate[]      */
+    double small_flops;                 /* the size class boundary (FLOPs per device), 0: none */
+    int cores_per_node;                 /* cores the node's devices share, 0: one each        */
+    int n_slowdown;                     /* measured compute slowdowns by busy ranks per node  */
+    struct { int ranks; double factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
 } adt_cluster;
@@ -84,6 +103,21 @@ char *adt_cluster_to_json(const adt_cluster *c);
 int adt_cluster_devices(const adt_cluster *c);
 /* The FLOP/s of an op class: the calibrated rate, else peak(compute_dtype) x efficiency. */
 double adt_cluster_rate(const adt_cluster *c, int op_class);
+/* The FLOP/s of an op of the class doing `flops` per device: rate_small below small_flops. */
+double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
+/* How much slower compute runs when `ranks` devices of one node are busy at once: the measured
+ * slowdown of the largest rank count <= ranks (device.slowdown), else ranks / cores_per_node when
+ * they outnumber the cores (ranks time-share them), else 1. */
+double adt_cluster_share(const adt_cluster *c, int ranks);
+/* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
+int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);
+/* The seconds of one collective of `kind` (adt_boxing_kind or ADT_COLL_SEND_RECV) on a group of
+ * n devices over link level `level`, G bytes shared by the group; `busy` devices of the node run
+ * at once. The calibrated fit of that kind for the group size (for `busy` when they outnumber
+ * the cores: what the time-shared cores give), else the nearest smaller size's, else the link's
+ * bandwidth and latency. */
+double adt_cluster_coll_time(const adt_cluster *c, int level, int kind, int n, double group_bytes, int busy);
+const char *adt_coll_kind_name(int kind);
 /* The innermost link level joining devices a and b (a == b: level 0). */
 int adt_cluster_level(const adt_cluster *c, int a, int b);
 /* Alpha and beta of each mesh axis: the slowest link any group along the axis spans, the

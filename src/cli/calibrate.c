@@ -2,15 +2,20 @@
  * calibrate.c - `adtrain calibrate`: measures this machine and writes a cluster file
  * (docs/formats.md "Cluster files") the planner prices plans with.
  *
- *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT) run by
- *             the executor with per-node timing; FLOP/s per op class = the class's FLOPs over
- *             its seconds, for each size class (the models at two batch sizes), the larger size
- *             class kept (what planning at scale sees);
+ *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT, a DLRM,
+ *             each at two batch sizes) run by the executor with per-node timing; launch_s = the
+ *             median time of tiny ops; FLOP/s per op class and size class (below / above
+ *             small_flops per op) = the FLOPs over the seconds less the ops' fixed costs;
  *   memory    the bandwidth of a 64 MiB copy;
+ *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
+ *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
+ *             time on each of k ranks over its time on one), into device.slowdown;
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
- *             that times all-reduces of 4 KiB .. 16 MiB; alpha and beta are the least-squares fit
- *             of the ring formula t = 2(k-1) alpha + 2(k-1)/k S beta over every (k, S); one link
- *             level spanning the N ranks of this node.
+ *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
+ *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's
+ *             formula (include/adtrain/dist.h's boxing table) go into links[0].collectives, and
+ *             the all-reduce fit over every (k, S) into the link's latency and bandwidth (what
+ *             the search prices with); one link level spanning the N ranks of this node.
  * Every rank is one device: devices_per_node = N.
  */
 #include <math.h>
@@ -57,8 +62,23 @@ static int cal_apply(void *opts, const char *f, const char *v) {
 
 /* ---- compute ------------------------------------------------------------------------------------ */
 
-/* One model's training step timed node by node: FLOPs and seconds per op class added to acc. */
-static int time_model(const char *json, int batch, int threads, double *flops, double *secs) {
+/* The size class boundary: an op doing fewer FLOPs (per device) than this is "small"; small
+ * matrix products and convolutions reach a fraction of the large ones' FLOP/s. */
+#define CAL_SMALL_FLOPS 4e6
+/* An op moving at most this many bytes and doing no more FLOPs than this is "tiny": its time is
+ * the fixed cost of running one op (launch_s). */
+#define CAL_TINY 4096.0
+
+typedef struct cal_compute {
+    double flops[2][ADT_OPCLASS_COUNT], secs[2][ADT_OPCLASS_COUNT]; /* [0] small, [1] large */
+    double ops[2][ADT_OPCLASS_COUNT];                              /* op runs timed         */
+    double tiny[4096];                                             /* seconds of tiny ops  */
+    int n_tiny;
+} cal_compute;
+
+/* One model's training step timed node by node: FLOPs and seconds per op class and size class,
+ * and the times of tiny ops, added to acc. */
+static int time_model(const char *json, int batch, int threads, cal_compute *acc) {
     adt_model_cfg m;
     if (adt_model_cfg_parse(&m, json, "calibration model")) return ADT_ERR_ARG;
     adt_plan p;
@@ -70,21 +90,47 @@ static int time_model(const char *json, int batch, int threads, double *flops, d
     adt_exec_opts eo = {.threads = threads, .seed = 1, .profile = 1};
     if (!rc) rc = adt_exec_create(&ex, g, &eo);
     if (!rc) rc = adt_exec_init_params(ex);
-    for (int s = 0; s < 4 && !rc; s++) { /* the profile sums the four steps, the first warm */
+    enum { STEPS = 4 };
+    for (int s = 0; s < STEPS && !rc; s++) { /* the profile sums the steps, the first warm */
         adt_exec_set_lr_step(ex, 1e-4f, s + 1);
         rc = adt_exec_run(ex);
     }
     if (!rc) {
         const double *t = adt_exec_node_seconds(ex);
         for (int i = 0; i < g->n_nodes; i++) {
-            int k = adt_op_class_of(g->nodes[i].op);
-            flops[k] += 4 * adt_node_flops(g, &g->nodes[i]);
-            secs[k] += t[i];
+            const adt_node *n = &g->nodes[i];
+            int k = adt_op_class_of(n->op);
+            double f = adt_node_flops(g, n), b = adt_node_bytes(g, n);
+            if (f <= CAL_TINY && b <= CAL_TINY && acc->n_tiny < (int)(sizeof acc->tiny / sizeof acc->tiny[0]))
+                acc->tiny[acc->n_tiny++] = t[i] / STEPS;
+            if (f <= 0) continue;
+            int sc = f >= CAL_SMALL_FLOPS;
+            acc->flops[sc][k] += STEPS * f;
+            acc->secs[sc][k] += t[i];
+            acc->ops[sc][k] += STEPS;
         }
     }
     adt_exec_free(ex);
     adt_graph_free(g);
     return rc;
+}
+
+/* The compute probe: seconds of a few training steps of a mid-size MLP, the kernels alone. Run
+ * by one rank, then by k ranks at once: the ratio is the slowdown of k busy ranks. */
+#define CAL_PROBE "{\"type\":\"mlp\",\"sizes\":[512,1024,1024,10],\"activation\":\"relu\"}"
+static double compute_probe(int threads) {
+    cal_compute *acc = adt_calloc(1, sizeof *acc);
+    double t = 0;
+    if (!time_model(CAL_PROBE, 64, threads, acc))
+        for (int sc = 0; sc < 2; sc++)
+            for (int k = 0; k < ADT_OPCLASS_COUNT; k++) t += acc->secs[sc][k];
+    free(acc);
+    return t;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static double copy_bandwidth(void) {
@@ -107,39 +153,110 @@ static double copy_bandwidth(void) {
 /* ---- links ---------------------------------------------------------------------------------------- */
 
 #define CAL_SIZES 7 /* 4 KiB .. 16 MiB by 4x */
+#define CAL_KINDS 5 /* all-reduce, reduce-scatter, all-gather, all-to-all, send/recv */
 
-/* The worker: every rank times all-reduces; rank 0 prints "size seconds" lines (median of 9). */
+static const int cal_kind[CAL_KINDS] = {ADT_BOXING_ALL_REDUCE, ADT_BOXING_REDUCE_SCATTER, ADT_BOXING_ALL_GATHER,
+                                        ADT_BOXING_ALL_TO_ALL, ADT_COLL_SEND_RECV};
+
+/* One collective of `kind` on a group sharing G = n floats (dist.h's boxing table: a reduce-
+ * scatter reads G and keeps G/k, an all-gather the reverse, an all-to-all exchanges G/k^2 per
+ * pair); send/recv: rank 2i sends n floats to rank 2i+1 (an odd last rank waits). */
+static int run_collective(adt_comm *w, int kind, float *a, float *b, int64_t n, int64_t *cnt) {
+    int k = adt_comm_size(w), r = adt_comm_rank(w);
+    switch (kind) {
+    case ADT_BOXING_ALL_REDUCE: return adt_comm_allreduce(w, a, n, ADT_F32);
+    case ADT_BOXING_REDUCE_SCATTER:
+        for (int i = 0; i < k; i++) cnt[i] = n / k;
+        return adt_comm_reduce_scatter(w, a, b, cnt, ADT_F32);
+    case ADT_BOXING_ALL_GATHER:
+        for (int i = 0; i < k; i++) cnt[i] = n / k;
+        return adt_comm_allgather(w, a, b, cnt, ADT_F32);
+    case ADT_BOXING_ALL_TO_ALL:
+        for (int i = 0; i < k; i++) cnt[i] = n / ((int64_t)k * k);
+        return adt_comm_alltoall(w, a, cnt, b, cnt, ADT_F32);
+    default:
+        if ((r ^ 1) >= k) return 0;
+        return r % 2 == 0 ? adt_comm_send(w, a, n, ADT_F32, r + 1, 7) : adt_comm_recv(w, b, n, ADT_F32, r - 1, 7);
+    }
+}
+
+/* The worker: every rank times each collective kind at each size; rank 0 prints
+ * "kind size seconds" lines (per collective, back to back, the mean over rounds and ranks). */
 static int comm_worker(void) {
     adt_comm *w = NULL;
     if (adt_comm_init(ADT_COMM_MPI, &w)) return cal_fail(1, "--comm-worker: %s", adt_error_message());
     int rc = 0;
-    float *buf = adt_malloc(((size_t)16 << 20));
-    memset(buf, 0, (size_t)16 << 20);
-    for (int si = 0; si < CAL_SIZES && !rc; si++) {
-        int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
-        double t[9];
-        for (int r = 0; r < 9 + 2 && !rc; r++) {
-            adt_comm_barrier(w);
-            double t0 = adt_now_s();
-            rc = adt_comm_allreduce(w, buf, n, ADT_F32);
-            double dt = adt_now_s() - t0;
-            adt_comm_allreduce_f64(w, &dt, 1); /* the ranks' mean */
-            if (r >= 2) t[r - 2] = dt / adt_comm_size(w);
-        }
-        for (int i = 1; i < 9; i++)
-            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-                double x = t[j];
-                t[j] = t[j - 1], t[j - 1] = x;
+    size_t cap = (size_t)16 << 20;
+    float *a = adt_malloc(cap), *b = adt_malloc(cap);
+    int64_t *cnt = adt_malloc((size_t)adt_comm_size(w) * sizeof *cnt);
+    memset(a, 0, cap), memset(b, 0, cap);
+    /* every rank computes at once: the ranks' mean time of the probe */
+    adt_comm_barrier(w);
+    double probe = compute_probe(1);
+    adt_comm_allreduce_f64(w, &probe, 1);
+    if (adt_comm_rank(w) == 0) printf("probe 0 %.9g\n", probe / adt_comm_size(w));
+    for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
+        for (int si = 0; si < CAL_SIZES && !rc; si++) {
+            int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
+            /* rounds of CAL_BURST collectives back to back, as a step issues them: a barrier
+             * before each round would charge every collective a fresh wake-up of every rank
+             * (a scheduler time slice when ranks outnumber the cores); the mean over rounds, a
+             * step paying the mean, the scheduler's delays included */
+            enum { CAL_BURST = 8, CAL_ROUNDS = 4 };
+            double mean = 0;
+            for (int r = 0; r < CAL_ROUNDS + 1 && !rc; r++) {
+                adt_comm_barrier(w);
+                double t0 = adt_now_s();
+                for (int q = 0; q < CAL_BURST && !rc; q++) rc = run_collective(w, cal_kind[ki], a, b, n, cnt);
+                double dt = (adt_now_s() - t0) / CAL_BURST;
+                adt_comm_allreduce_f64(w, &dt, 1); /* the ranks' mean */
+                if (r >= 1) mean += dt / adt_comm_size(w) / CAL_ROUNDS;
             }
-        if (!rc && adt_comm_rank(w) == 0) printf("%lld %.9g\n", (long long)bytes, t[4]);
-    }
-    free(buf);
+            if (!rc && adt_comm_rank(w) == 0) printf("%s %lld %.9g\n", adt_coll_kind_name(cal_kind[ki]), (long long)bytes, mean);
+        }
+    free(a), free(b), free(cnt);
     adt_comm_finalize(w);
     return rc ? 1 : 0;
 }
 
-/* Runs the worker on k ranks; adds its (k, S, t) rows to the normal equations of the fit. */
-static int measure_ranks(int k, double ata[2][2], double atb[2]) {
+/* Least squares t = x_a alpha + x_b beta (relative error) of the rows of one kind on k ranks. */
+typedef struct cal_fit {
+    double ata[2][2], atb[2];
+    int rows;
+} cal_fit;
+
+static void fit_add(cal_fit *f, int kind, int k, double bytes, double t) {
+    double xa, xb, kk = k;
+    switch (kind) { /* dist.h's boxing table, as adt_cluster_coll_time prices */
+    case ADT_BOXING_ALL_REDUCE: xa = 2 * (kk - 1), xb = 2 * (kk - 1) / kk * bytes; break;
+    case ADT_BOXING_REDUCE_SCATTER:
+    case ADT_BOXING_ALL_GATHER: xa = kk - 1, xb = (kk - 1) / kk * bytes; break;
+    case ADT_BOXING_ALL_TO_ALL: xa = kk - 1, xb = (kk - 1) / (kk * kk) * bytes; break;
+    default: xa = 1, xb = bytes; break;
+    }
+    /* relative errors: every size counts alike (the small ones set alpha, the large ones beta) */
+    double w = t > 0 ? 1.0 / t : 0;
+    xa *= w, xb *= w, t *= w;
+    f->ata[0][0] += xa * xa, f->ata[0][1] += xa * xb, f->ata[1][1] += xb * xb;
+    f->atb[0] += xa * t, f->atb[1] += xb * t;
+    f->rows++;
+}
+
+/* alpha >= 0 and beta > 0 of a fit (alpha clamped at 0 refits beta alone); 0 when it fails. */
+static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
+    double det = f->ata[0][0] * f->ata[1][1] - f->ata[0][1] * f->ata[0][1];
+    if (!(det > 0)) return 0;
+    double a = (f->atb[0] * f->ata[1][1] - f->atb[1] * f->ata[0][1]) / det;
+    double b = (f->ata[0][0] * f->atb[1] - f->ata[0][1] * f->atb[0]) / det;
+    if (a < 0) a = 0, b = f->atb[1] / f->ata[1][1];
+    if (!(b > 0)) return 0;
+    *alpha = a, *beta = b;
+    return 1;
+}
+
+/* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
+ * ranks into the link's collectives. */
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe) {
     char self[1024], cmd[1200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -149,22 +266,38 @@ static int measure_ranks(int k, double ata[2][2], double atb[2]) {
     if (!p) return cal_fail(1, "--ranks: cannot start '%s'", cmd);
     char line[256];
     int rows = 0;
+    cal_fit fit[CAL_KINDS];
+    memset(fit, 0, sizeof fit);
     while (fgets(line, sizeof line, p)) {
+        char kind[32];
         long long s;
         double t;
-        if (sscanf(line, "%lld %lg", &s, &t) != 2) {
+        int ki = 0;
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "probe")) {
+            *probe = t;
+            continue;
+        }
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3)
+            while (ki < CAL_KINDS && strcmp(kind, adt_coll_kind_name(cal_kind[ki]))) ki++;
+        if (ki >= CAL_KINDS || sscanf(line, "%31s %lld %lg", kind, &s, &t) != 3) {
             fprintf(stderr, "calibrate: %d ranks: %s", k, line);
             continue;
         }
-        /* t = a x_a + b x_b with x_a = 2(k-1) messages, x_b = 2(k-1)/k S bytes */
-        double xa = 2.0 * (k - 1), xb = 2.0 * (k - 1) / k * (double)s;
-        ata[0][0] += xa * xa, ata[0][1] += xa * xb, ata[1][1] += xb * xb;
-        atb[0] += xa * t, atb[1] += xb * t;
+        fit_add(&fit[ki], cal_kind[ki], k, (double)s, t);
+        if (cal_kind[ki] == ADT_BOXING_ALL_REDUCE) fit_add(pooled, cal_kind[ki], k, (double)s, t);
         rows++;
-        fprintf(stderr, "calibrate: all-reduce on %d ranks, %lld bytes: %.1f us\n", k, s, t * 1e6);
+        fprintf(stderr, "calibrate: %-14s on %d ranks, %8lld bytes: %9.1f us\n", kind, k, s, t * 1e6);
     }
     int st = pclose(p);
-    if (st || rows != CAL_SIZES) return cal_fail(1, "--ranks: '%s' gave %d of %d sizes (status %d)", cmd, rows, CAL_SIZES, st);
+    if (st || rows != CAL_SIZES * CAL_KINDS)
+        return cal_fail(1, "--ranks: '%s' gave %d of %d timings (status %d)", cmd, rows, CAL_SIZES * CAL_KINDS, st);
+    for (int ki = 0; ki < CAL_KINDS; ki++) {
+        adt_coll_fit f = {.kind = cal_kind[ki], .ranks = k};
+        if (!fit_solve(&fit[ki], &f.alpha, &f.beta) || l->n_coll >= ADT_LINK_MAX_COLL) continue;
+        l->coll[l->n_coll++] = f;
+        fprintf(stderr, "calibrate: %-14s on %d ranks: alpha %.3g us, beta %.3g GB/s\n", adt_coll_kind_name(f.kind), k,
+                f.alpha * 1e6, 1e-9 / f.beta);
+    }
     return 0;
 }
 
@@ -182,26 +315,47 @@ int cli_calibrate(int argc, char **argv) {
         {"{\"type\":\"vgg\",\"in_channels\":3,\"height\":32,\"width\":32,\"blocks\":[[32],[64]],\"fc\":[128],"
          "\"classes\":10}", {4, 16}},
         {"{\"type\":\"gpt\",\"vocab_size\":256,\"n_ctx\":128,\"n_layer\":2,\"n_embd\":256,\"n_head\":4}", {2, 8}},
+        {"{\"type\":\"dlrm\",\"n_dense\":16,\"n_tables\":8,\"table_rows\":4096,\"emb_dim\":16,\"bottom\":[128,16],"
+         "\"top\":[128,1]}", {64, 512}},
     };
-    double flops[2][ADT_OPCLASS_COUNT] = {{0}}, secs[2][ADT_OPCLASS_COUNT] = {{0}};
+    cal_compute *acc = adt_calloc(1, sizeof *acc);
     for (int sc = 0; sc < 2; sc++)
         for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-            if (time_model(models[i].json, models[i].batch[sc], (int)o.threads, flops[sc], secs[sc]))
+            if (time_model(models[i].json, models[i].batch[sc], (int)o.threads, acc)) {
+                free(acc);
                 return cal_fail(1, "timing the kernels: %s", adt_error_message());
+            }
     adt_cluster c;
     memset(&c, 0, sizeof c);
     snprintf(c.name, sizeof c.name, "calibrated");
-    snprintf(c.device_kind, sizeof c.device_kind, "this machine: one rank, %ld OpenBLAS thread(s)", o.threads);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(c.device_kind, sizeof c.device_kind, "this machine: one rank, %ld OpenBLAS thread(s), %ld cores", o.threads,
+             cores);
     c.nodes = 1, c.devices_per_node = (int)o.ranks;
+    /* ranks beyond the cores time-share them (each with its threads) */
+    c.cores_per_node = cores > 0 ? (int)(cores / o.threads > 0 ? cores / o.threads : 1) : 0;
     c.compute_dtype = ADT_F32, c.efficiency = 1.0;
-    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) {
-        for (int sc = 0; sc < 2; sc++)
-            if (secs[sc][k] > 0)
-                fprintf(stderr, "calibrate: %-9s size class %d: %.3g GFLOP/s\n", adt_op_class_name(k), sc,
-                        flops[sc][k] / secs[sc][k] * 1e-9);
-        c.rate[k] = secs[1][k] > 0 ? flops[1][k] / secs[1][k] : 0;
-        if (c.rate[k] > c.peak_flops[ADT_F32]) c.peak_flops[ADT_F32] = c.rate[k];
+    /* the fixed cost of an op: the median time of the tiny ones; the rates count it out */
+    if (acc->n_tiny) {
+        qsort(acc->tiny, (size_t)acc->n_tiny, sizeof acc->tiny[0], cmp_double);
+        c.launch_s = acc->tiny[acc->n_tiny / 2];
     }
+    c.small_flops = CAL_SMALL_FLOPS;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) {
+        for (int sc = 0; sc < 2; sc++) {
+            if (!(acc->secs[sc][k] > 0)) continue;
+            double busy = acc->secs[sc][k] - acc->ops[sc][k] * c.launch_s; /* without the fixed costs */
+            if (busy < 0.5 * acc->secs[sc][k]) busy = 0.5 * acc->secs[sc][k];
+            double r = acc->flops[sc][k] / busy;
+            fprintf(stderr, "calibrate: %-9s %s ops: %.3g GFLOP/s\n", adt_op_class_name(k), sc ? "large" : "small",
+                    r * 1e-9);
+            if (sc) c.rate[k] = r;
+            else c.rate_small[k] = r;
+            if (r > c.peak_flops[ADT_F32]) c.peak_flops[ADT_F32] = r;
+        }
+        if (!(c.rate[k] > 0)) c.rate[k] = c.rate_small[k];
+    }
+    free(acc);
     c.memory_bw = copy_bandwidth();
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     c.memory_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / (double)o.ranks : 8e9;
@@ -211,14 +365,25 @@ int cli_calibrate(int argc, char **argv) {
     c.link[0].span = (int)o.ranks;
     c.link[0].bandwidth = c.memory_bw / 2, c.link[0].latency = 1e-6; /* without --ranks: a guess */
     if (o.ranks >= 2) {
-        double ata[2][2] = {{0}}, atb[2] = {0};
-        for (int k = 2; k <= o.ranks; k++)
-            if ((rc = measure_ranks(k, ata, atb))) return rc;
-        double det = ata[0][0] * ata[1][1] - ata[0][1] * ata[0][1];
-        double a = (atb[0] * ata[1][1] - atb[1] * ata[0][1]) / det, b = (ata[0][0] * atb[1] - ata[0][1] * atb[0]) / det;
-        if (!(det > 0) || !(b > 0)) return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
-        c.link[0].latency = a > 0 ? a : 0, c.link[0].bandwidth = 1.0 / b;
-        fprintf(stderr, "calibrate: link alpha %.3g us, beta %.3g GB/s\n", c.link[0].latency * 1e6, 1e-9 / b);
+        cal_fit pooled;
+        memset(&pooled, 0, sizeof pooled);
+        /* compute with k busy ranks against one: the slowdown the cost model applies */
+        double one = compute_probe((int)o.threads);
+        c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
+        for (int k = 2; k <= o.ranks; k++) {
+            double probe = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &probe))) return rc;
+            if (probe > 0 && one > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
+                double f = probe / one < 1 ? 1 : probe / one;
+                c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown++].factor = f;
+                fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time\n", k, f);
+            }
+        }
+        double a, b;
+        if (!fit_solve(&pooled, &a, &b)) return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
+        c.link[0].latency = a, c.link[0].bandwidth = 1.0 / b;
+        fprintf(stderr, "calibrate: link (all-reduce, every rank count) alpha %.3g us, beta %.3g GB/s\n", a * 1e6,
+                1e-9 / b);
     }
     if (adt_cluster_validate(&c, "calibrated cluster")) return cal_fail(1, "%s", adt_error_message());
     char *json = adt_cluster_to_json(&c);

@@ -29,6 +29,8 @@ typedef struct cli_plan_auto_opts {
     int momentum, json, explain;
 } cli_plan_auto_opts;
 int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const char *label);
+/* --cluster with an expert strategy: the plan's predicted step time and peak memory (--json). */
+int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_graph *g);
 int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label);
 int cli_calibrate(int argc, char **argv);
 /* The flag loop of a subcommand: "--flag value" or "--flag=value", each handed to apply(opts,

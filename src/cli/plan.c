@@ -45,6 +45,9 @@ static void plan_usage(FILE *f) {
             "  --microbatches M   a step in M microbatches of B/M samples (default 1)\n"
             "  --optimizer K      the optimizer the training graph ends with (default adamw)\n"
             "\n"
+            "With --cluster C.json an expert plan is priced on the cluster too (predicted step time and peak\n"
+            "memory; --json: only that, as JSON; --explain: where the time goes).\n"
+            "\n"
             "--strategy auto searches the plan (pipeline degree, mesh, per-node signatures) with the cost\n"
             "model of a cluster, and prints it next to every expert plan's prediction:\n"
             "  --cluster C.json   the cluster (docs/formats.md \"Cluster files\"; adtrain calibrate writes one)\n"
@@ -223,10 +226,11 @@ static int make_plan(const plan_opts *o, const adt_model_cfg *m, const char *lab
         rc = plan_fail(1, "partitioning the plan: %s", adt_error_message());
         goto done;
     }
-    print_summary(&p, g, label, &t);
+    if (!o->a.json) print_summary(&p, g, label, &t);
+    if (o->a.cluster_path && (rc = cli_plan_price(&o->a, &p, g))) goto done;
     if (o->out_path) {
         if (adt_plan_save(&p, g, o->out_path)) rc = plan_fail(1, "-o: %s", adt_error_message());
-        else printf("\nwrote       %s\n", o->out_path);
+        else if (!o->a.json) printf("\nwrote       %s\n", o->out_path);
     }
 done:
     free(t.steps);
@@ -264,8 +268,9 @@ int cli_plan(int argc, char **argv) {
     }
     if (!o.devices) return plan_fail(2, "--devices: missing; expected the number of devices to plan for");
     if (!o.strategy) return plan_fail(2, "--strategy: missing; expected auto, or e.g. dp, zero, tp, dp=2,tp=2 or dp=2,pp=2");
-    if (o.a.cluster_path || o.a.json || o.a.explain || o.a.mem_limit > 0 || o.a.max_pp)
-        return plan_fail(2, "--cluster, --json, --explain, --mem-limit and --max-pp go with --strategy auto");
+    if (o.a.mem_limit > 0 || o.a.max_pp) return plan_fail(2, "--mem-limit and --max-pp go with --strategy auto");
+    if ((o.a.json || o.a.explain) && !o.a.cluster_path)
+        return plan_fail(2, "--json and --explain go with --cluster (the predictions on a cluster)");
     adt_model_cfg m;
     char label[320];
     if ((rc = cli_load_model("plan", o.model_path, &m, label, sizeof label))) return rc;

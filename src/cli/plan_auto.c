@@ -80,6 +80,40 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
     cJSON_Delete(root);
 }
 
+/* An expert plan priced on a cluster (--cluster with another strategy): what the cost model
+ * predicts for exactly the plan written, so that it can be set beside a measured run. */
+int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_graph *g) {
+    adt_cluster cl;
+    if (adt_cluster_load(&cl, o->cluster_path)) return auto_fail(2, "--cluster: %s", adt_error_message());
+    if (p->mesh.nranks > adt_cluster_devices(&cl))
+        return auto_fail(2, "--devices: %d, but cluster %s has %d devices", p->mesh.nranks, cl.name,
+                         adt_cluster_devices(&cl));
+    adt_cost_report r;
+    if (adt_plan_cost(p, g, &cl, &r)) return auto_fail(2, "pricing the plan: %s", adt_error_message());
+    if (o->json) {
+        cJSON *j = report_json(&r);
+        char mb[64];
+        cJSON_AddStringToObject(j, "cluster", cl.name);
+        cJSON_AddNumberToObject(j, "devices", p->mesh.nranks);
+        cJSON_AddStringToObject(j, "strategy", p->strategy);
+        cJSON_AddStringToObject(j, "mesh", adt_mesh_str(&p->mesh, mb, sizeof mb));
+        cJSON_AddNumberToObject(j, "stages", p->n_stages);
+        cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
+        char *s = cJSON_Print(j);
+        printf("%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+        return 0;
+    }
+    char b1[32];
+    printf("\ncluster     %s: %d devices (%s), %d per node\n", cl.name, p->mesh.nranks, cl.device_kind,
+           cl.devices_per_node);
+    printf("predicted   %.4f ms per step, peak %s per device%s\n", r.step_s * 1e3, gib(r.peak_mem_bytes, b1, sizeof b1),
+           r.feasible ? "" : " OVER MEMORY");
+    if (o->explain) print_explain(&r);
+    return 0;
+}
+
 int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const char *label) {
     if (!o->cluster_path) return auto_fail(2, "--cluster: missing; --strategy auto plans on a cluster file "
                                            "(configs/clusters/*.json, or one adtrain calibrate writes)");

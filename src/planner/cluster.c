@@ -114,9 +114,58 @@ static int check_comment(const cJSON *obj, const char *where, const char *name) 
     return ADT_OK;
 }
 
+/* device.<field>: FLOP/s per op class, {"matmul", "conv", "attention", "other"}, each optional. */
+static int parse_rates(const cJSON *d, const char *field, const char *name, double *rate) {
+    const cJSON *rates;
+    char where[48];
+    int rc = get_object(d, field, "device.", 0, name, &rates);
+    if (rc || !rates) return rc;
+    static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
+    snprintf(where, sizeof where, "device.%s", field);
+    if ((rc = adt_cfg_check_fields(rates, r_fields, where, name))) return rc;
+    snprintf(where, sizeof where, "device.%s.", field);
+    if ((rc = check_comment(rates, where, name))) return rc;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+        if ((rc = get_number(rates, adt_op_class_name(k), where, 0, 1e3, 1e18, name, &rate[k]))) return rc;
+    return ADT_OK;
+}
+
+/* device.slowdown: [{"ranks", "factor"}], compute time with that many busy ranks on a node over
+ * one rank's. */
+static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
+    c->n_slowdown = 0;
+    if (!a) return ADT_OK;
+    if (!cJSON_IsArray(a))
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" is %s, expected an array of {ranks, factor}", name,
+                         adt_cfg_json_kind(a));
+    int n = cJSON_GetArraySize(a), i = 0, rc;
+    if (n > ADT_CLUSTER_MAX_SLOWDOWN)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
+                         ADT_CLUSTER_MAX_SLOWDOWN);
+    static const char *const fields[] = {"ranks", "factor", "comment", NULL};
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        char w[48];
+        snprintf(w, sizeof w, "device.slowdown[%d].", i);
+        if (!cJSON_IsObject(e))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\" is %s, expected an object", name, i,
+                             adt_cfg_json_kind(e));
+        if ((rc = adt_cfg_check_fields(e, fields, "slowdown", name)) || (rc = check_comment(e, w, name)) ||
+            (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
+            (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)))
+            return rc;
+        for (int j = 0; j < i; j++)
+            if (c->slowdown[j].ranks == c->slowdown[i].ranks)
+                return adt_error(ADT_ERR_ARG, "%s: field \"%sranks\": a second slowdown for %d ranks", name, w,
+                                 c->slowdown[i].ranks);
+    }
+    c->n_slowdown = n;
+    return ADT_OK;
+}
+
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
-                                         "memory_bytes", "memory_bw", "launch_s", "comment", NULL};
+                                         "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops",
+                                         "slowdown", "comment", NULL};
     int rc;
     if ((rc = adt_cfg_check_fields(d, fields, "device", name)) || (rc = check_comment(d, "device.", name)) ||
         (rc = get_string(d, "kind", "device.", 1, name, c->device_kind, sizeof c->device_kind)))
@@ -139,21 +188,63 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
                          "given", name, dt, dt);
     c->efficiency = 0.5;
     if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
-    const cJSON *rates;
-    if ((rc = get_object(d, "rates", "device.", 0, name, &rates))) return rc;
-    if (rates) {
-        static const char *const r_fields[] = {"matmul", "conv", "attention", "other", "comment", NULL};
-        if ((rc = adt_cfg_check_fields(rates, r_fields, "device.rates", name)) ||
-            (rc = check_comment(rates, "device.rates.", name)))
-            return rc;
-        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
-            if ((rc = get_number(rates, adt_op_class_name(k), "device.rates.", 0, 1e3, 1e18, name, &c->rate[k])))
-                return rc;
-    }
+    if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)))
+        return rc;
+    if ((rc = get_number(d, "small_flops", "device.", 0, 0, 1e18, name, &c->small_flops))) return rc;
+    if ((rc = parse_slowdown(c, cJSON_GetObjectItemCaseSensitive(d, "slowdown"), name))) return rc;
     if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
         (rc = get_number(d, "memory_bw", "device.", 1, 1e6, 1e15, name, &c->memory_bw)) ||
         (rc = get_number(d, "launch_s", "device.", 0, 0, 1, name, &c->launch_s)))
         return rc;
+    return ADT_OK;
+}
+
+const char *adt_coll_kind_name(int kind) {
+    return kind == ADT_COLL_SEND_RECV ? "send_recv" : adt_boxing_kind_name(kind);
+}
+
+static int coll_kind_of(const char *s) {
+    static const int kinds[] = {ADT_BOXING_ALL_REDUCE, ADT_BOXING_REDUCE_SCATTER, ADT_BOXING_ALL_GATHER,
+                                ADT_BOXING_ALL_TO_ALL, ADT_COLL_SEND_RECV};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (!strcmp(s, adt_coll_kind_name(kinds[i]))) return kinds[i];
+    return -1;
+}
+
+/* links[i].collectives: [{"kind", "ranks", "alpha", "beta"}], one fit per kind and group size. */
+static int parse_collectives(adt_link *k, const cJSON *a, const char *where, const char *name) {
+    k->n_coll = 0;
+    if (!a) return ADT_OK;
+    if (!cJSON_IsArray(a))
+        return adt_error(ADT_ERR_ARG, "%s: field \"%scollectives\" is %s, expected an array of {kind, ranks, alpha, "
+                         "beta}", name, where, adt_cfg_json_kind(a));
+    int n = cJSON_GetArraySize(a), i = 0, rc;
+    if (n > ADT_LINK_MAX_COLL)
+        return adt_error(ADT_ERR_ARG, "%s: field \"%scollectives\" has %d entries, expected at most %d", name, where, n,
+                         ADT_LINK_MAX_COLL);
+    static const char *const fields[] = {"kind", "ranks", "alpha", "beta", "comment", NULL};
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        char w[64], kind[32];
+        snprintf(w, sizeof w, "%scollectives[%d].", where, i);
+        if (!cJSON_IsObject(e))
+            return adt_error(ADT_ERR_ARG, "%s: field \"%.*s\" is %s, expected an object", name, (int)strlen(w) - 1, w,
+                             adt_cfg_json_kind(e));
+        adt_coll_fit *f = &k->coll[i];
+        if ((rc = adt_cfg_check_fields(e, fields, "collective", name)) || (rc = check_comment(e, w, name)) ||
+            (rc = get_string(e, "kind", w, 1, name, kind, sizeof kind)) ||
+            (rc = get_int(e, "ranks", w, 1, 2, 4096, name, &f->ranks)) ||
+            (rc = get_number(e, "alpha", w, 1, 0, 10, name, &f->alpha)) ||
+            (rc = get_number(e, "beta", w, 1, 1e-15, 1e-3, name, &f->beta)))
+            return rc;
+        if ((f->kind = coll_kind_of(kind)) < 0)
+            return adt_error(ADT_ERR_ARG, "%s: field \"%skind\" is \"%s\", expected all_reduce, reduce_scatter, "
+                             "all_gather, all_to_all or send_recv", name, w, kind);
+        for (int j = 0; j < i; j++)
+            if (k->coll[j].kind == f->kind && k->coll[j].ranks == f->ranks)
+                return adt_error(ADT_ERR_ARG, "%s: field \"%sranks\": a second %s fit for %d ranks", name, w, kind,
+                                 f->ranks);
+    }
+    k->n_coll = n;
     return ADT_OK;
 }
 
@@ -167,7 +258,7 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
     if (n < 1 || n > ADT_CLUSTER_MAX_LINKS)
         return adt_error(ADT_ERR_ARG, "%s: field \"links\" has %d levels, expected 1 to %d", name, n,
                          ADT_CLUSTER_MAX_LINKS);
-    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "comment", NULL};
+    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "collectives", "comment", NULL};
     int i = 0, rc;
     for (const cJSON *l = links->child; l; l = l->next, i++) {
         char where[32];
@@ -180,7 +271,8 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
             (rc = get_string(l, "name", where, 1, name, k->name, sizeof k->name)) ||
             (rc = get_int(l, "span", where, 1, 1, CLUSTER_MAX_DEVICES, name, &k->span)) ||
             (rc = get_number(l, "bandwidth", where, 1, 1e3, 1e15, name, &k->bandwidth)) ||
-            (rc = get_number(l, "latency", where, 1, 0, 10, name, &k->latency)))
+            (rc = get_number(l, "latency", where, 1, 0, 10, name, &k->latency)) ||
+            (rc = parse_collectives(k, cJSON_GetObjectItemCaseSensitive(l, "collectives"), where, name)))
             return rc;
     }
     c->n_links = n;
@@ -192,7 +284,8 @@ int adt_cluster_parse(adt_cluster *c, const char *text, const char *name) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
     if (!root) return adt_cfg_json_error(text, end, name);
-    static const char *const fields[] = {"name", "comment", "nodes", "devices_per_node", "device", "links", NULL};
+    static const char *const fields[] = {"name",   "comment", "nodes", "devices_per_node", "cores_per_node",
+                                         "device", "links",   NULL};
     int rc;
     const cJSON *dev = NULL;
     if (!cJSON_IsObject(root))
@@ -201,6 +294,7 @@ int adt_cluster_parse(adt_cluster *c, const char *text, const char *name) {
              !(rc = get_string(root, "name", "", 1, name, c->name, sizeof c->name)) &&
              !(rc = get_int(root, "nodes", "", 1, 1, CLUSTER_MAX_DEVICES, name, &c->nodes)) &&
              !(rc = get_int(root, "devices_per_node", "", 1, 1, 4096, name, &c->devices_per_node)) &&
+             !(rc = get_int(root, "cores_per_node", "", 0, 1, 1 << 20, name, &c->cores_per_node)) &&
              !(rc = get_object(root, "device", "", 1, name, &dev)) && !(rc = parse_device(c, dev, name)))
         rc = parse_links(c, cJSON_GetObjectItemCaseSensitive(root, "links"), name);
     cJSON_Delete(root);
@@ -215,11 +309,28 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
     if (!(c->memory_bytes > 0) || !(c->memory_bw > 0) || !(c->peak_flops[c->compute_dtype] > 0))
         return adt_error(ADT_ERR_ARG, "%s: field \"device\": memory_bytes, memory_bw and the peak FLOP/s of the compute "
                          "dtype must be positive", name);
+    if (c->n_slowdown < 0 || c->n_slowdown > ADT_CLUSTER_MAX_SLOWDOWN)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\": %d entries, expected 0 to %d", name, c->n_slowdown,
+                         ADT_CLUSTER_MAX_SLOWDOWN);
+    for (int i = 0; i < c->n_slowdown; i++)
+        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1 and a positive factor",
+                             name, i);
+    if (c->cores_per_node < 0 || !(c->small_flops >= 0))
+        return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
     if (c->n_links < 1 || c->n_links > ADT_CLUSTER_MAX_LINKS)
         return adt_error(ADT_ERR_ARG, "%s: %d link levels, expected 1 to %d", name, c->n_links, ADT_CLUSTER_MAX_LINKS);
     int total = c->nodes * c->devices_per_node;
     for (int i = 0; i < c->n_links; i++) {
         const adt_link *l = &c->link[i];
+        if (l->n_coll < 0 || l->n_coll > ADT_LINK_MAX_COLL)
+            return adt_error(ADT_ERR_ARG, "%s: field \"links[%d].collectives\": %d entries, expected 0 to %d", name, i,
+                             l->n_coll, ADT_LINK_MAX_COLL);
+        for (int j = 0; j < l->n_coll; j++)
+            if (l->coll[j].ranks < 2 || !(l->coll[j].alpha >= 0) || !(l->coll[j].beta > 0) || l->coll[j].kind < 0 ||
+                (l->coll[j].kind > ADT_BOXING_ALL_TO_ALL && l->coll[j].kind != ADT_COLL_SEND_RECV))
+                return adt_error(ADT_ERR_ARG, "%s: field \"links[%d].collectives[%d]\": expected a collective kind, "
+                                 "ranks >= 2, alpha >= 0 and beta > 0", name, i, j);
         if (l->span < 1 || !(l->bandwidth > 0) || !(l->latency >= 0))
             return adt_error(ADT_ERR_ARG, "%s: field \"links[%d]\": span, bandwidth must be positive and latency not "
                              "negative", name, i);
@@ -252,6 +363,7 @@ char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON_AddStringToObject(root, "name", c->name);
     cJSON_AddNumberToObject(root, "nodes", c->nodes);
     cJSON_AddNumberToObject(root, "devices_per_node", c->devices_per_node);
+    if (c->cores_per_node > 0) cJSON_AddNumberToObject(root, "cores_per_node", c->cores_per_node);
     cJSON_AddStringToObject(dev, "kind", c->device_kind);
     cJSON_AddNumberToObject(pf, "f32", c->peak_flops[ADT_F32]);
     if (c->peak_flops[ADT_BF16] > 0) cJSON_AddNumberToObject(pf, "bf16", c->peak_flops[ADT_BF16]);
@@ -269,6 +381,25 @@ char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON_AddNumberToObject(dev, "memory_bytes", c->memory_bytes);
     cJSON_AddNumberToObject(dev, "memory_bw", c->memory_bw);
     cJSON_AddNumberToObject(dev, "launch_s", c->launch_s);
+    any = 0;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) any |= c->rate_small[k] > 0;
+    if (any) {
+        cJSON *r = cJSON_CreateObject();
+        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+            if (c->rate_small[k] > 0) cJSON_AddNumberToObject(r, adt_op_class_name(k), c->rate_small[k]);
+        cJSON_AddItemToObject(dev, "rates_small", r);
+    }
+    if (c->small_flops > 0) cJSON_AddNumberToObject(dev, "small_flops", c->small_flops);
+    if (c->n_slowdown > 0) {
+        cJSON *a = cJSON_CreateArray();
+        for (int i = 0; i < c->n_slowdown; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ranks", c->slowdown[i].ranks);
+            cJSON_AddNumberToObject(e, "factor", c->slowdown[i].factor);
+            cJSON_AddItemToArray(a, e);
+        }
+        cJSON_AddItemToObject(dev, "slowdown", a);
+    }
     cJSON_AddItemToObject(root, "device", dev);
     cJSON *links = cJSON_CreateArray();
     for (int i = 0; i < c->n_links; i++) {
@@ -277,6 +408,19 @@ char *adt_cluster_to_json(const adt_cluster *c) {
         cJSON_AddNumberToObject(l, "span", c->link[i].span);
         cJSON_AddNumberToObject(l, "bandwidth", c->link[i].bandwidth);
         cJSON_AddNumberToObject(l, "latency", c->link[i].latency);
+        if (c->link[i].n_coll > 0) {
+            cJSON *a = cJSON_CreateArray();
+            for (int j = 0; j < c->link[i].n_coll; j++) {
+                const adt_coll_fit *f = &c->link[i].coll[j];
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "kind", adt_coll_kind_name(f->kind));
+                cJSON_AddNumberToObject(e, "ranks", f->ranks);
+                cJSON_AddNumberToObject(e, "alpha", f->alpha);
+                cJSON_AddNumberToObject(e, "beta", f->beta);
+                cJSON_AddItemToArray(a, e);
+            }
+            cJSON_AddItemToObject(l, "collectives", a);
+        }
         cJSON_AddItemToArray(links, l);
     }
     cJSON_AddItemToObject(root, "links", links);
@@ -294,26 +438,74 @@ double adt_cluster_rate(const adt_cluster *c, int k) {
     return c->peak_flops[c->compute_dtype] * c->efficiency;
 }
 
+double adt_cluster_op_rate(const adt_cluster *c, int k, double flops) {
+    if (k >= 0 && k < ADT_OPCLASS_COUNT && flops < c->small_flops && c->rate_small[k] > 0) return c->rate_small[k];
+    return adt_cluster_rate(c, k);
+}
+
+double adt_cluster_share(const adt_cluster *c, int ranks) {
+    int best = -1;
+    for (int i = 0; i < c->n_slowdown; i++)
+        if (c->slowdown[i].ranks <= ranks && (best < 0 || c->slowdown[i].ranks > c->slowdown[best].ranks)) best = i;
+    if (best >= 0) return c->slowdown[best].factor;
+    return c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
+}
+
+/* The per-kind factors of alpha and of G beta in a collective's time (dist.h's boxing table). */
+static void coll_factors(int kind, int n, double *fa, double *fb) {
+    double k = n;
+    switch (kind) {
+    case ADT_BOXING_ALL_REDUCE: *fa = 2 * (k - 1), *fb = 2 * (k - 1) / k; break;
+    case ADT_BOXING_REDUCE_SCATTER:
+    case ADT_BOXING_ALL_GATHER: *fa = k - 1, *fb = (k - 1) / k; break;
+    case ADT_BOXING_ALL_TO_ALL: *fa = k - 1, *fb = (k - 1) / (k * k); break;
+    default: *fa = 1, *fb = 1; break; /* send / recv: one message */
+    }
+}
+
+double adt_cluster_coll_time(const adt_cluster *c, int level, int kind, int n, double g, int busy) {
+    if (level < 0) level = 0;
+    if (level >= c->n_links) level = c->n_links - 1;
+    const adt_link *l = &c->link[level];
+    if (n < 2) return 0;
+    int want = n;
+    if (c->cores_per_node > 0 && busy > c->cores_per_node && busy > want) want = busy;
+    const adt_coll_fit *best = NULL;
+    for (int j = 0; j < l->n_coll; j++) {
+        const adt_coll_fit *f = &l->coll[j];
+        if (f->kind == kind && f->ranks <= want && (!best || f->ranks > best->ranks)) best = f;
+    }
+    double fa, fb;
+    coll_factors(kind, n, &fa, &fb);
+    if (best) return fa * best->alpha + fb * g * best->beta;
+    return fa * l->latency + fb * g / l->bandwidth;
+}
+
 int adt_cluster_level(const adt_cluster *c, int a, int b) {
     for (int i = 0; i < c->n_links; i++)
         if (a / c->link[i].span == b / c->link[i].span) return i;
     return c->n_links - 1;
 }
 
+int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a) {
+    int level = 0;
+    /* every group along axis a: each coordinate compared with its neighbour along a */
+    for (int i = 0; i < m->nranks; i++) {
+        int coord[ADT_MAX_MESH_DIMS];
+        adt_mesh_coord(m, i, coord);
+        if (coord[a] + 1 >= m->dim[a]) continue;
+        int r0 = adt_mesh_rank(m, coord);
+        coord[a]++;
+        int l = adt_cluster_level(c, r0, adt_mesh_rank(m, coord));
+        if (l > level) level = l;
+    }
+    return level;
+}
+
 adt_comm_cost adt_cluster_mesh_cost(const adt_cluster *c, const adt_mesh *m) {
     adt_comm_cost cost = {.local = 1e-9};
     for (int a = 0; a < m->ndim; a++) {
-        int level = 0;
-        /* every group along axis a: the coordinates with c_a = 0, compared with their neighbours */
-        for (int i = 0; i < m->nranks; i++) {
-            int coord[ADT_MAX_MESH_DIMS];
-            adt_mesh_coord(m, i, coord);
-            if (coord[a] + 1 >= m->dim[a]) continue;
-            int r0 = adt_mesh_rank(m, coord);
-            coord[a]++;
-            int l = adt_cluster_level(c, r0, adt_mesh_rank(m, coord));
-            if (l > level) level = l;
-        }
+        int level = adt_cluster_axis_level(c, m, a);
         cost.alpha[a] = c->link[level].latency;
         cost.beta[a] = 1.0 / c->link[level].bandwidth;
     }

@@ -15,11 +15,18 @@
  * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
  * updates and the gradient synchronisation still in flight when they start.
  *
- * Memory per device of a stage: persistent values (parameters, optimizer state) and fed values
- * by their held block; a liveness walk over the stage's order for activations, gradients and
- * boxing buffers (a value lives from its producer to its last reader in the stage; views and
- * in-place outputs share their base's storage); activations kept for the backward pass once
- * more for every further microbatch in flight (stage s of p holds p - s under 1F1B).
+ * Memory per device of a stage: the memory plan the executor makes of the stage's local graph
+ * (adt_dist_partition, and adt_pipe_stage_build for pipelines; graph/memplan.c planned in the
+ * executor's order: collectives alive from their input's producer to their first reader,
+ * in-place all-reduces, a pipeline stage's passes apart with one arena per microbatch slot in
+ * flight, p - s under 1F1B), plus the logits the trainer keeps, the largest of the stage's
+ * devices, 0.1% over. Where the partitioner refuses a plan: persistent and fed blocks and a
+ * liveness walk (a value lives from its producer to its last reader; views and in-place outputs
+ * share their base's storage; saved activations once more per further microbatch in flight).
+ *
+ * Compute runs slower by the cluster's measured slowdown of the plan's busy ranks per node
+ * (adt_cluster_share); boxing steps and stage-boundary messages are priced with the cluster's
+ * calibrated collectives of their kind and group size where it has them.
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,13 +34,15 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/exec.h" /* adt_memplan: graph/memplan.c's, declared with the executor that uses it */
+#include "adtrain/ops.h"
 #include "adtrain/planner.h"
 
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
     const adt_node *n = &g->nodes[node];
     if (parts < 1) parts = 1;
     double f = adt_node_flops(g, n) / parts, b = adt_node_bytes(g, n) / parts;
-    double tf = f / adt_cluster_rate(c, adt_op_class_of(n->op)), tb = b / c->memory_bw;
+    double tf = f / adt_cluster_op_rate(c, adt_op_class_of(n->op), f), tb = b / c->memory_bw;
     return (tf > tb ? tf : tb) + c->launch_s;
 }
 
@@ -64,6 +73,44 @@ static void held_layouts(const adt_plan *p, const adt_graph *g, adt_ndsbp *held)
         if (g->values[v].producer < 0 && p->leaf_sbp && p->leaf_sbp[v].ndim) held[v] = p->leaf_sbp[v];
 }
 
+/* The most ranks of the plan on one node: the devices busy at once there (a pipeline's idle
+ * stages still poll for messages). */
+static int busy_per_node(const adt_plan *p, const adt_cluster *c) {
+    int best = 0, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1;
+    for (int i = 0; i < p->mesh.nranks; i++) {
+        int node = (p->mesh.ranks ? p->mesh.ranks[i] : i) / dpn, k = 0;
+        for (int j = 0; j < p->mesh.nranks; j++) k += (p->mesh.ranks ? p->mesh.ranks[j] : j) / dpn == node;
+        if (k > best) best = k;
+    }
+    return best;
+}
+
+static int calibrated_links(const adt_cluster *c) {
+    for (int i = 0; i < c->n_links; i++)
+        if (c->link[i].n_coll) return 1;
+    return 0;
+}
+
+/* The boxing program the partitioner inserts (chosen with the plan's link prices), its steps
+ * priced with the cluster's calibrated collectives: per kind, group size and link level of the
+ * step's mesh axis; local steps as the program prices them. kind[] gets the steps' times. */
+static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_mesh *m, const adt_value *val,
+                             const adt_ndsbp *from, const adt_ndsbp *to, int busy, double *kind) {
+    adt_boxing_prog prog;
+    if (adt_boxing_plan(m, val->shape, val->dtype, from, to, &p->cost, &prog)) return ADT_BOXING_NONE;
+    double t = 0;
+    for (int i = 0; i < prog.n_steps; i++) {
+        const adt_boxing_step *st = &prog.step[i];
+        double ts = st->time;
+        if (st->kind <= ADT_BOXING_ALL_TO_ALL)
+            ts = adt_cluster_coll_time(c, adt_cluster_axis_level(c, m, st->mesh_axis), st->kind, st->group_size,
+                                       st->group_bytes, busy);
+        kind[st->kind] += ts;
+        t += ts;
+    }
+    return t;
+}
+
 /* Layouts a value has been boxed to in this stage, with the time each is ready. */
 typedef struct boxed {
     adt_ndsbp to[8];
@@ -82,6 +129,9 @@ static int root_of(const adt_graph *g, int v) {
 
 static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *c, int s, const adt_mesh *m,
                       const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
+    /* ranks time-sharing the cores compute slower, and collectives use the fits at that load */
+    int busy = busy_per_node(p, c), reprice = calibrated_links(c);
+    double share = adt_cluster_share(c, busy);
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
     int nv = g->n_values;
@@ -135,8 +185,8 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                         r0[p->pp_axis] = ps, r1[p->pp_axis] = s;
                         d0 = adt_mesh_rank(&p->mesh, r0), d1 = adt_mesh_rank(&p->mesh, r1);
                     }
-                    const adt_link *l = &c->link[adt_cluster_level(c, d0, d1)];
-                    double t = l->latency + block_bytes(g, v, lay[v], m) / l->bandwidth;
+                    double t = adt_cluster_coll_time(c, adt_cluster_level(c, d0, d1), ADT_COLL_SEND_RECV, 2,
+                                                     block_bytes(g, v, lay[v], m), busy);
                     ev->p2p += t;
                     tm = (tm > tc ? tm : tc) + t;
                     ready[v] = tm;
@@ -151,7 +201,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                     t_in = b->ready[k];
                 } else {
                     const adt_boxing_cached *kinds;
-                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds);
+                    double bt = adt_boxing_cache_time(bc, val, lay[v], &sig->in[j], &kinds), kt[ADT_BOXING_KIND_COUNT];
                     if (bt >= ADT_BOXING_NONE) {
                         char fa[64], fb[64];
                         rc = adt_error(ADT_ERR_ARG, "cost of plan: node %s input %d: no boxing from %s to %s", n->name, j,
@@ -162,7 +212,12 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                     int late = pr < 0 || (!g->nodes[pr].is_backward && !g->nodes[pr].is_optimizer &&
                                           (n->is_backward || n->is_optimizer));
                     if (late && t0 < tc) t0 = tc;
-                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kinds->kind[q];
+                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) kt[q] = kinds->kind[q];
+                    if (reprice) {
+                        memset(kt, 0, sizeof kt);
+                        bt = reprice_boxing(p, c, m, val, lay[v], &sig->in[j], busy, kt);
+                    }
+                    for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kt[q];
                     tm = t0 + bt;
                     t_in = tm;
                     if (b->n < 8) b->to[b->n] = sig->in[j], b->ready[b->n++] = tm;
@@ -173,7 +228,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
             if (t_in > start) start = t_in;
         }
         if (rc) break;
-        double t = adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
+        double t = share * adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
         ev->compute += t;
         tc = start + t;
         for (int k = 0; k < n->n_out; k++) {
@@ -203,6 +258,152 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     return rc;
 }
 
+/* The executor's schedule of a local graph with collectives (src/exec/exec.c, the split
+ * schedule), as the memory plan sees it: a collective starts right after its input's producer
+ * (unless the input is a leaf, another collective's output, or a forward value read by a later
+ * pass) and is waited for just before the first node reading its output or overwriting its
+ * input in place, its buffers live until then (read_until); an all-reduce whose input root has
+ * no other reader runs in place (share). share stays NULL when none does. */
+static int is_comm_node(const adt_graph *g, int i) { return adt_op_get(g->nodes[i].op)->is_comm; }
+static int phase_of(const adt_node *n) { return n->is_optimizer ? 2 : n->is_backward ? 1 : 0; }
+
+static int hoistable(const adt_graph *g, int c) {
+    int p = g->values[g->nodes[c].in[0]].producer;
+    if (p < 0 || is_comm_node(g, p)) return 0;
+    return !(phase_of(&g->nodes[p]) == 0 && phase_of(&g->nodes[c]) != 0);
+}
+
+static void exec_schedule(const adt_graph *g, int *order, int *read_until, int **share_out) {
+    int nn = g->n_nodes, n = 0;
+    char *placed = adt_calloc((size_t)nn + 1, 1);
+    int *pos = adt_malloc((size_t)(nn + 1) * sizeof *pos);
+    for (int i = 0; i < nn; i++) {
+        if (placed[i]) continue;
+        placed[i] = 1, pos[i] = n, order[n++] = i;
+        for (int c = i + 1; c < nn; c++) /* the collectives reading what i made start now */
+            if (!placed[c] && is_comm_node(g, c) && hoistable(g, c))
+                for (int k = 0; k < g->nodes[i].n_out; k++)
+                    if (g->nodes[c].in[0] == g->nodes[i].out[k]) {
+                        placed[c] = 1, pos[c] = n, order[n++] = c;
+                        break;
+                    }
+    }
+    for (int q = 0; q < n; q++) {
+        int c = order[q];
+        read_until[q] = q;
+        if (!is_comm_node(g, c)) continue;
+        read_until[q] = n;
+        for (int r = q + 1; r < n && read_until[q] == n; r++) {
+            const adt_node *m = &g->nodes[order[r]];
+            int inplace = adt_op_get(m->op)->inplace;
+            for (int k = 0; k < m->n_in; k++)
+                if (m->in[k] == g->nodes[c].out[0] ||
+                    (inplace && root_of(g, m->in[k]) == root_of(g, g->nodes[c].in[0]))) {
+                    read_until[q] = r;
+                    break;
+                }
+        }
+    }
+    /* in-place all-reduces: the input's root read by nothing else (views on the way excepted) */
+    int *readers = adt_calloc((size_t)g->n_values + 1, sizeof *readers), *share = NULL;
+    for (int i = 0; i < nn; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) readers[root_of(g, g->nodes[i].in[k])]++;
+    for (int i = 0; i < nn; i++) {
+        const adt_node *nd = &g->nodes[i];
+        if (!is_comm_node(g, i) || (nd->a.i[0] & 0xff) != ADT_BOXING_ALL_REDUCE) continue;
+        int r = nd->in[0], links = 0, ok = 1;
+        for (; g->values[r].alias_of >= 0; r = g->values[r].alias_of, links++) {
+            const adt_value *v = &g->values[r];
+            ok &= v->producer >= 0 && adt_op_get(g->nodes[v->producer].op)->view_of >= 0 && !v->is_output;
+        }
+        if (!ok || g->values[r].producer < 0 || g->values[r].is_output || readers[r] != links + 1) continue;
+        if (!share) {
+            share = adt_malloc((size_t)g->n_values * sizeof *share);
+            for (int v = 0; v < g->n_values; v++) share[v] = -1;
+        }
+        share[nd->out[0]] = nd->in[0];
+    }
+    free(readers), free(placed), free(pos);
+    *share_out = share;
+}
+
+/* The memory plan the executor makes for stage s at stage-mesh coordinate coord: the stage's
+ * local graph as the partitioner (and, with several stages, adt_pipe_stage_build) makes it, its
+ * arena planned in graph order, or in passes (forward, backward, update) with `slots` microbatch
+ * arenas for a pipeline stage. Bytes: slots x arena + state + the largest scratch. */
+static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, const int *coord, double *bytes) {
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *order = NULL;
+    int piped = p->n_stages > 1, rc = ADT_OK;
+    adt_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    adt_dist_plan d;
+    if (piped && (rc = adt_pipe_stage_build(g, p, s, &st))) {
+        free(ranks);
+        return rc;
+    }
+    d = piped ? adt_pipe_stage_dist(&st, p, ranks) : adt_plan_dist(p, 0, ranks);
+    adt_dist_local loc;
+    if (!(rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) {
+        const adt_graph *lg = loc.g;
+        int *read_until = NULL, *share = NULL, any_comm = 0;
+        for (int i = 0; i < lg->n_nodes; i++) any_comm |= is_comm_node(lg, i);
+        order = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *order);
+        if (piped) { /* the executor's order with microbatch slots: passes apart */
+            int n = 0, *ru = NULL;
+            for (int ph = 0; ph < 3; ph++)
+                for (int i = 0; i < lg->n_nodes; i++)
+                    if (phase_of(&lg->nodes[i]) == ph) order[n++] = i;
+            if (any_comm) { /* only the in-place all-reduces of the split schedule */
+                ru = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *ru);
+                int *tmp = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *tmp);
+                exec_schedule(lg, tmp, ru, &share);
+                free(tmp), free(ru);
+            }
+        } else if (any_comm) {
+            read_until = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *read_until);
+            exec_schedule(lg, order, read_until, &share);
+        } else {
+            for (int i = 0; i < lg->n_nodes; i++) order[i] = i;
+        }
+        adt_memplan mp;
+        rc = adt_memplan_build_sched(&mp, lg, order, lg->n_nodes, 0, read_until, share);
+        free(read_until), free(share);
+        if (!rc) {
+            double kept = 0; /* `adtrain train` keeps a classifier's logits to the step's end (metrics) */
+            for (int i = 0; i < lg->n_nodes && p->model.type != ADT_MODEL_GPT; i++) {
+                const adt_node *nd = &lg->nodes[i];
+                if ((nd->op == ADT_OP_SOFTMAX_XENT || nd->op == ADT_OP_BCE_LOGITS) && !lg->values[nd->in[0]].is_output)
+                    kept += (double)adt_value_bytes(lg, nd->in[0]);
+            }
+            *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes;
+            adt_memplan_free(&mp);
+        }
+        adt_dist_local_free(&loc);
+    }
+    if (piped) adt_pipe_stage_free(&st);
+    free(order);
+    free(ranks);
+    return rc;
+}
+
+/* The largest of the stage's devices (blocks that do not divide evenly differ between ranks):
+ * every coordinate of a small stage mesh, the first and the last of a large one. */
+static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, double *bytes) {
+    adt_mesh sm;
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
+    int rc = adt_plan_stage_mesh(p, s, &sm, ranks);
+    *bytes = 0;
+    for (int i = 0; i < sm.nranks && !rc; i++) {
+        if (sm.nranks > 4 && i > 0 && i < sm.nranks - 1) continue;
+        int coord[ADT_MAX_MESH_DIMS] = {0};
+        double b = 0;
+        adt_mesh_coord(&sm, i, coord);
+        if (!(rc = coord_memplan(p, g, s, slots, coord, &b)) && b > *bytes) *bytes = b;
+    }
+    free(ranks);
+    return rc;
+}
+
 int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out) {
     memset(out, 0, sizeof *out);
     if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: cost of an unbound plan", p->name);
@@ -228,8 +429,19 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         if (ev[s].fb > mx) mx = ev[s].fb, crit = s;
         if (ev[s].time - ev[s].fb > once) once = ev[s].time - ev[s].fb;
         double inflight = m > 1 ? (p->n_stages - s < m ? p->n_stages - s : m) : 1;
-        /* a 5% slack for allocator rounding and workspaces (OneFlow uses 1.04 x 1.06) */
-        out->stage_mem[s] = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
+        /* the executor's memory plan of the stage, 0.1% over it: ranks whose blocks differ by a
+         * row (uneven splits) place their buffers at other aligned offsets (tens of bytes apart
+         * on this machine's runs); where the partitioner refuses the plan (the planner prices
+         * plans it has not validated yet), the liveness walk with a 5% slack */
+        double planned = 0;
+        int slots = p->n_stages > 1 ? (int)inflight : 1;
+        if (!stage_memplan(p, g, s, slots, &planned)) {
+            planned *= 1.001;
+        } else {
+            adt_error_clear();
+            planned = 1.05 * (ev[s].state + ev[s].act_peak + (inflight - 1) * ev[s].saved);
+        }
+        out->stage_mem[s] = planned;
         if (out->stage_mem[s] > out->peak_mem_bytes) out->peak_mem_bytes = out->stage_mem[s];
     }
     if (!rc) {

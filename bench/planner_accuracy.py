@@ -1,0 +1,153 @@
+"""planner_accuracy.py - the measuring and the summary of bench/run_planner_accuracy.sh.
+
+    python3 bench/planner_accuracy.py WORKDIR CLUSTER.json OUT.jsonl
+
+Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
+writes one JSON line per plan to OUT.jsonl and prints the per-model summary."""
+import json, os, statistics, subprocess, sys, time
+
+ADT = os.environ.get("ADT", "build/adtrain")
+WORK, CLUSTER, OUT = sys.argv[1:4]
+RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
+STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
+MODELS = os.environ["MODELS"].split()
+DATA = {"mlp": ("synthetic:mlp", 64), "gpt": ("synthetic:text", 16), "vgg": ("synthetic:vgg", 32),
+        "dlrm": ("synthetic:dlrm", 256)}
+
+
+def loadavg():
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def candidates(n):
+    """(strategy, microbatches) of the fixed list that make sense on n devices."""
+    if n == 1:
+        return [("dp", 1), ("pp=1", 2)]
+    c = [("dp", 1), ("zero", 1), ("tp", 1)]
+    c += [(f"pp={n}", m) for m in (1, 2, 4)]
+    if n == 4:
+        c += [("dp=2,tp=2", 1), ("dp=2,tp=2,zero", 1), ("dp=2,pp=2", 2), ("dp=2,pp=2", 4), ("pp=2,tp=2", 2)]
+    return c
+
+
+def make_plans(model, cfg, batch):
+    plans = []
+    for n in range(1, RANKS + 1):
+        for s, m in candidates(n):
+            path = f"{WORK}/{model}-{n}-{s.replace('=', '_').replace(',', '-')}-m{m}.json"
+            r = subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch",
+                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--json", "-o", path],
+                               capture_output=True, text=True)
+            if r.returncode:
+                print(f"  {model} {n} ranks {s} m={m}: left out ({r.stderr.strip().splitlines()[-1]})",
+                      file=sys.stderr)
+                continue
+            plans.append({"ranks": n, "plan": s, "microbatches": m, "file": path, "pred": json.loads(r.stdout)})
+        if n >= 2:
+            path = f"{WORK}/{model}-{n}-auto.json"
+            r = subprocess.run([ADT, "plan", "--strategy", "auto", "--devices", str(n), "--model", cfg, "--batch",
+                                str(batch), "--cluster", CLUSTER, "--json", "-o", path], capture_output=True, text=True)
+            if r.returncode == 0:
+                pred = json.loads(r.stdout)
+                plans.append({"ranks": n, "plan": "auto" if pred["strategy"] == "auto" else "auto (" + pred["strategy"] + ")", "microbatches": pred["microbatches"],
+                              "file": path, "pred": pred})
+    return plans
+
+
+def train(p, cfg, data, batch):
+    log = f"{WORK}/log.jsonl"
+    if os.path.exists(log):
+        os.remove(log)
+    env = dict(os.environ, ADT_MEM_REPORT="1")
+    r = subprocess.run(["mpiexec", "-n", str(p["ranks"]), ADT, "train", "--model", cfg, "--data", data, "--batch",
+                        str(batch), "--steps", str(WARMUP + STEPS), "--plan", p["file"], "--log", log],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"{p['plan']} on {p['ranks']} ranks failed:\n{r.stdout}{r.stderr}")
+    ms = [json.loads(l)["ms"] for l in open(log) if '"loss"' in l][WARMUP:]
+    mem = [json.loads(l) for l in (r.stdout + r.stderr).splitlines() if l.startswith('{"mem_report"')]
+    return statistics.median(ms), mem
+
+
+def memory(mem):
+    """max over ranks of the executor's memory plan, and of the peak-RSS growth"""
+    end = [m for m in mem if m["mem_report"] == "end" and "arena_bytes" in m]
+    before = {m["rank"]: m["maxrss_kib"] for m in mem if m["mem_report"] == "before_executor"}
+    plan = max((m["slots"] * m["arena_bytes"] + m["state_bytes"] + m["scratch_bytes"] for m in end), default=None)
+    rss = max(((m["maxrss_kib"] - before.get(m["rank"], 0)) * 1024 for m in end), default=None)
+    return plan, rss
+
+
+def tau(xs, ys):
+    conc = disc = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            a = (xs[i] - xs[j]) * (ys[i] - ys[j])
+            conc += a > 0
+            disc += a < 0
+    return (conc - disc) / max(1, conc + disc)
+
+
+def main():
+    t0 = time.time()
+    out = open(OUT, "w")
+    out.write(json.dumps({"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+                                   "loadavg_at_start": loadavg(), "ranks": RANKS, "rounds": ROUNDS, "steps": STEPS,
+                                   "warmup": WARMUP, "cluster": json.load(open(CLUSTER))}}) + "\n")
+    rows = []
+    for model in MODELS:
+        cfg = f"configs/{model}.json"
+        data, batch = DATA[model.split("-")[0]]
+        plans = make_plans(model, cfg, batch)
+        for p in plans:
+            p["runs"] = []
+        for rnd in range(ROUNDS):
+            order = plans if rnd % 2 == 0 else plans[::-1]
+            for p in order:
+                ms, mem = train(p, cfg, data, batch)
+                p["runs"].append(ms)
+                if "mem" not in p:
+                    p["mem"] = memory(mem)
+            print(f"  {model}: round {rnd + 1}/{ROUNDS} done, load {loadavg()}, {time.time() - t0:.0f} s",
+                  file=sys.stderr)
+        for p in plans:
+            row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
+                   "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": statistics.median(p["runs"]),
+                   "runs_ms": p["runs"], "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
+                   "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1]}
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+    out.write(json.dumps({"meta_end": {"loadavg_at_end": loadavg(), "seconds": round(time.time() - t0)}}) + "\n")
+    out.close()
+    print(f"load average at start {json.loads(open(OUT).readline())['meta']['loadavg_at_start']}, at end {loadavg()}; "
+          f"{ROUNDS} rounds x ({WARMUP} + {STEPS} steps); {time.time() - t0:.0f} s")
+    print()
+    print("| model | plans | median abs error | Kendall tau | predicted-best measured / measured best | "
+          "memory predicted / measured (min..max) |")
+    print("|---|---|---|---|---|---|")
+    for model in MODELS:
+        rs = [r for r in rows if r["model"] == model]
+        if not rs:
+            continue
+        err = statistics.median(abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rs)
+        t = tau([r["predicted_ms"] for r in rs], [r["measured_ms"] for r in rs])
+        best = min(r["measured_ms"] for r in rs)
+        pick = min(rs, key=lambda r: r["predicted_ms"])
+        mr = [r["predicted_mem_bytes"] / r["measured_mem_bytes"] for r in rs if r["measured_mem_bytes"]]
+        mtxt = f"{min(mr):.2f}..{max(mr):.2f}" if mr else "-"
+        print(f"| {model} | {len(rs)} | {100 * err:.1f}% | {t:.2f} | {pick['measured_ms'] / best:.3f} "
+              f"({pick['ranks']} ranks {pick['plan']} m={pick['microbatches']}) | {mtxt} |")
+    print()
+    print("| model | ranks | plan | m | predicted ms | measured ms | error | predicted MiB | measured MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mm = r["measured_mem_bytes"]
+        print(f"| {r['model']} | {r['ranks']} | {r['plan']} | {r['microbatches']} | {r['predicted_ms']:.2f} | "
+              f"{r['measured_ms']:.2f} | {100 * (r['predicted_ms'] / r['measured_ms'] - 1):+.0f}% | "
+              f"{r['predicted_mem_bytes'] / 2**20:.2f} | {mm / 2**20 if mm else float('nan'):.2f} |")
+
+
+main()
