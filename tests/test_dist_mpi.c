@@ -179,6 +179,14 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
     }
     adt_exec_init_params(ex);
     const adt_memplan *mp = adt_exec_memplan(ex);
+    adt_memplan ahead; /* what a planner is told this executor will hold */
+    CHECK(adt_exec_plan_memory(loc.g, &o, &ahead) == ADT_OK, "%s: plan memory: %s", what, adt_error_message());
+    int same = ahead.arena_bytes == mp->arena_bytes && ahead.state_bytes == mp->state_bytes &&
+               ahead.scratch_bytes == mp->scratch_bytes && ahead.n_values == mp->n_values;
+    for (int v = 0; same && v < mp->n_values; v++) same = ahead.offset[v] == mp->offset[v] && ahead.root[v] == mp->root[v];
+    CHECK(same, "%s: adt_exec_plan_memory (arena %lld) differs from the executor's plan (arena %lld)", what,
+          (long long)ahead.arena_bytes, (long long)mp->arena_bytes);
+    adt_memplan_free(&ahead);
     for (int i = 0; i < loc.g->n_nodes; i++) {
         const adt_node *n = &loc.g->nodes[i];
         info->n_inplace += n->op == ADT_OP_BOXING && mp->root[n->out[0]] == mp->root[n->in[0]];

@@ -107,6 +107,11 @@ typedef struct adt_exec adt_exec;
 
 /* Plans memory and allocates. The graph must stay alive and unchanged while the executor is. */
 int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts);
+/* The memory plan adt_exec_create would make for g under opts (its node order, in-place
+ * all-reduces, microbatch slots), without allocating or running anything: what a planner
+ * predicts a rank's executor will hold. opts->comm's functions are looked at, never called, so a
+ * caller planning ahead may pass stubs. The caller frees *out with adt_memplan_free. */
+int adt_exec_plan_memory(const adt_graph *g, const adt_exec_opts *opts, adt_memplan *out);
 void adt_exec_free(adt_exec *ex);
 
 /* Storage of a value: persistent and fed values are valid at any time; others only between a

@@ -448,17 +448,11 @@ static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) 
 static void slots_create(adt_exec *ex);
 static void slots_free(adt_exec *ex);
 
-int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
-    *out = NULL;
-    if (g->status) return adt_error(g->status, "%s", g->err);
-    for (int i = 0; i < g->n_nodes; i++)
-        if (adt_op_get(g->nodes[i].op)->is_comm && !(opts && opts->comm && opts->comm->run))
-            return adt_error(ADT_ERR_ARG, "node %s communicates, but the executor was given no communicator (adt_exec_opts.comm)",
-                             g->nodes[i].name);
-    adt_exec *ex = adt_calloc(1, sizeof *ex);
-    ex->g = g;
-    if (opts) ex->o = *opts;
-    if (ex->o.threads > 0) openblas_set_num_threads(ex->o.threads);
+/* The order ex->g's nodes run in under ex->o (ex->order, ex->pos; collectives split into start
+ * and wait or not: ex->split; microbatch slots) and the memory plan for it (ex->mp). The
+ * communicator's functions are looked at, never called. */
+static void plan_schedule(adt_exec *ex) {
+    const adt_graph *g = ex->g;
     const adt_comm_hook *h = ex->o.comm;
     ex->split = h && h->start && h->test && h->finish && !ex->o.comm_sync;
     int any_comm = 0;
@@ -480,16 +474,46 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         adt_memplan_build_sched(&ex->mp, g, order, g->n_nodes, ex->o.no_reuse, read_until, share);
         free(order);
         free(read_until);
-        ex->pend = adt_malloc((size_t)g->n_nodes * sizeof *ex->pend);
-        ex->done = adt_calloc((size_t)g->n_nodes, 1);
-        ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
-        ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
     } else {
         ex->split = 0;
         schedule_updates_early(ex);
         adt_memplan_build_sched(&ex->mp, g, ex->order, g->n_nodes, ex->o.no_reuse, NULL, share);
     }
     free(share);
+}
+
+int adt_exec_plan_memory(const adt_graph *g, const adt_exec_opts *opts, adt_memplan *out) {
+    memset(out, 0, sizeof *out);
+    if (g->status) return adt_error(g->status, "%s", g->err);
+    adt_exec *ex = adt_calloc(1, sizeof *ex);
+    ex->g = g;
+    if (opts) ex->o = *opts;
+    plan_schedule(ex);
+    *out = ex->mp;
+    memset(&ex->mp, 0, sizeof ex->mp);
+    ex->n_slots = 0; /* no slot was made */
+    adt_exec_free(ex);
+    return ADT_OK;
+}
+
+int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opts) {
+    *out = NULL;
+    if (g->status) return adt_error(g->status, "%s", g->err);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (adt_op_get(g->nodes[i].op)->is_comm && !(opts && opts->comm && opts->comm->run))
+            return adt_error(ADT_ERR_ARG, "node %s communicates, but the executor was given no communicator (adt_exec_opts.comm)",
+                             g->nodes[i].name);
+    adt_exec *ex = adt_calloc(1, sizeof *ex);
+    ex->g = g;
+    if (opts) ex->o = *opts;
+    if (ex->o.threads > 0) openblas_set_num_threads(ex->o.threads);
+    plan_schedule(ex);
+    if (ex->split) { /* the split run's state per node */
+        ex->pend = adt_malloc((size_t)g->n_nodes * sizeof *ex->pend);
+        ex->done = adt_calloc((size_t)g->n_nodes, 1);
+        ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
+        ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
+    }
     ex->arena = exec_block((size_t)ex->mp.arena_bytes);
     ex->state = exec_block((size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);

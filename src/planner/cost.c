@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "adtrain/base.h"
-#include "adtrain/exec.h" /* adt_memplan: graph/memplan.c's, declared with the executor that uses it */
+#include "adtrain/exec.h" /* adt_exec_plan_memory: the memory plan a rank's executor will make */
 #include "adtrain/ops.h"
 #include "adtrain/planner.h"
 
@@ -258,81 +258,26 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     return rc;
 }
 
-/* The executor's schedule of a local graph with collectives (src/exec/exec.c, the split
- * schedule), as the memory plan sees it: a collective starts right after its input's producer
- * (unless the input is a leaf, another collective's output, or a forward value read by a later
- * pass) and is waited for just before the first node reading its output or overwriting its
- * input in place, its buffers live until then (read_until); an all-reduce whose input root has
- * no other reader runs in place (share). share stays NULL when none does. */
-static int is_comm_node(const adt_graph *g, int i) { return adt_op_get(g->nodes[i].op)->is_comm; }
-static int phase_of(const adt_node *n) { return n->is_optimizer ? 2 : n->is_backward ? 1 : 0; }
-
-static int hoistable(const adt_graph *g, int c) {
-    int p = g->values[g->nodes[c].in[0]].producer;
-    if (p < 0 || is_comm_node(g, p)) return 0;
-    return !(phase_of(&g->nodes[p]) == 0 && phase_of(&g->nodes[c]) != 0);
+/* The communicator a rank's executor runs with under mpiexec (src/dist's MPI mesh): collectives
+ * split into start and wait, all-reduces in place. Only planned with, never called. */
+static int plan_comm_run(void *ctx, const struct adt_kctx *k) {
+    (void)ctx, (void)k;
+    return adt_error(ADT_ERR_STATE, "the planner's communicator only plans memory");
 }
-
-static void exec_schedule(const adt_graph *g, int *order, int *read_until, int **share_out) {
-    int nn = g->n_nodes, n = 0;
-    char *placed = adt_calloc((size_t)nn + 1, 1);
-    int *pos = adt_malloc((size_t)(nn + 1) * sizeof *pos);
-    for (int i = 0; i < nn; i++) {
-        if (placed[i]) continue;
-        placed[i] = 1, pos[i] = n, order[n++] = i;
-        for (int c = i + 1; c < nn; c++) /* the collectives reading what i made start now */
-            if (!placed[c] && is_comm_node(g, c) && hoistable(g, c))
-                for (int k = 0; k < g->nodes[i].n_out; k++)
-                    if (g->nodes[c].in[0] == g->nodes[i].out[k]) {
-                        placed[c] = 1, pos[c] = n, order[n++] = c;
-                        break;
-                    }
-    }
-    for (int q = 0; q < n; q++) {
-        int c = order[q];
-        read_until[q] = q;
-        if (!is_comm_node(g, c)) continue;
-        read_until[q] = n;
-        for (int r = q + 1; r < n && read_until[q] == n; r++) {
-            const adt_node *m = &g->nodes[order[r]];
-            int inplace = adt_op_get(m->op)->inplace;
-            for (int k = 0; k < m->n_in; k++)
-                if (m->in[k] == g->nodes[c].out[0] ||
-                    (inplace && root_of(g, m->in[k]) == root_of(g, g->nodes[c].in[0]))) {
-                    read_until[q] = r;
-                    break;
-                }
-        }
-    }
-    /* in-place all-reduces: the input's root read by nothing else (views on the way excepted) */
-    int *readers = adt_calloc((size_t)g->n_values + 1, sizeof *readers), *share = NULL;
-    for (int i = 0; i < nn; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) readers[root_of(g, g->nodes[i].in[k])]++;
-    for (int i = 0; i < nn; i++) {
-        const adt_node *nd = &g->nodes[i];
-        if (!is_comm_node(g, i) || (nd->a.i[0] & 0xff) != ADT_BOXING_ALL_REDUCE) continue;
-        int r = nd->in[0], links = 0, ok = 1;
-        for (; g->values[r].alias_of >= 0; r = g->values[r].alias_of, links++) {
-            const adt_value *v = &g->values[r];
-            ok &= v->producer >= 0 && adt_op_get(g->nodes[v->producer].op)->view_of >= 0 && !v->is_output;
-        }
-        if (!ok || g->values[r].producer < 0 || g->values[r].is_output || readers[r] != links + 1) continue;
-        if (!share) {
-            share = adt_malloc((size_t)g->n_values * sizeof *share);
-            for (int v = 0; v < g->n_values; v++) share[v] = -1;
-        }
-        share[nd->out[0]] = nd->in[0];
-    }
-    free(readers), free(placed), free(pos);
-    *share_out = share;
+static int plan_comm_test(void *ctx, const struct adt_kctx *k, int *done) {
+    *done = 0;
+    return plan_comm_run(ctx, k);
 }
+static const adt_comm_hook plan_comm = {.run = plan_comm_run, .start = plan_comm_run, .test = plan_comm_test,
+                                        .finish = plan_comm_run, .inplace_allreduce = 1};
 
 /* The memory plan the executor makes for stage s at stage-mesh coordinate coord: the stage's
- * local graph as the partitioner (and, with several stages, adt_pipe_stage_build) makes it, its
- * arena planned in graph order, or in passes (forward, backward, update) with `slots` microbatch
- * arenas for a pipeline stage. Bytes: slots x arena + state + the largest scratch. */
+ * local graph as the partitioner (and, with several stages, adt_pipe_stage_build) makes it,
+ * planned by the executor itself (adt_exec_plan_memory: its schedule under the MPI mesh's
+ * communicator, or in passes with `slots` microbatch arenas for a pipeline stage). Bytes: slots x
+ * (arena + kept logits) + state + the largest scratch. */
 static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, const int *coord, double *bytes) {
-    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *order = NULL;
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
     int piped = p->n_stages > 1, rc = ADT_OK;
     adt_pipe_stage st;
     memset(&st, 0, sizeof st);
@@ -345,29 +290,9 @@ static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
     adt_dist_local loc;
     if (!(rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) {
         const adt_graph *lg = loc.g;
-        int *read_until = NULL, *share = NULL, any_comm = 0;
-        for (int i = 0; i < lg->n_nodes; i++) any_comm |= is_comm_node(lg, i);
-        order = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *order);
-        if (piped) { /* the executor's order with microbatch slots: passes apart */
-            int n = 0, *ru = NULL;
-            for (int ph = 0; ph < 3; ph++)
-                for (int i = 0; i < lg->n_nodes; i++)
-                    if (phase_of(&lg->nodes[i]) == ph) order[n++] = i;
-            if (any_comm) { /* only the in-place all-reduces of the split schedule */
-                ru = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *ru);
-                int *tmp = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *tmp);
-                exec_schedule(lg, tmp, ru, &share);
-                free(tmp), free(ru);
-            }
-        } else if (any_comm) {
-            read_until = adt_malloc((size_t)(lg->n_nodes + 1) * sizeof *read_until);
-            exec_schedule(lg, order, read_until, &share);
-        } else {
-            for (int i = 0; i < lg->n_nodes; i++) order[i] = i;
-        }
+        adt_exec_opts eo = {.comm = &plan_comm, .microbatch_slots = piped ? slots : 0};
         adt_memplan mp;
-        rc = adt_memplan_build_sched(&mp, lg, order, lg->n_nodes, 0, read_until, share);
-        free(read_until), free(share);
+        rc = adt_exec_plan_memory(lg, &eo, &mp);
         if (!rc) {
             double kept = 0; /* `adtrain train` keeps a classifier's logits to the step's end (metrics) */
             for (int i = 0; i < lg->n_nodes && p->model.type != ADT_MODEL_GPT; i++) {
@@ -381,7 +306,6 @@ static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
         adt_dist_local_free(&loc);
     }
     if (piped) adt_pipe_stage_free(&st);
-    free(order);
     free(ranks);
     return rc;
 }
