@@ -34,7 +34,8 @@
 # Results: bench/results/straggler-<UTC date-time>.txt (every run's numbers) and the summary on
 # stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3,
 # BATCHES="512 2048" with STEPS_512=150 and STEPS_2048=60 (STEPS_<batch> for others, else STEPS=60),
-# MODEL=CFG.json (default: an MLP 256-1024-1024-10), HOG_AT=2 HOG_FOR=3 (transient: inside a run
+# MODEL=CFG.json (default: an MLP 256-1024-1024-10), STRAGGLER_CONFIG=K=V,... (the DD and ND runs'
+# --straggler-config), HOG_AT=2 HOG_FOR=3 (transient: inside a run
 # of 6-8 s on a quiet machine), MAX_HOGS=4. The defaults take about 10 minutes on a quiet machine.
 set -eu
 
@@ -42,6 +43,7 @@ cd "$(dirname "$0")/.."
 
 ROUNDS=${1:-${ROUNDS:-3}}
 BATCHES=${BATCHES:-${BATCH:-512 2048}}
+STRAGGLER_CONFIG=${STRAGGLER_CONFIG:-}
 STEPS_512=${STEPS_512:-150}
 STEPS_2048=${STEPS_2048:-60}
 HOG_AT=${HOG_AT:-2}
@@ -106,6 +108,7 @@ run() {
     shift 2
     set -- "$BIN" train --model "$MODEL" --data synthetic:mlp --steps "$STEPS" --batch "$BATCH" --optimizer sgd \
         --lr 0.05 --straggler-policy "$pol" --log "$WORK/$name.jsonl" "$@"
+    if [ -n "$STRAGGLER_CONFIG" ] && [ "$pol" != off ]; then set -- "$@" --straggler-config "$STRAGGLER_CONFIG"; fi
     if [ "$CONTENTION" = cgroup ]; then # rank 1 joins the cgroup, then becomes the trainer
         "$MPIEXEC" -bind-to core -n 1 "$@" : -n 1 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" "$@" \
             > /dev/null 2> "$WORK/$name.err"

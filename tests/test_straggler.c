@@ -150,8 +150,10 @@ static void test_persistent_dd_rebalances(void) {
 static void test_dd_not_after_nd(void) {
     long at[3] = {0};
     for (int pol = ADT_STRAGGLER_DD; pol <= ADT_STRAGGLER_ND; pol++) {
+        adt_straggler_cfg cfg = adt_straggler_defaults((adt_straggler_policy)pol);
+        cfg.agree = 3; /* the rule under test (off by default) */
         sim s;
-        sim_init(&s, 2, 48, adt_straggler_defaults((adt_straggler_policy)pol));
+        sim_init(&s, 2, 48, cfg);
         for (long st = 1; st <= 40; st++) {
             if (st == 20) s.per_sample[1] = 2e-3;
             sim_step(&s, st, ADT_PHASE_TRAIN, 100);
@@ -188,6 +190,7 @@ static void test_refine_converges(void) {
         for (int refine = 3; refine >= 0; refine -= 3) {
             adt_straggler_cfg cfg = adt_straggler_defaults((adt_straggler_policy)pol);
             cfg.refine = refine;
+            cfg.refine_max = 3; /* refinements are off by default */
             cfg.first_after = 0;
             sim s;
             sim_init(&s, 2, 256, cfg);
@@ -240,6 +243,7 @@ static void test_first_decision(void) {
      * refinement from `refine` steps at the new split, whichever comes first) correct it, long
      * before a cooldown from step 6 would end */
     adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_DD);
+    cfg.agree = 3, cfg.refine_max = 3; /* both off by default */
     sim s;
     sim_init(&s, 2, 48, cfg);
     s.per_sample[1] = 2e-3;

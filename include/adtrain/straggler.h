@@ -42,6 +42,11 @@
  * least `refine_gain` and moves at most half as many samples as the action did (so a load that
  * comes and goes, which would move them all back, is still left to the cooldown), up to
  * `refine_max` refinements per action.
+ *
+ * Both rules are off by default (agree = 0, refine_max = 0): on steps of 25-50 ms the step-to-step
+ * noise is as large as the gains they act on, and with them a 150-step run took 10-15 actions and
+ * fell to the static split's throughput; on 110-190 ms steps they neither helped nor hurt
+ * (docs/BENCHMARKS.md, "Stragglers"). `--straggler-config agree=3,refine_max=3` turns them on.
  */
 #ifndef ADTRAIN_STRAGGLER_H
 #define ADTRAIN_STRAGGLER_H
@@ -93,10 +98,10 @@ typedef struct adt_straggler_cfg {
                               fewer than the window); 0: none. default 3                      */
     int cooldown;          /* steps between two actions: default 20                          */
     int agree;             /* a decision also when each of the last `agree` steps alone
-                              predicts min_gain (same slowest rank); 0: off. default 3        */
+                              predicts min_gain (same slowest rank); 0: off. default 0        */
     int refine;            /* judged steps at a new split before refining it; 0: off. 5      */
     double refine_gain;    /* a refinement must cut the predicted step time by this: 0.03    */
-    int refine_max;        /* refinements per action: default 3                              */
+    int refine_max;        /* refinements per action: default 0 (off; 3 converges, below)    */
     double restart_cost_s; /* ND: measured cost of restarting a worker elsewhere: default 30 */
     int min_local;         /* smallest local batch a rebalance gives a rank: default 1       */
 } adt_straggler_cfg;

@@ -52,8 +52,8 @@ const char *adt_straggler_state_name(adt_straggler_state s) {
 adt_straggler_cfg adt_straggler_defaults(adt_straggler_policy policy) {
     return (adt_straggler_cfg){.policy = policy, .warmup_steps = 3, .slow_ratio = {1.5, 0, 0}, .persist_after = 5,
                                .clear_after = 3, .alpha = 0.3, .clip = 3, .min_gain = 0.1, .dd_after = 9,
-                               .nd_after = 5, .first_after = 3, .cooldown = 20, .agree = 3, .refine = 5, .refine_gain = 0.03,
-                               .refine_max = 3, .restart_cost_s = 30, .min_local = 1};
+                               .nd_after = 5, .first_after = 3, .cooldown = 20, .agree = 0, .refine = 5, .refine_gain = 0.03,
+                               .refine_max = 0, .restart_cost_s = 30, .min_local = 1};
 }
 
 static int cfg_check(const adt_straggler_cfg *c) {
