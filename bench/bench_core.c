@@ -398,6 +398,16 @@ static int cmp_prof(const void *a, const void *b) {
     return (x < y) - (x > y); /* descending */
 }
 
+/* After run i: each node's time in this run (the timers' growth since prev) kept as its minimum
+ * over the timed runs (i >= warmup). */
+static void track_node_minima(adt_exec *ex, int n_nodes, int i, int warmup, double *prev, double *sec_min) {
+    const double *s = adt_exec_node_seconds(ex);
+    for (int k = 0; k < n_nodes; k++) {
+        if (i >= warmup && s[k] - prev[k] < sec_min[k]) sec_min[k] = s[k] - prev[k];
+        prev[k] = s[k];
+    }
+}
+
 /* `sec` holds each node's seconds over the timed steps only (warmup subtracted), `sec_min` its
  * fastest single step; step_ms is the mean step time, so that node times and step time add up
  * over the same steps. */
@@ -508,13 +518,7 @@ static int bench_model(const char *name, const opts *o) {
             times[i - o->warmup] = ms;
             cpu[i - o->warmup] = cms;
         }
-        if (o->profile) { /* each node's fastest timed step */
-            const double *s = adt_exec_node_seconds(ex);
-            for (int k = 0; k < g->n_nodes; k++) {
-                if (i >= o->warmup && s[k] - prev[k] < sec_min[k]) sec_min[k] = s[k] - prev[k];
-                prev[k] = s[k];
-            }
-        }
+        if (o->profile) track_node_minima(ex, g->n_nodes, i, o->warmup, prev, sec_min);
         if (i == 0) loss_first = *loss;
         loss_last = *loss;
     }
@@ -684,13 +688,7 @@ static int bench_model_dp(const char *name, const opts *o) {
             start[k] = st.comm_start_s * 1e3, poll[k] = st.comm_poll_s * 1e3, cpu[k] = cms;
             sum_wait += st.comm_wait_s, sum_flight += st.comm_flight_s;
         }
-        if (o->profile) { /* each node's fastest timed step */
-            const double *ns = adt_exec_node_seconds(ex);
-            for (int k = 0; k < nn; k++) {
-                if (i >= o->warmup && ns[k] - prev[k] < smin[k]) smin[k] = ns[k] - prev[k];
-                prev[k] = ns[k];
-            }
-        }
+        if (o->profile) track_node_minima(ex, nn, i, o->warmup, prev, smin);
         if (i == 0 || i + 1 == o->warmup + n) { /* outside the timed window */
             float l = NAN;
             adt_mesh_comm_gather(mc, &loc.layout[g->loss], g->values[g->loss].shape, ADT_F32,

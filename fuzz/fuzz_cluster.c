@@ -7,17 +7,13 @@
  * (up to a few thousand) gets positive link prices, and removing and adding a node keeps it valid.
  */
 // Build and run: `make fuzz-smoke` (each target briefly, as CI does) or `sh scripts/fuzz.sh 600`.
-#include "adtrain/base.h"
-#include "adtrain/planner.h"
-
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define FUZZ_ASSERT(cond)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) adt_abort(__FILE__, __LINE__, "fuzz invariant failed: %s", #cond);        \
-    } while (0)
+#include "adtrain/base.h"
+#include "adtrain/planner.h"
+#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);

@@ -56,16 +56,4 @@ static inline void serial_ref_free(const adt_graph *g, reference *ref) {
     ref->state = NULL;
 }
 
-/* Largest |x - ref| / (|ref| + max|ref|) over a tensor. */
-static inline double state_err(const float *x, const float *ref, int64_t n) {
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-    if (scale == 0) scale = 1;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - ref[i]) / (fabs(ref[i]) + scale);
-        if (!(e <= worst)) worst = e;
-    }
-    return worst;
-}
-
 #endif
