@@ -77,6 +77,7 @@ typedef struct agent {
     int kvs_pending, kvs_epoch, kvs_first_new;
 
     double last_ok; /* mono: the master's last reply */
+    int w_ok;       /* the world of w_gen ended with every rank exiting 0 */
     int lost;       /* stopped the world for want of a master */
     int leave;      /* 0, 1 = asked (to send), 2 = sent, 3 = forced */
     int finished;   /* the job is over: exit when the world is gone */
@@ -91,6 +92,7 @@ static void add_world_state(agent *a, cJSON *b) {
     cJSON_AddNumberToObject(b, "pid", getpid());
     cJSON_AddNumberToObject(b, "generation", (double)a->w_gen);
     cJSON_AddNumberToObject(b, "running", a->w != NULL);
+    cJSON_AddNumberToObject(b, "world_ok", a->w == NULL && a->w_ok);
     cJSON *p = cJSON_AddArrayToObject(b, "pids");
     for (int l = 0; a->w && l < adt_world_local_size(a->w); l++) {
         const adt_world_rank *ri = adt_world_rank_info(a->w, l);
@@ -259,6 +261,7 @@ static void start_world(agent *a) {
                            .ctx = a};
     a->last_started = gen;
     a->seq++;
+    a->w_ok = 0;
     if (adt_world_start(&a->w, &wc)) {
         char msg[400];
         snprintf(msg, sizeof msg, "node %s could not start its workers: %s", a->node, adt_error_message());
@@ -394,6 +397,7 @@ static void world_events(agent *a) {
             int64_t gen = a->w_gen;
             adt_world_free(a->w);
             a->w = NULL;
+            a->w_ok = ok;
             a->w_stopping = 0;
             a->kvs_pending = 0;
             a->seq++;

@@ -437,13 +437,17 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
 
 /* ---- agents --------------------------------------------------------------------------------- */
 /* The world-state part of an agent's message: what generation its world is, whether it runs,
- * its ranks' pids. Applied only if newer than what the master has. */
+ * whether it ended with every rank exiting 0, its ranks' pids. Applied only if newer than what
+ * the master has. The ending is in every message, not only in the world_done event: a master
+ * that acknowledged the event and was killed before it wrote anything learns it again from the
+ * agent's next heartbeat. */
 static int apply_world_state(adt_master *m, m_agent *a, const cJSON *b, adt_http_reply *rp) {
-    int64_t seq, gen, run;
+    int64_t seq, gen, run, ended_ok;
     int rc;
     if (bad_field(rp, (rc = wj_int(b, "seq", 0, INT64_MAX, 1, 0, &seq)) ||
                           (rc = wj_int(b, "generation", 0, INT64_MAX, 1, 0, &gen)) ||
-                          (rc = wj_int(b, "running", 0, 1, 1, 0, &run))))
+                          (rc = wj_int(b, "running", 0, 1, 1, 0, &run)) ||
+                          (rc = wj_int(b, "world_ok", 0, 1, 1, 0, &ended_ok))))
         return rc;
     const cJSON *pids = cJSON_GetObjectItemCaseSensitive(b, "pids");
     if (pids && !cJSON_IsArray(pids)) {
@@ -480,6 +484,7 @@ static int apply_world_state(adt_master *m, m_agent *a, const cJSON *b, adt_http
     } else {
         free(pv);
     }
+    if (!run && ended_ok && gen == m->gen) a->world_ok = 1; /* heartbeats then check worlds_maybe_done */
     return ADT_OK;
 }
 
@@ -588,6 +593,8 @@ static void wait_version(adt_master *m, uint64_t known, int64_t wait_ms) {
         if (pthread_cond_timedwait(&m->cv, &m->mu, &ts)) break;
 }
 
+static void worlds_maybe_done(adt_master *m);
+
 static void ep_heartbeat(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     m_agent *a = body_agent(m, b, rp);
     if (!a) return;
@@ -598,6 +605,7 @@ static void ep_heartbeat(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     int64_t id = a->id;
     a->last_seen = adt_now_s();
     if (apply_world_state(m, a, b, rp)) return;
+    worlds_maybe_done(m);
     m_progress(m);
     if (known == (int64_t)m->version) wait_version(m, m->version, wait_ms);
     /* the agents array may have moved while the lock was released */
@@ -616,6 +624,24 @@ static int all_worlds_ok(adt_master *m) {
         if (!a || a->world_gen != m->gen || a->world_running || !a->world_ok) return 0;
     }
     return m->n_slots > 0;
+}
+
+/* Every world of the current generation ended with its ranks exiting 0: the next generation
+ * for a planned stop with work left, else the job is done (workers that exit 0 unasked are done,
+ * whatever data is left). */
+static void worlds_maybe_done(adt_master *m) {
+    if (!(m->gstate == G_RUNNING || m->gstate == G_STOPPING) || !all_worlds_ok(m)) return;
+    adt_ledger_status st;
+    int done = m->L && adt_ledger_get_status(m->L, &st) == ADT_OK && st.done;
+    if (m->gstate == G_STOPPING && !done) {
+        m_end_generation(m, m->greason, 0, -1);
+        return;
+    }
+    m->gstate = G_DONE;
+    snprintf(m->greason, sizeof m->greason, "%s", done || !m->L ? "every rank exited 0" : "every rank exited 0 (data left)");
+    ms_event(m, "job_done", m->gen, -1, -1, "%s", m->greason);
+    ms_save(m);
+    m_changed(m);
 }
 
 static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
@@ -657,20 +683,8 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
             char why[300];
             snprintf(why, sizeof why, "the world on node %s failed: %s", a->node, msg ? msg : "");
             m_end_generation(m, why, 1, a->id);
-        } else if (current && all_worlds_ok(m)) {
-            adt_ledger_status st;
-            int done = m->L && adt_ledger_get_status(m->L, &st) == ADT_OK && st.done;
-            if (m->gstate == G_STOPPING && !done) {
-                m_end_generation(m, m->greason, 0, -1);
-            } else {
-                /* Workers that exit 0 unasked are done, whatever data is left. */
-                m->gstate = G_DONE;
-                snprintf(m->greason, sizeof m->greason, "%s",
-                         done || !m->L ? "every rank exited 0" : "every rank exited 0 (data left)");
-                ms_event(m, "job_done", m->gen, -1, -1, "%s", m->greason);
-                ms_save(m);
-                m_changed(m);
-            }
+        } else if (current) {
+            worlds_maybe_done(m);
         }
     }
     m_progress(m);
