@@ -27,7 +27,9 @@
  * The bare calls are MPI_Allreduce(MPI_IN_PLACE) for adt_comm_allreduce_f32 (which is in place),
  * MPI_Reduce_scatter with the same counts for adt_comm_reduce_scatter_f32, MPI_Allgatherv with the
  * same counts for adt_comm_allgather_f32, and their MPI_I... forms; buffers are zeros (no
- * denormals, no overflow).
+ * denormals, no overflow), in shared memory (adt_comm_shared_alloc, as the executor's arena), so
+ * that adtrain's all-reduce of 64 KiB and more runs through it on one node ("shared": true in the
+ * output); --private puts them in private memory, where adtrain takes MPI's path.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -45,12 +47,13 @@ typedef struct opts {
     long long min_bytes, max_bytes;
     int reps, warmup;
     double budget_s;
+    int private_buf; /* --private: buffers from malloc, not adt_comm_shared_alloc */
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: mpiexec -n P bench_comm [--ops allreduce,reduce_scatter,allgather]\n"
                "                                [--min-bytes 65536] [--max-bytes 67108864]\n"
-               "                                [--reps 30] [--warmup 3] [--budget-s 20]\n");
+               "                                [--reps 30] [--warmup 3] [--budget-s 20] [--private]\n");
 }
 
 static int parse_ll(const char *flag, const char *v, long long lo, long long *out) {
@@ -98,6 +101,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--budget-s")) {
             if (parse_ll(a, v, 1, &x)) return -1;
             o->budget_s = (double)x, i++;
+        } else if (!strcmp(a, "--private")) {
+            o->private_buf = 1;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             exit(0);
@@ -178,7 +183,11 @@ int main(int argc, char **argv) {
     int rank = adt_comm_rank(w), p = adt_comm_size(w);
     const char *poll = getenv("ADT_COMM_POLL");
     int64_t nmax = o.max_bytes / 4;
-    bufs B = {adt_alloc_aligned((size_t)nmax * 4), adt_alloc_aligned((size_t)nmax * 4),
+    /* The buffers of every path: shared memory, as the executor's arena is (so adtrain's
+     * all-reduce runs through it; comm.h), unless --private. */
+    void *(*alloc)(size_t) = o.private_buf ? adt_alloc_aligned : adt_comm_shared_alloc;
+    void (*release)(void *) = o.private_buf ? adt_free_aligned : adt_comm_shared_free;
+    bufs B = {alloc((size_t)nmax * 4), alloc((size_t)nmax * 4),
               malloc((size_t)p * sizeof(int64_t)), malloc((size_t)p * sizeof(int)), malloc((size_t)p * sizeof(int))};
     double *t[P_N], *tmax[P_N], *ratio = malloc((size_t)o.reps * sizeof(double));
     for (int k = 0; k < P_N; k++) {
@@ -224,8 +233,8 @@ int main(int argc, char **argv) {
                 st[k][3] = quant(tmax[k], reps, 0.9), st[k][4] = tmax[k][reps - 1];
             }
             double factor = op == OP_AR ? 2.0 * (p - 1) / p : (double)(p - 1) / p;
-            printf("{\"op\": \"%s\", \"bytes\": %lld, \"ranks\": %d, \"reps\": %d, \"poll\": \"%s\"", OP_NAMES[op],
-                   bytes, p, reps, poll && *poll ? poll : "auto");
+            printf("{\"op\": \"%s\", \"bytes\": %lld, \"ranks\": %d, \"reps\": %d, \"shared\": %s, \"poll\": \"%s\"", OP_NAMES[op],
+                   bytes, p, reps, o.private_buf ? "false" : "true", poll && *poll ? poll : "auto");
             for (int k = 0; k < P_N; k++) {
                 const char *nm = PATH_NAMES[k];
                 printf(", \"%s_us\": {\"min\": %.2f, \"p10\": %.2f, \"median\": %.2f, \"p90\": %.2f, \"max\": %.2f}", nm,
@@ -240,7 +249,7 @@ int main(int argc, char **argv) {
         }
     }
     if (rank == 0 && !failed) fprintf(stderr, "bench_comm: %d ranks, %s\n", p, adt_comm_mpi_library());
-    adt_free_aligned(B.a), adt_free_aligned(B.b);
+    release(B.a), release(B.b);
     free(B.counts), free(B.icounts), free(B.displs), free(ratio);
     for (int k = 0; k < P_N; k++) free(t[k]), free(tmax[k]);
     int rc = adt_comm_finalize(w);

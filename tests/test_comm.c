@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -126,6 +127,102 @@ static void case_allreduce(adt_comm *w) {
     float g[3] = {f_val(r, 0), f_val(r, 1), f_val(r, 2)};
     CHECK_OK(adt_comm_allreduce(w, g, 3, ADT_F32));
     for (int i = 0; i < 3; i++) CHECK(g[i] == f_sum(p, i), "generic f32 [%d] = %g", i, g[i]);
+}
+
+/* Shared memory (comm.h): values whose sums round (so the order of the sum shows), the
+ * reference summed here in rank order, as the shared-memory path must; MPI's path for 3-4 ranks
+ * may sum in another order, so it is held to rounding. */
+static float rnd_val(int r, int64_t i, int salt) {
+    uint64_t h = ((uint64_t)(r + 1) * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull) ^ (uint64_t)salt;
+    h ^= h >> 31;
+    h *= 0x94D049BB133111EBull;
+    h ^= h >> 29;
+    return (float)((int64_t)(h % 20001) - 10000) * 1.37e-3f;
+}
+
+/* Checks buf against the rank-order sum: exactly, or within rounding. Returns the first bad index. */
+static int64_t check_rank_sum(const float *buf, int64_t n, int p, int salt, int exact) {
+    for (int64_t i = 0; i < n; i++) {
+        float e = rnd_val(0, i, salt);
+        for (int q = 1; q < p; q++) e += rnd_val(q, i, salt);
+        if (exact ? buf[i] != e : fabsf(buf[i] - e) > 1e-5f * (1.0f + fabsf(e))) return i;
+    }
+    return -1;
+}
+
+static void case_shared_allreduce(adt_comm *w) {
+    int p = adt_comm_size(w), r = adt_comm_rank(w);
+    /* shared memory wherever MPI runs 2 or more ranks of this node (every world of this test) */
+    int shm = adt_comm_backend_of(w) == ADT_COMM_MPI && p >= 2;
+    /* sizes: below the 64 KiB floor (MPI), at it, uneven blocks, 4 MiB */
+    const int64_t sizes[] = {16383, 16384, 100003, (int64_t)1 << 20};
+    int salt = 0;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int64_t n = sizes[k];
+        float *a = adt_comm_shared_alloc((size_t)n * sizeof *a);
+        CHECK(a && adt_comm_is_shared(a, (size_t)n * sizeof *a), "n=%lld: not a shared block", (long long)n);
+        if (!a) return;
+        salt++;
+        for (int64_t i = 0; i < n; i++) a[i] = rnd_val(r, i, salt);
+        int64_t ops0 = adt_comm_shared_ops();
+        CHECK_OK(adt_comm_allreduce_f32(w, a, n));
+        int via_shm = shm && n * 4 >= (64 << 10);
+        CHECK(adt_comm_shared_ops() - ops0 == via_shm, "n=%lld: %lld shared-memory all-reduces, expected %d",
+              (long long)n, (long long)(adt_comm_shared_ops() - ops0), via_shm);
+        int64_t bad = check_rank_sum(a, n, p, salt, via_shm || p <= 2);
+        CHECK(bad < 0, "n=%lld: element %lld = %.9g is not the rank-order sum", (long long)n, (long long)bad,
+              bad >= 0 ? a[bad] : 0.0);
+        adt_comm_shared_free(a);
+    }
+
+    /* one rank's buffer private: every rank takes MPI's path, and the sums are still right */
+    int64_t n = 50000;
+    float *a = r == p - 1 ? adt_alloc_aligned((size_t)n * sizeof *a) : adt_comm_shared_alloc((size_t)n * sizeof *a);
+    salt++;
+    for (int64_t i = 0; i < n; i++) a[i] = rnd_val(r, i, salt);
+    int64_t ops0 = adt_comm_shared_ops();
+    CHECK_OK(adt_comm_allreduce_f32(w, a, n));
+    CHECK(adt_comm_shared_ops() == ops0, "a private buffer on rank %d, yet shared memory was used", p - 1);
+    int64_t bad = check_rank_sum(a, n, p, salt, p <= 2);
+    CHECK(bad < 0, "mixed buffers: element %lld wrong", (long long)bad);
+    if (r == p - 1) adt_free_aligned(a);
+    else adt_comm_shared_free(a);
+
+    /* three in flight at once, waited for in reverse order, over a block made and freed ten times
+     * (more blocks than a peer remembers: old mappings are dropped) */
+    for (int round = 0; round < 10; round++) {
+        float *b = adt_comm_shared_alloc((size_t)3 * n * sizeof *b);
+        adt_comm_req *req[3];
+        salt++;
+        for (int j = 0; j < 3; j++)
+            for (int64_t i = 0; i < n; i++) b[j * n + i] = rnd_val(r, i, salt * 3 + j);
+        ops0 = adt_comm_shared_ops();
+        for (int j = 0; j < 3; j++) CHECK_OK(adt_comm_iallreduce(w, b + j * n, n, ADT_F32, &req[j]));
+        for (int j = 2; j >= 0; j--) CHECK_OK(adt_comm_wait(&req[j]));
+        CHECK(adt_comm_shared_ops() - ops0 == (shm ? 3 : 0), "round %d: %lld shared-memory all-reduces", round,
+              (long long)(adt_comm_shared_ops() - ops0));
+        for (int j = 0; j < 3; j++) {
+            bad = check_rank_sum(b + j * n, n, p, salt * 3 + j, 1);
+            CHECK(bad < 0, "round %d, buffer %d: element %lld wrong", round, j, (long long)bad);
+        }
+        adt_comm_shared_free(b);
+    }
+
+    /* a sub-communicator (odd and even ranks): its own shared-memory state */
+    adt_comm *half = NULL;
+    CHECK_OK(adt_comm_split(w, r % 2, r, &half));
+    if (half) {
+        int hp = adt_comm_size(half);
+        float *c = adt_comm_shared_alloc((size_t)n * sizeof *c);
+        salt++;
+        for (int64_t i = 0; i < n; i++) c[i] = rnd_val(adt_comm_rank(half), i, salt);
+        CHECK_OK(adt_comm_allreduce_f32(half, c, n));
+        bad = check_rank_sum(c, n, hp, salt, 1);
+        CHECK(bad < 0, "sub-communicator of %d: element %lld wrong", hp, (long long)bad);
+        adt_comm_shared_free(c);
+        CHECK_OK(adt_comm_free(half));
+    }
+    adt_comm_shared_free(NULL); /* a no-op */
 }
 
 /* counts: 0 -> block distribution of 10p+3, 1 -> irregular with a zero block */
@@ -709,6 +806,7 @@ typedef struct tcase {
 static const tcase CASES[] = {
     {"identity", case_identity},
     {"allreduce", case_allreduce},
+    {"shared_allreduce", case_shared_allreduce},
     {"reduce_scatter", case_reduce_scatter},
     {"allgather", case_allgather},
     {"alltoall", case_alltoall},

@@ -184,6 +184,26 @@ int adt_comm_waitall(adt_comm_req **reqs, int n);
 int adt_comm_progress(adt_comm *c);
 
 /* ---------------------------------------------------------------------------------------------
+ * Shared memory. A block from adt_comm_shared_alloc can be read by the other processes of this
+ * node (a memfd file they map through /proc; nothing to clean up when a process dies). An f32
+ * all-reduce of at least 64 KiB on an MPI communicator whose ranks all run on this node, where
+ * every rank's buffer lies in such a block, runs through shared memory: each rank sums its chunk
+ * of the ranks' buffers in place, in rank order, then copies the others' chunks (about twice
+ * MPI's bandwidth for megabytes on this kind of machine; docs/BENCHMARKS.md). Where any rank's
+ * buffer is private the operation takes MPI's path, on every rank alike. The results are the
+ * same bits on every rank; for 2 ranks the same as MPI's. ADT_COMM_SHM=0 (on every rank) turns
+ * it off. The executor allocates its arena here (src/exec), so gradient all-reduces use it.
+ */
+/* Zeroed, page-aligned; private memory (adt_alloc_aligned) where the system offers no memfd.
+ * Local: not collective. Free with adt_comm_shared_free (which takes either). */
+void *adt_comm_shared_alloc(size_t bytes);
+void adt_comm_shared_free(void *p);
+/* 1 if [p, p + bytes) lies inside one block of adt_comm_shared_alloc. */
+int adt_comm_is_shared(const void *p, size_t bytes);
+/* All-reduces this process ran through shared memory so far. */
+int64_t adt_comm_shared_ops(void);
+
+/* ---------------------------------------------------------------------------------------------
  * Typed helpers (f32 is the training data type).
  */
 static inline int adt_comm_allreduce_f32(adt_comm *c, float *buf, int64_t n) {

@@ -649,6 +649,7 @@ int adt_comm_finalize(adt_comm *world) {
 
     int rc = ADT_OK;
     char msg[1024] = "";
+    if (is_mpi) comm_shm_release_all(!left);
     if (left) {
         snprintf(msg, sizeof msg,
                  "adt_comm_finalize: MPI left unfinalized: %d operation%s that timed out never "

@@ -104,6 +104,10 @@ int comm_mpi_init(adt_comm *w, int *oversubscribed, char *why);
 /* MPI_Finalize if adt_comm_init started MPI (under the watchdog). */
 int comm_mpi_finalize(double timeout_s, char *why);
 
+/* At finalize: frees what the shared-memory all-reduce (comm_shm.c) kept for communicators
+ * whose operations timed out; MPI calls only if mpi_usable. */
+void comm_shm_release_all(int mpi_usable);
+
 size_t comm_elem_size(comm_elem e);
 const char *comm_elem_name(comm_elem e);
 

@@ -10,7 +10,7 @@
  * and are turned into adtrain errors with MPI_Error_string. The calls with no non-blocking form
  * (init, dup, split, finalize) run under the watchdog.
  */
-#include "comm_internal.h"
+#include "comm_shm.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -20,12 +20,29 @@
 
 typedef struct mpi_req {
     MPI_Request mr;
+    shm_op *shm; /* the operation runs through shared memory (comm_shm.c), or NULL */
     int ints[]; /* counts and displacements of the v-collectives: MPI reads them until the end */
 } mpi_req;
 
+/* A communicator's handle (adt_comm.bs). */
+typedef struct mpi_handle {
+    MPI_Comm comm;
+    comm_shm *shm; /* NULL: no shared-memory all-reduce on it */
+} mpi_handle;
+
 static int g_started; /* adt_comm_init called MPI_Init, so adt_comm_finalize ends it */
 
-static MPI_Comm comm_of(const adt_comm *c) { return *(const MPI_Comm *)c->bs; }
+static MPI_Comm comm_of(const adt_comm *c) { return ((const mpi_handle *)c->bs)->comm; }
+static comm_shm *shm_of(const adt_comm *c) { return ((const mpi_handle *)c->bs)->shm; }
+
+/* The shared-memory state of a new communicator: collective, under the watchdog. */
+static void attach_shm(mpi_handle *h, const char *name, int rank, int size, double timeout_s) {
+    char what[256], why[COMM_WHY] = "";
+    snprintf(what, sizeof what, "shared-memory setup of '%s' (rank %d of %d)", name, rank, size);
+    comm_watch_begin(what, timeout_s);
+    comm_shm_setup(h->comm, &h->shm, why);
+    comm_watch_end();
+}
 
 static MPI_Datatype mpi_type(comm_elem e) {
     switch (e) {
@@ -68,19 +85,21 @@ int comm_mpi_init(adt_comm *w, int *oversubscribed, char *why) {
         g_started = 1;
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm *mc = adt_malloc(sizeof *mc);
+    mpi_handle *h = adt_calloc(1, sizeof *h);
+    MPI_Comm *mc = &h->comm;
     /* A private copy of the world: adtrain's messages never meet the application's. */
     comm_watch_begin("MPI_Comm_dup of MPI_COMM_WORLD", w->timeout_s);
     int e = MPI_Comm_dup(MPI_COMM_WORLD, mc);
     comm_watch_end();
     if (e != MPI_SUCCESS) {
-        free(mc);
+        free(h);
         return mpi_why(e, "MPI_Comm_dup", why);
     }
     w->be = &comm_mpi_backend;
-    w->bs = mc;
+    w->bs = h;
     MPI_Comm_rank(*mc, &w->rank);
     MPI_Comm_size(*mc, &w->size);
+    attach_shm(h, "world", w->rank, w->size, w->timeout_s);
 
     /* Ranks on this node against the cores this process may run on: more ranks than cores means
      * a waiting rank must give its core away. */
@@ -114,7 +133,8 @@ static size_t mpi_req_size(const adt_comm *c, const comm_op *op) {
               : op->kind == OP_ALLGATHER      ? 2 * p
               : op->kind == OP_ALLTOALL       ? 4 * p
                                               : 0;
-    return sizeof(mpi_req) + (size_t)nints * sizeof(int);
+    size_t head = (sizeof(mpi_req) + (size_t)nints * sizeof(int) + 15) & ~(size_t)15;
+    return head + (comm_shm_eligible(shm_of(c), op) ? comm_shm_op_size(shm_of(c)) : 0);
 }
 
 static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
@@ -124,6 +144,12 @@ static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
     int p = c->size;
     mpi_req *q = r->be;
     q->mr = MPI_REQUEST_NULL;
+    q->shm = NULL;
+    if (comm_shm_eligible(shm_of(c), op)) { /* the state behind the request (mpi_req_size) */
+        q->shm = (shm_op *)((char *)q + ((sizeof(mpi_req) + 15) & ~(size_t)15));
+        comm_shm_start(shm_of(c), q->shm, op->recv, op->n);
+        return ADT_OK;
+    }
     /* The front end checked that every count and every running sum fits an int. */
     int *cnt = q->ints, *dsp = q->ints + p, e = MPI_SUCCESS;
     const char *call = "?";
@@ -174,6 +200,8 @@ static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
 
 static int mpi_test(adt_comm_req *r, int *done, char *why) {
     mpi_req *q = r->be;
+    if (q->shm) return comm_shm_test(q->shm, done, why);
+    comm_shm_progress();
     MPI_Status st;
     int flag = 0;
     int e = MPI_Test(&q->mr, &flag, &st);
@@ -203,6 +231,7 @@ static int mpi_stuck(const adt_comm_req *r) {
  * unreliable). The cancel itself completes within moments; a second is ample. */
 static int mpi_cancel(adt_comm_req *r) {
     mpi_req *q = r->be;
+    if (q->shm) return 0; /* queued behind or still reading peers: stays an orphan */
     if (r->op.kind != OP_RECV || q->mr == MPI_REQUEST_NULL) return q->mr == MPI_REQUEST_NULL;
     if (MPI_Cancel(&q->mr) != MPI_SUCCESS) return 0;
     double t0 = adt_now_s();
@@ -233,17 +262,19 @@ static int mpi_split(adt_comm *c, int color, int key, int new_rank, int new_size
         if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
         return ADT_ERR_COMM;
     }
-    MPI_Comm *p = adt_malloc(sizeof *p);
-    *p = nc;
-    *bs = p;
+    mpi_handle *h = adt_calloc(1, sizeof *h);
+    h->comm = nc;
+    attach_shm(h, c->name, new_rank, new_size, c->timeout_s);
+    *bs = h;
     return ADT_OK;
 }
 
 static void mpi_free(adt_comm *c) {
-    MPI_Comm *p = c->bs;
-    if (!p) return;
-    MPI_Comm_free(p);
-    free(p);
+    mpi_handle *h = c->bs;
+    if (!h) return;
+    if (!c->broken) comm_shm_free(h->shm); /* else a timed-out operation may still read it */
+    MPI_Comm_free(&h->comm);
+    free(h);
     c->bs = NULL;
 }
 

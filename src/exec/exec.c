@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 
 #include "adtrain/base.h"
+#include "adtrain/comm.h"
 #include "adtrain/dist.h"
 #include "adtrain/ops.h"
 
@@ -35,6 +36,7 @@ struct adt_exec {
     adt_exec_opts o;
     adt_memplan mp;
     char *arena, *state;
+    int arena_shared;   /* the arena is adt_comm_shared_alloc's (the graph communicates)    */
     float *scratch;
     void **ptr; /* [n_values] */
     double *node_s;
@@ -445,6 +447,12 @@ static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) 
     free(s.comm_nodes);
 }
 
+static int any_comm_node(const adt_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (is_comm(g, i)) return 1;
+    return 0;
+}
+
 static void slots_create(adt_exec *ex);
 static void slots_free(adt_exec *ex);
 
@@ -455,8 +463,7 @@ static void plan_schedule(adt_exec *ex) {
     const adt_graph *g = ex->g;
     const adt_comm_hook *h = ex->o.comm;
     ex->split = h && h->start && h->test && h->finish && !ex->o.comm_sync;
-    int any_comm = 0;
-    for (int i = 0; i < g->n_nodes; i++) any_comm |= is_comm(g, i);
+    int any_comm = any_comm_node(g);
     ex->order = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->order);
     ex->pos = adt_malloc((size_t)(g->n_nodes + 1) * sizeof *ex->pos);
     int *share = any_comm && h->inplace_allreduce ? inplace_allreduces(g) : NULL;
@@ -514,7 +521,12 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
         ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
     }
-    ex->arena = exec_block((size_t)ex->mp.arena_bytes);
+    /* Where the graph communicates, the arena (gradients included) is memory the other ranks
+     * of this node can read: their all-reduces then sum the buffers in place (comm.h, "Shared
+     * memory"). Its pages are not transparent huge pages (the kernel's default for shared
+     * memory); that measured no slower for the MLP and GPT-S steps here. */
+    ex->arena_shared = any_comm_node(g);
+    ex->arena = ex->arena_shared ? adt_comm_shared_alloc((size_t)ex->mp.arena_bytes) : exec_block((size_t)ex->mp.arena_bytes);
     ex->state = exec_block((size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);
     ex->ptr = adt_calloc((size_t)g->n_values, sizeof *ex->ptr);
@@ -537,7 +549,8 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
 void adt_exec_free(adt_exec *ex) {
     if (!ex) return;
     adt_memplan_free(&ex->mp);
-    free(ex->arena); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
+    if (ex->arena_shared) adt_comm_shared_free(ex->arena);
+    else free(ex->arena); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
     free(ex->state);
     adt_free_aligned(ex->scratch);
     free(ex->ptr);
