@@ -187,7 +187,8 @@ static int comm_worker(void) {
     if (adt_comm_init(ADT_COMM_MPI, &w)) return cal_fail(1, "--comm-worker: %s", adt_error_message());
     int rc = 0;
     size_t cap = (size_t)16 << 20;
-    float *a = adt_malloc(cap), *b = adt_malloc(cap);
+    /* shared memory, as the executor's arena: its all-reduces take that path (comm.h) */
+    float *a = adt_comm_shared_alloc(cap), *b = adt_comm_shared_alloc(cap);
     int64_t *cnt = adt_malloc((size_t)adt_comm_size(w) * sizeof *cnt);
     memset(a, 0, cap), memset(b, 0, cap);
     /* every rank computes at once: the ranks' mean time of the probe */
@@ -214,7 +215,7 @@ static int comm_worker(void) {
             }
             if (!rc && adt_comm_rank(w) == 0) printf("%s %lld %.9g\n", adt_coll_kind_name(cal_kind[ki]), (long long)bytes, mean);
         }
-    free(a), free(b), free(cnt);
+    adt_comm_shared_free(a), adt_comm_shared_free(b), free(cnt);
     adt_comm_finalize(w);
     return rc ? 1 : 0;
 }
