@@ -150,6 +150,7 @@ print("| model | adtrain efficiency | (per round) | PyTorch efficiency | (per ro
       "| (per round) | hidden (in flight) | hidden (vs blocking) | blocked ms overlap / blocking "
       "| adtrain CPU ms 1 rank / 2 ranks |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
+paired = {}
 for m in models:
     a1, a2, a2s = pick(m, "adtrain-1", "samples_per_s"), pick(m, "adtrain-2", "samples_per_s"), \
         pick(m, "adtrain-2-sync", "samples_per_s")
@@ -166,6 +167,15 @@ for m in models:
     print(f"| {m} | {med(a2) / (2 * med(a1)):.3f} | {min(ea):.3f}..{max(ea):.3f} | {med(t2) / (2 * med(t1)):.3f} | "
           f"{min(et):.3f}..{max(et):.3f} | {med(a2) / med(t2):.2f} | {min(ratio):.2f}..{max(ratio):.2f} | "
           f"{med(hid):.3f} | {hid_sync:.3f} | {med(w_ov):.2f} / {med(w_sy):.2f} | {med(c1):.1f} / {med(c2):.1f} |")
+    paired[m] = (med(ea), med(et), med(ratio))
+print()
+# The runs of one round are minutes apart at most, those of different rounds may see another load:
+# the ratio within each round, then its median, compares like with like.
+print("| model | adtrain efficiency, median of rounds | PyTorch efficiency, median of rounds "
+      "| adtrain/PyTorch aggregate, median of rounds |")
+print("|---|---|---|---|")
+for m, (e_a, e_t, r) in paired.items():
+    print(f"| {m} | {e_a:.3f} | {e_t:.3f} | {r:.2f} |")
 print()
 print("efficiency: 2-rank aggregate samples/s / (2 x 1-rank samples/s), of the medians over rounds (per round: "
       "min..max of the same ratio within each round);")

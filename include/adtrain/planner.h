@@ -106,8 +106,8 @@ double adt_cluster_rate(const adt_cluster *c, int op_class);
 /* The FLOP/s of an op of the class doing `flops` per device: rate_small below small_flops. */
 double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
 /* How much slower compute runs when `ranks` devices of one node are busy at once: the measured
- * slowdown of the largest rank count <= ranks (device.slowdown), else ranks / cores_per_node when
- * they outnumber the cores (ranks time-share them), else 1. */
+ * slowdown of the largest rank count <= ranks (device.slowdown), else 1; at least ranks /
+ * cores_per_node when they outnumber the cores (ranks time-share them). */
 double adt_cluster_share(const adt_cluster *c, int ranks);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);

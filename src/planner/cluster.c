@@ -447,8 +447,11 @@ double adt_cluster_share(const adt_cluster *c, int ranks) {
     int best = -1;
     for (int i = 0; i < c->n_slowdown; i++)
         if (c->slowdown[i].ranks <= ranks && (best < 0 || c->slowdown[i].ranks > c->slowdown[best].ranks)) best = i;
-    if (best >= 0) return c->slowdown[best].factor;
-    return c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
+    /* ranks that outnumber the cores share them: none gets more than cores / ranks of one, what
+     * ever a short probe happened to see */
+    double shared = c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
+    double f = best >= 0 ? c->slowdown[best].factor : 1.0;
+    return f > shared ? f : shared;
 }
 
 /* The per-kind factors of alpha and of G beta in a collective's time (dist.h's boxing table). */
