@@ -53,7 +53,9 @@
  * the cost of the three rounds of flags here). */
 #define SHM_MIN_BYTES ((int64_t)64 << 10)
 #define SHM_MAX_RANKS 64 /* the gather's bit mask */
-#define SHM_PEER_MAPS 8  /* blocks remembered per peer */
+/* Blocks remembered per peer, the least recently used dropped first: a peer's executor that is
+ * made again (a new arena) leaves its old block mapped here, and alive, until it is dropped. */
+#define SHM_PEER_MAPS 4
 
 /* ---- shared blocks (process-wide) ------------------------------------------------------------ */
 
@@ -134,6 +136,7 @@ typedef struct peer_map {
     int64_t block;
     char *base;
     size_t bytes;
+    long long used; /* the last operation that read it */
 } peer_map;
 
 typedef struct shm_op shm_op;
@@ -147,7 +150,6 @@ struct comm_shm {
     int p, me;
     shm_ctl **ctl;         /* [p] every rank's page, mine included */
     peer_map (*maps)[SHM_PEER_MAPS]; /* [p] blocks of each peer, mapped on first sight */
-    int *next_map;         /* [p] the slot to reuse next */
     long long seq;         /* operations started */
     shm_op *head, *tail;   /* operations not finished, oldest first */
 };
@@ -210,7 +212,6 @@ void comm_shm_free(comm_shm *s) {
     if (s->fallback != MPI_COMM_NULL) MPI_Comm_free(&s->fallback);
     free(s->ctl);
     free(s->maps);
-    free(s->next_map);
     free(s);
 }
 
@@ -249,7 +250,6 @@ int comm_shm_setup(MPI_Comm comm, comm_shm **out, char *why) {
     s->me = me;
     s->ctl = adt_calloc((size_t)p, sizeof *s->ctl);
     s->maps = adt_calloc((size_t)p, sizeof *s->maps);
-    s->next_map = adt_calloc((size_t)p, sizeof *s->next_map);
     int fd = memfd_create("adtrain-comm", MFD_CLOEXEC);
     if (fd >= 0 && ftruncate(fd, (off_t)page_size()) == 0) {
         void *c = mmap(NULL, page_size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -293,20 +293,24 @@ static void my_chunk(const shm_op *o, int r, int64_t *lo, int64_t *hi) {
     *hi = *lo + len;
 }
 
-/* Peer q's buffer of this operation, mapped here (its block on first sight). */
-static const float *peer_buffer(comm_shm *s, int q, const shm_desc *d) {
+/* Peer q's buffer of operation seq, mapped here (its block on first sight). */
+static const float *peer_buffer(comm_shm *s, int q, const shm_desc *d, long long seq) {
     peer_map *m = s->maps[q];
-    for (int k = 0; k < SHM_PEER_MAPS; k++)
-        if (m[k].base && m[k].block == d->block)
-            return (size_t)d->off + (size_t)d->n * sizeof(float) <= m[k].bytes ? (const float *)(m[k].base + d->off) : NULL;
-    int k = s->next_map[q];
-    s->next_map[q] = (k + 1) % SHM_PEER_MAPS;
-    if (m[k].base) munmap(m[k].base, m[k].bytes); /* the oldest: that peer freed it long ago */
-    size_t bytes = 0;
-    m[k].base = map_peer_fd(d->pid, d->fd, &bytes, PROT_READ);
-    m[k].bytes = bytes;
-    m[k].block = d->block;
-    if (!m[k].base || (size_t)d->off + (size_t)d->n * sizeof(float) > bytes) return NULL;
+    int k = -1;
+    for (int j = 0; j < SHM_PEER_MAPS && k < 0; j++)
+        if (m[j].base && m[j].block == d->block) k = j;
+    if (k < 0) {
+        k = 0; /* an empty slot, else the least recently used */
+        for (int j = 1; j < SHM_PEER_MAPS; j++)
+            if (m[k].base && (!m[j].base || m[j].used < m[k].used)) k = j;
+        if (m[k].base) munmap(m[k].base, m[k].bytes);
+        size_t bytes = 0;
+        m[k].base = map_peer_fd(d->pid, d->fd, &bytes, PROT_READ);
+        m[k].bytes = m[k].base ? bytes : 0;
+        m[k].block = d->block;
+    }
+    m[k].used = seq;
+    if (!m[k].base || (size_t)d->off + (size_t)d->n * sizeof(float) > m[k].bytes) return NULL;
     return (const float *)(m[k].base + d->off);
 }
 
@@ -390,7 +394,7 @@ static int op_advance(shm_op *o) {
         } else {
             for (int q = 0; q < p; q++) {
                 const shm_desc *d = &s->ctl[q]->desc;
-                o->src[q] = q == me ? o->buf : peer_buffer(s, q, d);
+                o->src[q] = q == me ? o->buf : peer_buffer(s, q, d, o->seq);
                 if (!o->src[q]) {
                     snprintf(o->why, sizeof o->why,
                              "cannot map rank %d's shared buffer (/proc/%d/fd/%d): %s; set ADT_COMM_SHM=0 on every rank", q,
