@@ -37,12 +37,15 @@ static comm_shm *shm_of(const adt_comm *c) { return ((const mpi_handle *)c->bs)-
 
 /* The shared-memory state of a new communicator: collective, under the watchdog. */
 static void attach_shm(mpi_handle *h, const char *name, int rank, int size, double timeout_s) {
-    char what[256], why[COMM_WHY] = "";
+    char what[256];
     snprintf(what, sizeof what, "shared-memory setup of '%s' (rank %d of %d)", name, rank, size);
     comm_watch_begin(what, timeout_s);
-    comm_shm_setup(h->comm, &h->shm, why);
+    comm_shm_setup(h->comm, &h->shm);
     comm_watch_end();
 }
+
+/* Where a request's shared-memory state starts (mpi_req_size puts it behind the ints). */
+static size_t req_head(int nints) { return (sizeof(mpi_req) + (size_t)nints * sizeof(int) + 15) & ~(size_t)15; }
 
 static MPI_Datatype mpi_type(comm_elem e) {
     switch (e) {
@@ -133,8 +136,7 @@ static size_t mpi_req_size(const adt_comm *c, const comm_op *op) {
               : op->kind == OP_ALLGATHER      ? 2 * p
               : op->kind == OP_ALLTOALL       ? 4 * p
                                               : 0;
-    size_t head = (sizeof(mpi_req) + (size_t)nints * sizeof(int) + 15) & ~(size_t)15;
-    return head + (comm_shm_eligible(shm_of(c), op) ? comm_shm_op_size(shm_of(c)) : 0);
+    return req_head(nints) + (comm_shm_eligible(shm_of(c), op) ? comm_shm_op_size(shm_of(c)) : 0);
 }
 
 static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
@@ -146,7 +148,7 @@ static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
     q->mr = MPI_REQUEST_NULL;
     q->shm = NULL;
     if (comm_shm_eligible(shm_of(c), op)) { /* the state behind the request (mpi_req_size) */
-        q->shm = (shm_op *)((char *)q + ((sizeof(mpi_req) + 15) & ~(size_t)15));
+        q->shm = (shm_op *)((char *)q + req_head(0)); /* an all-reduce has no ints */
         comm_shm_start(shm_of(c), q->shm, op->recv, op->n);
         return ADT_OK;
     }

@@ -109,11 +109,16 @@ void adt_comm_shared_free(void *p) {
     free(b);
 }
 
+/* The block [p, p + bytes) lies in, or NULL; the caller holds g_blocks_lock. */
+static const shm_block *block_of(const void *p, size_t bytes) {
+    for (const shm_block *b = g_blocks; b; b = b->next)
+        if ((const char *)p >= b->base && (size_t)((const char *)p - b->base) + bytes <= b->bytes) return b;
+    return NULL;
+}
+
 int adt_comm_is_shared(const void *p, size_t bytes) {
-    int yes = 0;
     pthread_mutex_lock(&g_blocks_lock);
-    for (shm_block *b = g_blocks; b && !yes; b = b->next)
-        yes = (const char *)p >= b->base && (size_t)((const char *)p - b->base) + bytes <= b->bytes;
+    int yes = block_of(p, bytes) != NULL;
     pthread_mutex_unlock(&g_blocks_lock);
     return yes;
 }
@@ -231,12 +236,12 @@ static int env_shm_wanted(void) {
     return !(e && (!strcmp(e, "0") || !strcasecmp(e, "off") || !strcasecmp(e, "no")));
 }
 
-int comm_shm_setup(MPI_Comm comm, comm_shm **out, char *why) {
+void comm_shm_setup(MPI_Comm comm, comm_shm **out) {
     *out = NULL;
     int p = 1, me = 0;
     MPI_Comm_size(comm, &p);
     MPI_Comm_rank(comm, &me);
-    if (p < 2) return ADT_OK;
+    if (p < 2) return;
     /* The same three collectives on every rank, whatever each finds: the answer is their MIN. */
     MPI_Comm node;
     int local = 0;
@@ -270,14 +275,12 @@ int comm_shm_setup(MPI_Comm comm, comm_shm **out, char *why) {
     free(all);
     if (fd >= 0) close(fd); /* every peer mapped it before the MIN */
     if (e != MPI_SUCCESS || !all_ok) {
-        comm_shm_free(s);
-        (void)why;
-        return ADT_OK; /* MPI's path for every operation: not an error */
+        comm_shm_free(s); /* MPI's path for every operation: not an error */
+        return;
     }
     s->next_ctx = g_ctxs;
     g_ctxs = s;
     *out = s;
-    return ADT_OK;
 }
 
 int comm_shm_eligible(const comm_shm *s, const comm_op *op) {
@@ -361,11 +364,8 @@ static int op_advance(shm_op *o) {
         if (!all_at_least(s, DONE, o->seq - 1)) return 0;
         shm_desc d = {.n = o->n, .pid = (int32_t)getpid()};
         pthread_mutex_lock(&g_blocks_lock);
-        for (shm_block *b = g_blocks; b; b = b->next)
-            if ((char *)o->buf >= b->base && (size_t)((char *)o->buf - b->base) + (size_t)o->n * sizeof(float) <= b->bytes) {
-                d.block = b->id, d.off = (char *)o->buf - b->base, d.fd = b->fd;
-                break;
-            }
+        const shm_block *b = block_of(o->buf, (size_t)o->n * sizeof(float));
+        if (b) d.block = b->id, d.off = (char *)o->buf - b->base, d.fd = b->fd;
         pthread_mutex_unlock(&g_blocks_lock);
         s->ctl[me]->desc = d;
         set_flag(s, ARRIVE, o->seq);

@@ -15,7 +15,7 @@
  * (comm_shm_eligible) runs as a shm_op of comm_shm_op_size bytes (the request's memory). */
 typedef struct comm_shm comm_shm;
 typedef struct shm_op shm_op;
-int comm_shm_setup(MPI_Comm comm, comm_shm **out, char *why);
+void comm_shm_setup(MPI_Comm comm, comm_shm **out);
 void comm_shm_free(comm_shm *s);
 int comm_shm_eligible(const comm_shm *s, const comm_op *op);
 size_t comm_shm_op_size(const comm_shm *s);
