@@ -108,6 +108,10 @@ int comm_mpi_finalize(double timeout_s, char *why);
  * whose operations timed out; MPI calls only if mpi_usable. */
 void comm_shm_release_all(int mpi_usable);
 
+/* Steps the shared-memory all-reduce has taken in this process (a flag set, a peer's step
+ * seen): a polite wait naps only after a stretch in which nothing moved (comm.c). */
+unsigned long comm_shm_moves(void);
+
 size_t comm_elem_size(comm_elem e);
 const char *comm_elem_name(comm_elem e);
 

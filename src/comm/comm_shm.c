@@ -341,8 +341,13 @@ static int all_at_least(const comm_shm *s, size_t field, long long v) {
     return 1;
 }
 
+static atomic_ulong g_moves;
+
+unsigned long comm_shm_moves(void) { return atomic_load_explicit(&g_moves, memory_order_relaxed); }
+
 static void set_flag(comm_shm *s, size_t field, long long v) {
     atomic_store_explicit((atomic_llong *)((char *)s->ctl[s->me] + field), v, memory_order_release);
+    atomic_fetch_add_explicit(&g_moves, 1, memory_order_relaxed);
 }
 
 #define ARRIVE offsetof(shm_ctl, arrive)
