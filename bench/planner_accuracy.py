@@ -1,16 +1,24 @@
 """planner_accuracy.py - the measuring and the summary of bench/run_planner_accuracy.sh.
 
     python3 bench/planner_accuracy.py WORKDIR CLUSTER.json OUT.jsonl
+    python3 bench/planner_accuracy.py --summary OUT.jsonl      the summary of a stored run
 
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
-writes one JSON line per plan to OUT.jsonl and prints the per-model summary."""
-import json, os, statistics, subprocess, sys, time
+writes one JSON line per plan to OUT.jsonl and prints the per-model summary.
+
+The summary also says how far the measurement itself repeats: Kendall's tau between two rounds
+of the same plans (the mean over pairs of rounds) and the median deviation of one round from the
+median of the others. A prediction's tau cannot be told from the measurement's noise above that
+ceiling, and its median error not below that deviation."""
+import itertools, json, os, statistics, subprocess, sys, time
 
 ADT = os.environ.get("ADT", "build/adtrain")
-WORK, CLUSTER, OUT = sys.argv[1:4]
-RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
-STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
-MODELS = os.environ["MODELS"].split()
+SUMMARY_ONLY = len(sys.argv) == 3 and sys.argv[1] == "--summary"
+if not SUMMARY_ONLY:
+    WORK, CLUSTER, OUT = sys.argv[1:4]
+    RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
+    STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
+    MODELS = os.environ["MODELS"].split()
 DATA = {"mlp": ("synthetic:mlp", 64), "gpt": ("synthetic:text", 16), "vgg": ("synthetic:vgg", 32),
         "dlrm": ("synthetic:dlrm", 256)}
 
@@ -125,10 +133,25 @@ def main():
     print(f"load average at start {json.loads(open(OUT).readline())['meta']['loadavg_at_start']}, at end {loadavg()}; "
           f"{ROUNDS} rounds x ({WARMUP} + {STEPS} steps); {time.time() - t0:.0f} s")
     print()
+    summarize(rows, MODELS)
+
+
+def repeatability(rs):
+    """(mean tau between rounds, median |run - median of the other runs| / that median) or None."""
+    n = min(len(r["runs_ms"]) for r in rs)
+    if n < 2:
+        return None
+    taus = [tau([r["runs_ms"][i] for r in rs], [r["runs_ms"][j] for r in rs]) for i, j in itertools.combinations(range(n), 2)]
+    dev = [abs(r["runs_ms"][i] - statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n]))
+           / statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n]) for r in rs for i in range(n)]
+    return statistics.mean(taus), statistics.median(dev)
+
+
+def summarize(rows, models):
     print("| model | plans | median abs error | Kendall tau | predicted-best measured / measured best | "
-          "memory predicted / measured (min..max) |")
-    print("|---|---|---|---|---|---|")
-    for model in MODELS:
+          "memory predicted / measured (min..max) | round vs round: tau, median deviation |")
+    print("|---|---|---|---|---|---|---|")
+    for model in models:
         rs = [r for r in rows if r["model"] == model]
         if not rs:
             continue
@@ -138,8 +161,10 @@ def main():
         pick = min(rs, key=lambda r: r["predicted_ms"])
         mr = [r["predicted_mem_bytes"] / r["measured_mem_bytes"] for r in rs if r["measured_mem_bytes"]]
         mtxt = f"{min(mr):.2f}..{max(mr):.2f}" if mr else "-"
+        rep = repeatability(rs)
+        rtxt = f"{rep[0]:.2f}, {100 * rep[1]:.1f}%" if rep else "-"
         print(f"| {model} | {len(rs)} | {100 * err:.1f}% | {t:.2f} | {pick['measured_ms'] / best:.3f} "
-              f"({pick['ranks']} ranks {pick['plan']} m={pick['microbatches']}) | {mtxt} |")
+              f"({pick['ranks']} ranks {pick['plan']} m={pick['microbatches']}) | {mtxt} | {rtxt} |")
     print()
     print("| model | ranks | plan | m | predicted ms | measured ms | error | predicted MiB | measured MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -150,4 +175,9 @@ def main():
               f"{r['predicted_mem_bytes'] / 2**20:.2f} | {mm / 2**20 if mm else float('nan'):.2f} |")
 
 
-main()
+if SUMMARY_ONLY:
+    stored = [json.loads(line) for line in open(sys.argv[2])]
+    stored = [r for r in stored if "model" in r]
+    summarize(stored, list(dict.fromkeys(r["model"] for r in stored)))
+else:
+    main()
