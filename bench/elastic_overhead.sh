@@ -14,8 +14,9 @@
 # each side with its range, the median of the paired ratios elastic/plain with their quartiles
 # and range, and the elastic run's own accounting (--log `elastic_ms`: waiting for a lease, the
 # gather of the leased ranges, queueing the report, the control all-reduce, draining reports
-# before a commit, the flash copy) as ms/step and as a fraction of its step. The load average
-# is printed before and after.
+# before a commit, the flash copy) as ms/step and as a fraction of its step; then the paired
+# ratios' geometric mean and a 95% bootstrap interval of their median (how many pairs it takes
+# to tell 2% from the machine's noise). The load average is printed before and after.
 set -e
 ADT=${ADT:-build/adtrain}
 MPIEXEC=${ADT_MPIEXEC:-$(command -v mpiexec.mpich || command -v mpiexec)}
@@ -36,6 +37,23 @@ stats() {
         m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
         q1 = v[int((NR + 3) / 4)]; q3 = v[int((3 * NR + 3) / 4)]
         printf "%.4g [%.4g, %.4g] (%.4g-%.4g)", m, q1, q3, v[1], v[NR] }'
+}
+
+# geometric mean of the numbers in a file
+geomean() {
+    awk '{ s += log($1); n++ } END { if (n) printf "%.4g\n", exp(s / n); else print "-" }' "$1"
+}
+# 95% interval of the median of the numbers in a file, by 2000 resamples with replacement
+boot_median() {
+    awk 'BEGIN { srand(1) } { v[NR] = $1 } END {
+        if (NR < 2) { print "-"; exit }
+        for (b = 1; b <= 2000; b++) {
+            for (i = 1; i <= NR; i++) w[i] = v[int(rand() * NR) + 1]
+            for (i = 2; i <= NR; i++) { x = w[i]; for (j = i - 1; j >= 1 && w[j] > x; j--) w[j + 1] = w[j]; w[j + 1] = x }
+            m[b] = NR % 2 ? w[(NR + 1) / 2] : (w[NR / 2] + w[NR / 2 + 1]) / 2
+        }
+        for (i = 2; i <= 2000; i++) { x = m[i]; for (j = i - 1; j >= 1 && m[j] > x; j--) m[j + 1] = m[j]; m[j + 1] = x }
+        printf "[%.4g, %.4g]\n", m[50], m[1950] }' "$1"
 }
 
 plain_run() { # RANKS FLAGS...
@@ -74,6 +92,7 @@ run_case() { # NAME RANKS REPS FLAGS...
     echo "$name, $r rank(s), $reps pairs: plain $(stats "$dir/p") ms/step; elastic $(stats "$dir/e") ms/step"
     echo "    ratio elastic/plain $(stats "$dir/ratio"); in-run elastic work $(stats "$dir/elms") ms/step" \
          "= $(stats "$dir/frac") % of the step"
+    echo "    ratio elastic/plain: geometric mean $(geomean "$dir/ratio"), median's 95% bootstrap interval $(boot_median "$dir/ratio")"
 }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
