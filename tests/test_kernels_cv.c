@@ -533,6 +533,13 @@ static void test_maxpool_ties(void) {
     adt_k_maxpool2d_forward(out, am, x, 1, 1, 4, 5, 2, 2);
     CHECK(isnan(out[3]) && am[3] == 12 && !isnan(out[2]), "NaN: out[3]=%g am[3]=%d", out[3],
           am[3]);
+    /* ... wherever it lies in the window, after a larger number too */
+    x[12] = 5.0f, x[18] = NAN;
+    adt_k_maxpool2d_forward(out, am, x, 1, 1, 4, 5, 2, 2);
+    CHECK(isnan(out[3]) && am[3] == 18, "NaN last: out[3]=%g am[3]=%d", out[3], am[3]);
+    x[18] = 1.0f;
+    adt_k_maxpool2d_forward(out, am, x, 1, 1, 4, 5, 2, 2);
+    CHECK(out[3] == 5.0f && am[3] == 12, "no NaN: out[3]=%g am[3]=%d", out[3], am[3]);
 }
 
 /* ---- permute, concat, slice ---------------------------------------------------------------- */

@@ -267,7 +267,7 @@ static void test_cost_closed_forms(void) {
     "{\"name\":\"cal\",\"nodes\":1,\"devices_per_node\":4,\"cores_per_node\":2,\"device\":{\"kind\":\"x\","          \
     "\"peak_flops\":{\"f32\":1e11},\"rates\":{\"matmul\":5e10},\"rates_small\":{\"matmul\":1e10},"                    \
     "\"small_flops\":1e6,\"slowdown\":[{\"ranks\":1,\"factor\":1},{\"ranks\":2,\"factor\":1.25},"                \
-    "{\"ranks\":4,\"factor\":2.5}],\"memory_bytes\":1e9,\"memory_bw\":1e10,\"launch_s\":1e-6},\"links\":[{\"name\":\"shm\","    \
+    "{\"ranks\":4,\"factor\":2.5,\"sync_s\":1e-3}],\"memory_bytes\":1e9,\"memory_bw\":1e10,\"launch_s\":1e-6},\"links\":[{\"name\":\"shm\","    \
     "\"span\":4,\"bandwidth\":1e9,\"latency\":1e-5,\"collectives\":["                                                 \
     "{\"kind\":\"all_reduce\",\"ranks\":2,\"alpha\":2e-6,\"beta\":2e-10},"                                            \
     "{\"kind\":\"all_reduce\",\"ranks\":4,\"alpha\":3e-4,\"beta\":1e-9},"                                             \
@@ -292,6 +292,10 @@ static void test_cluster_calibrated(void) {
               adt_cluster_share(&c, 1) == 1.0,
           "measured slowdown: %g %g %g %g", adt_cluster_share(&c, 4), adt_cluster_share(&c, 3), adt_cluster_share(&c, 2),
           adt_cluster_share(&c, 1));
+    /* the sync cost of the same entry; none where the entry has none */
+    CHECK(adt_cluster_sync_s(&c, 4) == 1e-3 && adt_cluster_sync_s(&c, 5) == 1e-3 && adt_cluster_sync_s(&c, 3) == 0 &&
+              adt_cluster_sync_s(&c, 1) == 0,
+          "sync_s: %g %g %g", adt_cluster_sync_s(&c, 4), adt_cluster_sync_s(&c, 3), adt_cluster_sync_s(&c, 1));
     /* without measurements, cores: 4 busy ranks on 2 cores run at half speed, 2 or 1 at full */
     adt_cluster nm = c;
     nm.n_slowdown = 0;
@@ -327,7 +331,9 @@ static void test_cluster_calibrated(void) {
         {"\"small_flops\":1e6", "\"small_flops\":-1", "device.small_flops"},
         {"\"collectives\":[", "\"collectives\":{\"a\":1},\"x\":[", "collectives"},
         {"{\"ranks\":2,\"factor\":1.25}", "{\"ranks\":1,\"factor\":1.25}", "a second slowdown"},
-        {"\"factor\":2.5}", "\"factor\":0}", "device.slowdown[2].factor"},
+        {"\"factor\":2.5,", "\"factor\":0,", "device.slowdown[2].factor"},
+        {"\"sync_s\":1e-3", "\"sync_s\":-1e-3", "device.slowdown[2].sync_s"},
+        {"\"sync_s\":1e-3", "\"sync_s\":\"1ms\"", "device.slowdown[2].sync_s"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[2048];
@@ -380,6 +386,42 @@ static void test_cost_calibrated(void) {
         adt_plan_free(&dp);
         adt_graph_free(g);
     }
+}
+
+/* Blocked waits (device.slowdown[].sync_s, 1 ms for 4 busy ranks here): a node that waits for a
+ * transfer pays it, in full once 0.1 ms of compute ran since the last such wait. Data parallelism
+ * blocks about once per step (an update waits for the last gradients' all-reduce), tensor
+ * parallelism at every layer; with sync_s 0 nothing is added. */
+static void test_cost_sync(void) {
+    adt_cluster fast, slow, none;
+    CHECK(adt_cluster_parse(&fast, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    slow = fast; /* every op far above the ramp: a 64 x 256 product of 32 rows takes 10 ms */
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) slow.rate[k] = slow.rate_small[k] = 1e8;
+    none = slow;
+    for (int i = 0; i < none.n_slowdown; i++) none.slowdown[i].sync_s = 0;
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    static const char *const strategies[] = {"dp", "tp"};
+    adt_cost_report r[2][3]; /* [strategy][slow, none, fast] */
+    memset(r, 0, sizeof r);
+    for (int k = 0; k < 2; k++) {
+        adt_graph *g = NULL;
+        adt_plan p;
+        CHECK(expert(&m, strategies[k], 4, 32, &g, &p) == ADT_OK, "%s", adt_error_message());
+        const adt_cluster *cl[3] = {&slow, &none, &fast};
+        for (int j = 0; j < 3; j++) CHECK(adt_plan_cost(&p, g, cl[j], &r[k][j]) == ADT_OK, "%s", adt_error_message());
+        adt_plan_free(&p);
+        adt_graph_free(g);
+        CHECK(r[k][1].sync_s == 0, "%s: no sync_s, none charged (%g)", strategies[k], r[k][1].sync_s);
+        double added = r[k][0].step_s - r[k][1].step_s;
+        CHECK(added > 0.5 * r[k][0].sync_s && added <= r[k][0].sync_s + 1e-12, "%s: step +%g s for %g s of sync",
+              strategies[k], added, r[k][0].sync_s);
+        CHECK_CLOSE(r[k][0].compute_s, r[k][1].compute_s, 1e-12, 0);
+    }
+    CHECK(r[0][0].sync_s >= 1e-3 - 1e-12 && r[0][0].sync_s < 2e-3, "dp blocks about once: %g s", r[0][0].sync_s);
+    CHECK(r[1][0].sync_s >= 4e-3 - 1e-12, "tp blocks at every layer: %g s", r[1][0].sync_s);
+    /* fast compute: the waits come soon after each other and pay less */
+    CHECK(r[1][2].sync_s > 0 && r[1][2].sync_s < r[1][0].sync_s, "tp, fast compute: %g s against %g s",
+          r[1][2].sync_s, r[1][0].sync_s);
 }
 
 /* The predicted peak memory of a one-device plan against the memory plan of an executor made on
@@ -777,6 +819,20 @@ static void test_cli(void) {
         CHECK(c.cores_per_node >= 1 && c.small_flops > 0 && c.rate_small[ADT_OPCLASS_MATMUL] > 0,
               "cores %d, small ops' matmul rate %g", c.cores_per_node, c.rate_small[ADT_OPCLASS_MATMUL]);
     }
+    /* two ranks (mpiexec): the slowdown of 2 busy ranks with the cost of a blocked collective
+     * inside a step, and every kind's fit on 2 ranks */
+    snprintf(args, sizeof args, "calibrate --ranks 2 -o %s 2>&1", cal);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && contains(out, "a blocked collective inside a step"), "calibrate --ranks 2: exit %d: %s", rc, out);
+    rc = adt_cluster_load(&c, cal);
+    CHECK(rc == ADT_OK, "calibrated cluster, 2 ranks: %s", adt_error_message());
+    if (!rc) {
+        CHECK(c.devices_per_node == 2 && c.n_slowdown == 2 && c.slowdown[1].ranks == 2 && c.slowdown[1].factor >= 1 &&
+                  c.slowdown[1].sync_s >= 0 && c.slowdown[1].sync_s < 1,
+              "slowdown: %d entries, 2 ranks: factor %g, sync_s %g", c.n_slowdown, c.slowdown[1].factor,
+              c.slowdown[1].sync_s);
+        CHECK(c.n_links == 1 && c.link[0].n_coll == 5, "2-rank collectives: %d", c.link[0].n_coll);
+    }
     rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--ranks"), "exit %d: %s", rc, out);
     const char *leaves[] = {"auto.json", "cal.json"};
@@ -791,6 +847,7 @@ int main(void) {
     RUN(test_cost_closed_forms);
     RUN(test_cluster_calibrated);
     RUN(test_cost_calibrated);
+    RUN(test_cost_sync);
     RUN(test_cost_memplan);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);

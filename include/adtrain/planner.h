@@ -86,7 +86,9 @@ typedef struct adt_cluster {
     double small_flops;                 /* the size class boundary (FLOPs per device), 0: none */
     int cores_per_node;                 /* cores the node's devices share, 0: one each        */
     int n_slowdown;                     /* measured compute slowdowns by busy ranks per node  */
-    struct { int ranks; double factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
+    /* factor: compute time over one rank's; sync_s: what a rank loses each time it blocks on a
+     * collective inside a step (its peers' arrival spread and wake-up), 0: nothing */
+    struct { int ranks; double factor, sync_s; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
 } adt_cluster;
@@ -109,6 +111,9 @@ double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
  * slowdown of the largest rank count <= ranks (device.slowdown), else 1; at least ranks /
  * cores_per_node when they outnumber the cores (ranks time-share them). */
 double adt_cluster_share(const adt_cluster *c, int ranks);
+/* What a rank loses when it blocks on a collective inside a step with `ranks` devices of one node
+ * busy: sync_s of the same slowdown entry adt_cluster_share picks, else 0. */
+double adt_cluster_sync_s(const adt_cluster *c, int ranks);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);
 /* The seconds of one collective of `kind` (adt_boxing_kind or ADT_COLL_SEND_RECV) on a group of
@@ -141,6 +146,7 @@ typedef struct adt_cost_report {
     double comm_s[ADT_BOXING_KIND_COUNT]; /* busy time of each collective kind                  */
     double exposed_comm_s;     /* communication not hidden behind compute                        */
     double p2p_s;              /* stage-boundary transfers                                       */
+    double sync_s;             /* of the exposed: blocked waits' sync cost (device.slowdown)     */
     double bubble_s;           /* pipeline bubbles: step - m x max(t_i)                         */
     double state_bytes;        /* parameters and optimizer state per device (critical stage)     */
     double act_bytes;          /* the liveness peak of one microbatch                            */

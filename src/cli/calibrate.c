@@ -9,7 +9,8 @@
  *   memory    the bandwidth of a 64 MiB copy;
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
- *             time on each of k ranks over its time on one), into device.slowdown;
+ *             time on each of k ranks over its time on one), into device.slowdown, with what
+ *             a collective that follows compute costs beyond its back-to-back time (sync_s);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
  *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's
@@ -78,18 +79,25 @@ typedef struct cal_compute {
 
 /* One model's training step timed node by node: FLOPs and seconds per op class and size class,
  * and the times of tiny ops, added to acc. */
-static int time_model(const char *json, int batch, int threads, cal_compute *acc) {
+/* An executor of one model's training step (AdamW), its parameters initialised. */
+static int model_exec(const char *json, int batch, int threads, int profile, adt_graph **g, adt_exec **ex) {
     adt_model_cfg m;
+    *g = NULL, *ex = NULL;
     if (adt_model_cfg_parse(&m, json, "calibration model")) return ADT_ERR_ARG;
     adt_plan p;
     memset(&p, 0, sizeof p);
     p.model = m, p.batch = batch, p.microbatches = 1, p.optim = ADT_OPTIM_ADAMW;
-    adt_graph *g = NULL;
-    int rc = adt_plan_build_graph(&p, NULL, &g);
-    adt_exec *ex = NULL;
-    adt_exec_opts eo = {.threads = threads, .seed = 1, .profile = 1};
-    if (!rc) rc = adt_exec_create(&ex, g, &eo);
-    if (!rc) rc = adt_exec_init_params(ex);
+    int rc = adt_plan_build_graph(&p, NULL, g);
+    adt_exec_opts eo = {.threads = threads, .seed = 1, .profile = profile};
+    if (!rc) rc = adt_exec_create(ex, *g, &eo);
+    if (!rc) rc = adt_exec_init_params(*ex);
+    return rc;
+}
+
+static int time_model(const char *json, int batch, int threads, cal_compute *acc) {
+    adt_graph *g;
+    adt_exec *ex;
+    int rc = model_exec(json, batch, threads, 1, &g, &ex);
     enum { STEPS = 4 };
     for (int s = 0; s < STEPS && !rc; s++) { /* the profile sums the steps, the first warm */
         adt_exec_set_lr_step(ex, 1e-4f, s + 1);
@@ -190,6 +198,43 @@ static int run_collective(adt_comm *w, int kind, float *a, float *b, int64_t n, 
     }
 }
 
+/* What a rank loses when it blocks on a collective inside a step (device.slowdown[].sync_s):
+ * every rank runs segments of compute (a step of a small MLP, about 1 ms on one core) with and
+ * without a small all-reduce after each; the difference per segment, the ranks' mean, the
+ * median of CAL_SYNC_ROUNDS. Back to back, collectives find every rank waiting; after compute,
+ * the peers arrive spread out and a rank that blocked is woken late, most of all when ranks
+ * time-share the cores. */
+#define CAL_SYNC_MODEL "{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}"
+#define CAL_SYNC_ROUNDS 5
+static double sync_cost(adt_comm *w, float *x) {
+    adt_graph *g;
+    adt_exec *ex;
+    double r[CAL_SYNC_ROUNDS], k = adt_comm_size(w);
+    int rc = model_exec(CAL_SYNC_MODEL, 64, 1, 0, &g, &ex), ok = rc == ADT_OK, segs = 40;
+    double bad = !ok; /* every rank built its executor, or none times */
+    adt_comm_allreduce_f64(w, &bad, 1);
+    ok = bad == 0;
+    for (int i = 0; i < CAL_SYNC_ROUNDS; i++) {
+        double t[2] = {0, 0};
+        for (int with = 0; with < 2; with++) {
+            adt_comm_barrier(w);
+            double t0 = adt_now_s();
+            for (int q = 0; q < segs && ok; q++) {
+                adt_exec_set_lr_step(ex, 1e-4f, q + 1);
+                ok = adt_exec_run(ex) == ADT_OK && (!with || adt_comm_allreduce(w, x, 256, ADT_F32) == ADT_OK);
+            }
+            t[with] = (adt_now_s() - t0) / segs;
+        }
+        r[i] = t[1] - t[0];
+        adt_comm_allreduce_f64(w, &r[i], 1);
+        r[i] /= k;
+    }
+    adt_exec_free(ex);
+    adt_graph_free(g);
+    qsort(r, CAL_SYNC_ROUNDS, sizeof r[0], cmp_double);
+    return ok && r[CAL_SYNC_ROUNDS / 2] > 0 ? r[CAL_SYNC_ROUNDS / 2] : 0;
+}
+
 /* The worker: every rank times each collective kind at each size; rank 0 prints
  * "kind size seconds" lines (per collective, back to back, the mean over rounds and ranks). */
 static int comm_worker(void) {
@@ -211,6 +256,8 @@ static int comm_worker(void) {
     }
     qsort(probes, 3, sizeof probes[0], cmp_double);
     if (adt_comm_rank(w) == 0) printf("probe 0 %.9g\n", probes[1] / adt_comm_size(w));
+    double sync = sync_cost(w, a);
+    if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
             int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
@@ -272,7 +319,7 @@ static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe) {
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe, double *sync) {
     char self[1024], cmd[1200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -289,8 +336,8 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe) {
         long long s;
         double t;
         int ki = 0;
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "probe")) {
-            *probe = t;
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && (!strcmp(kind, "probe") || !strcmp(kind, "sync"))) {
+            *(kind[0] == 'p' ? probe : sync) = t;
             continue;
         }
         if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3)
@@ -390,12 +437,14 @@ int cli_calibrate(int argc, char **argv) {
         double one = ones[1]; /* the median of three, as each rank count's */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
         for (int k = 2; k <= o.ranks; k++) {
-            double probe = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &probe))) return rc;
+            double probe = 0, sync = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &probe, &sync))) return rc;
             if (probe > 0 && one > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
                 double f = probe / one < 1 ? 1 : probe / one;
-                c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown++].factor = f;
-                fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time\n", k, f);
+                c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
+                c.slowdown[c.n_slowdown++].factor = f;
+                fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
+                        "inside a step %.0f us more\n", k, f, sync * 1e6);
             }
         }
         double a, b;

@@ -26,6 +26,7 @@ static void print_explain(const adt_cost_report *r) {
     for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)
         if (r->comm_s[k] > 0) printf("  %-23s %10.4f ms busy\n", adt_boxing_kind_name(k), r->comm_s[k] * 1e3);
     printf("  communication exposed   %10.4f ms (not hidden behind compute)\n", r->exposed_comm_s * 1e3);
+    if (r->sync_s > 0) printf("  of which peers' arrival %10.4f ms (blocked waits x the cluster's sync_s)\n", r->sync_s * 1e3);
     if (r->n_stages > 1) {
         printf("  stage transfers         %10.4f ms\n", r->p2p_s * 1e3);
         printf("  pipeline bubbles        %10.4f ms (%d stages, %d microbatches)\n", r->bubble_s * 1e3, r->n_stages,
@@ -50,6 +51,7 @@ static cJSON *report_json(const adt_cost_report *r) {
     cJSON_AddItemToObject(j, "comm_s", comm);
     cJSON_AddNumberToObject(j, "exposed_comm_s", r->exposed_comm_s);
     cJSON_AddNumberToObject(j, "p2p_s", r->p2p_s);
+    cJSON_AddNumberToObject(j, "sync_s", r->sync_s);
     cJSON_AddNumberToObject(j, "bubble_s", r->bubble_s);
     return j;
 }

@@ -130,10 +130,11 @@ static int parse_rates(const cJSON *d, const char *field, const char *name, doub
     return ADT_OK;
 }
 
-/* device.slowdown: [{"ranks", "factor"}], compute time with that many busy ranks on a node over
- * one rank's. */
+/* device.slowdown: [{"ranks", "factor", "sync_s"}], compute time with that many busy ranks on a
+ * node over one rank's, and the seconds a rank loses at each collective it blocks on. */
 static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     c->n_slowdown = 0;
+    memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
     if (!a) return ADT_OK;
     if (!cJSON_IsArray(a))
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" is %s, expected an array of {ranks, factor}", name,
@@ -142,7 +143,7 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     if (n > ADT_CLUSTER_MAX_SLOWDOWN)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
                          ADT_CLUSTER_MAX_SLOWDOWN);
-    static const char *const fields[] = {"ranks", "factor", "comment", NULL};
+    static const char *const fields[] = {"ranks", "factor", "sync_s", "comment", NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -151,7 +152,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
                              adt_cfg_json_kind(e));
         if ((rc = adt_cfg_check_fields(e, fields, "slowdown", name)) || (rc = check_comment(e, w, name)) ||
             (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
-            (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)))
+            (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)) ||
+            (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -313,8 +315,8 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\": %d entries, expected 0 to %d", name, c->n_slowdown,
                          ADT_CLUSTER_MAX_SLOWDOWN);
     for (int i = 0; i < c->n_slowdown; i++)
-        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1 and a positive factor",
+        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor and sync_s >= 0",
                              name, i);
     if (c->cores_per_node < 0 || !(c->small_flops >= 0))
         return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
@@ -396,6 +398,7 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             cJSON *e = cJSON_CreateObject();
             cJSON_AddNumberToObject(e, "ranks", c->slowdown[i].ranks);
             cJSON_AddNumberToObject(e, "factor", c->slowdown[i].factor);
+            if (c->slowdown[i].sync_s > 0) cJSON_AddNumberToObject(e, "sync_s", c->slowdown[i].sync_s);
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
@@ -443,10 +446,21 @@ double adt_cluster_op_rate(const adt_cluster *c, int k, double flops) {
     return adt_cluster_rate(c, k);
 }
 
-double adt_cluster_share(const adt_cluster *c, int ranks) {
+/* The slowdown entry of the largest rank count <= ranks, -1 if none. */
+static int slowdown_entry(const adt_cluster *c, int ranks) {
     int best = -1;
     for (int i = 0; i < c->n_slowdown; i++)
         if (c->slowdown[i].ranks <= ranks && (best < 0 || c->slowdown[i].ranks > c->slowdown[best].ranks)) best = i;
+    return best;
+}
+
+double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
+    int e = slowdown_entry(c, ranks);
+    return e >= 0 ? c->slowdown[e].sync_s : 0;
+}
+
+double adt_cluster_share(const adt_cluster *c, int ranks) {
+    int best = slowdown_entry(c, ranks);
     /* ranks that outnumber the cores share them: none gets more than cores / ranks of one, what
      * ever a short probe happened to see */
     double shared = c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;

@@ -26,7 +26,12 @@
  *
  * Compute runs slower by the cluster's measured slowdown of the plan's busy ranks per node
  * (adt_cluster_share); boxing steps and stage-boundary messages are priced with the cluster's
- * calibrated collectives of their kind and group size where it has them.
+ * calibrated collectives of their kind and group size where it has them. A node that has to
+ * wait for a transfer waits sync_s more (adt_cluster_sync_s): the calibrated collectives are
+ * timed back to back, where every rank arrives at once, while inside a step the peers arrive
+ * spread out by their compute and a rank that blocked is woken late (a scheduler slice when
+ * ranks outnumber the cores). Counted at every blocked node: a tensor-parallel plan pays it at
+ * every layer, data parallelism about once per step; a wait soon after the last one pays less.
  */
 #include <math.h>
 #include <stdio.h>
@@ -119,8 +124,15 @@ typedef struct boxed {
 } boxed;
 
 typedef struct stage_eval {
-    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, state, act_peak, saved;
+    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, state, act_peak, saved;
 } stage_eval;
+
+/* The compute after a blocked wait over which the next one's sync cost grows from nothing to
+ * the cluster's sync_s (which `calibrate` times after about 1 ms of compute). Set on the
+ * planner accuracy runs of docs/BENCHMARKS.md: 0.1-0.5 ms ranked the plans alike, 0.1 ms gave
+ * the smallest errors; charging every blocked wait in full overpriced plans that block on
+ * many collectives in a row (ZeRO's gathers of 26 embedding tables). */
+#define SYNC_RAMP_S 1e-4
 
 static int root_of(const adt_graph *g, int v) {
     while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
@@ -131,7 +143,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                       const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
     /* ranks time-sharing the cores compute slower, and collectives use the fits at that load */
     int busy = busy_per_node(p, c), reprice = calibrated_links(c);
-    double share = adt_cluster_share(c, busy);
+    double share = adt_cluster_share(c, busy), sync = adt_cluster_sync_s(c, busy);
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
     int nv = g->n_values;
@@ -157,7 +169,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         }
     }
     int rc = ADT_OK;
-    double tc = 0, tm = 0, live = 0, peak = 0;
+    double tc = 0, tm = 0, live = 0, peak = 0, t_sync = 0;
     int backward_started = 0, opt_started = 0;
     /* persistent and fed values of the stage: held for the whole step */
     for (int v = 0; v < nv; v++) {
@@ -228,6 +240,12 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
             if (t_in > start) start = t_in;
         }
         if (rc) break;
+        /* blocked on a transfer: the peers arrive spread out, and a waiting rank is woken late;
+         * less so right after the last blocked wait, which left the ranks together */
+        if (start > tc) {
+            double pen = sync * fmin(1.0, (tc - t_sync) / SYNC_RAMP_S);
+            start += pen, ev->sync += pen, t_sync = start;
+        }
         double t = share * adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
         ev->compute += t;
         tc = start + t;
@@ -375,6 +393,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         double comm = 0;
         for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m, comm += e->comm[k];
         out->p2p_s = e->p2p * m;
+        out->sync_s = e->sync * m;
         out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
         if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
         (void)comm;
