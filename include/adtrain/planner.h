@@ -245,6 +245,8 @@ typedef struct adt_planner_opts {
     int max_pp;           /* largest pipeline degree tried; 0: up to the layer count  */
     int max_sweeps;       /* 0: 50                                                   */
     int no_search;        /* 1: expert plans only (the baseline)                      */
+    double min_gain;      /* a searched plan displaces an expert plan when predicted   */
+                          /* at least this fraction faster; 0: 0.02                   */
 } adt_planner_opts;
 
 #define ADT_PLANNER_MAX_EXPERTS 32
