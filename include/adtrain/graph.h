@@ -119,6 +119,9 @@ typedef struct adt_graph {
     int lr_input;         /* scalar input "lr" once an optimizer is attached, else -1 */
     int step_input;       /* scalar i32 input "step" (1-based), else -1 */
     int n_forward_nodes;  /* nodes [0, n_forward_nodes) are the forward pass */
+    int *name_index;      /* value ids by name, open addressing (-1: empty), or NULL: built by the
+                           * next adt_graph_find_value; a rename drops it */
+    int name_cap;         /* its slots, a power of two above twice n_values */
 } adt_graph;
 
 adt_graph *adt_graph_create(void);
@@ -133,6 +136,8 @@ void adt_graph_set_layer_tag(adt_graph *g, int tag);
 void adt_graph_set_stage(adt_graph *g, int stage);
 
 int adt_graph_find_value(const adt_graph *g, const char *name); /* -1 if absent */
+/* Renames value v (the caller keeps names unique). */
+void adt_graph_rename_value(adt_graph *g, int v, const char *name);
 /* Keeps the value alive to the end of a step so the caller can read it. */
 void adt_graph_mark_output(adt_graph *g, int v);
 

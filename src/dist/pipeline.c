@@ -231,8 +231,9 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
                 adt_node *cn = &sg->nodes[sg->values[conv].producer];
                 snprintf(cn->name, sizeof cn->name, "tied.%.*s", ADT_NAME_LEN - 8, n->name);
                 cn->stage = s;
-                snprintf(sg->values[conv].name, sizeof sg->values[conv].name, "tied.grad.%.*s", ADT_NAME_LEN - 12,
-                         g->values[n->in[0]].name);
+                char tn[ADT_NAME_LEN];
+                snprintf(tn, sizeof tn, "tied.grad.%.*s", ADT_NAME_LEN - 12, g->values[n->in[0]].name);
+                adt_graph_rename_value(sg, conv, tn);
                 out->node_of[out->n_nodes++] = -1 - i; /* no global node: the update's grad layout */
                 in[1] = conv;
             }

@@ -67,7 +67,7 @@ int adt_graph_backward(adt_graph *g, int loss) {
     int seed_node = adt_graph_add_node(g, ADT_OP_FILL, NULL, 0, &one);
     int seed = seed_node >= 0 ? g->nodes[seed_node].out[0] : -1;
     if (seed >= 0) {
-        snprintf(g->values[seed].name, sizeof g->values[seed].name, "grad.loss");
+        adt_graph_rename_value(g, seed, "grad.loss");
         contrib_push(&cl[loss], seed);
     }
 
@@ -103,7 +103,7 @@ int adt_graph_backward(adt_graph *g, int loss) {
         if (gv >= 0 && gv != v && !strncmp(g->values[gv].name, "bwd.", 4)) {
             char name[ADT_NAME_LEN];
             snprintf(name, sizeof name, "grad.%.*s", ADT_NAME_LEN - 6, g->values[v].name);
-            memcpy(g->values[gv].name, name, sizeof name);
+            adt_graph_rename_value(g, gv, name);
         }
     }
     g->in_backward = 0;

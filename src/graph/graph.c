@@ -4,6 +4,7 @@
 #include "adtrain/graph.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ adt_graph *adt_graph_create(void) {
 
 void adt_graph_free(adt_graph *g) {
     if (!g) return;
+    free(g->name_index);
     free(g->values);
     free(g->nodes);
     free(g);
@@ -51,14 +53,68 @@ int adt_graph_fail(adt_graph *g, int code, const char *fmt, ...) {
 void adt_graph_set_layer_tag(adt_graph *g, int tag) { g->cur_layer_tag = tag; }
 void adt_graph_set_stage(adt_graph *g, int stage) { g->cur_stage = stage; }
 
-int adt_graph_find_value(const adt_graph *g, const char *name) {
-    for (int i = 0; i < g->n_values; i++)
-        if (!strcmp(g->values[i].name, name)) return i;
+/* ---- value names: a hash index, so that building a graph of n leaves costs n lookups, not n^2
+ * string compares (the planner builds and partitions graphs of thousands of values per plan) ---- */
+
+static uint32_t name_hash(const char *s) { /* FNV-1a */
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+static void index_insert(adt_graph *g, int v) {
+    uint32_t m = (uint32_t)g->name_cap - 1, i = name_hash(g->values[v].name) & m;
+    while (g->name_index[i] >= 0) i = (i + 1) & m;
+    g->name_index[i] = v;
+}
+
+static void index_drop(adt_graph *g) {
+    free(g->name_index);
+    g->name_index = NULL, g->name_cap = 0;
+}
+
+static void index_build(adt_graph *g) {
+    int cap = 64;
+    while (cap < 2 * g->n_values + 16) cap *= 2;
+    g->name_index = adt_malloc((size_t)cap * sizeof *g->name_index);
+    g->name_cap = cap;
+    for (int i = 0; i < cap; i++) g->name_index[i] = -1;
+    for (int v = 0; v < g->n_values; v++) index_insert(g, v);
+}
+
+int adt_graph_find_value(const adt_graph *cg, const char *name) {
+    adt_graph *g = (adt_graph *)cg; /* the index is a cache: the graph itself is not changed */
+    if (!g->name_index) index_build(g);
+    uint32_t m = (uint32_t)g->name_cap - 1, i = name_hash(name) & m;
+    for (; g->name_index[i] >= 0; i = (i + 1) & m)
+        if (!strcmp(g->values[g->name_index[i]].name, name)) return g->name_index[i];
     return -1;
+}
+
+void adt_graph_rename_value(adt_graph *g, int v, const char *name) {
+    snprintf(g->values[v].name, sizeof g->values[v].name, "%s", name);
+    index_drop(g);
 }
 
 void adt_graph_mark_output(adt_graph *g, int v) {
     if (v >= 0 && v < g->n_values) g->values[v].is_output = 1;
+}
+
+/* dst = a b sep num, a and b cut to leave room for the number: the names of every node and
+ * value, made without printf (graphs of the planner's candidates have tens of thousands). */
+static void join_name(char *dst, size_t cap, const char *a, const char *b, char sep, int num) {
+    size_t at = 0, room = cap - 13; /* sep, ten digits, a sign and the terminator */
+    for (; *a && at < room; a++) dst[at++] = *a;
+    for (; *b && at < room; b++) dst[at++] = *b;
+    dst[at++] = sep;
+    char digits[12];
+    int nd = 0;
+    unsigned u = num < 0 ? 0u - (unsigned)num : (unsigned)num;
+    if (num < 0) dst[at++] = '-';
+    do digits[nd++] = (char)('0' + u % 10), u /= 10;
+    while (u);
+    while (nd) dst[at++] = digits[--nd];
+    dst[at] = 0;
 }
 
 static int new_value(adt_graph *g, const char *name, adt_dtype dt, adt_shape shape, adt_role role) {
@@ -69,7 +125,11 @@ static int new_value(adt_graph *g, const char *name, adt_dtype dt, adt_shape sha
     int id = g->n_values++;
     adt_value *v = &g->values[id];
     memset(v, 0, sizeof *v);
-    snprintf(v->name, sizeof v->name, "%s", name);
+    size_t len = strnlen(name, sizeof v->name - 1);
+    memcpy(v->name, name, len);
+    v->name[len] = 0;
+    if (g->name_index && 2 * g->n_values + 16 > g->name_cap) index_drop(g); /* rebuilt larger when needed */
+    else if (g->name_index) index_insert(g, id);
     v->dtype = dt;
     v->shape = shape;
     v->global_shape = shape;
@@ -181,7 +241,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     n->is_optimizer = g->in_optimizer;
     n->fwd_node = g->in_backward ? g->cur_fwd_node : -1;
     n->n_out = def->count_out ? def->count_out(n) : def->n_out;
-    snprintf(n->name, sizeof n->name, "%s%s_%d", g->in_backward ? "bwd." : "", def->name, id);
+    join_name(n->name, sizeof n->name, g->in_backward ? "bwd." : "", def->name, '_', id);
 
     adt_shape shapes[ADT_MAX_OUTPUTS];
     adt_dtype dts[ADT_MAX_OUTPUTS];
@@ -193,7 +253,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     for (int i = 0; i < n_in; i++) rg |= g->values[in[i]].requires_grad;
     for (int k = 0; k < n->n_out; k++) {
         char name[ADT_NAME_LEN];
-        snprintf(name, sizeof name, "%.*s:%d", ADT_NAME_LEN - 13, n->name, k);
+        join_name(name, sizeof name, n->name, "", ':', k);
         adt_role role = g->in_backward ? ADT_ROLE_GRAD : ADT_ROLE_ACT;
         int v = new_value(g, name, dts[k], shapes[k], role);
         n->out[k] = v;

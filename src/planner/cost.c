@@ -82,12 +82,17 @@ static void held_layouts(const adt_plan *p, const adt_graph *g, adt_ndsbp *held)
 /* The most ranks of the plan on one node: the devices busy at once there (a pipeline's idle
  * stages still poll for messages). */
 static int busy_per_node(const adt_plan *p, const adt_cluster *c) {
-    int best = 0, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1;
+    int best = 0, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1, nodes = 1;
     for (int i = 0; i < p->mesh.nranks; i++) {
-        int node = (p->mesh.ranks ? p->mesh.ranks[i] : i) / dpn, k = 0;
-        for (int j = 0; j < p->mesh.nranks; j++) k += (p->mesh.ranks ? p->mesh.ranks[j] : j) / dpn == node;
-        if (k > best) best = k;
+        int node = (p->mesh.ranks ? p->mesh.ranks[i] : i) / dpn;
+        if (node + 1 > nodes) nodes = node + 1;
     }
+    int *k = adt_calloc((size_t)nodes, sizeof *k);
+    for (int i = 0; i < p->mesh.nranks; i++) {
+        int node = (p->mesh.ranks ? p->mesh.ranks[i] : i) / dpn;
+        if (++k[node] > best) best = k[node];
+    }
+    free(k);
     return best;
 }
 
