@@ -283,7 +283,9 @@ typedef struct sched {
     int *order, n_order, *pos, *read_until;
     int *pend, n_pend;
     unsigned char *started;
-    int *comm_nodes, n_comm;
+    int *reader_at, *readers; /* [n_values + 1], [n_comm]: the collectives reading value v as in[0],
+                               * readers[reader_at[v] .. reader_at[v + 1]), ascending */
+    int *cand;                /* [n_comm]: start_readers' scratch */
 } sched;
 
 static void emit(sched *s, int kind, int node) {
@@ -330,17 +332,19 @@ static int hoistable(const adt_graph *g, int c) {
     return !(node_phase(&g->nodes[p]) == 0 && node_phase(&g->nodes[c]) != 0);
 }
 
+/* Starts the collectives that read an output of node i, in node order. */
 static void start_readers(sched *s, int i) {
     const adt_node *n = &s->g->nodes[i];
-    for (int j = 0; j < s->n_comm; j++) {
-        int c = s->comm_nodes[j];
-        if (c <= i || s->started[c] || !hoistable(s->g, c)) continue;
-        for (int k = 0; k < n->n_out; k++)
-            if (s->g->nodes[c].in[0] == n->out[k]) {
-                emit(s, EV_START, c);
-                break;
-            }
-    }
+    int *cand = s->cand, nc = 0;
+    for (int k = 0; k < n->n_out; k++)
+        for (int r = s->reader_at[n->out[k]]; r < s->reader_at[n->out[k] + 1]; r++) {
+            int c = s->readers[r];
+            if (c <= i || s->started[c] || !hoistable(s->g, c)) continue;
+            int at = nc++; /* insertion, ascending: the outputs' lists interleave */
+            while (at > 0 && cand[at - 1] > c) cand[at] = cand[at - 1], at--;
+            cand[at] = c;
+        }
+    for (int a = 0; a < nc; a++) emit(s, EV_START, cand[a]);
 }
 
 /* Key of an optimizer node: the latest start among the collectives it waits for. */
@@ -415,9 +419,17 @@ static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) 
     s.read_until = adt_calloc((size_t)(nn + 1), sizeof *s.read_until);
     s.pend = adt_malloc((size_t)(nn + 1) * sizeof *s.pend);
     s.started = adt_calloc((size_t)(nn + 1), 1);
-    s.comm_nodes = adt_malloc((size_t)(nn + 1) * sizeof *s.comm_nodes);
+    s.reader_at = adt_calloc((size_t)(g->n_values + 2), sizeof *s.reader_at);
     for (int i = 0; i < nn; i++)
-        if (is_comm(g, i)) s.comm_nodes[s.n_comm++] = i;
+        if (is_comm(g, i)) s.reader_at[g->nodes[i].in[0] + 1]++;
+    for (int v = 0; v < g->n_values; v++) s.reader_at[v + 1] += s.reader_at[v];
+    s.readers = adt_malloc((size_t)(s.reader_at[g->n_values] + 1) * sizeof *s.readers);
+    int *fill = adt_malloc((size_t)(g->n_values + 1) * sizeof *fill);
+    memcpy(fill, s.reader_at, (size_t)g->n_values * sizeof *fill);
+    for (int i = 0; i < nn; i++)
+        if (is_comm(g, i)) s.readers[fill[g->nodes[i].in[0]]++] = i;
+    free(fill);
+    s.cand = adt_malloc((size_t)(s.reader_at[g->n_values] + 1) * sizeof *s.cand);
     for (int i = 0; i < nn; i++) {
         if (g->nodes[i].is_optimizer && !is_comm(g, i) && run_updates_by_arrival(&s, i)) break;
         if (is_comm(g, i)) {
@@ -444,7 +456,9 @@ static void build_schedule(adt_exec *ex, int **order_out, int **read_until_out) 
     free(s.pos);
     free(s.pend);
     free(s.started);
-    free(s.comm_nodes);
+    free(s.reader_at);
+    free(s.readers);
+    free(s.cand);
 }
 
 static int any_comm_node(const adt_graph *g) {
