@@ -298,6 +298,9 @@ typedef struct adt_dist_plan {
      * one) or else its first consumer's, with P read as B. A leaf is never held as P. */
     const adt_ndsbp *leaf_sbp;
     adt_comm_cost cost; /* prices the boxing programs: the numbers the planner used */
+    /* 1: an earlier adt_dist_partition of this very plan checked every node's signature (the
+     * check is the same at every coordinate), so partitioning at another coordinate skips it */
+    int sigs_checked;
 } adt_dist_plan;
 
 typedef struct adt_dist_local {

@@ -113,7 +113,7 @@ static adt_ndsbp leaf_layout(const adt_graph *g, const adt_dist_plan *p, int v) 
 static int check_plan(const adt_graph *g, const adt_dist_plan *p, adt_ndsbp *layout) {
     char a[64], mb[32];
     if (g->status) return adt_error(g->status, "partition: the graph has an error: %s", g->err);
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = 0; i < g->n_nodes && !p->sigs_checked; i++) {
         int rc = adt_nd_sig_check(g, i, &p->node_sig[i], &p->mesh);
         if (rc) return adt_error_prefix(rc, "partition: ");
     }

@@ -297,60 +297,55 @@ static int plan_comm_test(void *ctx, const struct adt_kctx *k, int *done) {
 static const adt_comm_hook plan_comm = {.run = plan_comm_run, .start = plan_comm_run, .test = plan_comm_test,
                                         .finish = plan_comm_run, .inplace_allreduce = 1};
 
-/* The memory plan the executor makes for stage s at stage-mesh coordinate coord: the stage's
- * local graph as the partitioner (and, with several stages, adt_pipe_stage_build) makes it,
- * planned by the executor itself (adt_exec_plan_memory: its schedule under the MPI mesh's
- * communicator, or in passes with `slots` microbatch arenas for a pipeline stage). Bytes: slots x
- * (arena + kept logits) + state + the largest scratch. */
-static int coord_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, const int *coord, double *bytes) {
-    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
-    int piped = p->n_stages > 1, rc = ADT_OK;
-    adt_pipe_stage st;
-    memset(&st, 0, sizeof st);
-    adt_dist_plan d;
-    if (piped && (rc = adt_pipe_stage_build(g, p, s, &st))) {
-        free(ranks);
-        return rc;
+/* The memory plan the executor makes of local graph lg (partitioned at one coordinate): its
+ * schedule under the MPI mesh's communicator, or in passes with `slots` microbatch arenas for a
+ * pipeline stage (adt_exec_plan_memory). Bytes: slots x (arena + kept logits) + state + the
+ * largest scratch. */
+static int local_memplan(const adt_plan *p, const adt_graph *lg, int piped, int slots, double *bytes) {
+    adt_exec_opts eo = {.comm = &plan_comm, .microbatch_slots = piped ? slots : 0};
+    adt_memplan mp;
+    int rc = adt_exec_plan_memory(lg, &eo, &mp);
+    if (rc) return rc;
+    double kept = 0; /* `adtrain train` keeps a classifier's logits to the step's end (metrics) */
+    for (int i = 0; i < lg->n_nodes && p->model.type != ADT_MODEL_GPT; i++) {
+        const adt_node *nd = &lg->nodes[i];
+        if ((nd->op == ADT_OP_SOFTMAX_XENT || nd->op == ADT_OP_BCE_LOGITS) && !lg->values[nd->in[0]].is_output)
+            kept += (double)adt_value_bytes(lg, nd->in[0]);
     }
-    d = piped ? adt_pipe_stage_dist(&st, p, ranks) : adt_plan_dist(p, 0, ranks);
-    adt_dist_local loc;
-    if (!(rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) {
-        const adt_graph *lg = loc.g;
-        adt_exec_opts eo = {.comm = &plan_comm, .microbatch_slots = piped ? slots : 0};
-        adt_memplan mp;
-        rc = adt_exec_plan_memory(lg, &eo, &mp);
-        if (!rc) {
-            double kept = 0; /* `adtrain train` keeps a classifier's logits to the step's end (metrics) */
-            for (int i = 0; i < lg->n_nodes && p->model.type != ADT_MODEL_GPT; i++) {
-                const adt_node *nd = &lg->nodes[i];
-                if ((nd->op == ADT_OP_SOFTMAX_XENT || nd->op == ADT_OP_BCE_LOGITS) && !lg->values[nd->in[0]].is_output)
-                    kept += (double)adt_value_bytes(lg, nd->in[0]);
-            }
-            *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes;
-            adt_memplan_free(&mp);
-        }
-        adt_dist_local_free(&loc);
-    }
-    if (piped) adt_pipe_stage_free(&st);
-    free(ranks);
-    return rc;
+    *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes;
+    adt_memplan_free(&mp);
+    return ADT_OK;
 }
 
-/* The largest of the stage's devices (blocks that do not divide evenly differ between ranks):
- * every coordinate of a small stage mesh, the first and the last of a large one. */
+/* The memory plan the executor makes for stage s: the stage's local graph as the partitioner
+ * (and, with several stages, adt_pipe_stage_build, once per stage) makes it, the largest of the
+ * stage's devices (blocks that do not divide evenly differ between ranks): every coordinate of a
+ * small stage mesh, the first and the last of a large one. The signatures are checked at the
+ * first coordinate only (the check is the same at every one). */
 static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, double *bytes) {
     adt_mesh sm;
-    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
-    int rc = adt_plan_stage_mesh(p, s, &sm, ranks);
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *sranks = adt_malloc((size_t)p->mesh.nranks * sizeof *sranks);
+    int rc = adt_plan_stage_mesh(p, s, &sm, sranks), piped = p->n_stages > 1;
+    adt_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    if (!rc && piped) rc = adt_pipe_stage_build(g, p, s, &st);
+    adt_dist_plan d = {0};
+    if (!rc) d = piped ? adt_pipe_stage_dist(&st, p, ranks) : adt_plan_dist(p, 0, ranks);
     *bytes = 0;
     for (int i = 0; i < sm.nranks && !rc; i++) {
         if (sm.nranks > 4 && i > 0 && i < sm.nranks - 1) continue;
         int coord[ADT_MAX_MESH_DIMS] = {0};
         double b = 0;
         adt_mesh_coord(&sm, i, coord);
-        if (!(rc = coord_memplan(p, g, s, slots, coord, &b)) && b > *bytes) *bytes = b;
+        adt_dist_local loc;
+        if ((rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) break;
+        d.sigs_checked = 1;
+        if (!(rc = local_memplan(p, loc.g, piped, slots, &b)) && b > *bytes) *bytes = b;
+        adt_dist_local_free(&loc);
     }
+    if (piped) adt_pipe_stage_free(&st);
     free(ranks);
+    free(sranks);
     return rc;
 }
 
