@@ -142,8 +142,11 @@ def repeatability(rs):
     if n < 2:
         return None
     taus = [tau([r["runs_ms"][i] for r in rs], [r["runs_ms"][j] for r in rs]) for i, j in itertools.combinations(range(n), 2)]
-    dev = [abs(r["runs_ms"][i] - statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n]))
-           / statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n]) for r in rs for i in range(n)]
+    dev = []
+    for r in rs:
+        for i in range(n):
+            others = statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n])
+            dev.append(abs(r["runs_ms"][i] - others) / others)
     return statistics.mean(taus), statistics.median(dev)
 
 

@@ -77,8 +77,6 @@ typedef struct cal_compute {
     int n_tiny;
 } cal_compute;
 
-/* One model's training step timed node by node: FLOPs and seconds per op class and size class,
- * and the times of tiny ops, added to acc. */
 /* An executor of one model's training step (AdamW), its parameters initialised. */
 static int model_exec(const char *json, int batch, int threads, int profile, adt_graph **g, adt_exec **ex) {
     adt_model_cfg m;
@@ -94,6 +92,8 @@ static int model_exec(const char *json, int batch, int threads, int profile, adt
     return rc;
 }
 
+/* One model's training step timed node by node: FLOPs and seconds per op class and size class,
+ * and the times of tiny ops, added to acc. */
 static int time_model(const char *json, int batch, int threads, cal_compute *acc) {
     adt_graph *g;
     adt_exec *ex;

@@ -102,15 +102,14 @@ void adt_graph_mark_output(adt_graph *g, int v) {
 
 /* dst = a b sep num, a and b cut to leave room for the number: the names of every node and
  * value, made without printf (graphs of the planner's candidates have tens of thousands). */
-static void join_name(char *dst, size_t cap, const char *a, const char *b, char sep, int num) {
-    size_t at = 0, room = cap - 13; /* sep, ten digits, a sign and the terminator */
+static void join_name(char *dst, size_t cap, const char *a, const char *b, char sep, unsigned num) {
+    size_t at = 0, room = cap - 13; /* the names' old cut: room for sep, digits, terminator */
     for (; *a && at < room; a++) dst[at++] = *a;
     for (; *b && at < room; b++) dst[at++] = *b;
     dst[at++] = sep;
     char digits[12];
     int nd = 0;
-    unsigned u = num < 0 ? 0u - (unsigned)num : (unsigned)num;
-    if (num < 0) dst[at++] = '-';
+    unsigned u = num;
     do digits[nd++] = (char)('0' + u % 10), u /= 10;
     while (u);
     while (nd) dst[at++] = digits[--nd];
@@ -241,7 +240,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     n->is_optimizer = g->in_optimizer;
     n->fwd_node = g->in_backward ? g->cur_fwd_node : -1;
     n->n_out = def->count_out ? def->count_out(n) : def->n_out;
-    join_name(n->name, sizeof n->name, g->in_backward ? "bwd." : "", def->name, '_', id);
+    join_name(n->name, sizeof n->name, g->in_backward ? "bwd." : "", def->name, '_', (unsigned)id);
 
     adt_shape shapes[ADT_MAX_OUTPUTS];
     adt_dtype dts[ADT_MAX_OUTPUTS];
@@ -253,7 +252,7 @@ int adt_graph_add_node(adt_graph *g, int op, const int *in, int n_in, const adt_
     for (int i = 0; i < n_in; i++) rg |= g->values[in[i]].requires_grad;
     for (int k = 0; k < n->n_out; k++) {
         char name[ADT_NAME_LEN];
-        join_name(name, sizeof name, n->name, "", ':', k);
+        join_name(name, sizeof name, n->name, "", ':', (unsigned)k);
         adt_role role = g->in_backward ? ADT_ROLE_GRAD : ADT_ROLE_ACT;
         int v = new_value(g, name, dts[k], shapes[k], role);
         n->out[k] = v;
