@@ -106,11 +106,14 @@ static inline double check_max_rel_err(const float *a, const float *b, long n, d
     return worst;
 }
 
-/* Largest |x - ref| / (|ref| + max|ref|) over n elements: a tensor's error at its own scale, so
- * elements near zero are not held to a relative bound that rounding cannot meet (an all-zero ref
- * counts |x - ref|). NaN counts as infinite. */
-static inline double check_scaled_err(const float *x, const float *ref, long n) {
-    double scale = 0, worst = 0;
+/* Largest |x - ref| / (|ref| + scale) over n elements, scale = max(max|ref|, floor_): a tensor's
+ * error at its own scale, so elements near zero are not held to a relative bound that rounding
+ * cannot meet (an all-zero ref with no floor counts |x - ref|). The floor is for a state that
+ * nearly cancelled: m = b1 m + (1 - b1) g rounds relative to its operands, so an optimizer moment
+ * that passed through 0.02 on its way to 1e-6 is measured against 0.02 (check_max_abs of it at
+ * earlier steps). NaN counts as infinite. */
+static inline double check_scaled_err_floor(const float *x, const float *ref, long n, double floor_) {
+    double scale = floor_, worst = 0;
     for (long i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
     if (scale == 0) scale = 1;
     for (long i = 0; i < n; i++) {
@@ -118,6 +121,17 @@ static inline double check_scaled_err(const float *x, const float *ref, long n) 
         if (!(e <= worst)) worst = e != e ? INFINITY : e;
     }
     return worst;
+}
+
+static inline double check_scaled_err(const float *x, const float *ref, long n) {
+    return check_scaled_err_floor(x, ref, n, 0);
+}
+
+/* max |x| over n elements. */
+static inline double check_max_abs(const float *x, long n) {
+    double m = 0;
+    for (long i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
 }
 
 #endif

@@ -295,7 +295,7 @@ static inline void world_gather(const world *w, int v, float *out) {
 typedef struct world_check_opts {
     int steps;
     float lr;
-    double tol;      /* parameters and optimizer state: |x - ref| / (|ref| + max|ref|) */
+    double tol;      /* parameters and optimizer state: check_scaled_err_floor over the steps so far */
     double loss_tol; /* the loss: relative */
     uint64_t seed;
 } world_check_opts;
@@ -306,10 +306,10 @@ typedef struct world_check_stats {
     double worst, worst_loss;
 } world_check_stats;
 
-/* Largest error of x against ref over n elements: check_scaled_err, or with `relative` plain
- * |x - ref| / |ref|. */
-static inline double world_err(const float *x, const float *ref, int64_t n, int relative) {
-    if (!relative) return check_scaled_err(x, ref, (long)n);
+/* Largest error of x against ref over n elements: check_scaled_err_floor at `scale`, or with
+ * `relative` plain |x - ref| / |ref|. */
+static inline double world_err(const float *x, const float *ref, int64_t n, int relative, double scale) {
+    if (!relative) return check_scaled_err_floor(x, ref, (long)n, scale);
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)x[i] - ref[i]) / (ref[i] != 0 ? fabs(ref[i]) : 1);
@@ -333,6 +333,7 @@ static inline int world_check_plan(const adt_graph *g, const adt_dist_plan *plan
     float *got = NULL;
     size_t cap = 0;
     double worst = 0, worst_loss = 0;
+    double *scale = calloc((size_t)g->n_values, sizeof *scale); /* max |x| of the serial run so far */
     for (int step = 1; step <= o->steps && ok; step++) {
         void **feed = calloc((size_t)g->n_values, sizeof *feed);
         feed_fn(feed_ctx, g, feed);
@@ -348,7 +349,10 @@ static inline int world_check_plan(const adt_graph *g, const adt_dist_plan *plan
             size_t bytes = (size_t)adt_value_bytes(g, v);
             if (bytes > cap) got = realloc(got, cap = bytes);
             world_gather(&w, v, got);
-            double e = world_err(got, adt_exec_data(serial, v), adt_shape_numel(&val->shape), v == g->loss);
+            const float *ref = adt_exec_data(serial, v);
+            int64_t n = adt_shape_numel(&val->shape);
+            scale[v] = fmax(scale[v], check_max_abs(ref, (long)n));
+            double e = world_err(got, ref, n, v == g->loss, scale[v]);
             double tol = v == g->loss ? o->loss_tol : o->tol;
             char lay[64];
             CHECK(e <= tol, "%s, step %d: '%s' (%s) differs from the serial run by %.3g (seed %llu)", what, step, val->name,
@@ -369,6 +373,7 @@ static inline int world_check_plan(const adt_graph *g, const adt_dist_plan *plan
         if (!(worst_loss <= rs->worst_loss)) rs->worst_loss = worst_loss;
     }
     free(got);
+    free(scale);
     adt_exec_free(serial);
     world_free(&w);
     return ok && all_ok;

@@ -223,7 +223,7 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
         rc = adt_mesh_comm_gather(mc, &loc.layout[v], g->values[v].shape, ADT_F32, adt_exec_data(ex, loc.value[v]),
                                   full);
         CHECK(rc == ADT_OK, "%s: gathering %s: %s", what, g->values[v].name, adt_error_message());
-        double e = check_scaled_err(full, ref->state[v], adt_value_numel(g, v));
+        double e = check_scaled_err_floor(full, ref->state[v], adt_value_numel(g, v), ref->scale[v]);
         char lay[64];
         CHECK(e <= STATE_TOL, "%s: '%s' (%s) after %d steps differs from the serial run by %.3g (seed %llu)", what,
               g->values[v].name, adt_ndsbp_str(&loc.layout[v], lay, sizeof lay), STEPS, e, (unsigned long long)g_seed);

@@ -199,7 +199,7 @@ static void slots_run(const char *name) {
     for (int v = 0; v < g->n_values && !rc; v++) {
         if (!adt_role_is_persistent(g->values[v].role)) continue;
         int rv = adt_graph_find_value(ref.g, g->values[v].name);
-        double e = check_scaled_err(adt_exec_data(ex, v), ref.r.state[rv], adt_value_numel(g, v));
+        double e = check_scaled_err_floor(adt_exec_data(ex, v), ref.r.state[rv], adt_value_numel(g, v), ref.r.scale[rv]);
         CHECK(e <= STATE_TOL, "%s: '%s' after %d steps differs from the serial run by %.3g", name, g->values[v].name,
               STEPS, e);
     }
@@ -296,7 +296,7 @@ static void pipe_run(const family *f, const whole_batch *ref, const char *strate
             rc = adt_mesh_comm_gather(adt_pipe_mesh_comm(pp), &loc->layout[sv], pg->values[v].shape, ADT_F32, data, c.full);
             CHECK(rc == ADT_OK && rv >= 0, "%s: gathering %s: %s", what, pg->values[v].name, adt_error_message());
             if (rc || rv < 0) break;
-            double e = check_scaled_err(c.full, ref->r.state[rv], adt_value_numel(pg, v));
+            double e = check_scaled_err_floor(c.full, ref->r.state[rv], adt_value_numel(pg, v), ref->r.scale[rv]);
             CHECK(e <= STATE_TOL, "%s: '%s' on stage %d after %d steps differs from the serial run by %.3g (seed %llu)",
                   what, pg->values[v].name, st->stage, STEPS, e, (unsigned long long)g_seed);
             if (!(e <= worst_state)) worst_state = e;
