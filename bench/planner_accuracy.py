@@ -41,13 +41,13 @@ def candidates(n):
     return c
 
 
-def make_plans(model, cfg, batch):
+def make_plans(model, cfg, data, batch):
     plans = []
     for n in range(1, RANKS + 1):
         for s, m in candidates(n):
             path = f"{WORK}/{model}-{n}-{s.replace('=', '_').replace(',', '-')}-m{m}.json"
             r = subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch",
-                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--json", "-o", path],
+                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path],
                                capture_output=True, text=True)
             if r.returncode:
                 print(f"  {model} {n} ranks {s} m={m}: left out ({r.stderr.strip().splitlines()[-1]})",
@@ -57,7 +57,8 @@ def make_plans(model, cfg, batch):
         if n >= 2:
             path = f"{WORK}/{model}-{n}-auto.json"
             r = subprocess.run([ADT, "plan", "--strategy", "auto", "--devices", str(n), "--model", cfg, "--batch",
-                                str(batch), "--cluster", CLUSTER, "--json", "-o", path], capture_output=True, text=True)
+                                str(batch), "--cluster", CLUSTER, "--data", data, "--json", "-o", path],
+                               capture_output=True, text=True)
             if r.returncode == 0:
                 pred = json.loads(r.stdout)
                 plans.append({"ranks": n, "plan": "auto" if pred["strategy"] == "auto" else "auto (" + pred["strategy"] + ")", "microbatches": pred["microbatches"],
@@ -109,7 +110,7 @@ def main():
     for model in MODELS:
         cfg = f"configs/{model}.json"
         data, batch = DATA[model.split("-")[0]]
-        plans = make_plans(model, cfg, batch)
+        plans = make_plans(model, cfg, data, batch)
         for p in plans:
             p["runs"] = []
         for rnd in range(ROUNDS):

@@ -436,6 +436,54 @@ static void test_cost_sync(void) {
     adt_graph_free(g);
 }
 
+/* The input (cluster input_s): a rank first produces the samples its blocks of the fed values
+ * cover, at the compute slowdown, and the rest of its step shifts by that. Data parallelism reads
+ * ceil(B / n) samples a rank, tensor parallelism the whole batch; in a pipeline the first stage
+ * (the input) and the last (the labels) read them and the stages between none; without input_s
+ * nothing is added. */
+static void test_cost_input(void) {
+    adt_cluster c, in;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    for (int i = 0; i < c.n_slowdown; i++) c.slowdown[i].sync_s = 0; /* its ramp would see the shift */
+    in = c;
+    in.input_s = 1e-4;
+    double share = adt_cluster_share(&c, 4);
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    static const char *const strategies[] = {"dp", "tp", "zero"};
+    static const int rows[] = {8, 30, 8}; /* of a batch of 30 on 4 devices */
+    for (int k = 0; k < 3; k++) {
+        adt_graph *g = NULL;
+        adt_plan p;
+        CHECK(expert(&m, strategies[k], 4, 30, &g, &p) == ADT_OK, "%s", adt_error_message());
+        adt_cost_report r0, r1;
+        CHECK(adt_plan_cost(&p, g, &c, &r0) == ADT_OK && adt_plan_cost(&p, g, &in, &r1) == ADT_OK, "%s",
+              adt_error_message());
+        double want = share * 1e-4 * rows[k];
+        CHECK(r0.input_s == 0, "%s: no input_s, none charged (%g)", strategies[k], r0.input_s);
+        CHECK_CLOSE(r1.input_s, want, 1e-12, 0);
+        CHECK_CLOSE(r1.step_s - r0.step_s, want, 1e-9, 0);
+        CHECK_CLOSE(r1.compute_s, r0.compute_s, 1e-12, 0);
+        adt_plan_free(&p);
+        adt_graph_free(g);
+    }
+    adt_graph *g = NULL;
+    adt_plan pp;
+    adt_model_cfg deep = m;
+    deep.mlp.n_sizes = 5, deep.mlp.sizes[3] = 256, deep.mlp.sizes[4] = 10;
+    CHECK(expert(&deep, "pp", 4, 32, &g, &pp) == ADT_OK, "%s", adt_error_message());
+    adt_cost_report r0, r1;
+    CHECK(adt_plan_cost(&pp, g, &c, &r0) == ADT_OK && adt_plan_cost(&pp, g, &in, &r1) == ADT_OK, "%s",
+          adt_error_message());
+    CHECK(r1.n_stages == 4, "pp: %d stages", r1.n_stages);
+    for (int s = 0; s < r1.n_stages; s++) {
+        double want = s == 0 || s == r1.n_stages - 1 ? share * 1e-4 * 32 : 0;
+        CHECK(fabs(r1.stage_s[s] - r0.stage_s[s] - want) < 1e-9, "pp stage %d: +%g s, expected +%g s", s,
+              r1.stage_s[s] - r0.stage_s[s], want);
+    }
+    adt_plan_free(&pp);
+    adt_graph_free(g);
+}
+
 /* The predicted peak memory of a one-device plan against the memory plan of an executor made on
  * the same graph (the trainer keeps a classifier's logits too: marked as an output here). */
 static void test_cost_memplan(void) {
@@ -846,6 +894,28 @@ static void test_cli(void) {
     cJSON_Delete(j);
     rc = run_adtrain("plan --strategy dp --model configs/mlp-mnist.json --devices 2 --json 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--cluster"), "exit %d: %s", rc, out);
+    /* the input of the run's data, timed per sample (test_cost_input checks what is charged);
+     * data that does not fit the model is refused */
+    static const char *const in_strategies[] = {"dp", "tp"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "plan --strategy %s --model configs/vgg-mnist.json --cluster " CPU
+                 " --devices 2 --batch 32 --data synthetic:vgg --json 2>&1", in_strategies[k]);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "--data synthetic:vgg: exit %d: %s", rc, out);
+        j = cJSON_Parse(out);
+        const cJSON *is = j ? cJSON_GetObjectItemCaseSensitive(j, "input_s") : NULL;
+        CHECK(cJSON_IsNumber(is) && is->valuedouble > 0, "%s: input_s in %.300s", in_strategies[k], out);
+        cJSON_Delete(j);
+    }
+    rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --cluster " CPU
+                     " --devices 2 --batch 32 --data synthetic:text --json 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--data synthetic:text"), "exit %d: %s", rc, out);
+    rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --cluster " CPU
+                     " --devices 2 --data mnist:no/such 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--data") && contains(out, "no/such"), "exit %d: %s", rc, out);
+    rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --devices 2 --data synthetic:vgg 2>&1", out,
+                     sizeof out);
+    CHECK(rc == 2 && contains(out, "--data") && contains(out, "--cluster"), "exit %d: %s", rc, out);
     /* calibrate (one rank: the kernels and the memory): a cluster file the planner reads */
     const char *cal = check_tmp_path("cal.json");
     snprintf(args, sizeof args, "calibrate -o %s 2>&1", cal);
@@ -889,6 +959,7 @@ int main(void) {
     RUN(test_cluster_calibrated);
     RUN(test_cost_calibrated);
     RUN(test_cost_sync);
+    RUN(test_cost_input);
     RUN(test_cost_memplan);
     RUN(test_search_optimality);
     RUN(test_planner_vs_experts);

@@ -91,6 +91,11 @@ typedef struct adt_cluster {
     struct { int ranks; double factor, sync_s; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
+    /* Not in cluster files, set by the caller for a job: the seconds one rank takes to produce
+     * one sample of the job's input (the data source's fill and the copy into the executor's
+     * fed values), which the trainer does inline before each step's passes; 0: not priced.
+     * adtrain plan measures it on the --data the run will read (cli_measure_input). */
+    double input_s;
 } adt_cluster;
 
 /* Parses a cluster from JSON text / a file. Strict: unknown fields, wrong types, out-of-range
@@ -147,6 +152,7 @@ typedef struct adt_cost_report {
     double exposed_comm_s;     /* communication not hidden behind compute                        */
     double p2p_s;              /* stage-boundary transfers                                       */
     double sync_s;             /* of the exposed: blocked waits' sync cost (device.slowdown)     */
+    double input_s;            /* producing the samples of the rank's fed blocks (cluster input_s) */
     double bubble_s;           /* pipeline bubbles: step - m x max(t_i)                         */
     double state_bytes;        /* parameters and optimizer state per device (critical stage)     */
     double act_bytes;          /* the liveness peak of one microbatch                            */

@@ -56,6 +56,9 @@ static void plan_usage(FILE *f) {
             "  --mem-limit BYTES  memory per device (default: the cluster's)\n"
             "  --max-pp P         largest pipeline degree tried\n"
             "  --json             the predictions as JSON (predicted_step_s, peak_mem_bytes, search_s, experts)\n"
+            "  --data KIND:PATH   the data the run will read (as adtrain train --data; default: the same\n"
+            "                     default as train): each rank produces its samples before a step's passes,\n"
+            "                     timed here per sample and priced by the samples a rank's blocks cover"
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
             "\n"
             "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"
@@ -76,6 +79,7 @@ static int plan_apply(void *opts, const char *f, const char *v) {
         else if (!strcmp(v, "sgd-momentum")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 1;
         else return plan_fail(2, "--optimizer: expected 'adamw', 'sgd' or 'sgd-momentum', got '%s'", v);
     } else if (!strcmp(f, "--cluster")) o->a.cluster_path = v;
+    else if (!strcmp(f, "--data")) o->a.data = v;
     else if (!strcmp(f, "--mem-limit")) return cli_double("plan", f, v, 1, 1e18, &o->a.mem_limit) ? 2 : 0;
     else if (!strcmp(f, "--max-pp")) return cli_parse_long("plan", f, v, 1, ADT_PLAN_MAX_STAGES, &o->a.max_pp);
     else if (!strcmp(f, "--json")) o->a.json = 1;
@@ -259,6 +263,9 @@ int cli_plan(int argc, char **argv) {
     static const char *const switches[] = {"--json", "--explain", NULL};
     int rc = cli_parse_flags_switches("plan", argc, argv, plan_usage, plan_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
+    o.a.builtin_model = !o.model_path;
+    if (o.a.data && !o.a.cluster_path && !(o.strategy && !strcmp(o.strategy, "auto")))
+        return plan_fail(2, "--data goes with --cluster (the input is priced on a cluster)");
     if (o.strategy && !strcmp(o.strategy, "auto")) {
         adt_model_cfg am;
         char alabel[320];

@@ -23,6 +23,7 @@ static const char *gib(double b, char *buf, size_t n) {
 static void print_explain(const adt_cost_report *r) {
     printf("\nwhere the time goes (per step, the slowest stage's clock)\n");
     printf("  compute                 %10.4f ms\n", r->compute_s * 1e3);
+    if (r->input_s > 0) printf("  input                   %10.4f ms (producing the rank's samples of --data)\n", r->input_s * 1e3);
     for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)
         if (r->comm_s[k] > 0) printf("  %-23s %10.4f ms busy\n", adt_boxing_kind_name(k), r->comm_s[k] * 1e3);
     printf("  communication exposed   %10.4f ms (not hidden behind compute)\n", r->exposed_comm_s * 1e3);
@@ -52,6 +53,7 @@ static cJSON *report_json(const adt_cost_report *r) {
     cJSON_AddNumberToObject(j, "exposed_comm_s", r->exposed_comm_s);
     cJSON_AddNumberToObject(j, "p2p_s", r->p2p_s);
     cJSON_AddNumberToObject(j, "sync_s", r->sync_s);
+    cJSON_AddNumberToObject(j, "input_s", r->input_s);
     cJSON_AddNumberToObject(j, "bubble_s", r->bubble_s);
     return j;
 }
@@ -82,11 +84,22 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
     cJSON_Delete(root);
 }
 
+/* The cluster file, with the input of the run's data priced: what producing one sample of
+ * --data (or the default data) takes here. */
+static int load_cluster(const cli_plan_auto_opts *o, const adt_model_cfg *m, long batch, adt_cluster *cl) {
+    if (adt_cluster_load(cl, o->cluster_path)) return auto_fail(2, "--cluster: %s", adt_error_message());
+    const char *spec = o->data ? o->data : cli_default_data(m, "plan", 0);
+    if (cli_measure_input(m, o->builtin_model, spec, (int)batch, &cl->input_s))
+        return auto_fail(2, "--data %s: %s", spec, adt_error_message());
+    return 0;
+}
+
 /* An expert plan priced on a cluster (--cluster with another strategy): what the cost model
  * predicts for exactly the plan written, so that it can be set beside a measured run. */
 int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_graph *g) {
     adt_cluster cl;
-    if (adt_cluster_load(&cl, o->cluster_path)) return auto_fail(2, "--cluster: %s", adt_error_message());
+    int rc = load_cluster(o, &p->model, p->batch, &cl);
+    if (rc) return rc;
     if (p->mesh.nranks > adt_cluster_devices(&cl))
         return auto_fail(2, "--devices: %d, but cluster %s has %d devices", p->mesh.nranks, cl.name,
                          adt_cluster_devices(&cl));
@@ -120,14 +133,14 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
     if (!o->cluster_path) return auto_fail(2, "--cluster: missing; --strategy auto plans on a cluster file "
                                            "(configs/clusters/*.json, or one adtrain calibrate writes)");
     adt_cluster cl;
-    if (adt_cluster_load(&cl, o->cluster_path)) return auto_fail(2, "--cluster: %s", adt_error_message());
+    int rc = load_cluster(o, m, o->batch, &cl);
+    if (rc) return rc;
     if (o->devices > adt_cluster_devices(&cl))
         return auto_fail(2, "--devices: %ld, but cluster %s has %d devices", o->devices, cl.name, adt_cluster_devices(&cl));
     adt_planner_opts po = {.devices = (int)o->devices, .batch = (int)o->batch, .optim = o->optimizer,
                            .momentum = o->momentum, .mem_limit = o->mem_limit, .max_pp = (int)o->max_pp};
     adt_planner_result res;
     if (adt_planner_search(m, &cl, &po, &res)) return auto_fail(2, "%s", adt_error_message());
-    int rc = 0;
     char b1[32], b2[32];
     if (o->json) {
         print_json(&res, &cl, label);

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "adtrain/base.h"
 #include "train.h"
@@ -26,78 +25,23 @@ int train_load_model(trainer *t) {
     return 0;
 }
 
-/* What each model family reads from a sample. */
-static adt_data_layout model_layout(const adt_model_cfg *m) {
-    switch (m->type) {
-    case ADT_MODEL_GPT: return ADT_DATA_SEQ;
-    case ADT_MODEL_DLRM: return ADT_DATA_CTR;
-    default: return ADT_DATA_CLASS;
-    }
-}
-
-static void data_shape_of(const trainer *t, adt_data_shape *s) {
-    const adt_model_cfg *m = &t->model;
-    memset(s, 0, sizeof *s);
-    switch (m->type) {
-    case ADT_MODEL_GPT:
-        s->n_ctx = m->gpt.n_ctx;
-        s->vocab_size = t->builtin_model ? 0 : m->gpt.vocab_size; /* the built-in model adopts the data's */
-        break;
-    case ADT_MODEL_MLP:
-        s->in_features = m->mlp.sizes[0];
-        s->classes = m->mlp.sizes[m->mlp.n_sizes - 1];
-        break;
-    case ADT_MODEL_VGG:
-        s->channels = m->vgg.in_channels, s->height = m->vgg.height, s->width = m->vgg.width;
-        s->in_features = s->channels * s->height * s->width;
-        s->classes = m->vgg.classes;
-        break;
-    case ADT_MODEL_DLRM:
-        s->n_dense = m->dlrm.n_dense;
-        s->n_tables = m->dlrm.n_tables;
-        for (int i = 0; i < m->dlrm.n_tables && i < ADT_DATA_MAX_TABLES; i++) s->table_rows[i] = m->dlrm.table_rows[i];
-        break;
-    }
-}
-
-/* The default when no --data is given, announced so a user knows what the run trains on. */
-static const char *default_data(const adt_model_cfg *m) {
-    static const char *const syn[] = {[ADT_MODEL_GPT] = "synthetic:text", [ADT_MODEL_MLP] = "synthetic:mlp",
-                                      [ADT_MODEL_VGG] = "synthetic:vgg", [ADT_MODEL_DLRM] = "synthetic:dlrm"};
-    if (m->type == ADT_MODEL_GPT && access(TRAIN_DEFAULT_TEXT, R_OK) == 0) {
-        if (!cli_quiet) fprintf(stderr, "adtrain train: no --data given: using text:%s\n", TRAIN_DEFAULT_TEXT);
-        return "text:" TRAIN_DEFAULT_TEXT;
-    }
-    if (cli_quiet) return syn[m->type];
-    if (m->type == ADT_MODEL_GPT)
-        fprintf(stderr, "adtrain train: no --data given and %s not found: using synthetic:text\n", TRAIN_DEFAULT_TEXT);
-    else fprintf(stderr, "adtrain train: no --data given: using %s\n", syn[m->type]);
-    return syn[m->type];
-}
-
-static const char *layout_name(adt_data_layout l) {
-    return l == ADT_DATA_SEQ ? "token sequences (text:, tokens:, synthetic:text)"
-           : l == ADT_DATA_CLASS ? "labelled examples (mnist:, synthetic:mlp, synthetic:vgg)"
-                                 : "click logs (criteo:, synthetic:dlrm)";
-}
-
 /* Opens --data (vocab NULL) or --val (the training vocabulary for text) for the model. */
 static int open_source(trainer *t, train_source *s, const char *flag, const char *spec, const adt_text_vocab *vocab,
                        int is_val) {
     memset(s, 0, sizeof *s);
     s->spec = spec;
     adt_data_shape shape;
-    data_shape_of(t, &shape);
+    cli_data_shape(&t->model, t->builtin_model, &shape);
     if (!strncmp(spec, "text:", 5)) shape.vocab_size = 0; /* compared as a whole below: a clearer message */
     if (t->model.type == ADT_MODEL_DLRM && t->model.dlrm.n_tables > ADT_DATA_MAX_TABLES)
         return train_fail(EXIT_USAGE, "--model %s: %d embedding tables; the data loaders take at most %d",
                           t->model_label, t->model.dlrm.n_tables, ADT_DATA_MAX_TABLES);
     if (adt_dataset_open(&s->ds, spec, &shape, vocab, is_val)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    adt_data_layout want = model_layout(&t->model);
+    adt_data_layout want = cli_data_layout(&t->model);
     if (adt_dataset_layout(s->ds) != want)
         return train_fail(EXIT_USAGE, "%s %s holds %s, but --model %s (%s) trains on %s", flag, spec,
-                          layout_name(adt_dataset_layout(s->ds)), t->model_label, adt_model_type_name(t->model.type),
-                          layout_name(want));
+                          cli_data_layout_name(adt_dataset_layout(s->ds)), t->model_label,
+                          adt_model_type_name(t->model.type), cli_data_layout_name(want));
     s->count = adt_dataset_samples(s->ds);
     if (s->count < 1)
         return train_fail(EXIT_USAGE, "%s %s: no complete sample%s", flag, spec,
@@ -124,7 +68,7 @@ static int match_vocab(trainer *t) {
 
 /* Without --val, the last 10% of the training samples are held out (the nanoGPT split). */
 int train_open_data(trainer *t) {
-    if (!t->o.data) t->o.data = default_data(&t->model);
+    if (!t->o.data) t->o.data = cli_default_data(&t->model, "train", !cli_quiet);
     int rc = open_source(t, &t->train, "--data", t->o.data, NULL, 0);
     if (rc) return rc;
     if ((rc = match_vocab(t))) return rc;

@@ -33,6 +33,12 @@
  * ranks outnumber the cores). Counted at every blocked node: a tensor-parallel plan pays it at
  * every layer, data parallelism about once per step; a wait soon after the last one pays less,
  * and a stage-boundary message none (ranked DLRM's pipelines better: tau +0.06..+0.17).
+ *
+ * A rank that holds a block of a fed value (the input, the labels) first produces the samples
+ * its blocks cover (the cluster's input_s per sample, at the compute slowdown): the trainer
+ * fills them inline, and a rank whose input is split over the batch reads its share while a
+ * tensor-parallel rank reads the whole batch. On small models this is a third of the step (the
+ * synthetic images' waves and noise).
  */
 #include <math.h>
 #include <stdio.h>
@@ -130,7 +136,7 @@ typedef struct boxed {
 } boxed;
 
 typedef struct stage_eval {
-    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, state, act_peak, saved;
+    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, input, state, act_peak, saved;
 } stage_eval;
 
 /* The compute after a blocked wait over which the next one's sync cost grows from nothing to
@@ -139,6 +145,23 @@ typedef struct stage_eval {
  * the smallest errors; charging every blocked wait in full overpriced plans that block on
  * many collectives in a row (ZeRO's gathers of 26 embedding tables). */
 #define SYNC_RAMP_S 1e-4
+
+/* Samples of one (micro)batch the busiest rank of a stage reads: of the fed values the stage
+ * reads (last[v] >= 0), the largest block along the batch axis (the trainer reads the union of
+ * its blocks once; they nest). */
+static double input_rows(const adt_graph *g, const adt_ndsbp *held, const adt_mesh *m, const int *last) {
+    double rows = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const adt_value *val = &g->values[v];
+        if (last[v] < 0 || !adt_role_is_fed(val->role) || v == g->lr_input || v == g->step_input || val->shape.ndim < 1)
+            continue;
+        double r = (double)val->shape.dim[0];
+        for (int a = 0; a < m->ndim && a < held[v].ndim; a++)
+            if (held[v].s[a].kind == ADT_SBP_S && held[v].s[a].axis == 0) r = ceil(r / m->dim[a]);
+        if (r > rows) rows = r;
+    }
+    return rows;
+}
 
 static int root_of(const adt_graph *g, int v) {
     while (g->values[v].alias_of >= 0) v = g->values[v].alias_of;
@@ -176,6 +199,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     }
     int rc = ADT_OK;
     double tc = 0, tm = 0, live = 0, peak = 0, t_sync = 0;
+    if (c->input_s > 0 && in_stage_any) tc = ev->input = share * c->input_s * input_rows(g, held, m, last);
     int backward_started = 0, opt_started = 0;
     /* persistent and fed values of the stage: held for the whole step */
     for (int v = 0; v < nv; v++) {
@@ -397,6 +421,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m, comm += e->comm[k];
         out->p2p_s = e->p2p * m;
         out->sync_s = e->sync * m;
+        out->input_s = e->input * m;
         out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
         if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
         (void)comm;
