@@ -9,7 +9,8 @@
  *   memory    the bandwidth of a 64 MiB copy;
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
- *             time on each of k ranks over its time on one), into device.slowdown, with what
+ *             time on each of k ranks over its time on one rank alone right after, the median
+ *             of 3 such pairs), into device.slowdown, with what
  *             a collective that follows compute costs beyond its back-to-back time (sync_s);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
@@ -235,6 +236,31 @@ static double sync_cost(adt_comm *w, float *x) {
     return ok && r[CAL_SYNC_ROUNDS / 2] > 0 ? r[CAL_SYNC_ROUNDS / 2] : 0;
 }
 
+/* The compute slowdown of the k ranks of this world (device.slowdown[].factor): in each of
+ * CAL_PAIRS rounds every rank runs the probe at once, then rank 0 alone while the others sleep
+ * (spinning in MPI they would take the cores it is timed on); the ranks' mean time over the lone
+ * one, the median over rounds. Paired in time: this VM's speed drifts by tens of percent over
+ * minutes, and a lone probe timed before the workers started put 4 ranks at 1.95x in one quiet
+ * run and 2.66x in another two hours later, where the training runs after each saw about 2. */
+#define CAL_PAIRS 3
+static double slowdown_probe(adt_comm *w) {
+    double ratio[CAL_PAIRS];
+    for (int i = 0; i < CAL_PAIRS; i++) {
+        adt_comm_barrier(w);
+        double all = compute_probe(1);
+        adt_comm_allreduce_f64(w, &all, 1);
+        all /= adt_comm_size(w);
+        adt_comm_barrier(w);
+        double one = 0;
+        if (adt_comm_rank(w) == 0) one = compute_probe(1);
+        else usleep((useconds_t)(2 * CAL_PROBE_S * 1e6));
+        adt_comm_allreduce_f64(w, &one, 1); /* rank 0's: the others add 0 */
+        ratio[i] = one > 0 ? all / one : 0;
+    }
+    qsort(ratio, CAL_PAIRS, sizeof ratio[0], cmp_double);
+    return ratio[CAL_PAIRS / 2];
+}
+
 /* The worker: every rank times each collective kind at each size; rank 0 prints
  * "kind size seconds" lines (per collective, back to back, the mean over rounds and ranks). */
 static int comm_worker(void) {
@@ -246,16 +272,8 @@ static int comm_worker(void) {
     float *a = adt_comm_shared_alloc(cap), *b = adt_comm_shared_alloc(cap);
     int64_t *cnt = adt_malloc((size_t)adt_comm_size(w) * sizeof *cnt);
     memset(a, 0, cap), memset(b, 0, cap);
-    /* every rank computes at once: the ranks' mean time of the probe, the median of three (a
-     * burst of other work on the machine spoils one, not the figure) */
-    double probes[3];
-    for (int i = 0; i < 3; i++) {
-        adt_comm_barrier(w);
-        probes[i] = compute_probe(1);
-        adt_comm_allreduce_f64(w, &probes[i], 1);
-    }
-    qsort(probes, 3, sizeof probes[0], cmp_double);
-    if (adt_comm_rank(w) == 0) printf("probe 0 %.9g\n", probes[1] / adt_comm_size(w));
+    double slow = slowdown_probe(w);
+    if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
     double sync = sync_cost(w, a);
     if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
@@ -319,7 +337,7 @@ static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe, double *sync) {
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync) {
     char self[1024], cmd[1200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -336,8 +354,8 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *probe, dou
         long long s;
         double t;
         int ki = 0;
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && (!strcmp(kind, "probe") || !strcmp(kind, "sync"))) {
-            *(kind[0] == 'p' ? probe : sync) = t;
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync"))) {
+            *(kind[1] == 'l' ? slowdown : sync) = t;
             continue;
         }
         if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3)
@@ -431,16 +449,12 @@ int cli_calibrate(int argc, char **argv) {
         cal_fit pooled;
         memset(&pooled, 0, sizeof pooled);
         /* compute with k busy ranks against one: the slowdown the cost model applies */
-        double ones[3];
-        for (int i = 0; i < 3; i++) ones[i] = compute_probe((int)o.threads);
-        qsort(ones, 3, sizeof ones[0], cmp_double);
-        double one = ones[1]; /* the median of three, as each rank count's */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
         for (int k = 2; k <= o.ranks; k++) {
-            double probe = 0, sync = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &probe, &sync))) return rc;
-            if (probe > 0 && one > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
-                double f = probe / one < 1 ? 1 : probe / one;
+            double slow = 0, sync = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync))) return rc;
+            if (slow > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
+                double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
                 c.slowdown[c.n_slowdown++].factor = f;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
