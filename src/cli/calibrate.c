@@ -10,8 +10,8 @@
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
- *             of 3 such pairs), into device.slowdown, with what
- *             a collective that follows compute costs beyond its back-to-back time (sync_s);
+ *             of 3 such pairs), into device.slowdown, with what a collective that follows
+ *             compute costs beyond its back-to-back time (sync_s);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
  *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's

@@ -39,8 +39,9 @@ int cli_calibrate(int argc, char **argv);
 
 /* The data of a model (data_cfg.c). */
 #define CLI_DEFAULT_TEXT "../shared/data/tinyshakespeare/input.txt"
-/* The shape a dataset must fit for model m (builtin_model: a GPT's vocabulary left to the data). */
-void cli_data_shape(const adt_model_cfg *m, int builtin_model, adt_data_shape *s);
+/* The shape dataset `spec` must fit for model m (builtin_model, or a text: spec: a GPT's vocabulary
+ * is not checked by the loader; text is compared as a whole after, with a clearer message). */
+void cli_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec, adt_data_shape *s);
 /* What the model family reads, and its name with the --data kinds that hold it. */
 adt_data_layout cli_data_layout(const adt_model_cfg *m);
 const char *cli_data_layout_name(adt_data_layout l);

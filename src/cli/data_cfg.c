@@ -13,12 +13,13 @@
 #include "adtrain/data.h"
 #include "cli.h"
 
-void cli_data_shape(const adt_model_cfg *m, int builtin_model, adt_data_shape *s) {
+void cli_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec, adt_data_shape *s) {
     memset(s, 0, sizeof *s);
     switch (m->type) {
     case ADT_MODEL_GPT:
         s->n_ctx = m->gpt.n_ctx;
-        s->vocab_size = builtin_model ? 0 : m->gpt.vocab_size; /* the built-in model adopts the data's */
+        /* the built-in model adopts the data's */
+        s->vocab_size = builtin_model || !strncmp(spec, "text:", 5) ? 0 : m->gpt.vocab_size;
         break;
     case ADT_MODEL_MLP:
         s->in_features = m->mlp.sizes[0];
@@ -80,8 +81,7 @@ static int cmp_double(const void *a, const void *b) {
 int cli_measure_input(const adt_model_cfg *m, int builtin_model, const char *spec, int batch, double *s_per_sample) {
     *s_per_sample = 0;
     adt_data_shape shape;
-    cli_data_shape(m, builtin_model, &shape);
-    if (!strncmp(spec, "text:", 5)) shape.vocab_size = 0; /* as train: the vocabulary is checked apart */
+    cli_data_shape(m, builtin_model, spec, &shape);
     adt_dataset *ds = NULL;
     if (adt_dataset_open(&ds, spec, &shape, NULL, 0)) return -1;
     int rc = 0;

@@ -58,7 +58,7 @@ static void plan_usage(FILE *f) {
             "  --json             the predictions as JSON (predicted_step_s, peak_mem_bytes, search_s, experts)\n"
             "  --data KIND:PATH   the data the run will read (as adtrain train --data; default: the same\n"
             "                     default as train): each rank produces its samples before a step's passes,\n"
-            "                     timed here per sample and priced by the samples a rank's blocks cover"
+            "                     timed here per sample and priced by the samples a rank's blocks cover\n"
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
             "\n"
             "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"

@@ -17,7 +17,6 @@
 #include "adtrain/models.h"
 #include "cli.h"
 
-#define TRAIN_DEFAULT_TEXT CLI_DEFAULT_TEXT
 #define EXIT_RUNTIME 1
 #define EXIT_USAGE 2
 #define train_fail(...) cli_fail("train", __VA_ARGS__)

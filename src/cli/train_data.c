@@ -31,8 +31,7 @@ static int open_source(trainer *t, train_source *s, const char *flag, const char
     memset(s, 0, sizeof *s);
     s->spec = spec;
     adt_data_shape shape;
-    cli_data_shape(&t->model, t->builtin_model, &shape);
-    if (!strncmp(spec, "text:", 5)) shape.vocab_size = 0; /* compared as a whole below: a clearer message */
+    cli_data_shape(&t->model, t->builtin_model, spec, &shape);
     if (t->model.type == ADT_MODEL_DLRM && t->model.dlrm.n_tables > ADT_DATA_MAX_TABLES)
         return train_fail(EXIT_USAGE, "--model %s: %d embedding tables; the data loaders take at most %d",
                           t->model_label, t->model.dlrm.n_tables, ADT_DATA_MAX_TABLES);

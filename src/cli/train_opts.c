@@ -20,7 +20,7 @@ static void train_usage(FILE *f) {
             "Trains a model on one process, or under mpiexec on N processes (data parallel: each rank\n"
             "takes its part of every batch; the logged losses are those of the one-process run; only\n"
             "rank 0 prints and writes the log). With no options: the built-in tiny GPT (2 layers, width\n"
-            "64, 4 heads, n_ctx 64) on Tiny Shakespeare if " TRAIN_DEFAULT_TEXT "\n"
+            "64, 4 heads, n_ctx 64) on Tiny Shakespeare if " CLI_DEFAULT_TEXT "\n"
             "exists, else on synthetic:text.\n"
             "\n"
             "model and data:\n"

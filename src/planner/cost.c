@@ -417,14 +417,12 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         e = &ev[crit];
         out->step_s = sum + (m - 1) * mx + once;
         out->compute_s = e->compute * m;
-        double comm = 0;
-        for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m, comm += e->comm[k];
+        for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m;
         out->p2p_s = e->p2p * m;
         out->sync_s = e->sync * m;
         out->input_s = e->input * m;
         out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
         if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
-        (void)comm;
         out->bubble_s = sum - mx;
         out->state_bytes = e->state;
         out->act_bytes = e->act_peak;
