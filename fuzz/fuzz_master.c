@@ -65,7 +65,8 @@ static long num(const cJSON *o, const char *k) {
 
 static const char *const k_post[] = {
     "/v1/agents",    "/v1/agents/heartbeat", "/v1/agents/event", "/v1/agents/leave", "/v1/kvs",
-    "/v1/data/init", "/v1/data/lease",       "/v1/data/report",  "/v1/data/commit",  "/v1/scale"};
+    "/v1/data/init", "/v1/data/lease",       "/v1/data/report",  "/v1/data/commit",  "/v1/scale",
+    "/v1/data/step"};
 static const char *const k_get[] = {"/v1/job",    "/v1/generation", "/v1/agents",    "/v1/workers", "/v1/shards",
                                     "/v1/events", "/metrics",       "/v1/data/info", "/",           "/v1/agents/",
                                     "/v1/plan"};

@@ -11,6 +11,12 @@
  * the drain guards against is shown to fail: a commit while one replica's report of the step is
  * unsent is refused by the ledger.
  *
+ * One call per step: the pipe sends a report and the lease asked after it as one call
+ * (POST /v1/data/step); the master's counters show it did, and that each report and each lease
+ * was one call either way. The combined call itself: the report applied first, a retry of a
+ * call whose reply was lost answered as a duplicate with the same lease handed out again, a
+ * refused report leasing nothing, and a malformed lease part refused before the report counts.
+ *
  * Fencing: a report queued after the generation ended (a rank failure) is refused as stale;
  * the refusal comes back from the next call (drain, report, lease, prefetch), every one of them,
  * and the ledger holds no report of that step.
@@ -91,6 +97,40 @@ static int audit(const char *dir, adt_ledger_audit *a) {
     return rc;
 }
 
+/* Leases the ledger of job directory dir ever granted; -1 when it cannot be read. */
+static int64_t leases_granted(const char *dir) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", dir, ADT_LEDGER_FILE);
+    adt_ledger *L = NULL;
+    adt_ledger_lease *all = NULL;
+    int64_t n = -1;
+    if (adt_ledger_open(&L, path, ADT_LEDGER_READONLY) || adt_ledger_leases(L, 0, &all, &n)) {
+        fprintf(stderr, "leases of %s: %s\n", path, adt_error_message());
+        n = -1;
+    }
+    free(all);
+    adt_ledger_close(L);
+    return n;
+}
+
+/* adtrain_data_calls_total{call="NAME"} from the master's /metrics; -1 when absent. */
+static long data_calls(adt_master *m, const char *name) {
+    char *out = NULL, key[64];
+    long v = -1;
+    snprintf(key, sizeof key, "adtrain_data_calls_total{call=\"%s\"} ", name);
+    if (call(m, "GET", "/metrics", NULL, &out) == 200 && out && strstr(out, key)) v = strtol(strstr(out, key) + strlen(key), NULL, 10);
+    free(out);
+    return v;
+}
+
+/* The integer after "key": in text (the first one), or -1. */
+static long json_num(const char *text, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = text ? strstr(text, k) : NULL;
+    return p ? strtol(p + strlen(k), NULL, 10) : -1;
+}
+
 static void test_order_and_commits(void) {
     char dir[600], addr[64];
     long agent;
@@ -136,16 +176,13 @@ static void test_order_and_commits(void) {
     }
     /* a lease asked ahead is the one handed over: the ledger granted one lease per replica and
      * step, no more */
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", dir, ADT_LEDGER_FILE);
-    adt_ledger *L = NULL;
-    adt_ledger_lease *all = NULL;
-    int64_t n_all = -1;
-    CHECK(adt_ledger_open(&L, path, ADT_LEDGER_READONLY) == 0 && adt_ledger_leases(L, 0, &all, &n_all) == 0,
-          "leases: %s", adt_error_message());
+    int64_t n_all = leases_granted(dir);
     CHECK(n_all == 2 * STEPS, "%lld leases granted for %d steps of 2 replicas", (long long)n_all, STEPS);
-    free(all);
-    adt_ledger_close(L);
+    /* each report and each lease went in one call, most of them sharing one */
+    long n_lease = data_calls(m, "lease"), n_report = data_calls(m, "report"), n_step = data_calls(m, "step");
+    CHECK(n_step >= 1 && n_report + n_step == 2 * STEPS && n_lease + n_step == 2 * STEPS,
+          "data calls: %ld leases, %ld reports, %ld both in one; expected %d of each in all, some in one", n_lease,
+          n_report, n_step, 2 * STEPS);
     adt_ledger_audit a;
     memset(&a, 0, sizeof a);
     CHECK(audit(dir, &a) == 0, "audit: %s", adt_error_message());
@@ -183,6 +220,54 @@ out:
         adt_elastic_close(c[r]);
     }
     adt_elastic_close(cc);
+    adt_master_free(m);
+}
+
+static void test_step_call(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    long agent;
+    adt_master *m = master_up("step", 1, dir, addr, &agent);
+    if (!m) return;
+    int st = call(m, "POST", "/v1/data/lease", "{\"generation\":1,\"replica\":0,\"max_samples\":4}", &out);
+    long l1 = json_num(out, "id");
+    CHECK(st == 200 && l1 > 0 && json_num(out, "start") == 0, "first lease: %d %s", st, out ? out : "");
+    free(out);
+    /* a malformed lease part: refused before the report is applied */
+    snprintf(body, sizeof body,
+             "{\"generation\":1,\"replica\":0,\"step\":0,\"ranges\":[[%ld,0,4]],\"max_samples\":4,\"held\":%ld}",
+             l1, l1);
+    st = call(m, "POST", "/v1/data/step", body, &out);
+    CHECK(st == 400 && out && strstr(out, "'held'"), "a step call whose held is no array: %d %s", st,
+          out ? out : "");
+    free(out);
+    /* report [0, 4) of lease 1 at step 0 and lease the next 4 */
+    snprintf(body, sizeof body,
+             "{\"generation\":1,\"replica\":0,\"step\":0,\"ranges\":[[%ld,0,4]],\"max_samples\":4,\"held\":[%ld]}",
+             l1, l1);
+    st = call(m, "POST", "/v1/data/step", body, &out);
+    long l2 = json_num(out, "id");
+    CHECK(st == 200 && strstr(out, "\"ok\":true") && !strstr(out, "duplicate") && strstr(out, "\"granted\"") &&
+              l2 > l1 && json_num(out, "start") == 4 && json_num(out, "end") == 8,
+          "report and lease: %d %s", st, out ? out : "");
+    free(out);
+    /* the same call again (its reply lost): the report is a duplicate, the lease handed out again */
+    st = call(m, "POST", "/v1/data/step", body, &out);
+    CHECK(st == 200 && out && strstr(out, "\"duplicate\":true") && json_num(out, "id") == l2,
+          "the call repeated: %d %s (lease %ld expected again)", st, out ? out : "", l2);
+    free(out);
+    /* a refused report (a range outside its lease) leases nothing */
+    snprintf(body, sizeof body,
+             "{\"generation\":1,\"replica\":0,\"step\":1,\"ranges\":[[%ld,4,12]],\"max_samples\":4,\"held\":[%ld]}",
+             l2, l2);
+    st = call(m, "POST", "/v1/data/step", body, &out);
+    CHECK(st == 422 && out && strstr(out, "outside the lease") && !strstr(out, "grant"), "a bad report: %d %s", st,
+          out ? out : "");
+    free(out);
+    int64_t n_all = leases_granted(dir);
+    CHECK(n_all == 2, "%lld leases granted; expected 2 (the refused call granted none)", (long long)n_all);
+    CHECK(data_calls(m, "step") == 2 && data_calls(m, "lease") == 1 && data_calls(m, "report") == 0,
+          "data calls counted: step %ld, lease %ld, report %ld", data_calls(m, "step"), data_calls(m, "lease"),
+          data_calls(m, "report"));
     adt_master_free(m);
 }
 
@@ -233,6 +318,7 @@ out:
 int main(void) {
     if (check_tmpdir_make("elastic_pipe")) return 1;
     RUN(test_order_and_commits);
+    RUN(test_step_call);
     RUN(test_stale_while_queued);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_tmpdir());

@@ -94,6 +94,11 @@ int adt_file_write_atomic(const char *path, const void *data, size_t n);
 double adt_now_s(void);  /* monotonic seconds */
 double adt_wall_s(void); /* seconds since the epoch (for logs and events) */
 
+/* The calling thread at the lowest CPU priority (nice 19): a helper thread of a training rank
+ * (requests to the master, checkpoint persisting) whose work has a whole step or more to finish
+ * then runs when the rank waits, instead of preempting its compute each time it wakes. */
+void adt_thread_background(void);
+
 /* ---------------------------------------------------------------------------------------------
  * Counter-based RNG. A random number is a pure function of (key, counter), so any process can
  * draw the number for a global element index without drawing the ones before it: a sharded run

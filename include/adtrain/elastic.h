@@ -237,6 +237,10 @@ int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out
  * every replica reported step s-1 before any reports step s+1). ADT_ERR_STALE: the generation
  * ended; stop. A report whose reply was lost is not counted twice. */
 int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n);
+/* adt_elastic_report then adt_elastic_lease in one round trip (POST /v1/data/step): the master
+ * applies the report first; a refused report leases nothing. */
+int adt_elastic_report_lease(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n, int64_t max_samples,
+                             adt_ledger_lease *out, int *grant);
 /* A checkpoint after `steps` steps is durable; call it once every replica reported steps
  * < `steps` (e.g. after the checkpoint's own collective). */
 int adt_elastic_commit(adt_elastic *c, int64_t steps, const char *checkpoint);
@@ -249,7 +253,8 @@ int64_t adt_elastic_stop_at(const adt_elastic *c);
  * adt_elastic_pipe_prefetch asks for a lease ahead (nothing if one is asked already); the next
  * adt_elastic_pipe_lease returns it, waiting only if its reply is not in (without one asked, it
  * asks and waits). adt_elastic_pipe_report queues a report once the previous one was
- * acknowledged (so a step's end knows the reply to the step before). adt_elastic_pipe_drain
+ * acknowledged (so a step's end knows the reply to the step before); a report followed within
+ * 50 ms by a lease request goes in one call with it (adt_elastic_report_lease). adt_elastic_pipe_drain
  * waits until every queued report was acknowledged: commit after it. The first refusal
  * (ADT_ERR_STALE: the generation ended) is kept: the thread sends nothing more and every call
  * returns it. adt_elastic_pipe_status returns it without waiting; adt_elastic_pipe_stop_at is

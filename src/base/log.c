@@ -1,5 +1,6 @@
 /*
- * log.c - leveled logging to stderr with an optional tag (the rank), and the clocks.
+ * log.c - leveled logging to stderr with an optional tag (the rank), the clocks, and a helper
+ * thread's priority.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "adtrain/base.h"
@@ -8,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static adt_log_level g_level = (adt_log_level)-1;
 static char g_tag[64];
@@ -48,4 +52,9 @@ double adt_wall_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void adt_thread_background(void) {
+    /* Linux: a thread's nice value is its own (setpriority on its tid) */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
 }

@@ -191,28 +191,26 @@ int adt_elastic_data_init(adt_elastic *c, const adt_ledger_job *job, int ranks_p
     return ADT_OK;
 }
 
-int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out, int *grant) {
-    memset(out, 0, sizeof *out);
-    *grant = ADT_LEDGER_WAIT;
-    int rc = ensure_replica(c);
-    if (rc) return rc;
-    if (c->n_held >= HELD_MAX)
+/* A lease call's fields: how many samples at most, and the leases this client holds. */
+static int add_lease_fields(adt_elastic *c, cJSON *b, int64_t max_samples) {
+    if (c->n_held >= HELD_MAX) {
+        cJSON_Delete(b);
         return adt_error(ADT_ERR_STATE, "lease: this client holds %d unfinished leases already", HELD_MAX);
-    cJSON *b = data_body(c, 1), *r;
+    }
     cJSON_AddNumberToObject(b, "max_samples", (double)max_samples);
     cJSON *held = cJSON_AddArrayToObject(b, "held");
     for (int i = 0; i < c->n_held; i++)
         cJSON_AddItemToArray(held, cJSON_CreateNumber((double)c->held[i]));
-    if ((rc = call(c, "POST", "/v1/data/lease", b, &r, "lease"))) return rc;
-    take_control(c, r);
+    return ADT_OK;
+}
+
+/* The grant of a lease reply; a granted lease is held from now on. */
+static int take_grant(adt_elastic *c, const cJSON *r, adt_ledger_lease *out, int *grant) {
     const char *g = NULL;
     wj_str(r, "grant", 16, 0, &g);
     int gr = wj_grant_parse(g);
-    if (gr < 0 || (gr == ADT_LEDGER_GRANTED && wj_lease_from_json(cJSON_GetObjectItemCaseSensitive(r, "lease"), out))) {
-        cJSON_Delete(r);
+    if (gr < 0 || (gr == ADT_LEDGER_GRANTED && wj_lease_from_json(cJSON_GetObjectItemCaseSensitive(r, "lease"), out)))
         return adt_error(ADT_ERR_FORMAT, "lease: the master's reply has no valid grant");
-    }
-    cJSON_Delete(r);
     *grant = gr;
     if (gr == ADT_LEDGER_GRANTED) {
         c->held[c->n_held] = out->id;
@@ -221,10 +219,7 @@ int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out
     return ADT_OK;
 }
 
-int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n) {
-    int rc = ensure_replica(c);
-    if (rc) return rc;
-    cJSON *b = data_body(c, 1), *r;
+static void add_report_fields(cJSON *b, int64_t step, const adt_ledger_range *rg, int n) {
     cJSON_AddNumberToObject(b, "step", (double)step);
     cJSON *arr = cJSON_AddArrayToObject(b, "ranges");
     for (int i = 0; i < n; i++) {
@@ -234,10 +229,10 @@ int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg,
         cJSON_AddItemToArray(x, cJSON_CreateNumber((double)rg[i].b));
         cJSON_AddItemToArray(arr, x);
     }
-    if ((rc = call(c, "POST", "/v1/data/report", b, &r, "report"))) return rc;
-    take_control(c, r);
-    cJSON_Delete(r);
-    /* leases reported to their end are no longer held */
+}
+
+/* Leases reported to their end are no longer held. */
+static void drop_reported(adt_elastic *c, const adt_ledger_range *rg, int n) {
     for (int i = 0; i < n; i++)
         for (int k = 0; k < c->n_held; k++)
             if (c->held[k] == rg[i].lease && rg[i].b >= c->held_end[k]) {
@@ -245,7 +240,50 @@ int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg,
                 c->held_end[k] = c->held_end[--c->n_held];
                 break;
             }
+}
+
+int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out, int *grant) {
+    memset(out, 0, sizeof *out);
+    *grant = ADT_LEDGER_WAIT;
+    int rc = ensure_replica(c);
+    if (rc) return rc;
+    cJSON *b = data_body(c, 1), *r;
+    if ((rc = add_lease_fields(c, b, max_samples)) || (rc = call(c, "POST", "/v1/data/lease", b, &r, "lease")))
+        return rc;
+    take_control(c, r);
+    rc = take_grant(c, r, out, grant);
+    cJSON_Delete(r);
+    return rc;
+}
+
+int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n) {
+    int rc = ensure_replica(c);
+    if (rc) return rc;
+    cJSON *b = data_body(c, 1), *r;
+    add_report_fields(b, step, rg, n);
+    if ((rc = call(c, "POST", "/v1/data/report", b, &r, "report"))) return rc;
+    take_control(c, r);
+    cJSON_Delete(r);
+    drop_reported(c, rg, n);
     return ADT_OK;
+}
+
+int adt_elastic_report_lease(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n, int64_t max_samples,
+                             adt_ledger_lease *out, int *grant) {
+    memset(out, 0, sizeof *out);
+    *grant = ADT_LEDGER_WAIT;
+    int rc = ensure_replica(c);
+    if (rc) return rc;
+    cJSON *b = data_body(c, 1), *r;
+    add_report_fields(b, step, rg, n);
+    if ((rc = add_lease_fields(c, b, max_samples)) ||
+        (rc = call(c, "POST", "/v1/data/step", b, &r, "report and lease")))
+        return rc;
+    take_control(c, r);
+    drop_reported(c, rg, n);
+    rc = take_grant(c, r, out, grant);
+    cJSON_Delete(r);
+    return rc;
 }
 
 int adt_elastic_commit(adt_elastic *c, int64_t steps, const char *checkpoint) {

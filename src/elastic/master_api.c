@@ -411,6 +411,11 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
                "# TYPE adtrain_http_requests_total counter\n");
     for (int c = 1; c <= 5; c++)
         fprintf(f, "adtrain_http_requests_total{code=\"%dxx\"} %lld\n", c, (long long)m->n_requests[c]);
+    fprintf(f, "# HELP adtrain_data_calls_total Workers' data calls answered, by call (step: a report and a "
+               "lease in one).\n# TYPE adtrain_data_calls_total counter\n");
+    for (int c = 0; c < 3; c++)
+        fprintf(f, "adtrain_data_calls_total{call=\"%s\"} %lld\n", (const char *[]){"lease", "report", "step"}[c],
+                (long long)m->n_data_calls[c]);
     if (m->last_recovery_s >= 0)
         GAUGE("adtrain_last_recovery_seconds", "From the last failure to the first step of the next world.", " %.6f",
               m->last_recovery_s);
@@ -893,15 +898,22 @@ static void ep_data_info(adt_master *m, adt_http_reply *rp) {
     reply_json(rp, 200, o);
 }
 
-static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
-    int64_t gen, replica, max_samples;
-    if (!data_gate(m, b, &gen, &replica, rp)) return;
-    if (bad_field(rp, wj_int(b, "max_samples", 0, INT64_C(1) << 40, 1, 0, &max_samples))) return;
-    const cJSON *held = cJSON_GetObjectItemCaseSensitive(b, "held");
-    if (held && (!cJSON_IsArray(held) || cJSON_GetArraySize(held) > 1024)) {
+/* A lease call's fields (max_samples, held); 0 with rp set when malformed. */
+static int lease_fields(const cJSON *b, adt_http_reply *rp, int64_t *max_samples, const cJSON **held) {
+    if (bad_field(rp, wj_int(b, "max_samples", 0, INT64_C(1) << 40, 1, 0, max_samples))) return 0;
+    *held = cJSON_GetObjectItemCaseSensitive(b, "held");
+    if (*held && (!cJSON_IsArray(*held) || cJSON_GetArraySize(*held) > 1024)) {
         reply_error(rp, 400, "field 'held': expected an array of lease ids (at most 1024)");
-        return;
+        return 0;
     }
+    return 1;
+}
+
+/* The lease part of a request into o; 0 with rp set when refused. */
+static int lease_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o, adt_http_reply *rp) {
+    int64_t max_samples;
+    const cJSON *held;
+    if (!lease_fields(b, rp, &max_samples, &held)) return 0;
     /* A grant whose reply was lost: the replica holds it without knowing. Hand it out again. */
     adt_ledger_lease *ls = NULL, out = {0};
     int64_t nl = 0;
@@ -921,13 +933,30 @@ static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     if (!rc && grant < 0) rc = adt_ledger_lease_next(m->L, m_ledger_gen(m), (int)replica, max_samples, &out, &grant);
     if (rc) {
         reply_status(rp, rc);
-        return;
+        return 0;
     }
-    cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "grant", wj_grant_name(grant));
     if (grant == ADT_LEDGER_GRANTED) cJSON_AddItemToObject(o, "lease", wj_lease_to_json(&out));
+    return 1;
+}
+
+/* Answers o with the control fields when ok, else drops it (rp holds the refusal). */
+static void reply_data(adt_master *m, adt_http_reply *rp, cJSON *o, int ok) {
+    if (!ok) {
+        cJSON_Delete(o);
+        return;
+    }
     add_control(m, o);
     reply_json(rp, 200, o);
+}
+
+static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
+    int64_t gen, replica;
+    if (!data_gate(m, b, &gen, &replica, rp)) return;
+    cJSON *o = cJSON_CreateObject();
+    int ok = lease_part(m, b, replica, o, rp);
+    m->n_data_calls[0] += ok;
+    reply_data(m, rp, o, ok);
 }
 
 /* A report already applied (its reply was lost and the worker asked again): every range ends
@@ -942,15 +971,15 @@ static int already_reported(adt_master *m, int replica, int64_t step, const adt_
     return 1;
 }
 
-static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
-    int64_t gen, replica, step;
-    if (!data_gate(m, b, &gen, &replica, rp)) return;
-    if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step))) return;
+/* The report part of a request (fields step, ranges) into o; 0 with rp set when refused. */
+static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o, adt_http_reply *rp) {
+    int64_t step;
+    if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step))) return 0;
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(b, "ranges");
     int n = cJSON_GetArraySize(ranges);
     if (!cJSON_IsArray(ranges) || n < 1 || n > 1024) {
         reply_error(rp, 400, "field 'ranges': expected 1..1024 ranges [lease, a, b]");
-        return;
+        return 0;
     }
     adt_ledger_range *r = adt_calloc((size_t)n, sizeof *r);
     int k = 0;
@@ -962,7 +991,7 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
                 x->valuedouble > 4503599627370496.0 || x->valuedouble != (double)(int64_t)x->valuedouble) {
                 free(r);
                 reply_error(rp, 400, "field 'ranges'[%d]: expected [lease, a, b], non-negative integers", k);
-                return;
+                return 0;
             }
             v[j] = (int64_t)x->valuedouble;
         }
@@ -972,14 +1001,14 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         free(r);
         reply_error(rp, 422, "step %lld: this generation stops after step %lld", (long long)step,
                     (long long)m->stop_at - 1);
-        return;
+        return 0;
     }
     int rc = adt_ledger_report(m->L, m_ledger_gen(m), (int)replica, step, r, n);
     int dup = rc == ADT_ERR_ARG && already_reported(m, (int)replica, step, r, n);
     free(r);
     if (rc && !dup) {
         reply_status(rp, rc);
-        return;
+        return 0;
     }
     if (step > m->max_reported) m->max_reported = step;
     m->last_report_mono = adt_now_s();
@@ -989,11 +1018,31 @@ static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         ms_event(m, "first_step", m->gen, -1, (int)replica, "step %lld reported %.3f s after the failure",
                  (long long)step, m->last_recovery_s);
     }
-    cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "ok", 1);
     if (dup) cJSON_AddBoolToObject(o, "duplicate", 1);
-    add_control(m, o);
-    reply_json(rp, 200, o);
+    return 1;
+}
+
+static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
+    int64_t gen, replica;
+    if (!data_gate(m, b, &gen, &replica, rp)) return;
+    cJSON *o = cJSON_CreateObject();
+    int ok = report_part(m, b, replica, o, rp);
+    m->n_data_calls[1] += ok;
+    reply_data(m, rp, o, ok);
+}
+
+/* A step's report and the lease of a later step in one call (one round trip, one lock): the
+ * report is applied first, as if the two calls came in that order. A malformed lease part is
+ * refused before the report is applied; a refused report leases nothing. */
+static void ep_step(adt_master *m, const cJSON *b, adt_http_reply *rp) {
+    int64_t gen, replica, max_samples;
+    const cJSON *held;
+    if (!data_gate(m, b, &gen, &replica, rp) || !lease_fields(b, rp, &max_samples, &held)) return;
+    cJSON *o = cJSON_CreateObject();
+    int ok = report_part(m, b, replica, o, rp) && lease_part(m, b, replica, o, rp);
+    m->n_data_calls[2] += ok;
+    reply_data(m, rp, o, ok);
 }
 
 static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
@@ -1087,6 +1136,7 @@ enum {
     EP_INIT,
     EP_LEASE,
     EP_REPORT,
+    EP_STEP,
     EP_COMMIT,
     EP_SCALE,
     EP_PLAN,
@@ -1109,6 +1159,7 @@ static const route k_routes[] = {
     {"/v1/data/init", R_POST, EP_INIT},
     {"/v1/data/lease", R_POST, EP_LEASE},
     {"/v1/data/report", R_POST, EP_REPORT},
+    {"/v1/data/step", R_POST, EP_STEP},
     {"/v1/data/commit", R_POST, EP_COMMIT},
     {"/v1/scale", R_POST, EP_SCALE},
     {"/v1/plan", R_GET, EP_PLAN},
@@ -1185,6 +1236,7 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
     case EP_INIT: ep_data_init(m, body, rp); break;
     case EP_LEASE: ep_lease(m, body, rp); break;
     case EP_REPORT: ep_report(m, body, rp); break;
+    case EP_STEP: ep_step(m, body, rp); break;
     case EP_COMMIT: ep_commit(m, body, rp); break;
     case EP_SCALE: ep_scale(m, body, rp); break;
     case EP_PLAN: ep_plan(m, rq, rp); break;

@@ -125,6 +125,7 @@ struct adt_master {
     /* counters for /metrics */
     uint64_t version;
     int64_t n_requests[6];   /* by status class: 1xx..5xx, [0] other                       */
+    int64_t n_data_calls[3]; /* worker data calls answered 200: lease, report, step (both)   */
     int64_t n_stale, n_heartbeat_miss, n_deaths;
     int64_t stale_gen;       /* stale requests logged as events in this generation: stale_logged */
     int stale_logged;
