@@ -7,10 +7,11 @@
 #                                                      an MLP, 1 and 2 ranks, REPS pairs each (6)
 #   bench/elastic_overhead.sh RANKS REPS -- FLAGS...   one case
 #
-# A run's time per step is the mean over its steps after the first two (warm-up) and before the
-# last (an elastic run ends waiting for its last commit) from its --log:
-# `ms` for a plain run; `step_wall_ms` for an elastic one, which also covers the step's report,
-# control all-reduce and checkpoint (the plain run has none). Per case it prints the median of
+# A run's time per step is the same on both sides: the --log's `wall_s` (the clock since the
+# first step began) from the end of step 2 (warm-up) to the end of the step before the last (an
+# elastic run ends waiting for its last commit), over the steps between: everything a step
+# costs, whatever it is (its lease, gather, report and control all-reduce, logging, the
+# control plane's processes taking the CPU, checkpoints). Per case it prints the median of
 # each side with its range, the median of the paired ratios elastic/plain with their quartiles
 # and range, and the elastic run's own accounting (--log `elastic_ms`: waiting for a lease, the
 # gather of the leased ranges, queueing the report, the control all-reduce, draining reports
@@ -30,6 +31,14 @@ log_mean() {
         v[n] = substr($0, index($0, k) + length(k)) + 0; if (st[n] > last) last = st[n] }
         END { for (i = 1; i <= n; i++) if (st[i] > 2 && st[i] < last) { sum += v[i]; m++ }
               if (m) printf "%.4f\n", sum / m }' "$1"
+}
+# seconds per step by the --log's wall_s: from the end of step 2 to the end of the step before
+# the last, in ms
+wall_per_step() {
+    awk 'index($0, "\"wall_s\":") { s = $0; sub(/.*"step":/, "", s); st = s + 0
+        w = $0; sub(/.*"wall_s":/, "", w); wall[st] = w + 0; if (st > last) last = st }
+        END { if (last > 4 && (2 in wall) && ((last - 1) in wall))
+                  printf "%.4f\n", 1e3 * (wall[last - 1] - wall[2]) / (last - 3) }' "$1"
 }
 # median, quartiles and range of the numbers in a file: "median [q1, q3] (min-max)"
 stats() {
@@ -60,14 +69,14 @@ plain_run() { # RANKS FLAGS...
     r=$1; shift
     if [ "$r" = 1 ]; then $ADT train "$@" --log "$dir/plain.jsonl" >"$dir/plain.out" 2>&1
     else $MPIEXEC -n "$r" $ADT train "$@" --log "$dir/plain.jsonl" >"$dir/plain.out" 2>&1; fi
-    log_mean "$dir/plain.jsonl" ms
+    wall_per_step "$dir/plain.jsonl"
 }
 elastic_run() { # RANKS FLAGS...
     r=$1; shift
     rm -rf "$dir/job" "$dir/ckpt" "$dir/elastic.jsonl"
     $ADT launch --nproc-per-node "$r" --job "$dir/job" -- $ADT train "$@" --elastic-dir "$dir/ckpt" \
         --log "$dir/elastic.jsonl" >"$dir/elastic.out" 2>&1
-    log_mean "$dir/elastic.jsonl" step_wall_ms
+    wall_per_step "$dir/elastic.jsonl"
     log_mean "$dir/elastic.jsonl" elastic_ms >"$dir/el_ms"
 }
 

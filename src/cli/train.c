@@ -264,6 +264,7 @@ static int train_loop(trainer *t) {
     double win_s = 0; /* step time since the last printed line: a smoother ms/step than one step */
     int win_n = 0;
     long first = t->start_step + 1;
+    double loop_t0 = adt_now_s();
     for (long s = first; s <= t->o.steps; s++) {
         int rc = train_step(t, s, &st);
         if (rc) return rc;
@@ -271,9 +272,9 @@ static int train_loop(trainer *t) {
         char loss_json[32]; /* JSON has no NaN: a diverged step logs null */
         if (isfinite(st.loss)) snprintf(loss_json, sizeof loss_json, "%.9g", st.loss);
         else snprintf(loss_json, sizeof loss_json, "null");
-        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"%s\":%.1f,\"time_s\":%.3f}\n", s,
-                      loss_json, st.lr, st.ms, t->model.type == ADT_MODEL_GPT ? "tokens_per_s" : "samples_per_s", st.per_s,
-                      st.total_s);
+        rc = log_line(t, "{\"step\":%ld,\"loss\":%s,\"lr\":%.9g,\"ms\":%.3f,\"%s\":%.1f,\"time_s\":%.3f,\"wall_s\":%.6f}\n",
+                      s, loss_json, st.lr, st.ms, t->model.type == ADT_MODEL_GPT ? "tokens_per_s" : "samples_per_s",
+                      st.per_s, st.total_s, adt_now_s() - loop_t0);
         if (rc) return rc;
         if (!isfinite(st.loss)) { /* the global loss: every rank stops here */
             if (t->tty && !cli_quiet) fprintf(stderr, "\n");

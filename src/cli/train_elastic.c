@@ -29,14 +29,15 @@
  * ends the process with status 3: the next generation restores the commit in force.
  *
  * Off the step's path. Leases and reports go through a client thread (adt_elastic_pipe): the
- * next step's lease is asked for once every rank holds this step's (after the gather), and a
- * step's report is queued behind it; a step waits only when its lease is not in yet, or when the
- * previous step's report is still unacknowledged as it queues its own. So a stop step is known
- * one step later than a synchronous report would tell it (the master leaves room for that), a
- * stale refusal ends the process at the latest one step after the refused request, and a step
- * that checkpoints first drains the queue on every rank (the commit follows every report it
- * covers). Each step's elastic work (lease wait, gather, report queueing, control all-reduce,
- * drain, flash copy) is timed and logged (--log: elastic_ms, step_wall_ms) and summed at the end.
+ * next step's lease is asked for once every rank holds this step's (after the gather), in one
+ * call with the previous step's report, queued just before; a step waits only when its lease
+ * is not in yet, or when the previous step's report is still unacknowledged as it queues its
+ * own. So a stop step is known one step later than a synchronous report would tell it (the
+ * master leaves room for that), a stale refusal ends the process at the latest one step after
+ * the refused request, and a step that checkpoints first drains the queue on every rank (the
+ * commit follows every report it covers). Each step's elastic work (lease wait, gather, report
+ * queueing, control all-reduce, drain, flash copy) is timed and logged (--log: elastic_ms,
+ * step_wall_ms; its parts lease_wait_ms, gather_ms, report_ms, agree_ms) and summed at the end.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -84,6 +85,7 @@ typedef struct train_elastic {
      * gathering the leased ranges, queueing the report, the control all-reduce, draining reports
      * before a commit, the flash copy), against the step's whole wall time */
     double step_t0, step_el_s, el_s, wall_s;
+    double lease_s, gather_s, report_s, agree_s; /* this step's parts of step_el_s (the --log's breakdown) */
     long el_steps;
 } train_elastic;
 
@@ -446,6 +448,8 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
     e->step_el_s = 0;
     int rc = lease_share(t, e, &got);
     if (rc) return rc;
+    double t_lease = adt_now_s();
+    e->lease_s = t_lease - e->step_t0;
     /* this rank's block: count, then (epoch, a, b) per range */
     int64_t *me = adt_malloc((size_t)W * sizeof *me);
     me[0] = e->n_mine;
@@ -463,6 +467,7 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
         memcpy(e->gathered, me, (size_t)W * sizeof *me);
     }
     free(me);
+    e->gather_s = adt_now_s() - t_lease;
     if (rc) return train_fail(EXIT_RUNTIME, "step %ld: gathering the leased samples: %s", step, adt_error_message());
     /* Every rank holds its lease of this step now (the gather is done), so the next step's may
      * be asked for: all of step s's positions are handed out before any of step s + 1's, the
@@ -543,8 +548,11 @@ static void account_step(trainer *t, train_elastic *e, long step) {
     e->el_s += e->step_el_s;
     e->wall_s += wall;
     e->el_steps++;
-    if (t->log && fprintf(t->log, "{\"step\":%ld,\"elastic_ms\":%.3f,\"step_wall_ms\":%.3f}\n", step,
-                          e->step_el_s * 1e3, wall * 1e3) > 0)
+    if (t->log && fprintf(t->log,
+                          "{\"step\":%ld,\"elastic_ms\":%.3f,\"step_wall_ms\":%.3f,\"lease_wait_ms\":%.3f,"
+                          "\"gather_ms\":%.3f,\"report_ms\":%.3f,\"agree_ms\":%.3f}\n",
+                          step, e->step_el_s * 1e3, wall * 1e3, e->lease_s * 1e3, e->gather_s * 1e3,
+                          e->report_s * 1e3, e->agree_s * 1e3) > 0)
         fflush(t->log);
 }
 
@@ -556,7 +564,9 @@ static int drain(train_elastic *e) {
 
 static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     *stop = 0;
+    double t_rep = adt_now_s();
     int st = e->n_mine ? adt_elastic_pipe_report(e->pipe, step - 1, e->mine, e->n_mine) : adt_elastic_pipe_status(e->pipe);
+    e->report_s = adt_now_s() - t_rep;
     if (st) return el_fail(st, "report");
     /* A step that will checkpoint as far as this rank knows drains its reports before the
      * agreement, so that the commit after it follows every rank's reports. */
@@ -566,8 +576,10 @@ static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     /* { SIGTERM seen, ranks that know a stop step, the sum of their stop steps, ranks drained }:
      * every rank that knows the stop step has the same */
     int64_t ctl[4] = {g_term, known > 0, known, drained};
+    double t_agree = adt_now_s();
     if (t->world && adt_comm_allreduce_i64(t->world, ctl, 4))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    e->agree_s = adt_now_s() - t_agree;
     int64_t stop_at = ctl[1] ? ctl[2] / ctl[1] : 0;
     int planned = stop_at > 0 && step >= stop_at, last = step == t->o.steps;
     if (!(planned || ctl[0] || last || step % t->o.commit_every == 0)) return 0;
