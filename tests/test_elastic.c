@@ -759,9 +759,10 @@ static void test_hang(void) {
 /* Planned scaling 2 -> 1 -> 3 workers on one agent of 3 slots: each change stops at a step
  * boundary, so no failure is counted and nothing is trained twice. */
 static int pred_world(const cJSON *r, const void *arg) {
-    const double *want = arg; /* generation >= want[0], world size want[1], a step past want[2] */
+    /* generation >= want[0], world size want[1], want[2] steps past the world's first step */
+    const double *want = arg;
     return jnum(r, "generation") >= want[0] && jnum(r, "world_size") == want[1] &&
-           !strcmp(jstr(r, "state"), "running") && jnum(r, "max_reported_step") >= want[2];
+           !strcmp(jstr(r, "state"), "running") && jnum(r, "max_reported_step") >= jnum(r, "first_step") + want[2];
 }
 
 static int pred_world_formed(const cJSON *r, const void *arg) {
@@ -769,8 +770,11 @@ static int pred_world_formed(const cJSON *r, const void *arg) {
     return jnum(r, "generation") >= want[0] && jnum(r, "world_size") == want[1];
 }
 
-/* Starts the job on one agent of 3 slots with a world of 2, scales it to 1 once step at2 was
- * reported and to 3 once step at1 was, and waits for the end: no failure, two planned changes. */
+/* Starts the job on one agent of 3 slots with a world of 2, scales it to 1 once it reported
+ * at2 steps and to 3 once the world of 1 reported at1 steps of its own, and waits for the end: no
+ * failure, two planned changes. The second scale goes straight to the API: a world of one rank
+ * runs a micro-step MLP at a round trip per step, and may finish the run while a command starts
+ * (the first scale is `adtrain scale` itself). */
 static void scale_run(ejob *j, double at2, double at1, double timeout) {
     j->master_extra[j->n_master_extra++] = "--workers";
     j->master_extra[j->n_master_extra++] = "2";
@@ -783,8 +787,10 @@ static void scale_run(ejob *j, double at2, double at1, double timeout) {
     CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
     double w2[3] = {2, 1, at1};
     CHECK(poll_until(j, "/v1/generation", pred_world, w2, timeout), "no world of 1");
-    const char *s2[] = {g_adtrain, "scale", "--master", j->addr, "--workers", "3", NULL};
-    CHECK(run_cmd(log, s2, 10) == 0, "adtrain scale --workers 3 failed");
+    int st = 0;
+    cJSON *sr = api(j, "POST", "/v1/scale", "{\"workers\":3}", &st);
+    CHECK(st == 200, "POST /v1/scale {workers: 3}: %d", st);
+    cJSON_Delete(sr);
     /* the world of 3 may find the run complete (the world of 1 finished every step before the
      * scale came) and end at once: it must have formed, running or not */
     double w3[3] = {3, 3, 0};
@@ -800,7 +806,7 @@ static void scale_run(ejob *j, double at2, double at1, double timeout) {
 static void test_scale(void) {
     ejob j;
     if (job_init(&j, "scale")) return;
-    scale_run(&j, 6, 16, 30);
+    scale_run(&j, 6, 4, 30);
     int64_t again = job_close(&j);
     CHECK(again == 0, "planned changes retrained %lld samples", (long long)again);
 }
@@ -1188,7 +1194,7 @@ static void test_train_scale(void) {
     if (train_refs()) return;
     ejob j;
     train_job_init(&j, "tscale", (const char *const *)TRAIN_MLP);
-    scale_run(&j, 30, 150, 60);
+    scale_run(&j, 30, 5, 60);
     int steps = flags_steps(TRAIN_MLP);
     train_audit(&j, steps);
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
@@ -1223,7 +1229,7 @@ static void test_train_replan(void) {
                            "12",      "--optimizer", "sgd",  "--cluster", g_cluster};
     for (int i = 0; i < 10; i++)
         j.master_extra[j.n_master_extra++] = extra[i];
-    scale_run(&j, 30, 150, 60);
+    scale_run(&j, 30, 5, 60);
     train_audit(&j, steps);
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone",
           count_loss_lines(j.logf), steps);
