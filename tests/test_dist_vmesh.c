@@ -463,13 +463,18 @@ static double output_err(const tensor *ref, const adt_ndsbp *o, const adt_mesh *
         tensor want = extract(ref, &b);
         const tensor *got = &outs[r * ADT_MAX_OUTPUTS + k];
         tensor sum = {0};
+        double bscale = scale;
         if (pm) { /* sum the group in double, then compare once */
             if (ref->dt != ADT_F32 || !adt_shape_equal(&got->shape, &b.shape)) {
                 free(want.data);
                 return INFINITY;
             }
             int64_t ne = adt_shape_numel(&b.shape);
-            double *acc = calloc((size_t)ne, sizeof *acc);
+            /* Each part rounds at its own size, and unequal parts may be much larger than their
+             * sum: the error is judged at the largest sum of the parts' magnitudes (a (P,P)
+             * layernorm_bwd over 6 parts measured 2.03e-6 at the result's scale, seed
+             * 1795318382; 0.4-1.0e-6 on other seeds). */
+            double *acc = calloc((size_t)ne, sizeof *acc), *mag = calloc((size_t)ne, sizeof *mag);
             for (int q = 0; q < m->nranks; q++) {
                 int cq[ADT_MAX_MESH_DIMS];
                 adt_mesh_coord(m, q, cq);
@@ -477,17 +482,25 @@ static double output_err(const tensor *ref, const adt_ndsbp *o, const adt_mesh *
                 if (!dc_same_group(m, pm, c, cq)) continue;
                 if (!adt_shape_equal(&t->shape, &b.shape)) {
                     free(acc);
+                    free(mag);
                     free(want.data);
                     return INFINITY;
                 }
-                for (int64_t e = 0; e < ne; e++) acc[e] += ((float *)t->data)[e];
+                for (int64_t e = 0; e < ne; e++) {
+                    acc[e] += ((float *)t->data)[e];
+                    mag[e] += fabs(((float *)t->data)[e]);
+                }
             }
             sum = tensor_new(b.shape, ADT_F32);
-            for (int64_t e = 0; e < ne; e++) ((float *)sum.data)[e] = (float)acc[e];
+            for (int64_t e = 0; e < ne; e++) {
+                ((float *)sum.data)[e] = (float)acc[e];
+                if (mag[e] > bscale) bscale = mag[e];
+            }
             free(acc);
+            free(mag);
             got = &sum;
         }
-        double e = block_err(got, &want, scale);
+        double e = block_err(got, &want, bscale);
         if (!(e <= worst)) worst = e;
         free(want.data);
         free(sum.data);
