@@ -41,7 +41,7 @@ typedef struct pipe_req {
     int64_t step, max_samples;
     adt_ledger_range *ranges; /* a report's, malloc'd */
     int n;
-    double queued_s; /* CLOCK_MONOTONIC when queued */
+    double queued_s; /* adt_now_s() when queued */
 } pipe_req;
 
 enum { LEASE_NONE, LEASE_ASKED, LEASE_READY };
@@ -107,16 +107,11 @@ static void *pipe_main(void *arg) {
          * (once every rank holds its lease): one call carries both, halving the round trips the
          * master serves per step. Nobody waits for the report meanwhile; one who does (the next
          * report, a drain) flushes it. */
-        if (h->kind == PQ_REPORT && p->count == 1 && !p->flush && !p->err) {
-            struct timespec now, until;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            double t = h->queued_s + HOLD_S;
-            if ((double)now.tv_sec + now.tv_nsec * 1e-9 < t) {
-                until.tv_sec = (time_t)t;
-                until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
-                pthread_cond_timedwait(&p->cv, &p->mu, &until);
-                continue;
-            }
+        double t = h->queued_s + HOLD_S; /* adt_now_s: CLOCK_MONOTONIC, the cv's clock */
+        if (h->kind == PQ_REPORT && p->count == 1 && !p->flush && !p->err && adt_now_s() < t) {
+            struct timespec until = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+            pthread_cond_timedwait(&p->cv, &p->mu, &until);
+            continue;
         }
         pipe_req r = *h, l = {0};
         int both = r.kind == PQ_REPORT && p->count > 1 && p->q[(p->head + 1) % PIPE_QUEUE].kind == PQ_LEASE;
@@ -192,9 +187,7 @@ static void enqueue(adt_elastic_pipe *p, pipe_req r) {
         free(r.ranges);
         return;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    r.queued_s = (double)now.tv_sec + now.tv_nsec * 1e-9;
+    r.queued_s = adt_now_s();
     p->q[(p->head + p->count) % PIPE_QUEUE] = r;
     p->count++;
     if (r.kind == PQ_REPORT) p->reports++;

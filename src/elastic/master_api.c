@@ -413,7 +413,7 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
         fprintf(f, "adtrain_http_requests_total{code=\"%dxx\"} %lld\n", c, (long long)m->n_requests[c]);
     fprintf(f, "# HELP adtrain_data_calls_total Workers' data calls answered, by call (step: a report and a "
                "lease in one).\n# TYPE adtrain_data_calls_total counter\n");
-    for (int c = 0; c < 3; c++)
+    for (int c = 0; c < DC_COUNT; c++)
         fprintf(f, "adtrain_data_calls_total{call=\"%s\"} %lld\n", (const char *[]){"lease", "report", "step"}[c],
                 (long long)m->n_data_calls[c]);
     if (m->last_recovery_s >= 0)
@@ -940,25 +940,6 @@ static int lease_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o, 
     return 1;
 }
 
-/* Answers o with the control fields when ok, else drops it (rp holds the refusal). */
-static void reply_data(adt_master *m, adt_http_reply *rp, cJSON *o, int ok) {
-    if (!ok) {
-        cJSON_Delete(o);
-        return;
-    }
-    add_control(m, o);
-    reply_json(rp, 200, o);
-}
-
-static void ep_lease(adt_master *m, const cJSON *b, adt_http_reply *rp) {
-    int64_t gen, replica;
-    if (!data_gate(m, b, &gen, &replica, rp)) return;
-    cJSON *o = cJSON_CreateObject();
-    int ok = lease_part(m, b, replica, o, rp);
-    m->n_data_calls[0] += ok;
-    reply_data(m, rp, o, ok);
-}
-
 /* A report already applied (its reply was lost and the worker asked again): every range ends
  * at or before its lease's cursor, and the lease was last reported at this step. */
 static int already_reported(adt_master *m, int replica, int64_t step, const adt_ledger_range *r, int n) {
@@ -1023,26 +1004,24 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     return 1;
 }
 
-static void ep_report(adt_master *m, const cJSON *b, adt_http_reply *rp) {
-    int64_t gen, replica;
-    if (!data_gate(m, b, &gen, &replica, rp)) return;
-    cJSON *o = cJSON_CreateObject();
-    int ok = report_part(m, b, replica, o, rp);
-    m->n_data_calls[1] += ok;
-    reply_data(m, rp, o, ok);
-}
-
-/* A step's report and the lease of a later step in one call (one round trip, one lock): the
- * report is applied first, as if the two calls came in that order. A malformed lease part is
- * refused before the report is applied; a refused report leases nothing. */
-static void ep_step(adt_master *m, const cJSON *b, adt_http_reply *rp) {
+/* POST /v1/data/lease, /report, /step: the gate, then the call's parts into one reply. A step is
+ * a report and the lease of a later step in one call (one round trip, one lock): the report is
+ * applied first, as if the two calls came in that order; a malformed lease part is refused
+ * before the report is applied, and a refused report leases nothing. */
+static void ep_data_call(adt_master *m, const cJSON *b, int call, adt_http_reply *rp) {
     int64_t gen, replica, max_samples;
     const cJSON *held;
-    if (!data_gate(m, b, &gen, &replica, rp) || !lease_fields(b, rp, &max_samples, &held)) return;
+    if (!data_gate(m, b, &gen, &replica, rp)) return;
+    if (call == DC_STEP && !lease_fields(b, rp, &max_samples, &held)) return;
     cJSON *o = cJSON_CreateObject();
-    int ok = report_part(m, b, replica, o, rp) && lease_part(m, b, replica, o, rp);
-    m->n_data_calls[2] += ok;
-    reply_data(m, rp, o, ok);
+    if ((call != DC_LEASE && !report_part(m, b, replica, o, rp)) ||
+        (call != DC_REPORT && !lease_part(m, b, replica, o, rp))) {
+        cJSON_Delete(o); /* rp holds the refusal */
+        return;
+    }
+    m->n_data_calls[call]++;
+    add_control(m, o);
+    reply_json(rp, 200, o);
 }
 
 static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
@@ -1234,9 +1213,9 @@ static void dispatch(adt_master *m, const adt_http_request *rq, adt_http_reply *
     case EP_LEAVE: ep_leave(m, body, rp); break;
     case EP_KVS: ep_kvs(m, body, rp); break;
     case EP_INIT: ep_data_init(m, body, rp); break;
-    case EP_LEASE: ep_lease(m, body, rp); break;
-    case EP_REPORT: ep_report(m, body, rp); break;
-    case EP_STEP: ep_step(m, body, rp); break;
+    case EP_LEASE: ep_data_call(m, body, DC_LEASE, rp); break;
+    case EP_REPORT: ep_data_call(m, body, DC_REPORT, rp); break;
+    case EP_STEP: ep_data_call(m, body, DC_STEP, rp); break;
     case EP_COMMIT: ep_commit(m, body, rp); break;
     case EP_SCALE: ep_scale(m, body, rp); break;
     case EP_PLAN: ep_plan(m, rq, rp); break;

@@ -68,6 +68,9 @@ typedef struct m_kvs {
     cJSON *entries; /* [[key, value], ...] */
 } m_kvs;
 
+/* The workers' data calls, by what they carry (step: a report and a lease in one). */
+enum { DC_LEASE, DC_REPORT, DC_STEP, DC_COUNT };
+
 struct adt_master {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -125,7 +128,7 @@ struct adt_master {
     /* counters for /metrics */
     uint64_t version;
     int64_t n_requests[6];   /* by status class: 1xx..5xx, [0] other                       */
-    int64_t n_data_calls[3]; /* worker data calls answered 200: lease, report, step (both)   */
+    int64_t n_data_calls[DC_COUNT]; /* worker data calls answered 200, by kind                */
     int64_t n_stale, n_heartbeat_miss, n_deaths;
     int64_t stale_gen;       /* stale requests logged as events in this generation: stale_logged */
     int stale_logged;
