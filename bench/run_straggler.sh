@@ -1,5 +1,6 @@
 #!/bin/sh
-# run_straggler.sh - straggler mitigation on 2 data-parallel ranks (mpiexec, one core each):
+# run_straggler.sh - straggler mitigation on 2 data-parallel ranks (mpiexec, one core each; RANKS=4:
+# four ranks on the 2 cores, oversubscribed, the last one slowed):
 # steps per second with no policy (the static equal split), DD and ND, against the ideal (the sum
 # of the ranks' measured capacities), side by side in one invocation, at a global batch of 512
 # (steps of ~40 ms on a quiet machine) and 2048 (~130 ms).
@@ -14,25 +15,23 @@
 # Scenarios, each run with --straggler-policy off, dd and nd in every round (the order reversed
 # every other round, so that none always runs in another's wake):
 #   contention     rank 1 limited for the whole run
-#   heterogeneous  rank 1 at half speed from the start, deterministically (--inject-slowdown 1:2)
+#   heterogeneous  rank 1 at half speed from the start, deterministically (--inject-slowdown "$SLOW:2")
 #   transient      rank 1 limited only from HOG_AT seconds into the run for HOG_FOR seconds; the
 #                  time from the limit's start (end) to the first action after it is the
 #                  mitigation latency
 # Per run: steps/s over the whole run and over its second half (the steady state), from the
 # JSONL log's per-step times, and the milliseconds per step spent besides the slowest rank's
-# compute (all-reduce not hidden, update, timings). The ideal is sum_i C_i / batch, where C_i is
-# rank i's best capacity (samples per second of compute: its passes, not the all-reduces nor the
-# update) among the six measurements of the scenario's round: each of its three runs (off, DD, ND)
-# measures it over its judged steps and over the steps at the split it ends with (transient: over
-# its judged steps only, the slowdown being part of the run). A rank's samples/s
-# grow with its local batch (per-step costs spread over more samples), so the static run's
-# capacities alone are not an upper bound: a rebalanced run can beat them. With C_i the best a rank
-# showed at any local batch tried, no split can do better than sum_i C_i / batch steps/s (a step
-# takes at least max_i b_i / C_i >= B / sum_i C_i), up to the noise of the measurements. Load average and the busiest other processes are recorded before and after, and
-# sampled during the rounds: the machine is shared.
+# compute (all-reduce not hidden, update, timings). Against two yardsticks, both from the ranks'
+# capacities (samples per second of compute: their passes, not the all-reduces nor the update) as
+# the round's three runs (off, DD, ND) measured them: the fitted ideal (each rank's time per step
+# fitted as a + p b over the local batches b it ran at, and the split on which all ranks finish
+# together), and the best-of-six bound (each rank's largest capacity, measured at whatever local
+# batch). bench/straggler_summary.py computes both and says why; `python3
+# bench/straggler_summary.py summary FILE` summarises a stored results file again. Load average
+# and the busiest other processes are recorded before and after: the machine is shared.
 #
 # Results: bench/results/straggler-<UTC date-time>.txt (every run's numbers) and the summary on
-# stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3,
+# stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3, RANKS=2,
 # BATCHES="512 2048" with STEPS_512=150 and STEPS_2048=60 (STEPS_<batch> for others, else STEPS=60),
 # MODEL=CFG.json (default: an MLP 256-1024-1024-10), STRAGGLER_CONFIG=K=V,... (the DD and ND runs'
 # --straggler-config), HOG_AT=2 HOG_FOR=3 (transient: inside a run
@@ -42,6 +41,8 @@ set -eu
 cd "$(dirname "$0")/.."
 
 ROUNDS=${1:-${ROUNDS:-3}}
+RANKS=${RANKS:-2}
+SLOW=$((RANKS - 1)) # the slowed rank: the last
 BATCHES=${BATCHES:-${BATCH:-512 2048}}
 STRAGGLER_CONFIG=${STRAGGLER_CONFIG:-}
 STEPS_512=${STEPS_512:-150}
@@ -110,22 +111,24 @@ run() {
         --lr 0.05 --straggler-policy "$pol" --log "$WORK/$name.jsonl" "$@"
     if [ -n "$STRAGGLER_CONFIG" ] && [ "$pol" != off ]; then set -- "$@" --straggler-config "$STRAGGLER_CONFIG"; fi
     if [ "$CONTENTION" = cgroup ]; then # rank 1 joins the cgroup, then becomes the trainer
-        "$MPIEXEC" -bind-to core -n 1 "$@" : -n 1 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" "$@" \
+        "$MPIEXEC" -bind-to core -n "$SLOW" "$@" : -n 1 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" "$@" \
             > /dev/null 2> "$WORK/$name.err"
     else
-        "$MPIEXEC" -bind-to core -n 2 "$@" > /dev/null 2> "$WORK/$name.err"
+        "$MPIEXEC" -bind-to core -n "$RANKS" "$@" > /dev/null 2> "$WORK/$name.err"
     fi
     echo "$name $pol $(date +%s.%N)" >> "$WORK/runs"
 }
 
-# The capacities r0 r1 of a run (samples/s of compute), from its last line.
+# The capacities of rank 0 and of the slowed rank in a run (samples/s of compute), from its last
+# lines.
 capacities() {
-    sed -n 's/^straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) r1 \([0-9.]*\);.*/\1 \2/p' "$WORK/$1.err"
+    sed -n 's/^straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) .* r[0-9]* \([0-9.]*\);.*/\1 \2/p;
+            s/^straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) r[0-9]* \([0-9.]*\);.*/\1 \2/p' "$WORK/$1.err"
 }
 
 {
     echo "# run_straggler.sh $(date -u +%Y-%m-%dT%H:%M:%SZ): $(getconf _NPROCESSORS_ONLN) CPUs ($(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1))"
-    echo "# rounds $ROUNDS, batches $BATCHES, model $(cat "$MODEL")"
+    echo "# rounds $ROUNDS, batches $BATCHES, $RANKS ranks (rank $SLOW slowed), model $(cat "$MODEL")"
     echo "# before:"
     machine | sed 's/^/# /'
 } > "$OUT"
@@ -145,8 +148,8 @@ for H in $LEVELS; do
     slow_off
     set -- $(capacities calib$H)
     ratio=$(python3 -c "print('%.2f' % ($2 / $1))")
-    echo "calibration: rank 1 at $H$UNIT: $ratio of rank 0's speed" >&2
-    echo "# calibration: rank 1 at $H$UNIT: capacity ratio $ratio" >> "$OUT"
+    echo "calibration: rank $SLOW at $H$UNIT: $ratio of rank 0's speed" >&2
+    echo "# calibration: rank $SLOW at $H$UNIT: capacity ratio $ratio" >> "$OUT"
     if python3 -c "import sys; sys.exit(0 if $ratio <= 0.6 else 1)"; then break; fi
 done
 
@@ -164,7 +167,7 @@ while [ "$r" -le "$ROUNDS" ]; do
         run "contention-$n" "$pol"
         slow_off
         echo "batch $BATCH, round $r: heterogeneous, $pol" >&2
-        run "hetero-$n" "$pol" --inject-slowdown 1:2
+        run "hetero-$n" "$pol" --inject-slowdown "$SLOW:2"
         echo "batch $BATCH, round $r: transient, $pol" >&2
         ( sleep "$HOG_AT"; slow_on "$H"; echo "$HOGS" > "$WORK/transient-hogs"; date +%s.%N > "$WORK/transient-$n.on";
           sleep "$HOG_FOR"; slow_off; date +%s.%N > "$WORK/transient-$n.off" ) &
@@ -183,86 +186,7 @@ done
     machine | sed 's/^/# /'
 } >> "$OUT"
 
-python3 - "$WORK" "$ROUNDS" "$BATCHES" "$H$UNIT" "$ratio" >> "$OUT" <<'EOF'
-import json, os, re, statistics, sys
-work, rounds, batches, level, ratio = sys.argv[1], int(sys.argv[2]), [int(b) for b in sys.argv[3].split()], sys.argv[4], sys.argv[5]
-CAP = r"straggler: capacity \(samples/s of compute\) r0 ([0-9.]+) r1 ([0-9.]+);"
-FIN = r"straggler: capacity at the final split ([0-9/]+) \(\d+ steps\) r0 ([0-9.]+) r1 ([0-9.]+);"
-
-def log(name):
-    steps, acts = [], []
-    for line in open(os.path.join(work, name + ".jsonl")):
-        o = json.loads(line)
-        if "straggler_action" in o: acts.append(o)
-        elif "ms" in o: steps.append(o)
-    return steps, acts
-
-def grep(name, pat):
-    for line in open(os.path.join(work, name + ".err")):
-        m = re.search(pat, line)
-        if m: return m.groups()
-    return None
-
-def rate(steps):
-    return len(steps) / (sum(s["ms"] for s in steps) / 1e3)
-
-def spread(v):
-    return "%.0f-%.0f%%" % (100 * min(v), 100 * max(v)) if v else "-"
-
-print("# every run: batch scenario round policy | steps/s whole, second half | capacities r0 r1 (samples/s) over the "
-      "judged steps; at the final split b0/b1 | ms per step besides the slowest rank's compute | actions")
-rows = {}
-for batch in batches:
-    for sc in ("contention", "hetero", "transient"):
-        for r in range(1, rounds + 1):
-            names = ["%s-%d-%d-%s" % (sc, batch, r, pol) for pol in ("off", "dd", "nd")]
-            # the ideal: each rank's best capacity among the round's six measurements (transient:
-            # the three over whole runs; a final split falls after the slowdown, at full speed)
-            best = [0.0, 0.0]
-            for name in names:
-                fin = grep(name, FIN) if sc != "transient" else None
-                for c in (grep(name, CAP), fin[1:] if fin else None):
-                    if c: best = [max(best[i], float(c[i])) for i in range(2)]
-            ideal = sum(best) / batch
-            for pol, name in zip(("off", "dd", "nd"), names):
-                steps, acts = log(name)
-                whole, half = rate(steps), rate(steps[len(steps) // 2:])
-                cp, fin = grep(name, CAP), grep(name, FIN)
-                ov = grep(name, r"; (-?[0-9.]+) ms per step besides the slowest rank's compute")
-                ov = float(ov[0]) if ov else float("nan")
-                lat, first = "", None
-                if sc == "transient":
-                    on = float(open(os.path.join(work, name + ".on")).read())
-                    off = float(open(os.path.join(work, name + ".off")).read())
-                    after_on = [a for a in acts if a["wall"] >= on]
-                    after_off = [a for a in acts if a["wall"] >= off]
-                    if after_on:
-                        first = after_on[0]["wall"] - on
-                        lat += " first action %.2f s after the slowdown started" % first
-                    if after_off: lat += "; first action %.2f s after it stopped" % (after_off[0]["wall"] - off)
-                print("%d %s %d %s | %.2f %.2f | %.0f %.0f; %s | %.1f | %d%s" % (batch, sc, r, pol, whole, half,
-                      float(cp[0]), float(cp[1]), "at %s: %.0f %.0f" % (fin[0], float(fin[1]), float(fin[2])) if fin else "-",
-                      ov, len(acts), lat))
-                rows.setdefault((batch, sc, pol), []).append((whole, half, ideal, ov, len(acts), first))
-
-for batch in batches:
-    print()
-    print("## summary, batch %d (medians over %d rounds, the spread min-max; rank 1 at %s ran at %s of rank 0's speed "
-          "in the calibration)" % (batch, rounds, level, ratio))
-    print("| scenario | policy | steps/s (whole run) | steps/s (second half) | ideal | second half / ideal (spread) | "
-          "whole run / ideal | ms/step besides the slowest compute | actions | first action after the slowdown |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for sc in ("contention", "hetero", "transient"):
-        for pol in ("off", "dd", "nd"):
-            v = rows[(batch, sc, pol)]
-            h = [x[1] / x[2] for x in v]
-            lat = [x[5] for x in v if x[5] is not None]
-            print("| %s | %s | %.2f | %.2f | %.2f | %.0f%% (%s) | %.0f%% | %.1f | %g | %s |" % (sc, pol,
-                  statistics.median(x[0] for x in v), statistics.median(x[1] for x in v),
-                  statistics.median(x[2] for x in v), 100 * statistics.median(h), spread(h),
-                  100 * statistics.median(x[0] / x[2] for x in v), statistics.median(x[3] for x in v),
-                  statistics.median(x[4] for x in v),
-                  "%.2f s (%.2f-%.2f)" % (statistics.median(lat), min(lat), max(lat)) if lat else "-"))
-EOF
+python3 bench/straggler_summary.py runs "$WORK" "$ROUNDS" "$BATCHES" >> "$OUT"
+python3 bench/straggler_summary.py summary "$OUT" >> "$OUT"
 sed -n '/^## summary/,$p' "$OUT"
 echo "results: $OUT" >&2
