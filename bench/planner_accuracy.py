@@ -41,13 +41,24 @@ def candidates(n):
     return c
 
 
+def input_price(cfg, data, batch):
+    """Seconds per sample of the model's data, timed once by `adtrain plan` (the median of 5
+    fills): every plan of the model is then priced with this one figure (--input-s), since a
+    timing moves by 20% from one process to the next here and would reorder near plans."""
+    r = subprocess.run([ADT, "plan", "--strategy", "dp", "--devices", "1", "--model", cfg, "--batch", str(batch),
+                        "--cluster", CLUSTER, "--data", data, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["input_per_sample_s"]
+
+
 def make_plans(model, cfg, data, batch):
     plans = []
+    price = ["--input-s", repr(input_price(cfg, data, batch))]
+    print(f"  {model}: input priced at {float(price[1]) * 1e6:.1f} us per sample", file=sys.stderr)
     for n in range(1, RANKS + 1):
         for s, m in candidates(n):
             path = f"{WORK}/{model}-{n}-{s.replace('=', '_').replace(',', '-')}-m{m}.json"
             r = subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch",
-                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path],
+                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path] + price,
                                capture_output=True, text=True)
             if r.returncode:
                 print(f"  {model} {n} ranks {s} m={m}: left out ({r.stderr.strip().splitlines()[-1]})",
@@ -57,7 +68,7 @@ def make_plans(model, cfg, data, batch):
         if n >= 2:
             path = f"{WORK}/{model}-{n}-auto.json"
             r = subprocess.run([ADT, "plan", "--strategy", "auto", "--devices", str(n), "--model", cfg, "--batch",
-                                str(batch), "--cluster", CLUSTER, "--data", data, "--json", "-o", path],
+                                str(batch), "--cluster", CLUSTER, "--data", data, "--json", "-o", path] + price,
                                capture_output=True, text=True)
             if r.returncode == 0:
                 pred = json.loads(r.stdout)

@@ -3,7 +3,8 @@
 # machine; then for each model (the MLP, GPT-S, the small VGG, DLRM small) and 1..RANKS MPI ranks
 # every plan of a fixed list (dp, zero, tp, dp=2,tp=2 [,zero], pp with 1/2/4 microbatches,
 # dp=2,pp=2, and the auto plan) is priced by `adtrain plan ... --cluster --json` on the calibrated
-# cluster file and trained by `mpiexec -n N adtrain train --plan`. The summary gives per model the
+# cluster file (the model's input timed once and passed to every plan as --input-s) and trained by
+# `mpiexec -n N adtrain train --plan`. The summary gives per model the
 # number of plans, the median absolute error of the predicted step time, Kendall's tau of the
 # predicted against the measured ranking, the measured time of the predicted-best plan over the
 # measured best, and the predicted peak memory per rank over the measured one (min and max).

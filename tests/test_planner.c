@@ -907,6 +907,31 @@ static void test_cli(void) {
         CHECK(cJSON_IsNumber(is) && is->valuedouble > 0, "%s: input_s in %.300s", in_strategies[k], out);
         cJSON_Delete(j);
     }
+    /* --input-s: the price of a sample as given, so two calls price alike (a timing moves between
+     * processes); the charge is that figure times the samples a rank reads (16 of 32 under dp) */
+    double price[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --cluster " CPU
+                         " --devices 2 --batch 32 --data synthetic:vgg --input-s 0.0004 --json 2>&1", out, sizeof out);
+        CHECK(rc == 0, "--input-s: exit %d: %s", rc, out);
+        j = cJSON_Parse(out);
+        const cJSON *is = j ? cJSON_GetObjectItemCaseSensitive(j, "input_s") : NULL;
+        const cJSON *ps = j ? cJSON_GetObjectItemCaseSensitive(j, "input_per_sample_s") : NULL;
+        const cJSON *st = j ? cJSON_GetObjectItemCaseSensitive(j, "predicted_step_s") : NULL;
+        CHECK(cJSON_IsNumber(ps) && ps->valuedouble == 0.0004, "input_per_sample_s in %.300s", out);
+        CHECK(cJSON_IsNumber(is) && cJSON_IsNumber(st), "input_s, predicted_step_s in %.300s", out);
+        if (cJSON_IsNumber(is) && cJSON_IsNumber(st)) {
+            CHECK(is->valuedouble >= 16 * 0.0004 * (1 - 1e-9), "16 samples at 0.4 ms (and the slowdown): %g", is->valuedouble);
+            price[k] = st->valuedouble;
+        }
+        cJSON_Delete(j);
+    }
+    CHECK(price[0] > 0 && price[0] == price[1], "--input-s prices alike: %.9g then %.9g", price[0], price[1]);
+    rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --cluster " CPU
+                     " --devices 2 --input-s -1 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--input-s"), "exit %d: %s", rc, out);
+    rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --devices 2 --input-s 0.001 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--input-s") && contains(out, "--cluster"), "exit %d: %s", rc, out);
     rc = run_adtrain("plan --strategy dp --model configs/vgg-mnist.json --cluster " CPU
                      " --devices 2 --batch 32 --data synthetic:text --json 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--data synthetic:text"), "exit %d: %s", rc, out);

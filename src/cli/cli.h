@@ -25,6 +25,7 @@ int cli_plan(int argc, char **argv);
 typedef struct cli_plan_auto_opts {
     const char *cluster_path, *out_path;
     const char *data; /* --data the run reads (NULL: the model's default), whose input is priced */
+    double input_s;   /* --input-s: seconds per sample of that data, as given; < 0: timed here    */
     int builtin_model; /* no --model: the built-in gpt-tiny, which adopts the data's vocabulary */
     long devices, batch, max_pp;
     double mem_limit;

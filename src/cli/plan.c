@@ -59,6 +59,9 @@ static void plan_usage(FILE *f) {
             "  --data KIND:PATH   the data the run will read (as adtrain train --data; default: the same\n"
             "                     default as train): each rank produces its samples before a step's passes,\n"
             "                     timed here per sample and priced by the samples a rank's blocks cover\n"
+            "  --input-s S        seconds per sample of --data, instead of timing it: the same price on\n"
+            "                     every call (a timing moves 20%% between processes on a shared machine;\n"
+            "                     --json reports the figure used as input_per_sample_s)\n"
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
             "\n"
             "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"
@@ -80,6 +83,7 @@ static int plan_apply(void *opts, const char *f, const char *v) {
         else return plan_fail(2, "--optimizer: expected 'adamw', 'sgd' or 'sgd-momentum', got '%s'", v);
     } else if (!strcmp(f, "--cluster")) o->a.cluster_path = v;
     else if (!strcmp(f, "--data")) o->a.data = v;
+    else if (!strcmp(f, "--input-s")) return cli_double("plan", f, v, 0, 10, &o->a.input_s) ? 2 : 0;
     else if (!strcmp(f, "--mem-limit")) return cli_double("plan", f, v, 1, 1e18, &o->a.mem_limit) ? 2 : 0;
     else if (!strcmp(f, "--max-pp")) return cli_parse_long("plan", f, v, 1, ADT_PLAN_MAX_STAGES, &o->a.max_pp);
     else if (!strcmp(f, "--json")) o->a.json = 1;
@@ -259,13 +263,13 @@ int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label) {
 }
 
 int cli_plan(int argc, char **argv) {
-    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW};
+    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW, .a = {.input_s = -1}};
     static const char *const switches[] = {"--json", "--explain", NULL};
     int rc = cli_parse_flags_switches("plan", argc, argv, plan_usage, plan_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
     o.a.builtin_model = !o.model_path;
-    if (o.a.data && !o.a.cluster_path && !(o.strategy && !strcmp(o.strategy, "auto")))
-        return plan_fail(2, "--data goes with --cluster (the input is priced on a cluster)");
+    if ((o.a.data || o.a.input_s >= 0) && !o.a.cluster_path && !(o.strategy && !strcmp(o.strategy, "auto")))
+        return plan_fail(2, "%s goes with --cluster (the input is priced on a cluster)", o.a.data ? "--data" : "--input-s");
     if (o.strategy && !strcmp(o.strategy, "auto")) {
         adt_model_cfg am;
         char alabel[320];

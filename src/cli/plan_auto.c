@@ -63,6 +63,7 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
     char mb[64];
     cJSON_AddStringToObject(root, "model", label);
     cJSON_AddStringToObject(root, "cluster", cl->name);
+    cJSON_AddNumberToObject(root, "input_per_sample_s", cl->input_s);
     cJSON_AddNumberToObject(root, "devices", res->plan.mesh.nranks);
     cJSON_AddStringToObject(root, "strategy", res->plan.strategy);
     cJSON_AddStringToObject(root, "mesh", adt_mesh_str(&res->plan.mesh, mb, sizeof mb));
@@ -85,9 +86,13 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
 }
 
 /* The cluster file, with the input of the run's data priced: what producing one sample of
- * --data (or the default data) takes here. */
+ * --data (or the default data) takes here, or --input-s as given. */
 static int load_cluster(const cli_plan_auto_opts *o, const adt_model_cfg *m, long batch, adt_cluster *cl) {
     if (adt_cluster_load(cl, o->cluster_path)) return auto_fail(2, "--cluster: %s", adt_error_message());
+    if (o->input_s >= 0) {
+        cl->input_s = o->input_s;
+        return 0;
+    }
     const char *spec = o->data ? o->data : cli_default_data(m, "plan", 0);
     if (cli_measure_input(m, o->builtin_model, spec, (int)batch, &cl->input_s))
         return auto_fail(2, "--data %s: %s", spec, adt_error_message());
@@ -109,6 +114,7 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
         cJSON *j = report_json(&r);
         char mb[64];
         cJSON_AddStringToObject(j, "cluster", cl.name);
+        cJSON_AddNumberToObject(j, "input_per_sample_s", cl.input_s);
         cJSON_AddNumberToObject(j, "devices", p->mesh.nranks);
         cJSON_AddStringToObject(j, "strategy", p->strategy);
         cJSON_AddStringToObject(j, "mesh", adt_mesh_str(&p->mesh, mb, sizeof mb));
