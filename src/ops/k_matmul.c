@@ -53,16 +53,18 @@ void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bi
     gemm(C, A, B, 1.0f, M, N, K, transA, transB);
 }
 
-/* OpenBLAS scales C by beta in a pass of its own (clears it for beta = 0), then adds each block
- * of the inner dimension's product onto it. */
+/* C = beta C rounded first, then the product added onto it (each block of the inner dimension's
+ * product in turn), as PyTorch's buf.mul_(momentum).add_(grad) rounds. The scaling is done here:
+ * OpenBLAS does it in a pass of its own for large matrices, but its small-matrix kernels
+ * (SkylakeX and Cooperlake, OpenBLAS 0.3.21) compute beta C + A B with one rounding, which is
+ * not the unfused update's result. beta = 0 and 1 need no pass. */
 void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
                       int64_t K, int transA, int transB) {
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (beta == 0.0f) memset(C, 0, (size_t)(M * N) * sizeof(float));
-        else
-            for (int64_t i = 0; i < M * N; i++) C[i] *= beta;
-        return;
+    if (beta == 0.0f && K <= 0) memset(C, 0, (size_t)(M * N) * sizeof(float));
+    if (beta != 0.0f && beta != 1.0f) {
+        for (int64_t i = 0; i < M * N; i++) C[i] *= beta;
+        beta = 1.0f;
     }
-    gemm(C, A, B, beta, M, N, K, transA, transB);
+    if (K > 0) gemm(C, A, B, beta, M, N, K, transA, transB);
 }
