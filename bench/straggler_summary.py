@@ -37,6 +37,11 @@ SCENARIOS = ("contention", "hetero", "transient")
 POLICIES = ("off", "dd", "nd")
 
 
+def rank_caps(text):
+    """The trainer's " r0 10586.1 r1 4660.2" as a run line's "10586 4660"."""
+    return " ".join("%.0f" % float(c) for c in text.split()[1::2])
+
+
 def runs(work, rounds, batches):
     """One line per run from the logs (WORK/NAME.jsonl, NAME.err, transient NAME.on/.off)."""
     def log(name):
@@ -66,7 +71,6 @@ def runs(work, rounds, batches):
                     steps, acts = log(name)
                     whole, half = rate(steps), rate(steps[len(steps) // 2:])
                     cp, fin = grep(name, CAP), grep(name, FIN)
-                    caps = lambda g: " ".join("%.0f" % float(c) for c in g.split()[1::2])
                     ov = grep(name, r"; (-?[0-9.]+) ms per step besides the slowest rank's compute")
                     ov = float(ov[0]) if ov else float("nan")
                     lat = ""
@@ -78,7 +82,7 @@ def runs(work, rounds, batches):
                         if after_on: lat += " first action %.2f s after the slowdown started" % (after_on[0]["wall"] - on)
                         if after_off: lat += "; first action %.2f s after it stopped" % (after_off[0]["wall"] - off)
                     print("%d %s %d %s | %.2f %.2f | %s; %s | %.1f | %d%s" % (batch, sc, r, pol, whole, half,
-                          caps(cp[0]), "at %s: %s" % (fin[0], caps(fin[1])) if fin else "-", ov, len(acts), lat))
+                          rank_caps(cp[0]), "at %s: %s" % (fin[0], rank_caps(fin[1])) if fin else "-", ov, len(acts), lat))
 
 
 def fit_line(points):

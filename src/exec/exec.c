@@ -200,8 +200,9 @@ static int can_fold_bias(const adt_exec *ex, const int *reads, int mm, int ba) {
  * accumulate straight into o's momentum buffer. With momentum mu and no weight decay o computes
  * m = mu m + g (m = g at step 1), then w -= lr m. The accumulating matmul with beta = mu (0 at
  * step 1) gives the same m from the product's inputs (adt_k_matmul_acc rounds mu m in a pass of
- * its own, then sgemm adds the product with one rounding), so the update is left with w -= lr m: the gradient buffer is never written or
- * read, and of the update's five streams over the parameter's size three remain. That equality
+ * its own, then sgemm adds the product with one rounding), so the update is left with
+ * w -= lr m: the gradient buffer is never written or read, and of the update's five streams over
+ * the parameter's size three remain. That equality
  * needs the inner dimension to be one block of OpenBLAS's sgemm (else C takes each block's sum
  * in turn): FOLD_MAX_K is below the block of every x86 kernel family. A weight gradient's inner
  * dimension is the batch. The two must run back to back, so that nothing sees m in between. */

@@ -61,10 +61,10 @@ void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bi
 void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
                       int64_t K, int transA, int transB) {
     if (M <= 0 || N <= 0) return;
-    if (beta == 0.0f && K <= 0) memset(C, 0, (size_t)(M * N) * sizeof(float));
     if (beta != 0.0f && beta != 1.0f) {
         for (int64_t i = 0; i < M * N; i++) C[i] *= beta;
         beta = 1.0f;
     }
     if (K > 0) gemm(C, A, B, beta, M, N, K, transA, transB);
+    else if (beta == 0.0f) memset(C, 0, (size_t)(M * N) * sizeof(float)); /* the empty product */
 }
