@@ -9,6 +9,7 @@
  * parameter. The metric |fd - an| / max(|fd|, |an|) is scale-free. Shapes and values are fresh
  * each run (ADT_TEST_SEED fixes them; the seed is printed on failure).
  */
+#include <float.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -78,11 +79,18 @@ typedef struct feed_spec {
 } feed_spec;
 
 /* sum(out * R) in double from the op's own output, so the check sees the op's rounding only */
+/* sum |out * R| of the last loss_value: the size the float outputs' rounding scales with */
+static double g_loss_abs;
+
 static double loss_value(adt_exec *ex, const adt_graph *g, int out, int R) {
     adt_exec_run_forward_mode(ex, 1);
     const float *o = adt_exec_data(ex, out), *r = adt_exec_data(ex, R);
-    double s = 0;
-    for (int64_t i = 0; i < adt_value_numel(g, out); i++) s += (double)o[i] * (double)r[i];
+    double s = 0, a = 0;
+    for (int64_t i = 0; i < adt_value_numel(g, out); i++) {
+        s += (double)o[i] * (double)r[i];
+        a += fabs((double)o[i] * (double)r[i]);
+    }
+    g_loss_abs = a;
     return s;
 }
 
@@ -171,7 +179,24 @@ static void grad_check(const char *what, adt_graph *g, int out, fill_fn fill, co
              * from turning rounding noise into a large relative error */
             double scale = fmax(fmax(fabs(fd), fabs(an_dot)), an_norm * d_norm / sqrt((double)n));
             double err = fabs(fd - an_dot) / fmax(scale, 1e-12);
-            CHECK(err < tol, "%s: d/d %s along direction %d: analytic %.6g, finite difference %.6g, rel err %.2e (seed %llu)",
+            if (err >= tol && g_fd_step == 0) {
+                /* near a minimum the derivative is small beside the step's e^2 f''' term (a
+                 * bce_logits of 1 sample: 1e-4 against 2e-6): Richardson's extrapolation from
+                 * half the step cancels that term; a wrong gradient misses both */
+                for (int64_t i = 0; i < n; i++) p[i] = p0[i] + (float)(e / 2) * d[i];
+                double lp2 = loss_value(ex, g, out, R);
+                for (int64_t i = 0; i < n; i++) p[i] = p0[i] - (float)(e / 2) * d[i];
+                double lm2 = loss_value(ex, g, out, R);
+                memcpy(p, p0, (size_t)n * sizeof *p);
+                double rich = (4 * (lp2 - lm2) / e - fd) / 3;
+                double err_rich = fabs(rich - an_dot) / fmax(fmax(scale, fabs(rich)), 1e-12);
+                if (err_rich < err) fd = rich, err = err_rich;
+            }
+            /* or within the rounding of the two float losses (one ulp of sum |out R| each, over
+             * 2e): a direction with a derivative below it says nothing either way (a matmul whose
+             * products cancel: 1e-5 against a loss of size 0.3) */
+            int in_noise = fabs(fd - an_dot) < FLT_EPSILON * g_loss_abs / e;
+            CHECK(err < tol || in_noise, "%s: d/d %s along direction %d: analytic %.6g, finite difference %.6g, rel err %.2e (seed %llu)",
                   what, val->name, dir, an_dot, fd, err, (unsigned long long)g_seed);
             checked++;
         }
