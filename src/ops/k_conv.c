@@ -212,10 +212,41 @@ void adt_k_conv2d_backward_weight(float *dw, float *dbias, const float *dout, co
 
 /* out[N,C,P,Q] = max over each k x k window (stride s) of x[N,C,H,W]; argmax[N,C,P,Q] = h*W+w
  * of the winner inside its plane. */
+/* *best, *bi = v, i where v wins by the pooling rule below (strict >, a NaN over numbers), with
+ * masks: on data a compare's outcome is random, and the branch the compiler makes of a ternary
+ * mispredicts (a VGG's 2x2 pooling of 32 x 16 x 28 x 28 noise took 1.6 ms, 30% of its step). */
+static inline void pool_take(float *best, int32_t *bi, float v, int32_t i) {
+    uint32_t take = (uint32_t)((v > *best) | ((v != v) & (*best == *best))), m = 0u - take, vb, bb;
+    memcpy(&vb, &v, 4), memcpy(&bb, best, 4);
+    bb = (vb & m) | (bb & ~m);
+    memcpy(best, &bb, 4);
+    *bi = (int32_t)(((uint32_t)i & m) | ((uint32_t)*bi & ~m));
+}
+
 void adt_k_maxpool2d_forward(float *out, int32_t *argmax, const float *x, int64_t N, int64_t C,
                              int64_t H, int64_t W, int64_t k, int64_t s) {
     const int64_t P = (H - k) / s + 1, Q = (W - k) / s + 1;
     if (H < k || W < k) return;
+    if (k == 2 && s == 2) { /* VGG's pooling */
+        for (int64_t nc = 0; nc < N * C; nc++) {
+            const float *xp = x + nc * H * W;
+            float *op = out + nc * P * Q;
+            int32_t *ap = argmax + nc * P * Q;
+            for (int64_t p = 0; p < P; p++) {
+                const float *r0 = xp + 2 * p * W, *r1 = r0 + W;
+                for (int64_t q = 0; q < Q; q++) {
+                    int32_t i0 = (int32_t)(2 * p * W + 2 * q), bi = i0;
+                    float best = r0[2 * q];
+                    pool_take(&best, &bi, r0[2 * q + 1], i0 + 1);
+                    pool_take(&best, &bi, r1[2 * q], i0 + (int32_t)W);
+                    pool_take(&best, &bi, r1[2 * q + 1], i0 + (int32_t)W + 1);
+                    op[p * Q + q] = best;
+                    ap[p * Q + q] = bi;
+                }
+            }
+        }
+        return;
+    }
     for (int64_t nc = 0; nc < N * C; nc++) {
         const float *xp = x + nc * H * W;
         float *op = out + nc * P * Q;
