@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "adtrain/base.h"
+#include "adtrain/comm.h" /* ADT_COMM_SHM_MIN_BYTES */
 #include "adtrain/exec.h"
 #include "adtrain/planner.h"
 #include "check.h"
@@ -309,10 +310,15 @@ static void test_cluster_calibrated(void) {
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_REDUCE, 4, G, 4), 6 * 3e-4 + 1.5 * G * 1e-9, 1e-12, 0);
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_GATHER, 4, G, 4), 3 * 1e-5 + 0.75 * G / 1e9, 1e-12, 0);
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_COLL_SEND_RECV, 2, G, 2), 1e-6 + G * 1e-10, 1e-12, 0);
-    /* the JSON form reads back to the same object */
+    /* the JSON form reads back to the same object, op factors and in-step factors too */
+    c.slowdown[2].coll_factor = 3.5;
+    c.op_factor[2][ADT_OP_MATMUL] = 1.25, c.op_factor[0][ADT_OP_RELU] = 0.5;
     char *s = adt_cluster_to_json(&c);
     adt_cluster d;
     CHECK(adt_cluster_parse(&d, s, "round trip") == ADT_OK, "%s", adt_error_message());
+    CHECK(!memcmp(d.op_factor, c.op_factor, sizeof c.op_factor) && adt_cluster_coll_factor(&d, 4) == 3.5 &&
+              adt_cluster_coll_factor(&d, 2) == 0,
+          "op factors and coll_factor round trip");
     CHECK(d.cores_per_node == c.cores_per_node && d.small_flops == c.small_flops &&
               !memcmp(d.rate_small, c.rate_small, sizeof c.rate_small) && d.link[0].n_coll == c.link[0].n_coll &&
               d.n_slowdown == 3 && !memcmp(d.slowdown, c.slowdown, 3 * sizeof c.slowdown[0]) &&
@@ -334,6 +340,13 @@ static void test_cluster_calibrated(void) {
         {"\"factor\":2.5,", "\"factor\":0,", "device.slowdown[2].factor"},
         {"\"sync_s\":1e-3", "\"sync_s\":-1e-3", "device.slowdown[2].sync_s"},
         {"\"sync_s\":1e-3", "\"sync_s\":\"1ms\"", "device.slowdown[2].sync_s"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"coll_factor\":-1", "device.slowdown[2].coll_factor"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmull\":[0,0,0,0,0,0,0,1]}",
+         "device.op_factors.matmull"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[1,2]}", "device.op_factors.matmul"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[0,0,0,0,0,0,0,1e4]}",
+         "device.op_factors.matmul[7]"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":[1]", "device.op_factors"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[2048];
@@ -441,6 +454,82 @@ static void test_cost_sync(void) {
  * ceil(B / n) samples a rank, tensor parallelism the whole batch; in a pipeline the first stage
  * (the input) and the last (the labels) read them and the stages between none; without input_s
  * nothing is added. */
+/* device.op_factors: a kind's time scales by its decade's factor, else the nearest measured
+ * decade's; other kinds keep theirs. */
+static void test_cost_op_factors(void) {
+    adt_cluster c;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    adt_cluster f = c;
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    adt_graph *g = NULL;
+    adt_plan dp;
+    CHECK(expert(&m, "dp", 1, 32, &g, &dp) == ADT_OK, "%s", adt_error_message());
+    int mm = -1, other = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op == ADT_OP_MATMUL && mm < 0) mm = i;
+        if (g->nodes[i].op == ADT_OP_RELU && other < 0) other = i;
+    }
+    CHECK(mm >= 0 && other >= 0, "a matmul and a relu");
+    if (mm < 0 || other < 0) return;
+    int b = adt_op_factor_bucket(adt_node_flops(g, &g->nodes[mm]));
+    CHECK(b == (int)floor(log10(adt_node_flops(g, &g->nodes[mm]))) - 3, "decade of %g FLOPs: %d",
+          adt_node_flops(g, &g->nodes[mm]), b);
+    f.op_factor[b][ADT_OP_MATMUL] = 2.0;
+    CHECK_CLOSE(adt_node_time(g, mm, 1, &f), 2 * adt_node_time(g, mm, 1, &c), 1e-15, 1e-12);
+    CHECK_CLOSE(adt_node_time(g, other, 1, &f), adt_node_time(g, other, 1, &c), 1e-15, 1e-12);
+    /* no factor in its decade: the nearest measured one's (two decades up beats three down) */
+    f.op_factor[b][ADT_OP_MATMUL] = 0;
+    if (b + 2 < ADT_OP_FACTOR_BUCKETS) f.op_factor[b + 2][ADT_OP_MATMUL] = 3.0;
+    if (b - 3 >= 0) f.op_factor[b - 3][ADT_OP_MATMUL] = 5.0;
+    if (b + 2 < ADT_OP_FACTOR_BUCKETS)
+        CHECK_CLOSE(adt_node_time(g, mm, 1, &f), 3 * adt_node_time(g, mm, 1, &c), 1e-15, 1e-12);
+    /* a step's compute is the sum of its nodes' */
+    adt_cost_report r;
+    CHECK(adt_plan_cost(&dp, g, &f, &r) == ADT_OK, "%s", adt_error_message());
+    double sum = 0;
+    for (int i = 0; i < g->n_nodes; i++) sum += adt_node_time(g, i, 1, &f);
+    CHECK_CLOSE(r.compute_s, sum, 1e-15, 1e-9);
+    adt_plan_free(&dp);
+    adt_graph_free(g);
+}
+
+/* device.slowdown[].coll_factor: the cores move the data, so a data-parallel step is its compute,
+ * its all-reduces and its blocked waits one after another (closed form), and the shared-memory
+ * all-reduces (>= 64 KiB) take coll_factor times the fit, the others the fit. */
+static void test_cost_on_cores(void) {
+    adt_cluster c;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    adt_cluster oc = c;
+    oc.slowdown[2].coll_factor = 3.0; /* 4 busy ranks */
+    adt_model_cfg m = mlp_cfg(64, 256, 10); /* a 64 x 256 weight: 64 KiB exactly */
+    adt_graph *g = NULL;
+    adt_plan dp;
+    CHECK(expert(&m, "dp", 4, 32, &g, &dp) == ADT_OK, "%s", adt_error_message());
+    adt_cost_report r, r0;
+    CHECK(adt_plan_cost(&dp, g, &oc, &r) == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_plan_cost(&dp, g, &c, &r0) == ADT_OK, "%s", adt_error_message());
+    const adt_coll_fit *fit = &c.link[0].coll[1];
+    double want = 0, big = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        if (g->values[v].role != ADT_ROLE_PARAM) continue;
+        double b = (double)adt_value_bytes(g, v), t = 6 * fit->alpha + 1.5 * b * fit->beta;
+        want += b >= (double)ADT_COMM_SHM_MIN_BYTES ? 3.0 * t : t;
+        big += b >= (double)ADT_COMM_SHM_MIN_BYTES;
+    }
+    CHECK(big >= 1, "a shared-memory-sized gradient");
+    CHECK_CLOSE(r.comm_s[ADT_BOXING_ALL_REDUCE], want, 1e-12, 1e-9);
+    double comm = 0;
+    for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) comm += r.comm_s[k];
+    CHECK_CLOSE(r.step_s, r.compute_s + comm + r.sync_s + r.input_s, 1e-12, 1e-9);
+    /* beside compute (coll_factor 0) the step is shorter than compute and all-reduces in a row */
+    double comm0 = 0;
+    for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) comm0 += r0.comm_s[k];
+    CHECK(r0.step_s < r0.compute_s + comm0 + r0.sync_s - 1e-9, "overlap: step %g, compute %g + comm %g + sync %g",
+          r0.step_s, r0.compute_s, comm0, r0.sync_s);
+    adt_plan_free(&dp);
+    adt_graph_free(g);
+}
+
 static void test_cost_input(void) {
     adt_cluster c, in;
     CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
@@ -943,7 +1032,9 @@ static void test_cli(void) {
     CHECK(rc == 2 && contains(out, "--data") && contains(out, "--cluster"), "exit %d: %s", rc, out);
     /* calibrate (one rank: the kernels and the memory): a cluster file the planner reads */
     const char *cal = check_tmp_path("cal.json");
-    snprintf(args, sizeof args, "calibrate -o %s 2>&1", cal);
+    /* with a model of the user's (its max-pools: no calibration model's batch has them at 8 x 16
+     * x 14 x 14), in 3 processes */
+    snprintf(args, sizeof args, "calibrate --procs 3 --model configs/vgg-mnist.json:8 -o %s 2>&1", cal);
     rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0, "calibrate: exit %d: %s", rc, out);
     adt_cluster c;
@@ -954,19 +1045,31 @@ static void test_cli(void) {
         CHECK(c.memory_bw > 0 && c.devices_per_node == 1, "memory bandwidth, devices");
         CHECK(c.cores_per_node >= 1 && c.small_flops > 0 && c.rate_small[ADT_OPCLASS_MATMUL] > 0,
               "cores %d, small ops' matmul rate %g", c.cores_per_node, c.rate_small[ADT_OPCLASS_MATMUL]);
+        int pool = 0, mm = 0;
+        for (int b = 0; b < ADT_OP_FACTOR_BUCKETS; b++) {
+            pool += c.op_factor[b][ADT_OP_MAXPOOL2D] > 0;
+            mm += c.op_factor[b][ADT_OP_MATMUL] > 0;
+        }
+        CHECK(pool >= 1 && mm >= 2, "op factors: %d decades of maxpool2d, %d of matmul", pool, mm);
     }
+    rc = run_adtrain("calibrate --model no/such.json 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--model") && contains(out, "no/such.json"), "exit %d: %s", rc, out);
+    rc = run_adtrain("calibrate --model configs/vgg-mnist.json:0 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--model"), "exit %d: %s", rc, out);
     /* two ranks (mpiexec): the slowdown of 2 busy ranks with the cost of a blocked collective
      * inside a step, and every kind's fit on 2 ranks */
-    snprintf(args, sizeof args, "calibrate --ranks 2 -o %s 2>&1", cal);
+    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 -o %s 2>&1", cal);
     rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 0 && contains(out, "a blocked collective inside a step"), "calibrate --ranks 2: exit %d: %s", rc, out);
+    CHECK(rc == 0 && contains(out, "a blocked collective inside a step") && contains(out, "data-parallel step's"),
+          "calibrate --ranks 2: exit %d: %s", rc, out);
     rc = adt_cluster_load(&c, cal);
     CHECK(rc == ADT_OK, "calibrated cluster, 2 ranks: %s", adt_error_message());
     if (!rc) {
         CHECK(c.devices_per_node == 2 && c.n_slowdown == 2 && c.slowdown[1].ranks == 2 && c.slowdown[1].factor >= 1 &&
-                  c.slowdown[1].sync_s >= 0 && c.slowdown[1].sync_s < 1,
-              "slowdown: %d entries, 2 ranks: factor %g, sync_s %g", c.n_slowdown, c.slowdown[1].factor,
-              c.slowdown[1].sync_s);
+                  c.slowdown[1].sync_s >= 0 && c.slowdown[1].sync_s < 1 && c.slowdown[1].coll_factor >= 0.25 &&
+                  c.slowdown[1].coll_factor <= 50,
+              "slowdown: %d entries, 2 ranks: factor %g, sync_s %g, coll_factor %g", c.n_slowdown,
+              c.slowdown[1].factor, c.slowdown[1].sync_s, c.slowdown[1].coll_factor);
         CHECK(c.n_links == 1 && c.link[0].n_coll == 5, "2-rank collectives: %d", c.link[0].n_coll);
     }
     rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
@@ -984,6 +1087,8 @@ int main(void) {
     RUN(test_cluster_calibrated);
     RUN(test_cost_calibrated);
     RUN(test_cost_sync);
+    RUN(test_cost_op_factors);
+    RUN(test_cost_on_cores);
     RUN(test_cost_input);
     RUN(test_cost_memplan);
     RUN(test_search_optimality);

@@ -194,6 +194,9 @@ int adt_comm_progress(adt_comm *c);
  * same bits on every rank; for 2 ranks the same as MPI's. ADT_COMM_SHM=0 (on every rank) turns
  * it off. The executor allocates its arena here (src/exec), so gradient all-reduces use it.
  */
+/* The smallest all-reduce (bytes) that takes the shared-memory path; below it MPI's latency is
+ * the lower. */
+#define ADT_COMM_SHM_MIN_BYTES ((int64_t)64 << 10)
 /* Zeroed, page-aligned; private memory (adt_alloc_aligned) where the system offers no memfd.
  * Local: not collective. Free with adt_comm_shared_free (which takes either). */
 void *adt_comm_shared_alloc(size_t bytes);

@@ -27,6 +27,7 @@
 #include "adtrain/dist.h"
 #include "adtrain/graph.h"
 #include "adtrain/models.h"
+#include "adtrain/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,6 +38,8 @@ extern "C" {
 #define ADT_CLUSTER_MAX_LINKS 4
 #define ADT_CLUSTER_NAME_LEN 128
 #define ADT_CLUSTER_MAX_SLOWDOWN 64
+/* op_factor's decades of FLOPs: below 1e4, 1e4..1e5, ..., 1e10 and above */
+#define ADT_OP_FACTOR_BUCKETS 8
 
 /* Op classes with their own calibrated compute rate. */
 typedef enum adt_op_class {
@@ -85,10 +88,19 @@ typedef struct adt_cluster {
     double rate_small[ADT_OPCLASS_COUNT]; /* FLOP/s of ops below small_flops, 0: rate[]      */
     double small_flops;                 /* the size class boundary (FLOPs per device), 0: none */
     int cores_per_node;                 /* cores the node's devices share, 0: one each        */
+    /* An op kind's measured time over the time the rates above price it at, per decade of
+     * FLOPs per device (adt_op_factor_bucket); 0: not measured (the nearest measured decade of
+     * the kind, else 1). Kernels of one class differ: a max-pool runs far below the copy
+     * bandwidth, a ReLU in cache far above it, a convolution of 16 channels at 60% of one of 64. */
+    double op_factor[ADT_OP_FACTOR_BUCKETS][ADT_OP_COUNT];
     int n_slowdown;                     /* measured compute slowdowns by busy ranks per node  */
     /* factor: compute time over one rank's; sync_s: what a rank loses each time it blocks on a
-     * collective inside a step (its peers' arrival spread and wake-up), 0: nothing */
-    struct { int ranks; double factor, sync_s; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
+     * collective inside a step (its peers' arrival spread and wake-up), 0: nothing;
+     * coll_factor: the ranks' own cores move the collectives' data (shared memory, no engine
+     * of its own), so collectives are work of the compute clock, and a shared-memory all-reduce
+     * (at least ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its calibrated back-to-back
+     * time inside a step; 0: collectives overlap compute */
+    struct { int ranks; double factor, sync_s, coll_factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
     /* Not in cluster files, set by the caller for a job: the seconds one rank takes to produce
@@ -119,6 +131,9 @@ double adt_cluster_share(const adt_cluster *c, int ranks);
 /* What a rank loses when it blocks on a collective inside a step with `ranks` devices of one node
  * busy: sync_s of the same slowdown entry adt_cluster_share picks, else 0. */
 double adt_cluster_sync_s(const adt_cluster *c, int ranks);
+/* coll_factor of that entry: > 0 when collectives are work of the ranks' cores, 0 when they
+ * overlap compute. */
+double adt_cluster_coll_factor(const adt_cluster *c, int ranks);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);
 /* The seconds of one collective of `kind` (adt_boxing_kind or ADT_COLL_SEND_RECV) on a group of
@@ -168,6 +183,11 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
 double adt_nd_sig_parts(const adt_node *n, const adt_nd_sig *s, const adt_mesh *m);
 /* The compute seconds of one node when `parts` devices share its work. */
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c);
+/* The seconds of one op of kind `op` doing `flops` and moving `bytes` on one device: the slower
+ * of its class's rate and the memory bandwidth, plus launch_s, times the kind's op_factor. */
+double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes);
+/* The op_factor decade of an op doing `flops` per device. */
+int adt_op_factor_bucket(double flops);
 
 /* ---- the signature-assignment problem and its solvers --------------------------------------------
  * Variables x_i in [0, k_i); cost J(x) = sum_i unary_i(x_i) + sum_e pair_e(x_a, x_b), every term

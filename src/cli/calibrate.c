@@ -3,15 +3,20 @@
  * (docs/formats.md "Cluster files") the planner prices plans with.
  *
  *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT, a DLRM,
- *             each at two batch sizes) run by the executor with per-node timing; launch_s = the
- *             median time of tiny ops; FLOP/s per op class and size class (below / above
- *             small_flops per op) = the FLOPs over the seconds less the ops' fixed costs;
+ *             each at two batch sizes, and each --model at B, B/2 and B/4) run by the executor
+ *             with per-node timing, in --procs processes one after another, each node's median
+ *             time kept; launch_s = the median time of tiny ops; FLOP/s per op class and size
+ *             class (below / above small_flops per op) = the FLOPs over the seconds less the ops'
+ *             fixed costs; per op kind and decade of FLOPs, the nodes' time over what those
+ *             rates price them at (device.op_factors);
  *   memory    the bandwidth of a 64 MiB copy;
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
  *             of 3 such pairs), into device.slowdown, with what a collective that follows
- *             compute costs beyond its back-to-back time (sync_s);
+ *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
+ *             step's shared-memory all-reduces cost inside it over their back-to-back time
+ *             (coll_factor: the ranks' cores move the data, between their kernels);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
  *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's
@@ -34,21 +39,34 @@
 
 #define cal_fail(...) cli_fail("calibrate", __VA_ARGS__)
 
+#define CAL_MAX_USER_MODELS 8
+#define CAL_COMPUTE_PROCS 5 /* --procs: see time_compute */
+#define CAL_MAX_PROCS 9
+
 typedef struct cal_opts {
     const char *out_path;
-    long ranks, threads;
-    int comm_worker;
+    long ranks, threads, batch, procs;
+    int comm_worker, compute_worker, n_models;
+    const char *model[CAL_MAX_USER_MODELS]; /* --model: the user's own, timed beside ours */
 } cal_opts;
 
 static void cal_usage(FILE *f) {
-    fprintf(f, "usage: adtrain calibrate [-o CLUSTER.json] [--ranks N] [--threads T]\n"
+    fprintf(f, "usage: adtrain calibrate [-o CLUSTER.json] [--ranks N] [--threads T] [--model CFG[:B]]...\n"
+               "                         [--batch B] [--procs P]\n"
                "\n"
                "Measures this machine and writes a cluster file for adtrain plan --strategy auto:\n"
-               "FLOP/s per op class with the real kernels, memory bandwidth, and with --ranks N >= 2 the\n"
-               "alpha/beta of all-reduce over MPI for 2..N ranks (mpiexec must be on PATH).\n"
+               "FLOP/s per op class and a factor per op kind with the real kernels, memory bandwidth,\n"
+               "and with --ranks N >= 2 the alpha/beta of each collective over MPI for 2..N ranks and\n"
+               "what they cost inside a data-parallel step (mpiexec must be on PATH).\n"
                "  -o FILE       write the cluster there (default: print it)\n"
                "  --ranks N     devices (ranks) on this node, 1 to 64 (default 1)\n"
                "  --threads T   OpenBLAS threads per rank (default 1)\n"
+               "  --model CFG[:B]  also time this model's ops (repeatable, up to 8) at global batch B\n"
+               "                (default --batch), half and a quarter of it: the op factors then fit its\n"
+               "                shapes on 1, 2 and 4 data-parallel ranks\n"
+               "  --batch B     the --model's default global batch (default 32)\n"
+               "  --procs P     processes that time the kernels, one after another; each node's median\n"
+               "                time is kept (default 5, at most 9: one process runs up to 25%% off)\n"
                "exit status: 0 done, 1 a measurement or the file failed, 2 bad flag\n");
 }
 
@@ -56,8 +74,16 @@ static int cal_apply(void *opts, const char *f, const char *v) {
     cal_opts *o = opts;
     if (!strcmp(f, "-o") || !strcmp(f, "--output")) o->out_path = v;
     else if (!strcmp(f, "--ranks")) return cli_parse_long("calibrate", f, v, 1, 64, &o->ranks);
+    else if (!strcmp(f, "--batch")) return cli_parse_long("calibrate", f, v, 1, 1 << 20, &o->batch);
+    else if (!strcmp(f, "--procs")) return cli_parse_long("calibrate", f, v, 1, CAL_MAX_PROCS, &o->procs);
+    else if (!strcmp(f, "--model")) {
+        if (o->n_models >= CAL_MAX_USER_MODELS)
+            return cal_fail(2, "--model: at most %d models, got another ('%s')", CAL_MAX_USER_MODELS, v);
+        o->model[o->n_models++] = v;
+    }
     else if (!strcmp(f, "--threads")) return cli_parse_long("calibrate", f, v, 1, 256, &o->threads);
     else if (!strcmp(f, "--comm-worker")) o->comm_worker = 1;
+    else if (!strcmp(f, "--compute-worker")) o->compute_worker = 1;
     else return cal_fail(2, "unknown flag '%s' (see adtrain calibrate --help)", f);
     return 0;
 }
@@ -71,11 +97,15 @@ static int cal_apply(void *opts, const char *f, const char *v) {
  * the fixed cost of running one op (launch_s). */
 #define CAL_TINY 4096.0
 
+#define CAL_MAX_NODES 16384
 typedef struct cal_compute {
     double flops[2][ADT_OPCLASS_COUNT], secs[2][ADT_OPCLASS_COUNT]; /* [0] small, [1] large */
     double ops[2][ADT_OPCLASS_COUNT];                              /* op runs timed         */
     double tiny[4096];                                             /* seconds of tiny ops  */
     int n_tiny;
+    /* every node timed: its kind, FLOPs, bytes and seconds per run (the op factors) */
+    struct { int op; double flops, bytes, secs; } node[CAL_MAX_NODES];
+    int n_nodes;
 } cal_compute;
 
 /* An executor of one model's training step (AdamW), its parameters initialised. */
@@ -90,7 +120,31 @@ static int model_exec(const char *json, int batch, int threads, int profile, adt
     adt_exec_opts eo = {.threads = threads, .seed = 1, .profile = profile};
     if (!rc) rc = adt_exec_create(ex, *g, &eo);
     if (!rc) rc = adt_exec_init_params(*ex);
+    /* f32 inputs and labels uniform in [-1, 1], as data: a max-pool's compares or a ReLU's
+     * branches run at another speed on zeros. Ids stay 0, in range for every table. */
+    for (int v = 0; !rc && v < (*g)->n_values; v++) {
+        const adt_value *val = &(*g)->values[v];
+        if (!adt_role_is_fed(val->role) || val->dtype != ADT_F32 || v == (*g)->lr_input) continue;
+        float *d = adt_exec_data(*ex, v);
+        for (int64_t i = 0; i < adt_shape_numel(&val->shape); i++) d[i] = 2 * adt_rng_uniform(7, (uint64_t)i) - 1;
+    }
     return rc;
+}
+
+/* One node's run of `secs` seconds into acc: its op class and size class's sums, the tiny ops'
+ * times, the node records. */
+static void acc_add(cal_compute *acc, int op, double f, double b, double secs) {
+    if (f <= CAL_TINY && b <= CAL_TINY && acc->n_tiny < (int)(sizeof acc->tiny / sizeof acc->tiny[0]))
+        acc->tiny[acc->n_tiny++] = secs;
+    if (acc->n_nodes < CAL_MAX_NODES) {
+        acc->node[acc->n_nodes].op = op, acc->node[acc->n_nodes].flops = f;
+        acc->node[acc->n_nodes].bytes = b, acc->node[acc->n_nodes++].secs = secs;
+    }
+    if (f <= 0) return;
+    int sc = f >= CAL_SMALL_FLOPS, k = adt_op_class_of(op);
+    acc->flops[sc][k] += f;
+    acc->secs[sc][k] += secs;
+    acc->ops[sc][k] += 1;
 }
 
 /* One model's training step timed node by node: FLOPs and seconds per op class and size class,
@@ -106,22 +160,36 @@ static int time_model(const char *json, int batch, int threads, cal_compute *acc
     }
     if (!rc) {
         const double *t = adt_exec_node_seconds(ex);
-        for (int i = 0; i < g->n_nodes; i++) {
-            const adt_node *n = &g->nodes[i];
-            int k = adt_op_class_of(n->op);
-            double f = adt_node_flops(g, n), b = adt_node_bytes(g, n);
-            if (f <= CAL_TINY && b <= CAL_TINY && acc->n_tiny < (int)(sizeof acc->tiny / sizeof acc->tiny[0]))
-                acc->tiny[acc->n_tiny++] = t[i] / STEPS;
-            if (f <= 0) continue;
-            int sc = f >= CAL_SMALL_FLOPS;
-            acc->flops[sc][k] += STEPS * f;
-            acc->secs[sc][k] += t[i];
-            acc->ops[sc][k] += STEPS;
-        }
+        for (int i = 0; i < g->n_nodes; i++)
+            acc_add(acc, g->nodes[i].op, adt_node_flops(g, &g->nodes[i]), adt_node_bytes(g, &g->nodes[i]), t[i] / STEPS);
     }
     adt_exec_free(ex);
     adt_graph_free(g);
     return rc;
+}
+
+/* The op factors (device.op_factors): per op kind and decade of FLOPs, the seconds the timed
+ * nodes took over the seconds the rates just fitted price them at. Where a kind's nodes of a
+ * decade took less than CAL_FACTOR_MIN_S per step in all, the decade is left unmeasured: too
+ * little to time. */
+#define CAL_FACTOR_MIN_S 2e-5
+static void fit_op_factors(adt_cluster *c, const cal_compute *acc) {
+    static double meas[ADT_OP_FACTOR_BUCKETS][ADT_OP_COUNT], pred[ADT_OP_FACTOR_BUCKETS][ADT_OP_COUNT];
+    memset(meas, 0, sizeof meas), memset(pred, 0, sizeof pred);
+    for (int i = 0; i < acc->n_nodes; i++) {
+        int op = acc->node[i].op, sc = adt_op_factor_bucket(acc->node[i].flops);
+        if (op < 0 || op >= ADT_OP_COUNT) continue;
+        meas[sc][op] += acc->node[i].secs;
+        pred[sc][op] += adt_cluster_op_time(c, op, acc->node[i].flops, acc->node[i].bytes);
+    }
+    for (int op = 0; op < ADT_OP_COUNT; op++)
+        for (int sc = 0; sc < ADT_OP_FACTOR_BUCKETS; sc++) {
+            if (!(meas[sc][op] >= CAL_FACTOR_MIN_S) || !(pred[sc][op] > 0)) continue;
+            double f = meas[sc][op] / pred[sc][op];
+            c->op_factor[sc][op] = f < 0.02 ? 0.02 : f > 50 ? 50 : f;
+            fprintf(stderr, "calibrate: %-18s 1e%d FLOPs: %.2fx the class rate's time (%.3g ms timed)\n",
+                    adt_op_name(op), sc + 3, c->op_factor[sc][op], meas[sc][op] * 1e3);
+        }
 }
 
 /* The compute probe: seconds of a few training steps of a mid-size MLP, the kernels alone. Run
@@ -236,6 +304,73 @@ static double sync_cost(adt_comm *w, float *x) {
     return ok && r[CAL_SYNC_ROUNDS / 2] > 0 ? r[CAL_SYNC_ROUNDS / 2] : 0;
 }
 
+/* What the gradient all-reduces of a data-parallel step cost inside the step (the cores' own
+ * work, and their waits), beyond the same ranks' compute: in each of CAL_INSTEP_ROUNDS rounds
+ * every rank runs CAL_INSTEP_STEPS steps of the compute probe data-parallel over the world (the
+ * executor and the mesh communicator `adtrain train` runs, 64 samples per rank), then as many
+ * of its own model alone at 64 samples; the difference per step, the ranks' mean, the median
+ * over rounds. Rank 0 prints it ("instep") and the gradients' sizes ("instep_grad"): the parent
+ * turns it into device.slowdown[].coll_factor once the all-reduce fit is known. */
+#define CAL_INSTEP_ROUNDS 5
+#define CAL_INSTEP_STEPS 8
+static int instep_probe(adt_comm *w) {
+    int k = adt_comm_size(w), rc = ADT_OK, ranks[64];
+    adt_model_cfg m;
+    adt_plan p, xp;
+    memset(&p, 0, sizeof p), memset(&xp, 0, sizeof xp);
+    adt_graph *g = NULL, *lg = NULL;
+    adt_exec *dp = NULL, *one = NULL;
+    adt_mesh_comm *mc = NULL;
+    adt_dist_local loc;
+    memset(&loc, 0, sizeof loc);
+    if ((rc = adt_model_cfg_parse(&m, CAL_PROBE, "calibration probe"))) return rc;
+    p.model = m, p.batch = 64 * k, p.microbatches = 1, p.optim = ADT_OPTIM_ADAMW;
+    adt_expert_opts xo = {.strategy = "dp", .devices = k, .batch = 64 * k};
+    if (!(rc = adt_plan_build_graph(&p, NULL, &g)) && !(rc = adt_expert_plan(g, &m, &xo, &xp))) {
+        adt_dist_plan d = adt_plan_dist(&xp, 0, ranks);
+        if (!(rc = adt_mesh_comm_create(&mc, w, &d.mesh)) &&
+            !(rc = adt_dist_partition(g, &d, adt_mesh_comm_coord(mc), &loc))) {
+            adt_exec_opts eo = {.threads = 1, .seed = 1, .comm = adt_mesh_comm_hook(mc, loc.g)};
+            if (!(rc = adt_exec_create(&dp, loc.g, &eo))) rc = adt_exec_init_params(dp);
+        }
+    }
+    if (!rc) rc = model_exec(CAL_PROBE, 64, 1, 0, &lg, &one);
+    double bad = rc != ADT_OK; /* every rank built both, or none times */
+    adt_comm_allreduce_f64(w, &bad, 1);
+    double r[CAL_INSTEP_ROUNDS];
+    int n = 0;
+    for (int i = 0; i < CAL_INSTEP_ROUNDS && bad == 0; i++) {
+        double t[2];
+        for (int which = 0; which < 2 && !rc; which++) {
+            adt_exec *ex = which ? one : dp;
+            adt_comm_barrier(w);
+            double t0 = adt_now_s();
+            for (int q = 0; q < CAL_INSTEP_STEPS && !rc; q++) {
+                adt_exec_set_lr_step(ex, 1e-4f, q + 1);
+                rc = adt_exec_run(ex);
+            }
+            t[which] = (adt_now_s() - t0) / CAL_INSTEP_STEPS;
+            adt_comm_barrier(w); /* the slowest rank's dp step ends the round for all */
+        }
+        if (rc) break;
+        double d = t[0] - t[1];
+        adt_comm_allreduce_f64(w, &d, 1);
+        r[n++] = d / k;
+    }
+    if (!rc && n && adt_comm_rank(w) == 0) {
+        qsort(r, (size_t)n, sizeof r[0], cmp_double);
+        printf("instep 0 %.9g\n", r[n / 2]);
+        for (int v = 0; v < g->n_values; v++)
+            if (g->values[v].role == ADT_ROLE_PARAM) printf("instep_grad %lld 0\n", (long long)adt_value_bytes(g, v));
+    }
+    adt_exec_free(dp), adt_exec_free(one);
+    adt_dist_local_free(&loc);
+    adt_mesh_comm_free(mc);
+    adt_plan_free(&xp);
+    adt_graph_free(g), adt_graph_free(lg);
+    return rc;
+}
+
 /* The compute slowdown of the k ranks of this world (device.slowdown[].factor): in each of
  * CAL_PAIRS rounds every rank runs the probe at once, then rank 0 alone while the others sleep
  * (spinning in MPI they would take the cores it is timed on); the ranks' mean time over the lone
@@ -276,6 +411,7 @@ static int comm_worker(void) {
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
     double sync = sync_cost(w, a);
     if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
+    if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
             int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
@@ -337,7 +473,7 @@ static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync) {
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *coll_factor) {
     char self[1024], cmd[1200];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -349,11 +485,21 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
     int rows = 0;
     cal_fit fit[CAL_KINDS];
     memset(fit, 0, sizeof fit);
+    double instep = -1, grads[256];
+    int n_grads = 0;
     while (fgets(line, sizeof line, p)) {
         char kind[32];
         long long s;
         double t;
         int ki = 0;
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "instep")) {
+            instep = t;
+            continue;
+        }
+        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "instep_grad")) {
+            if (n_grads < 256) grads[n_grads++] = (double)s;
+            continue;
+        }
         if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync"))) {
             *(kind[1] == 'l' ? slowdown : sync) = t;
             continue;
@@ -378,15 +524,109 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
         l->coll[l->n_coll++] = f;
         fprintf(stderr, "calibrate: %-14s on %d ranks: alpha %.3g us, beta %.3g GB/s\n", adt_coll_kind_name(f.kind), k,
                 f.alpha * 1e6, 1e-9 / f.beta);
+        if (f.kind == ADT_BOXING_ALL_REDUCE && instep >= 0 && n_grads) {
+            /* the in-step probe's extra time less the one blocked wait the cost model charges
+             * (sync_s) and the small gradients' MPI all-reduces, over what the fit prices its
+             * shared-memory all-reduces at back to back */
+            double fit_shm = 0, fit_mpi = 0; /* the factor prices the shared-memory path's */
+            for (int i = 0; i < n_grads; i++)
+                *(grads[i] >= (double)ADT_COMM_SHM_MIN_BYTES ? &fit_shm : &fit_mpi) +=
+                    2.0 * (k - 1) * f.alpha + 2.0 * (k - 1) / k * grads[i] * f.beta;
+            double cf = fit_shm > 0 ? (instep - *sync - fit_mpi) / fit_shm : 0;
+            *coll_factor = cf < 0.25 ? 0.25 : cf > 50 ? 50 : cf;
+            fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.3g ms beyond compute, "
+                    "%.2fx their back-to-back time\n", k, instep * 1e3, *coll_factor);
+        }
     }
     return 0;
 }
 
 /* ---- the command ---------------------------------------------------------------------------------- */
 
+/* The user's --model i, FILE[:B]: its path and batch, the file read and checked as a model. */
+static int user_model_arg(const cal_opts *o, int i, char *path, size_t n, long *batch, char **text) {
+    size_t len;
+    *batch = o->batch, *text = NULL;
+    snprintf(path, n, "%s", o->model[i]);
+    char *colon = strrchr(path, ':');
+    if (colon) {
+        *colon = 0;
+        if (cli_parse_long("calibrate", "--model's :B", colon + 1, 1, 1 << 20, batch)) return 2;
+    }
+    adt_model_cfg m;
+    if (adt_file_read(path, 1 << 20, "model file", text, &len) || adt_model_cfg_parse(&m, *text, path)) {
+        free(*text);
+        *text = NULL;
+        return cal_fail(2, "--model: %s", adt_error_message());
+    }
+    return 0;
+}
+
+/* The user's --model i (FILE[:B]) timed at B, B/2 and B/4 into acc. */
+static int time_user_model(const cal_opts *o, int i, cal_compute *acc) {
+    char *text = NULL, path[1024];
+    long batch;
+    int rc = user_model_arg(o, i, path, sizeof path, &batch, &text);
+    if (rc) return rc;
+    for (long b = batch, q = 0; q < 3 && !rc; q++, b = (b + 1) / 2)
+        if (time_model(text, (int)b, (int)o->threads, acc)) rc = cal_fail(2, "--model %s: %s", o->model[i], adt_error_message());
+    free(text);
+    return rc;
+}
+
+/* The compute timings: --procs processes (this binary as --compute-worker, with the same flags)
+ * each time every node once; each node's median time goes into acc. A process's kernels run up
+ * to 25% faster or slower than the next one's here, whatever its steps (VGG's step in six
+ * processes: 5.0-6.3 ms), so one process's timings would price every plan by its luck. The
+ * workers run one after another: none shares the cores with another. */
+static int time_compute(int procs, int argc, char **argv, cal_compute *acc) {
+    char self[1024], cmd[8192];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return cal_fail(1, "cannot find this program's path to start the compute workers");
+    self[n] = 0;
+    int len = snprintf(cmd, sizeof cmd, "'%s' calibrate --compute-worker", self);
+    for (int i = 1; i < argc; i++) { /* the same flags, quoted; -o and --ranks do not matter there */
+        if (strchr(argv[i], '\'') || len >= (int)sizeof cmd - 8)
+            return cal_fail(2, "flag '%s': a quote in a flag is not supported", argv[i]);
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " '%s'", argv[i]);
+    }
+    snprintf(cmd + len, sizeof cmd - (size_t)len, " 2>&1");
+    static double secs[CAL_MAX_PROCS][CAL_MAX_NODES];
+    static struct { int op; double flops, bytes; } first[CAL_MAX_NODES];
+    int count = -1;
+    for (int w = 0; w < procs; w++) {
+        FILE *p = popen(cmd, "r");
+        if (!p) return cal_fail(1, "cannot start '%s'", cmd);
+        char line[512];
+        int k = 0, op;
+        double f, b, t;
+        while (fgets(line, sizeof line, p)) {
+            if (sscanf(line, "node %d %lg %lg %lg", &op, &f, &b, &t) != 4 || k >= CAL_MAX_NODES) {
+                fprintf(stderr, "calibrate: compute worker: %s", line);
+                continue;
+            }
+            if (w == 0) first[k].op = op, first[k].flops = f, first[k].bytes = b;
+            else if (first[k].op != op || first[k].flops != f) k = CAL_MAX_NODES; /* out of step: refused below */
+            if (k < CAL_MAX_NODES) secs[w][k++] = t;
+        }
+        int st = pclose(p);
+        if (st || k == 0 || (count >= 0 && k != count))
+            return cal_fail(1, "compute worker %d of %d ('%s') failed (status %d, %d node timings)", w + 1, procs,
+                            cmd, st, k);
+        count = k;
+    }
+    for (int i = 0; i < count; i++) {
+        double v[CAL_MAX_PROCS];
+        for (int w = 0; w < procs; w++) v[w] = secs[w][i];
+        qsort(v, (size_t)procs, sizeof v[0], cmp_double);
+        acc_add(acc, first[i].op, first[i].flops, first[i].bytes, v[procs / 2]);
+    }
+    return 0;
+}
+
 int cli_calibrate(int argc, char **argv) {
-    cal_opts o = {.ranks = 1, .threads = 1};
-    static const char *const switches[] = {"--comm-worker", NULL};
+    cal_opts o = {.ranks = 1, .threads = 1, .batch = 32, .procs = CAL_COMPUTE_PROCS};
+    static const char *const switches[] = {"--comm-worker", "--compute-worker", NULL};
     int rc = cli_parse_flags_switches("calibrate", argc, argv, cal_usage, cal_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
     if (o.comm_worker) return comm_worker();
@@ -400,12 +640,28 @@ int cli_calibrate(int argc, char **argv) {
          "\"top\":[128,1]}", {64, 512}},
     };
     cal_compute *acc = adt_calloc(1, sizeof *acc);
-    for (int sc = 0; sc < 2; sc++)
-        for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
-            if (time_model(models[i].json, models[i].batch[sc], (int)o.threads, acc)) {
-                free(acc);
-                return cal_fail(1, "timing the kernels: %s", adt_error_message());
-            }
+    if (o.compute_worker) { /* one process's timings of every node, for the parent's medians */
+        for (int sc = 0; sc < 2 && !rc; sc++)
+            for (size_t i = 0; i < sizeof models / sizeof models[0] && !rc; i++)
+                if (time_model(models[i].json, models[i].batch[sc], (int)o.threads, acc))
+                    rc = cal_fail(1, "timing the kernels: %s", adt_error_message());
+        for (int i = 0; i < o.n_models && !rc; i++) rc = time_user_model(&o, i, acc);
+        for (int i = 0; i < acc->n_nodes && !rc; i++)
+            printf("node %d %.17g %.17g %.9g\n", acc->node[i].op, acc->node[i].flops, acc->node[i].bytes,
+                   acc->node[i].secs);
+        free(acc);
+        return rc;
+    }
+    for (int i = 0; i < o.n_models && !rc; i++) { /* bad --model: said here, not by every worker */
+        char path[1024], *text;
+        long batch;
+        rc = user_model_arg(&o, i, path, sizeof path, &batch, &text);
+        free(text);
+    }
+    if (rc || (rc = time_compute((int)o.procs, argc, argv, acc))) {
+        free(acc);
+        return rc;
+    }
     adt_cluster c;
     memset(&c, 0, sizeof c);
     snprintf(c.name, sizeof c.name, "calibrated");
@@ -436,8 +692,9 @@ int cli_calibrate(int argc, char **argv) {
         }
         if (!(c.rate[k] > 0)) c.rate[k] = c.rate_small[k];
     }
-    free(acc);
     c.memory_bw = copy_bandwidth();
+    fit_op_factors(&c, acc);
+    free(acc);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     c.memory_bytes = pages > 0 && psz > 0 ? (double)pages * (double)psz / (double)o.ranks : 8e9;
     fprintf(stderr, "calibrate: memory bandwidth %.3g GB/s, %.3g GB per rank\n", c.memory_bw * 1e-9, c.memory_bytes * 1e-9);
@@ -451,11 +708,12 @@ int cli_calibrate(int argc, char **argv) {
         /* compute with k busy ranks against one: the slowdown the cost model applies */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
         for (int k = 2; k <= o.ranks; k++) {
-            double slow = 0, sync = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync))) return rc;
+            double slow = 0, sync = 0, cf = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &cf))) return rc;
             if (slow > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
+                c.slowdown[c.n_slowdown].coll_factor = cf;
                 c.slowdown[c.n_slowdown++].factor = f;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
                         "inside a step %.0f us more\n", k, f, sync * 1e6);

@@ -51,7 +51,7 @@
 
 /* Below this many bytes MPI's own all-reduce is as fast (its latency, a few microseconds, is
  * the cost of the three rounds of flags here). */
-#define SHM_MIN_BYTES ((int64_t)64 << 10)
+#define SHM_MIN_BYTES ADT_COMM_SHM_MIN_BYTES
 #define SHM_MAX_RANKS 64 /* the gather's bit mask */
 /* Blocks remembered per peer, the least recently used dropped first: a peer's executor that is
  * made again (a new arena) leaves its old block mapped here, and alive, until it is dropped. */

@@ -130,8 +130,9 @@ static int parse_rates(const cJSON *d, const char *field, const char *name, doub
     return ADT_OK;
 }
 
-/* device.slowdown: [{"ranks", "factor", "sync_s"}], compute time with that many busy ranks on a
- * node over one rank's, and the seconds a rank loses at each collective it blocks on. */
+/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor"}], compute time with that many
+ * busy ranks on a node over one rank's, the seconds a rank loses at each collective it blocks on,
+ * and a collective's time inside a step over its back-to-back time where the cores move it. */
 static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     c->n_slowdown = 0;
     memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
@@ -143,7 +144,7 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     if (n > ADT_CLUSTER_MAX_SLOWDOWN)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
                          ADT_CLUSTER_MAX_SLOWDOWN);
-    static const char *const fields[] = {"ranks", "factor", "sync_s", "comment", NULL};
+    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "comment", NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -153,7 +154,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
         if ((rc = adt_cfg_check_fields(e, fields, "slowdown", name)) || (rc = check_comment(e, w, name)) ||
             (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
             (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)) ||
-            (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)))
+            (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)) ||
+            (rc = get_number(e, "coll_factor", w, 0, 0, 1e3, name, &c->slowdown[i].coll_factor)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -164,10 +166,40 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     return ADT_OK;
 }
 
+/* device.op_factors: {"<op kind>": [one factor per decade of FLOPs], ...}, 0: not measured. */
+static int parse_op_factors(adt_cluster *c, const cJSON *d, const char *name) {
+    const cJSON *o;
+    int rc = get_object(d, "op_factors", "device.", 0, name, &o);
+    if (rc || !o) return rc;
+    for (const cJSON *e = o->child; e; e = e->next) {
+        if (!strcmp(e->string, "comment")) {
+            if ((rc = check_comment(o, "device.op_factors.", name))) return rc;
+            continue;
+        }
+        int k = 0;
+        while (k < ADT_OP_COUNT && strcmp(adt_op_name(k), e->string)) k++;
+        if (k == ADT_OP_COUNT)
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.op_factors.%s\": no op kind of that name (the names are "
+                             "those of `adtrain graph`, e.g. \"matmul\", \"conv2d\")", name, e->string);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != ADT_OP_FACTOR_BUCKETS)
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.op_factors.%s\" is %s, expected an array of %d numbers "
+                             "(FLOPs below 1e4, 1e4 to 1e5, ..., 1e10 and above)", name, e->string,
+                             cJSON_IsArray(e) ? "an array of another length" : adt_cfg_json_kind(e), ADT_OP_FACTOR_BUCKETS);
+        for (int sc = 0; sc < ADT_OP_FACTOR_BUCKETS; sc++) {
+            const cJSON *x = cJSON_GetArrayItem(e, sc);
+            if (!cJSON_IsNumber(x) || !(x->valuedouble == 0 || (x->valuedouble >= 1e-3 && x->valuedouble <= 1e3)))
+                return adt_error(ADT_ERR_ARG, "%s: field \"device.op_factors.%s[%d]\": expected 0 (not measured) or a "
+                                 "number in [0.001, 1000]", name, e->string, sc);
+            c->op_factor[sc][k] = x->valuedouble;
+        }
+    }
+    return ADT_OK;
+}
+
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
                                          "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops",
-                                         "slowdown", "comment", NULL};
+                                         "slowdown", "op_factors", "comment", NULL};
     int rc;
     if ((rc = adt_cfg_check_fields(d, fields, "device", name)) || (rc = check_comment(d, "device.", name)) ||
         (rc = get_string(d, "kind", "device.", 1, name, c->device_kind, sizeof c->device_kind)))
@@ -194,6 +226,7 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
         return rc;
     if ((rc = get_number(d, "small_flops", "device.", 0, 0, 1e18, name, &c->small_flops))) return rc;
     if ((rc = parse_slowdown(c, cJSON_GetObjectItemCaseSensitive(d, "slowdown"), name))) return rc;
+    if ((rc = parse_op_factors(c, d, name))) return rc;
     if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
         (rc = get_number(d, "memory_bw", "device.", 1, 1e6, 1e15, name, &c->memory_bw)) ||
         (rc = get_number(d, "launch_s", "device.", 0, 0, 1, name, &c->launch_s)))
@@ -315,8 +348,9 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\": %d entries, expected 0 to %d", name, c->n_slowdown,
                          ADT_CLUSTER_MAX_SLOWDOWN);
     for (int i = 0; i < c->n_slowdown; i++)
-        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor and sync_s >= 0",
+        if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0) ||
+            !(c->slowdown[i].coll_factor >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0 and coll_factor >= 0",
                              name, i);
     if (c->cores_per_node < 0 || !(c->small_flops >= 0))
         return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
@@ -399,10 +433,22 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             cJSON_AddNumberToObject(e, "ranks", c->slowdown[i].ranks);
             cJSON_AddNumberToObject(e, "factor", c->slowdown[i].factor);
             if (c->slowdown[i].sync_s > 0) cJSON_AddNumberToObject(e, "sync_s", c->slowdown[i].sync_s);
+            if (c->slowdown[i].coll_factor > 0) cJSON_AddNumberToObject(e, "coll_factor", c->slowdown[i].coll_factor);
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
     }
+    cJSON *of = NULL;
+    for (int k = 0; k < ADT_OP_COUNT; k++) {
+        int any_k = 0;
+        for (int sc = 0; sc < ADT_OP_FACTOR_BUCKETS; sc++) any_k |= c->op_factor[sc][k] > 0;
+        if (!any_k) continue;
+        if (!of) of = cJSON_CreateObject();
+        cJSON *a = cJSON_CreateArray();
+        for (int sc = 0; sc < ADT_OP_FACTOR_BUCKETS; sc++) cJSON_AddItemToArray(a, cJSON_CreateNumber(c->op_factor[sc][k]));
+        cJSON_AddItemToObject(of, adt_op_name(k), a);
+    }
+    if (of) cJSON_AddItemToObject(dev, "op_factors", of);
     cJSON_AddItemToObject(root, "device", dev);
     cJSON *links = cJSON_CreateArray();
     for (int i = 0; i < c->n_links; i++) {
@@ -457,6 +503,11 @@ static int slowdown_entry(const adt_cluster *c, int ranks) {
 double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
     int e = slowdown_entry(c, ranks);
     return e >= 0 ? c->slowdown[e].sync_s : 0;
+}
+
+double adt_cluster_coll_factor(const adt_cluster *c, int ranks) {
+    int e = slowdown_entry(c, ranks);
+    return e >= 0 ? c->slowdown[e].coll_factor : 0;
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {

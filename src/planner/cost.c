@@ -34,6 +34,16 @@
  * every layer, data parallelism about once per step; a wait soon after the last one pays less,
  * and a stage-boundary message none (ranked DLRM's pipelines better: tau +0.06..+0.17).
  *
+ * On a CPU node (device.slowdown[].coll_factor > 0) no copy engine moves a collective's data: the
+ * ranks' own cores do, in the executor's polls between kernels and in its waits. There every
+ * collective runs on the compute clock, after the compute before its reader, and the shared-
+ * memory all-reduce (>= ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its back-to-back fit,
+ * what `calibrate` measured inside data-parallel steps (the fit put the MLP's 2-rank dp plans
+ * 30-50% under their measurement, its gradient all-reduces all hidden behind the backward pass).
+ * An op's time is the slower of its class's rate and the memory bandwidth, plus launch_s, times
+ * its kind's calibrated factor for its decade of FLOPs (device.op_factors): a small VGG's max-
+ * pools run 4-12x slower than the bandwidth says, its ReLUs in cache faster.
+ *
  * A rank that holds a block of a fed value (the input, the labels) first produces the samples
  * its blocks cover (the cluster's input_s per sample, at the compute slowdown): the trainer
  * fills them inline, and a rank whose input is split over the batch reads its share while a
@@ -46,16 +56,33 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/comm.h" /* ADT_COMM_SHM_MIN_BYTES: the all-reduces the in-step factor prices */
 #include "adtrain/exec.h" /* adt_exec_plan_memory: the memory plan a rank's executor will make */
 #include "adtrain/ops.h"
 #include "adtrain/planner.h"
 
+int adt_op_factor_bucket(double flops) {
+    int b = flops >= 1e4 ? (int)floor(log10(flops)) - 3 : 0;
+    return b < 0 ? 0 : b >= ADT_OP_FACTOR_BUCKETS ? ADT_OP_FACTOR_BUCKETS - 1 : b;
+}
+
+double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes) {
+    double tf = flops / adt_cluster_op_rate(c, adt_op_class_of(op), flops), tb = bytes / c->memory_bw;
+    double t = (tf > tb ? tf : tb) + c->launch_s, k = 0;
+    if (op >= 0 && op < ADT_OP_COUNT) { /* this decade's factor, else the nearest measured one */
+        int b = adt_op_factor_bucket(flops);
+        for (int d = 0; d < ADT_OP_FACTOR_BUCKETS && !(k > 0); d++) {
+            if (b - d >= 0 && c->op_factor[b - d][op] > 0) k = c->op_factor[b - d][op];
+            else if (b + d < ADT_OP_FACTOR_BUCKETS && c->op_factor[b + d][op] > 0) k = c->op_factor[b + d][op];
+        }
+    }
+    return k > 0 ? k * t : t;
+}
+
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
     const adt_node *n = &g->nodes[node];
     if (parts < 1) parts = 1;
-    double f = adt_node_flops(g, n) / parts, b = adt_node_bytes(g, n) / parts;
-    double tf = f / adt_cluster_op_rate(c, adt_op_class_of(n->op), f), tb = b / c->memory_bw;
-    return (tf > tb ? tf : tb) + c->launch_s;
+    return adt_cluster_op_time(c, n->op, adt_node_flops(g, n) / parts, adt_node_bytes(g, n) / parts);
 }
 
 /* The product of the mesh axes on which some operand of the signature is split: the share of
@@ -115,13 +142,16 @@ static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_
                              const adt_ndsbp *from, const adt_ndsbp *to, int busy, double *kind) {
     adt_boxing_prog prog;
     if (adt_boxing_plan(m, val->shape, val->dtype, from, to, &p->cost, &prog)) return ADT_BOXING_NONE;
-    double t = 0;
+    double t = 0, cf = adt_cluster_coll_factor(c, busy);
     for (int i = 0; i < prog.n_steps; i++) {
         const adt_boxing_step *st = &prog.step[i];
         double ts = st->time;
         if (st->kind <= ADT_BOXING_ALL_TO_ALL)
             ts = adt_cluster_coll_time(c, adt_cluster_axis_level(c, m, st->mesh_axis), st->kind, st->group_size,
                                        st->group_bytes, busy);
+        /* the shared-memory all-reduce inside a step: the in-step rate `calibrate` measured */
+        if (cf > 0 && st->kind == ADT_BOXING_ALL_REDUCE && st->group_size > 1 && st->group_bytes >= ADT_COMM_SHM_MIN_BYTES)
+            ts *= cf;
         kind[st->kind] += ts;
         t += ts;
     }
@@ -173,6 +203,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     /* ranks time-sharing the cores compute slower, and collectives use the fits at that load */
     int busy = busy_per_node(p, c), reprice = calibrated_links(c);
     double share = adt_cluster_share(c, busy), sync = adt_cluster_sync_s(c, busy);
+    double on_cores = adt_cluster_coll_factor(c, busy); /* > 0: collectives run on the compute clock */
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
     int nv = g->n_values;
@@ -213,6 +244,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         if ((n->is_backward || n->is_optimizer) && !backward_started) backward_started = 1;
         if (n->is_optimizer && !opt_started) opt_started = 1, ev->fb = tc;
         double start = tc, boxed_at = tc; /* when the inputs are in, and the boxed ones */
+        double blocked = -1;              /* when the cores started this node's collectives */
         for (int j = 0; j < n->n_in; j++) {
             int v = n->in[j];
             const adt_value *val = &g->values[v];
@@ -259,6 +291,13 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                         memset(kt, 0, sizeof kt);
                         bt = reprice_boxing(p, c, m, val, lay[v], &sig->in[j], busy, kt);
                     }
+                    double coll_t = 0; /* the program's collectives (its local steps aside) */
+                    for (int q = 0; q <= ADT_BOXING_ALL_TO_ALL; q++) coll_t += kt[q];
+                    if (on_cores > 0 && coll_t > 0) { /* the cores move the data: no overlap */
+                        if (t0 < tc) t0 = tc;
+                        if (blocked < 0) blocked = t0;
+                        tc = t0 + bt;
+                    }
                     for (int q = 0; q < ADT_BOXING_KIND_COUNT; q++) ev->comm[q] += kt[q];
                     tm = t0 + bt;
                     t_in = tm;
@@ -274,8 +313,8 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         /* blocked on a collective: the peers arrive spread out, and a waiting rank is woken late;
          * less so right after the last blocked wait, which left the ranks together. Not on a
          * stage boundary: one peer, whose lateness the pipeline's schedule already is. */
-        if (boxed_at > tc) {
-            double pen = sync * fmin(1.0, (tc - t_sync) / SYNC_RAMP_S);
+        if (boxed_at > tc || blocked >= 0) {
+            double pen = sync * fmin(1.0, ((blocked >= 0 ? blocked : tc) - t_sync) / SYNC_RAMP_S);
             start += pen, ev->sync += pen, t_sync = start;
         }
         double t = share * adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
@@ -421,7 +460,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         out->p2p_s = e->p2p * m;
         out->sync_s = e->sync * m;
         out->input_s = e->input * m;
-        out->exposed_comm_s = (e->fb - e->compute) * m + (e->time - e->fb);
+        out->exposed_comm_s = (e->fb - e->compute - e->input) * m + (e->time - e->fb);
         if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
         out->bubble_s = sum - mx;
         out->state_bytes = e->state;
