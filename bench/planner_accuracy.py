@@ -2,6 +2,10 @@
 
     python3 bench/planner_accuracy.py WORKDIR CLUSTER.json OUT.jsonl
     python3 bench/planner_accuracy.py --summary OUT.jsonl      the summary of a stored run
+    python3 bench/planner_accuracy.py --reprice OUT.jsonl [CLUSTER.json]   the stored measurements against
+        today's binary's predictions, on the run's own cluster (its meta line): each model's input
+        priced once now (its "input_s" where the run stored it), or on CLUSTER.json; auto rows are left out, since
+        today's auto plan may not be the plan that was measured
 
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
 writes one JSON line per plan to OUT.jsonl and prints the per-model summary.
@@ -10,11 +14,12 @@ The summary also says how far the measurement itself repeats: Kendall's tau betw
 of the same plans (the mean over pairs of rounds) and the median deviation of one round from the
 median of the others. A prediction's tau cannot be told from the measurement's noise above that
 ceiling, and its median error not below that deviation."""
-import itertools, json, os, statistics, subprocess, sys, time
+import itertools, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 ADT = os.environ.get("ADT", "build/adtrain")
 SUMMARY_ONLY = len(sys.argv) == 3 and sys.argv[1] == "--summary"
-if not SUMMARY_ONLY:
+REPRICE = len(sys.argv) in (3, 4) and sys.argv[1] == "--reprice"
+if not SUMMARY_ONLY and not REPRICE:
     WORK, CLUSTER, OUT = sys.argv[1:4]
     RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
     STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
@@ -50,21 +55,27 @@ def input_price(cfg, data, batch):
     return json.loads(r.stdout)["input_per_sample_s"]
 
 
+def price_plan(cfg, data, batch, s, n, m, path, input_s):
+    return subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch", str(batch),
+                           "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path,
+                           "--input-s", repr(input_s)], capture_output=True, text=True)
+
+
 def make_plans(model, cfg, data, batch):
     plans = []
-    price = ["--input-s", repr(input_price(cfg, data, batch))]
-    print(f"  {model}: input priced at {float(price[1]) * 1e6:.1f} us per sample", file=sys.stderr)
+    input_s = input_price(cfg, data, batch)
+    price = ["--input-s", repr(input_s)]
+    print(f"  {model}: input priced at {input_s * 1e6:.1f} us per sample", file=sys.stderr)
     for n in range(1, RANKS + 1):
         for s, m in candidates(n):
             path = f"{WORK}/{model}-{n}-{s.replace('=', '_').replace(',', '-')}-m{m}.json"
-            r = subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch",
-                                str(batch), "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path] + price,
-                               capture_output=True, text=True)
+            r = price_plan(cfg, data, batch, s, n, m, path, input_s)
             if r.returncode:
                 print(f"  {model} {n} ranks {s} m={m}: left out ({r.stderr.strip().splitlines()[-1]})",
                       file=sys.stderr)
                 continue
-            plans.append({"ranks": n, "plan": s, "microbatches": m, "file": path, "pred": json.loads(r.stdout)})
+            plans.append({"ranks": n, "plan": s, "microbatches": m, "file": path, "pred": json.loads(r.stdout),
+                          "input_s": input_s})
         if n >= 2:
             path = f"{WORK}/{model}-{n}-auto.json"
             r = subprocess.run([ADT, "plan", "--strategy", "auto", "--devices", str(n), "--model", cfg, "--batch",
@@ -73,7 +84,7 @@ def make_plans(model, cfg, data, batch):
             if r.returncode == 0:
                 pred = json.loads(r.stdout)
                 plans.append({"ranks": n, "plan": "auto" if pred["strategy"] == "auto" else "auto (" + pred["strategy"] + ")", "microbatches": pred["microbatches"],
-                              "file": path, "pred": pred})
+                              "file": path, "pred": pred, "input_s": input_s})
     return plans
 
 
@@ -137,7 +148,7 @@ def main():
             row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
                    "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": statistics.median(p["runs"]),
                    "runs_ms": p["runs"], "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
-                   "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1]}
+                   "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1], "input_s": p["input_s"]}
             rows.append(row)
             out.write(json.dumps(row) + "\n")
     out.write(json.dumps({"meta_end": {"loadavg_at_end": loadavg(), "seconds": round(time.time() - t0)}}) + "\n")
@@ -190,7 +201,43 @@ def summarize(rows, models):
               f"{r['predicted_mem_bytes'] / 2**20:.2f} | {mm / 2**20 if mm else float('nan'):.2f} |")
 
 
-if SUMMARY_ONLY:
+def reprice(path):
+    """The stored measurements against this binary's predictions (module docstring)."""
+    global CLUSTER
+    lines = [json.loads(line) for line in open(path)]
+    work = tempfile.mkdtemp()
+    CLUSTER = f"{work}/cluster.json"
+    json.dump(json.load(open(sys.argv[3])) if len(sys.argv) == 4 else lines[0]["meta"]["cluster"], open(CLUSTER, "w"))
+    stored = [r for r in lines if "model" in r and not r["plan"].startswith("auto")]
+    models = list(dict.fromkeys(r["model"] for r in stored))
+    rows = []
+    # a run stored without its input prices gets them timed once and kept beside it, so that
+    # every re-pricing of it uses the same ones
+    kept = path + ".input.json"
+    prices = json.load(open(kept)) if os.path.exists(kept) else {}
+    for model in models:
+        cfg = f"configs/{model}.json"
+        data, batch = DATA[model.split("-")[0]]
+        rs = [r for r in stored if r["model"] == model]
+        input_s = rs[0].get("input_s") or prices.get(model) or input_price(cfg, data, batch)
+        if not rs[0].get("input_s"):
+            prices[model] = input_s
+        for r in rs:
+            q = price_plan(cfg, data, batch, r["plan"], r["ranks"], r["microbatches"], f"{work}/plan.json", input_s)
+            if q.returncode:
+                print(f"  {model} {r['ranks']} ranks {r['plan']}: not priced ({q.stderr.strip()})", file=sys.stderr)
+                continue
+            pred = json.loads(q.stdout)
+            rows.append(dict(r, predicted_ms=pred["predicted_step_s"] * 1e3, predicted_mem_bytes=pred["peak_mem_bytes"]))
+    shutil.rmtree(work)
+    if prices:
+        json.dump(prices, open(kept, "w"))
+    summarize(rows, models)
+
+
+if REPRICE:
+    reprice(sys.argv[2])
+elif SUMMARY_ONLY:
     stored = [json.loads(line) for line in open(sys.argv[2])]
     stored = [r for r in stored if "model" in r]
     summarize(stored, list(dict.fromkeys(r["model"] for r in stored)))

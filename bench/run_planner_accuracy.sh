@@ -1,6 +1,6 @@
 #!/bin/sh
 # run_planner_accuracy.sh - the cost model against this machine. `adtrain calibrate` measures the
-# machine; then for each model (the MLP, GPT-S, the small VGG, DLRM small) and 1..RANKS MPI ranks
+# machine (with each model's own ops timed into its op factors); then for each model (the MLP, GPT-S, the small VGG, DLRM small) and 1..RANKS MPI ranks
 # every plan of a fixed list (dp, zero, tp, dp=2,tp=2 [,zero], pp with 1/2/4 microbatches,
 # dp=2,pp=2, and the auto plan) is priced by `adtrain plan ... --cluster --json` on the calibrated
 # cluster file (the model's input timed once and passed to every plan as --input-s) and trained by
@@ -39,8 +39,15 @@ trap 'rm -rf "$tmp"' EXIT
 cp build/adtrain "$tmp/adtrain"
 ADT=$tmp/adtrain
 export ADT
+# the models' own ops are timed into the calibration's op factors, at the batches trained below
+# (planner_accuracy.py's DATA), and at half and a quarter of them
+cal_models=
+for m in $MODELS; do
+    case $m in mlp*) b=64 ;; gpt*) b=16 ;; vgg*) b=32 ;; dlrm*) b=256 ;; *) b=32 ;; esac
+    cal_models="$cal_models --model configs/$m.json:$b"
+done
 if [ -n "${CLUSTER:-}" ]; then cp "$CLUSTER" "$tmp/here.json"
-else "$ADT" calibrate --ranks "$RANKS" -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
+else "$ADT" calibrate --ranks "$RANKS" $cal_models -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
     { cat "$tmp/calibrate.log" >&2; exit 1; }; fi
 "$PYTHON" bench/planner_accuracy.py "$tmp" "$tmp/here.json" "$out"
 echo "wrote $out" >&2
