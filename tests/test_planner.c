@@ -408,8 +408,8 @@ static void test_cost_calibrated(void) {
 static void test_cost_sync(void) {
     adt_cluster fast, slow, none;
     CHECK(adt_cluster_parse(&fast, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
-    slow = fast; /* every op far above the ramp: a 64 x 256 product of 32 rows takes 10 ms */
-    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) slow.rate[k] = slow.rate_small[k] = 1e8;
+    slow = fast; /* every op far above the ramp: a 64 x 256 product of 32 rows takes 1 s */
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) slow.rate[k] = slow.rate_small[k] = 1e6;
     none = slow;
     for (int i = 0; i < none.n_slowdown; i++) none.slowdown[i].sync_s = 0;
     adt_model_cfg m = mlp_cfg(64, 256, 10);
@@ -824,9 +824,9 @@ static void test_planner_vs_experts(void) {
     check_plan_result(&mlp, &c, 2, 16, "mlp on 2");
     adt_cluster h;
     if (adt_cluster_load(&h, H100) == ADT_OK) check_plan_result(&gpt, &h, 8, 16, "gpt-tiny on 8 h100");
-    /* a near tie: on this 2-core machine's calibration the search finds a plan of the small VGG
-     * 0.6% faster than data parallelism (weights sharded, the first linear split), which ran 28%
-     * slower; under the 2% margin the planner keeps the expert plan */
+    /* the margin: on this 2-core machine's calibration the search finds a plan of the small VGG
+     * that it predicts a little faster than the best expert plan (sharded weights; one such ran
+     * 28% slower than dp); it displaces the expert plan only when predicted faster by min_gain */
     adt_cluster cal;
     adt_model_cfg vgg;
     int vrc = adt_cluster_load(&cal, "tests/fixtures/cluster-2cpu-calibrated.json");
@@ -835,19 +835,33 @@ static void test_planner_vs_experts(void) {
     CHECK(vrc == ADT_OK, "vgg on the calibrated cluster: %s", adt_error_message());
     if (!vrc) {
         adt_planner_opts vo = {.devices = 2, .batch = 32, .optim = ADT_OPTIM_ADAMW};
-        adt_planner_result any, kept;
+        adt_planner_result any, kept, taken;
         vo.min_gain = 1e-9;
         int ra = adt_planner_search(&vgg, &cal, &vo, &any);
-        vo.min_gain = 0;
-        int rk = adt_planner_search(&vgg, &cal, &vo, &kept);
-        CHECK(ra == ADT_OK && rk == ADT_OK, "vgg: %s", adt_error_message());
-        if (!ra && !rk) {
-            CHECK(any.from_expert < 0 && kept.from_expert >= 0 && !strcmp(kept.expert_name[kept.from_expert], "dp") &&
-                      any.cost.step_s < kept.cost.step_s && any.cost.step_s > 0.98 * kept.cost.step_s,
-                  "vgg: searched %g (expert %d), kept %s %g", any.cost.step_s, any.from_expert, kept.plan.strategy,
-                  kept.cost.step_s);
+        CHECK(ra == ADT_OK, "vgg: %s", adt_error_message());
+        if (!ra) {
+            double best = 0;
+            int bi = -1;
+            for (int e = 0; e < any.n_experts; e++)
+                if (any.expert_ok[e] && (bi < 0 || any.expert_cost[e].step_s < best)) best = any.expert_cost[e].step_s, bi = e;
+            double gain = best / any.cost.step_s - 1;
+            CHECK(any.from_expert < 0 && bi >= 0 && gain > 0 && gain < 0.2, "vgg: searched %g against expert %s %g",
+                  any.cost.step_s, bi >= 0 ? any.expert_name[bi] : "-", best);
+            vo.min_gain = 1.5 * gain;
+            int rk = adt_planner_search(&vgg, &cal, &vo, &kept);
+            vo.min_gain = 0.5 * gain;
+            int rt = adt_planner_search(&vgg, &cal, &vo, &taken);
+            CHECK(rk == ADT_OK && rt == ADT_OK, "vgg: %s", adt_error_message());
+            if (!rk && !rt) {
+                CHECK(kept.from_expert >= 0 && !strcmp(kept.expert_name[kept.from_expert], any.expert_name[bi]) &&
+                          fabs(kept.cost.step_s - best) < 1e-12,
+                      "vgg, margin %.3g: kept %s %g", 1.5 * gain, kept.plan.strategy, kept.cost.step_s);
+                CHECK(taken.from_expert < 0 && fabs(taken.cost.step_s - any.cost.step_s) < 1e-12,
+                      "vgg, margin %.3g: %s %g", 0.5 * gain, taken.plan.strategy, taken.cost.step_s);
+                adt_planner_result_free(&kept);
+                adt_planner_result_free(&taken);
+            }
             adt_planner_result_free(&any);
-            adt_planner_result_free(&kept);
         }
     }
     /* a memory limit the replicated plans exceed: the planner must find a sharded one */

@@ -170,11 +170,12 @@ typedef struct stage_eval {
 } stage_eval;
 
 /* The compute after a blocked wait over which the next one's sync cost grows from nothing to
- * the cluster's sync_s (which `calibrate` times after about 1 ms of compute). Set on the
- * planner accuracy runs of docs/BENCHMARKS.md: 0.1-0.5 ms ranked the plans alike, 0.1 ms gave
- * the smallest errors; charging every blocked wait in full overpriced plans that block on
- * many collectives in a row (ZeRO's gathers of 26 embedding tables). */
-#define SYNC_RAMP_S 1e-4
+ * the cluster's sync_s: the segment `calibrate` times it after, about 1 ms of compute. The ranks'
+ * lateness builds up with the compute between two waits, and a wait soon after the last finds
+ * them nearly together: a DLRM's 26 table updates of 10 us each, each after its own all-reduce,
+ * wait once, not 26 times. (At 0.1 ms, the ramp set when collectives ran beside compute and
+ * few nodes blocked, the stored accuracy runs' median errors were 2-14 points higher.) */
+#define SYNC_RAMP_S 1e-3
 
 /* Samples of one (micro)batch the busiest rank of a stage reads: of the fed values the stage
  * reads (last[v] >= 0), the largest block along the batch axis (the trainer reads the union of
