@@ -449,11 +449,6 @@ static void test_cost_sync(void) {
     adt_graph_free(g);
 }
 
-/* The input (cluster input_s): a rank first produces the samples its blocks of the fed values
- * cover, at the compute slowdown, and the rest of its step shifts by that. Data parallelism reads
- * ceil(B / n) samples a rank, tensor parallelism the whole batch; in a pipeline the first stage
- * (the input) and the last (the labels) read them and the stages between none; without input_s
- * nothing is added. */
 /* device.op_factors: a kind's time scales by its decade's factor, else the nearest measured
  * decade's; other kinds keep theirs. */
 static void test_cost_op_factors(void) {
@@ -530,6 +525,11 @@ static void test_cost_on_cores(void) {
     adt_graph_free(g);
 }
 
+/* The input (cluster input_s): a rank first produces the samples its blocks of the fed values
+ * cover, at the compute slowdown, and the rest of its step shifts by that. Data parallelism reads
+ * ceil(B / n) samples a rank, tensor parallelism the whole batch; in a pipeline the first stage
+ * (the input) and the last (the labels) read them and the stages between none; without input_s
+ * nothing is added. */
 static void test_cost_input(void) {
     adt_cluster c, in;
     CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());

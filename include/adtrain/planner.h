@@ -124,6 +124,11 @@ int adt_cluster_devices(const adt_cluster *c);
 double adt_cluster_rate(const adt_cluster *c, int op_class);
 /* The FLOP/s of an op of the class doing `flops` per device: rate_small below small_flops. */
 double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
+/* The seconds of one op of kind `op` doing `flops` and moving `bytes` on one device: the slower
+ * of its class's rate and the memory bandwidth, plus launch_s, times the kind's op_factor. */
+double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes);
+/* The op_factor decade of an op doing `flops` per device. */
+int adt_op_factor_bucket(double flops);
 /* How much slower compute runs when `ranks` devices of one node are busy at once: the measured
  * slowdown of the largest rank count <= ranks (device.slowdown), else 1; at least ranks /
  * cores_per_node when they outnumber the cores (ranks time-share them). */
@@ -183,11 +188,6 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
 double adt_nd_sig_parts(const adt_node *n, const adt_nd_sig *s, const adt_mesh *m);
 /* The compute seconds of one node when `parts` devices share its work. */
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c);
-/* The seconds of one op of kind `op` doing `flops` and moving `bytes` on one device: the slower
- * of its class's rate and the memory bandwidth, plus launch_s, times the kind's op_factor. */
-double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes);
-/* The op_factor decade of an op doing `flops` per device. */
-int adt_op_factor_bucket(double flops);
 
 /* ---- the signature-assignment problem and its solvers --------------------------------------------
  * Variables x_i in [0, k_i); cost J(x) = sum_i unary_i(x_i) + sum_e pair_e(x_a, x_b), every term

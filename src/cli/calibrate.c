@@ -471,13 +471,19 @@ static int fit_solve(const cal_fit *f, double *alpha, double *beta) {
     return 1;
 }
 
+/* This binary's path (the workers run it again); 0 when found. */
+static int self_path(char *buf, size_t n) {
+    ssize_t len = readlink("/proc/self/exe", buf, n - 1);
+    if (len <= 0) return -1;
+    buf[len] = 0;
+    return 0;
+}
+
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
 static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *coll_factor) {
     char self[1024], cmd[1200];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
-    self[n] = 0;
+    if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
     snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
     FILE *p = popen(cmd, "r");
     if (!p) return cal_fail(1, "--ranks: cannot start '%s'", cmd);
@@ -491,22 +497,22 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
         char kind[32];
         long long s;
         double t;
-        int ki = 0;
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "instep")) {
+        int ki = 0, got = sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3;
+        if (got && !strcmp(kind, "instep")) {
             instep = t;
             continue;
         }
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && !strcmp(kind, "instep_grad")) {
+        if (got && !strcmp(kind, "instep_grad")) {
             if (n_grads < 256) grads[n_grads++] = (double)s;
             continue;
         }
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3 && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync"))) {
+        if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync"))) {
             *(kind[1] == 'l' ? slowdown : sync) = t;
             continue;
         }
-        if (sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3)
+        if (got)
             while (ki < CAL_KINDS && strcmp(kind, adt_coll_kind_name(cal_kind[ki]))) ki++;
-        if (ki >= CAL_KINDS || sscanf(line, "%31s %lld %lg", kind, &s, &t) != 3) {
+        if (!got || ki >= CAL_KINDS) {
             fprintf(stderr, "calibrate: %d ranks: %s", k, line);
             continue;
         }
@@ -581,9 +587,7 @@ static int time_user_model(const cal_opts *o, int i, cal_compute *acc) {
  * workers run one after another: none shares the cores with another. */
 static int time_compute(int procs, int argc, char **argv, cal_compute *acc) {
     char self[1024], cmd[8192];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return cal_fail(1, "cannot find this program's path to start the compute workers");
-    self[n] = 0;
+    if (self_path(self, sizeof self)) return cal_fail(1, "cannot find this program's path to start the compute workers");
     int len = snprintf(cmd, sizeof cmd, "'%s' calibrate --compute-worker", self);
     for (int i = 1; i < argc; i++) { /* the same flags, quoted; -o and --ranks do not matter there */
         if (strchr(argv[i], '\'') || len >= (int)sizeof cmd - 8)

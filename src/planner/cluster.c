@@ -492,6 +492,24 @@ double adt_cluster_op_rate(const adt_cluster *c, int k, double flops) {
     return adt_cluster_rate(c, k);
 }
 
+int adt_op_factor_bucket(double flops) {
+    int b = flops >= 1e4 ? (int)floor(log10(flops)) - 3 : 0;
+    return b < 0 ? 0 : b >= ADT_OP_FACTOR_BUCKETS ? ADT_OP_FACTOR_BUCKETS - 1 : b;
+}
+
+double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes) {
+    double tf = flops / adt_cluster_op_rate(c, adt_op_class_of(op), flops), tb = bytes / c->memory_bw;
+    double t = (tf > tb ? tf : tb) + c->launch_s, k = 0;
+    if (op >= 0 && op < ADT_OP_COUNT) { /* this decade's factor, else the nearest measured one */
+        int b = adt_op_factor_bucket(flops);
+        for (int d = 0; d < ADT_OP_FACTOR_BUCKETS && !(k > 0); d++) {
+            if (b - d >= 0 && c->op_factor[b - d][op] > 0) k = c->op_factor[b - d][op];
+            else if (b + d < ADT_OP_FACTOR_BUCKETS && c->op_factor[b + d][op] > 0) k = c->op_factor[b + d][op];
+        }
+    }
+    return k > 0 ? k * t : t;
+}
+
 /* The slowdown entry of the largest rank count <= ranks, -1 if none. */
 static int slowdown_entry(const adt_cluster *c, int ranks) {
     int best = -1;
