@@ -9,6 +9,9 @@
  *     checkpoint DIR, exported to one file, holds the serial run's parameters and optimizer
  *     state within 1e-4 (|x - ref| / (|ref| + scale) per tensor, scale the largest |x| of the
  *     tensor over the serial run's steps: check_scaled_err_floor);
+ *   - a plan of one device in 4 microbatches, run by one process without mpiexec, runs them (its
+ *     banner says so), logs the serial run's losses within 1e-5 and saves its state (a
+ *     distributed checkpoint of world 1) within 1e-4;
  *   - a strategy that cannot apply (tensor parallelism over a degree that does not divide the
  *     GPT's heads) is refused by `adtrain plan`, naming the reason;
  *   - checkpoints across plans: saved at step 3 under plan A on a ranks (or one process: a
@@ -369,6 +372,40 @@ static void test_expert_plans(void) {
     CHECK(refused > 0, "no strategy was refused: the refusal check checked nothing");
 }
 
+/* A plan of one device with microbatches, run by one process without mpiexec: the step runs its
+ * microbatches one after another (gradient accumulation through the pipeline executor, what the
+ * cost model prices), and its losses equal the one-process full-batch run's. */
+static void test_one_process_microbatches(void) {
+    for (int fi = 0; fi < N_FAMILIES; fi++) {
+        const family *f = &families[fi];
+        char what[128], args[4096], flags[2048], out[16384], plan[512], log[512], dir[512];
+        fmt(what, sizeof what, "%s, 4 microbatches in one process", f->name);
+        fmt(plan, sizeof plan, "%s", check_tmp_path("plan-mb.json"));
+        fmt(log, sizeof log, "%s", check_tmp_path("mb.jsonl"));
+        fmt(args, sizeof args, "plan --devices 1 --strategy dp --microbatches 4 --model '%s' --batch %d --optimizer %s -o '%s'",
+            g_ff[fi].cfg, BATCH_PIPE, f->optimizer, plan);
+        int rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "%s: adtrain %s: exit %d:\n%s", what, args, rc, out);
+        if (rc) continue;
+        fmt(dir, sizeof dir, "%s", check_tmp_path("mb.ckpt"));
+        common_flags(f, fi, BATCH_PIPE, STEPS, flags, sizeof flags);
+        fmt(args, sizeof args, "%s --plan %s --log %s --save %s", flags, plan, log, dir);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "%s: exit %d:\n%s", what, rc, out);
+        CHECK(strstr(out, "pipe   1 stages x 4 microbatches of 2 samples"), "%s: no microbatches in the banner:\n%s", what,
+              out);
+        if (!rc) {
+            int bi = batch_index(BATCH_PIPE);
+            char worst[256] = "";
+            double el = compare_losses(log, 1, STEPS, g_ff[fi].loss[bi], what);
+            double es = compare_checkpoint(dir, &g_ff[fi], bi, 1, what, worst, sizeof worst);
+            printf("  %-58s loss %.1e, state %.1e (%s)\n", what, el, es, worst);
+        }
+        unlink(plan), unlink(log);
+        remove_tree(dir);
+    }
+}
+
 /* ---- random plans ------------------------------------------------------------------------------------ */
 
 /* The training graph adtrain train builds for family f (and adtrain plan: the same checksum). */
@@ -649,6 +686,7 @@ int main(void) {
     double t0 = adt_now_s();
     RUN(test_serial);
     RUN(test_expert_plans);
+    RUN(test_one_process_microbatches);
     RUN(test_random_plans);
     RUN(test_resume_across_plans);
     RUN(test_init_from_directory);

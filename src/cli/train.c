@@ -100,9 +100,9 @@ static void print_banner(const trainer *t) {
     if (t->bal) train_balance_banner(t);
     else if (t->world) {
         char mb[32];
-        fprintf(stderr, "dist   %d ranks (MPI), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
+        fprintf(stderr, "dist   %d rank%s (%s), plan %s on mesh %s; %d collectives per step on rank 0, %s; "
                 "--threads %d per rank\n",
-                t->nranks, t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb),
+                t->nranks, t->nranks == 1 ? "" : "s", t->nranks == 1 ? "this process" : "MPI", t->plan_label, adt_mesh_str(&t->plan.mesh, mb, sizeof mb),
                 t->pipe ? adt_pipe_local(t->pipe)->n_boxing : t->loc.n_boxing,
                 adt_exec_overlaps(t->ex) ? "overlapped with computation" : "blocking", t->o.threads);
         if (t->pipe)

@@ -142,9 +142,17 @@ static int make_plan(trainer *t) {
 }
 
 int train_dist_partition(trainer *t) {
-    if (!t->world) return t->o.plan_path ? make_plan(t) : 0; /* a plan of one device runs serially */
-    int rc = make_plan(t);
-    if (rc) return rc;
+    int rc = ADT_OK;
+    if (!t->world) { /* a plan of one device runs serially */
+        if (!t->o.plan_path) return 0;
+        if ((rc = make_plan(t)) || !t->pg) return rc;
+        /* ... but its microbatches (gradient accumulation: activations of one microbatch at a
+         * time) run through the pipeline executor, on a world of this process alone */
+        if (adt_comm_init(ADT_COMM_SELF, &t->world))
+            return train_fail(EXIT_RUNTIME, "a one-process world for the plan's microbatches: %s", adt_error_message());
+    } else if ((rc = make_plan(t))) {
+        return rc;
+    }
     /* a pipeline: each rank partitions its stage when the pipe is made */
     if (!t->pg && adt_dist_partition(t->g, &t->plan, t->coord, &t->loc)) {
         return train_fail(EXIT_RUNTIME, "partitioning the training graph: %s", adt_error_message());
