@@ -144,7 +144,7 @@ for n, s in configs:
     pr = f"{min(per):.2f}..{max(per):.2f}" if per else "-"
     print(f"| {n} | {s} | {statistics.median(v):.1f} | {min(v):.1f}..{max(v):.1f} | {rel} | {pr} |")
 print()
-print("Memory per rank (round 1): predicted = slots x arena + state + scratch of the rank's memory plan;")
+print("Memory per rank (round 1): predicted = slots x arena + state + scratch + gradient accumulators of the rank's memory plan;")
 print("measured = growth of the peak RSS (getrusage) from before the executor to the end of training.")
 print()
 print("| ranks | plan | rank | stage | state MiB | arena MiB x slots | predicted MiB | measured MiB | measured / predicted | peak RSS MiB |")
@@ -153,7 +153,7 @@ for n, s in configs:
     r = min((r for r in rows if r["ranks"] == n and r["strategy"] == s), key=lambda r: r["round"])
     before = {m["rank"]: m["maxrss_kib"] for m in r["mem"] if m["mem_report"] == "before_executor"}
     for m in sorted((m for m in r["mem"] if m["mem_report"] == "end"), key=lambda m: m["rank"]):
-        pred = (m["slots"] * m["arena_bytes"] + m["state_bytes"] + m["scratch_bytes"]) / MiB
+        pred = (m["slots"] * m["arena_bytes"] + m["state_bytes"] + m["scratch_bytes"] + m.get("accum_bytes", 0)) / MiB
         meas = (m["maxrss_kib"] - before[m["rank"]]) / 1024.0
         print(f"| {n} | {s} | {m['rank']} | {m['stage']} | {m['state_bytes'] / MiB:.2f} | "
               f"{m['arena_bytes'] / MiB:.2f} x {m['slots']} | {pred:.2f} | {meas:.2f} | {meas / pred:.2f} | "

@@ -182,7 +182,8 @@ static int dist_run(const family *f, adt_mesh_comm *mc, const adt_dist_plan *p, 
     adt_memplan ahead; /* what a planner is told this executor will hold */
     CHECK(adt_exec_plan_memory(loc.g, &o, &ahead) == ADT_OK, "%s: plan memory: %s", what, adt_error_message());
     int same = ahead.arena_bytes == mp->arena_bytes && ahead.state_bytes == mp->state_bytes &&
-               ahead.scratch_bytes == mp->scratch_bytes && ahead.n_values == mp->n_values;
+               ahead.scratch_bytes == mp->scratch_bytes && ahead.accum_bytes == mp->accum_bytes &&
+               ahead.n_values == mp->n_values;
     for (int v = 0; same && v < mp->n_values; v++) same = ahead.offset[v] == mp->offset[v] && ahead.root[v] == mp->root[v];
     CHECK(same, "%s: adt_exec_plan_memory (arena %lld) differs from the executor's plan (arena %lld)", what,
           (long long)ahead.arena_bytes, (long long)mp->arena_bytes);

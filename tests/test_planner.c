@@ -213,13 +213,19 @@ static adt_model_cfg mlp_cfg(int in, int h, int out) {
     return m;
 }
 
-static int expert(const adt_model_cfg *m, const char *strategy, int devices, int batch, adt_graph **g, adt_plan *p) {
+/* An expert plan of `mb` microbatches and its training graph (built at batch / mb). */
+static int expert_mb(const adt_model_cfg *m, const char *strategy, int devices, int batch, int mb, adt_graph **g,
+                     adt_plan *p) {
     adt_plan base;
     memset(&base, 0, sizeof base);
-    base.model = *m, base.batch = batch, base.microbatches = 1, base.optim = ADT_OPTIM_ADAMW;
+    base.model = *m, base.batch = batch, base.microbatches = mb, base.optim = ADT_OPTIM_ADAMW;
     if (adt_plan_build_graph(&base, NULL, g)) return -1;
-    adt_expert_opts eo = {.strategy = strategy, .devices = devices, .batch = batch};
+    adt_expert_opts eo = {.strategy = strategy, .devices = devices, .batch = batch, .microbatches = mb};
     return adt_expert_plan(*g, m, &eo, p);
+}
+
+static int expert(const adt_model_cfg *m, const char *strategy, int devices, int batch, adt_graph **g, adt_plan *p) {
+    return expert_mb(m, strategy, devices, batch, 1, g, p);
 }
 
 static void test_cost_closed_forms(void) {
@@ -311,7 +317,7 @@ static void test_cluster_calibrated(void) {
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_GATHER, 4, G, 4), 3 * 1e-5 + 0.75 * G / 1e9, 1e-12, 0);
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_COLL_SEND_RECV, 2, G, 2), 1e-6 + G * 1e-10, 1e-12, 0);
     /* the JSON form reads back to the same object, op factors and in-step factors too */
-    c.slowdown[2].coll_factor = 3.5;
+    c.slowdown[2].coll_factor = 3.5, c.slowdown[2].relay_factor = 1.75;
     c.op_factor[2][ADT_OP_MATMUL] = 1.25, c.op_factor[0][ADT_OP_RELU] = 0.5;
     char *s = adt_cluster_to_json(&c);
     adt_cluster d;
@@ -341,6 +347,7 @@ static void test_cluster_calibrated(void) {
         {"\"sync_s\":1e-3", "\"sync_s\":-1e-3", "device.slowdown[2].sync_s"},
         {"\"sync_s\":1e-3", "\"sync_s\":\"1ms\"", "device.slowdown[2].sync_s"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"coll_factor\":-1", "device.slowdown[2].coll_factor"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_factor\":\"x\"", "device.slowdown[2].relay_factor"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmull\":[0,0,0,0,0,0,0,1]}",
          "device.op_factors.matmull"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[1,2]}", "device.op_factors.matmul"},
@@ -523,6 +530,72 @@ static void test_cost_on_cores(void) {
           r0.step_s, r0.compute_s, comm0, r0.sync_s);
     adt_plan_free(&dp);
     adt_graph_free(g);
+}
+
+/* device.slowdown[].relay_factor: a pipeline's ranks take turns on the cores. A waiting rank
+ * counts as the share w of a busy one that makes one rank's load 1 + w (ranks - 1) cost the
+ * measured relay factor (adt_cluster_share between rank counts); a pipeline of one microbatch
+ * then runs each pass alone, at relay_factor over the closed form's slowdown of all its ranks. */
+static void test_cost_relay(void) {
+    adt_cluster c, r;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    CHECK(adt_cluster_share_active(&c, 4, 1) == -1, "no relay_factor: %g", adt_cluster_share_active(&c, 4, 1));
+    r = c;
+    r.slowdown[2].relay_factor = 1.25; /* = share(2): 1 + 3 w = 2, w = 1/3 */
+    CHECK_CLOSE(adt_cluster_share_active(&r, 4, 1), 1.25, 1e-9, 0);
+    CHECK_CLOSE(adt_cluster_share_active(&r, 4, 4), 2.5, 1e-9, 0);
+    /* 2 computing, 2 waiting: a load of 2 + 2/3, between share(2) = 1.25 and share(3) = 3/2 (cores) */
+    CHECK_CLOSE(adt_cluster_share_active(&r, 4, 2), 1.25 + (2.0 / 3) * 0.25, 1e-9, 0);
+    adt_model_cfg deep = mlp_cfg(64, 256, 10);
+    deep.mlp.n_sizes = 5, deep.mlp.sizes[3] = 256, deep.mlp.sizes[4] = 10;
+    for (int mb = 1; mb <= 4; mb += 3) {
+        adt_graph *g = NULL;
+        adt_plan pp;
+        CHECK(expert_mb(&deep, "pp", 4, 32, mb, &g, &pp) == ADT_OK, "%s", adt_error_message());
+        adt_cost_report closed, relay, busy;
+        adt_cluster b = c;
+        b.slowdown[2].relay_factor = 2.5; /* waiting ranks as busy ones: the closed form's slowdown */
+        CHECK(adt_plan_cost(&pp, g, &c, &closed) == ADT_OK && adt_plan_cost(&pp, g, &r, &relay) == ADT_OK &&
+                  adt_plan_cost(&pp, g, &b, &busy) == ADT_OK,
+              "%s", adt_error_message());
+        double sum = 0, mx = 0;
+        for (int s = 0; s < closed.n_stages; s++) sum += closed.stage_s[s], mx = fmax(mx, closed.stage_s[s]);
+        double once = closed.step_s - sum - (mb - 1) * mx; /* the update's tail */
+        CHECK(closed.n_stages == 4 && once >= 0, "%d stages, tail %g s", closed.n_stages, once);
+        if (mb == 1) {
+            CHECK_CLOSE(relay.step_s, sum * 1.25 / 2.5 + once, 1e-12, 1e-9);
+            CHECK_CLOSE(busy.step_s, closed.step_s, 1e-12, 1e-9);
+        } else { /* passes overlap: faster than all at the busy slowdown, no faster than the busiest
+                  * stage's passes alone */
+            CHECK(relay.step_s < busy.step_s && relay.step_s >= mb * mx * 1.25 / 2.5 + once - 1e-12,
+                  "%d microbatches: %g s, at the busy slowdown %g s, the busiest stage alone %g s", mb, relay.step_s,
+                  busy.step_s, mb * mx * 1.25 / 2.5 + once);
+        }
+        adt_plan_free(&pp);
+        adt_graph_free(g);
+    }
+}
+
+/* Microbatch slots: each backward pass adds its gradients into the step's (reading both and
+ * writing one: 3 passes over 4 P bytes, 2 for the first), and the update first scales the sum
+ * (2 passes), at the memory bandwidth (1e10 B/s here). A plan of 2 microbatches on one device
+ * against one microbatch of the same graph: closed form in the parameter count P. */
+static void test_cost_accumulate(void) {
+    adt_cluster c;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    adt_graph *g1 = NULL, *g2 = NULL;
+    adt_plan one, two;
+    CHECK(expert_mb(&m, "dp", 1, 16, 1, &g1, &one) == ADT_OK && expert_mb(&m, "dp", 1, 32, 2, &g2, &two) == ADT_OK,
+          "%s", adt_error_message());
+    adt_cost_report r1, r2;
+    CHECK(adt_plan_cost(&one, g1, &c, &r1) == ADT_OK && adt_plan_cost(&two, g2, &c, &r2) == ADT_OK, "%s",
+          adt_error_message());
+    double bytes = 4.0 * (double)adt_graph_param_count(g2), bw = 1e10;
+    CHECK_CLOSE(r2.stage_s[0] - r1.stage_s[0], bytes / bw * (3 + 2) / 2, 1e-15, 1e-9);
+    CHECK_CLOSE(r2.step_s - 2 * r2.stage_s[0], r1.step_s - r1.stage_s[0] + 2 * bytes / bw, 1e-15, 1e-9);
+    adt_plan_free(&one), adt_plan_free(&two);
+    adt_graph_free(g1), adt_graph_free(g2);
 }
 
 /* The input (cluster input_s): a rank first produces the samples its blocks of the fed values
@@ -1103,6 +1176,8 @@ int main(void) {
     RUN(test_cost_sync);
     RUN(test_cost_op_factors);
     RUN(test_cost_on_cores);
+    RUN(test_cost_relay);
+    RUN(test_cost_accumulate);
     RUN(test_cost_input);
     RUN(test_cost_memplan);
     RUN(test_search_optimality);

@@ -54,6 +54,7 @@ typedef struct adt_memplan {
     int64_t noreuse_bytes; /* what the arena would take if nothing were reused              */
     int64_t state_bytes;   /* persistent + fed values                                       */
     int64_t scratch_bytes; /* the largest scratch any single node asks for                  */
+    int64_t accum_bytes;   /* microbatch slots: the gradients' accumulators (0 without slots) */
 } adt_memplan;
 
 /* Plans the arena for `order` (node ids, n of them; NULL = 0..n_nodes-1). no_reuse = 1 gives

@@ -99,8 +99,11 @@ typedef struct adt_cluster {
      * coll_factor: the ranks' own cores move the collectives' data (shared memory, no engine
      * of its own), so collectives are work of the compute clock, and a shared-memory all-reduce
      * (at least ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its calibrated back-to-back
-     * time inside a step; 0: collectives overlap compute */
-    struct { int ranks; double factor, sync_s, coll_factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
+     * time inside a step; 0: collectives overlap compute;
+     * relay_factor: one rank's compute time while the other ranks - 1 wait for its messages (a
+     * pipeline's ranks taking turns) over its time alone: what a waiting rank still takes of the
+     * cores, and its wake-ups; 0: not measured (waiting ranks count as busy) */
+    struct { int ranks; double factor, sync_s, coll_factor, relay_factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
     /* Not in cluster files, set by the caller for a job: the seconds one rank takes to produce
@@ -139,6 +142,12 @@ double adt_cluster_sync_s(const adt_cluster *c, int ranks);
 /* coll_factor of that entry: > 0 when collectives are work of the ranks' cores, 0 when they
  * overlap compute. */
 double adt_cluster_coll_factor(const adt_cluster *c, int ranks);
+/* The compute slowdown on a node of `ranks` ranks of which `active` (a fraction where a caller
+ * averages) compute while the others wait for messages: the waiting ones count as the share of
+ * a busy rank that the entry's relay_factor implies (the load L = active + w (ranks - active)
+ * with adt_cluster_share, interpolated between rank counts, at 1 + w (ranks - 1) equal to
+ * relay_factor). -1 when the entry has no relay_factor: then every rank counts as busy. */
+double adt_cluster_share_active(const adt_cluster *c, int ranks, double active);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);
 /* The seconds of one collective of `kind` (adt_boxing_kind or ADT_COLL_SEND_RECV) on a group of
@@ -173,6 +182,7 @@ typedef struct adt_cost_report {
     double p2p_s;              /* stage-boundary transfers                                       */
     double sync_s;             /* of the exposed: blocked waits' sync cost (device.slowdown)     */
     double input_s;            /* producing the samples of the rank's fed blocks (cluster input_s) */
+    double accumulate_s;       /* microbatch slots: adding each pass's gradients, scaling the sum */
     double bubble_s;           /* pipeline bubbles: step - m x max(t_i)                         */
     double state_bytes;        /* parameters and optimizer state per device (critical stage)     */
     double act_bytes;          /* the liveness peak of one microbatch                            */

@@ -304,6 +304,58 @@ static double sync_cost(adt_comm *w, float *x) {
     return ok && r[CAL_SYNC_ROUNDS / 2] > 0 ? r[CAL_SYNC_ROUNDS / 2] : 0;
 }
 
+/* One rank's compute while the others wait for its messages (device.slowdown[].relay_factor):
+ * a token passes round the ranks, each computing a segment (a step of CAL_SYNC_MODEL, about 1 ms
+ * on one core) before it sends the token on, so one rank computes while the others wait in
+ * adt_comm_recv, as a pipeline's stages take turns; the time per segment over a segment's time
+ * on rank 0 while the others sleep, the median of CAL_RELAY_ROUNDS. Where ranks outnumber the
+ * cores a waiting rank yields and naps (comm.c), and still takes some of them: 4 stages of an
+ * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times. */
+#define CAL_RELAY_ROUNDS 5
+#define CAL_RELAY_TURNS 8
+static double relay_probe(adt_comm *w) {
+    adt_graph *g;
+    adt_exec *ex;
+    int k = adt_comm_size(w), me = adt_comm_rank(w), rc = model_exec(CAL_SYNC_MODEL, 64, 1, 0, &g, &ex), n = 0;
+    double bad = rc != ADT_OK, r[CAL_RELAY_ROUNDS];
+    adt_comm_allreduce_f64(w, &bad, 1);
+    for (int i = 0; i < CAL_RELAY_ROUNDS && bad == 0 && !rc; i++) {
+        double lone = 0; /* rank 0's segments alone for about 50 ms, the others asleep for 150 */
+        int segs = 0;
+        adt_comm_barrier(w);
+        if (me == 0) {
+            double t0 = adt_now_s();
+            do {
+                adt_exec_set_lr_step(ex, 1e-4f, segs + 1);
+                rc = adt_exec_run(ex);
+            } while (!rc && ++segs < 1000 && adt_now_s() - t0 < 0.05);
+            lone = (adt_now_s() - t0) / (segs ? segs : 1);
+        } else {
+            usleep(150000);
+        }
+        adt_comm_allreduce_f64(w, &lone, 1); /* rank 0's: the others add 0 */
+        int32_t token = 0;
+        adt_comm_barrier(w);
+        double t0 = adt_now_s();
+        for (int t = 0; t < CAL_RELAY_TURNS && !rc; t++) {
+            if (me || t) rc = adt_comm_recv(w, &token, 1, ADT_I32, (me + k - 1) % k, 7);
+            adt_exec_set_lr_step(ex, 1e-4f, t + 1);
+            if (!rc) rc = adt_exec_run(ex);
+            if (!rc && (me < k - 1 || t < CAL_RELAY_TURNS - 1))
+                rc = adt_comm_send(w, &token, 1, ADT_I32, (me + 1) % k, 7);
+        }
+        /* the last rank's clock: it runs the relay's last segment */
+        double relay = me == k - 1 ? (adt_now_s() - t0) / (CAL_RELAY_TURNS * k) : 0;
+        adt_comm_allreduce_f64(w, &relay, 1);
+        if (lone > 0) r[n++] = relay / lone;
+    }
+    adt_exec_free(ex);
+    adt_graph_free(g);
+    if (rc || !n) return 0;
+    qsort(r, (size_t)n, sizeof r[0], cmp_double);
+    return r[n / 2];
+}
+
 /* What the gradient all-reduces of a data-parallel step cost inside the step (the cores' own
  * work, and their waits), beyond the same ranks' compute: in each of CAL_INSTEP_ROUNDS rounds
  * every rank runs CAL_INSTEP_STEPS steps of the compute probe data-parallel over the world (the
@@ -411,6 +463,8 @@ static int comm_worker(void) {
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
     double sync = sync_cost(w, a);
     if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
+    double relay = relay_probe(w);
+    if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\n", relay);
     if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
@@ -481,7 +535,8 @@ static int self_path(char *buf, size_t n) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *coll_factor) {
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *coll_factor,
+                         double *relay) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
     snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
@@ -506,8 +561,8 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
             if (n_grads < 256) grads[n_grads++] = (double)s;
             continue;
         }
-        if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync"))) {
-            *(kind[1] == 'l' ? slowdown : sync) = t;
+        if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
+            *(kind[0] == 'r' ? relay : kind[1] == 'l' ? slowdown : sync) = t;
             continue;
         }
         if (got)
@@ -712,15 +767,17 @@ int cli_calibrate(int argc, char **argv) {
         /* compute with k busy ranks against one: the slowdown the cost model applies */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
         for (int k = 2; k <= o.ranks; k++) {
-            double slow = 0, sync = 0, cf = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &cf))) return rc;
+            double slow = 0, sync = 0, cf = 0, relay = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &cf, &relay))) return rc;
             if (slow > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
                 c.slowdown[c.n_slowdown].coll_factor = cf;
+                c.slowdown[c.n_slowdown].relay_factor = relay > 0 ? relay : 0;
                 c.slowdown[c.n_slowdown++].factor = f;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
-                        "inside a step %.0f us more\n", k, f, sync * 1e6);
+                        "inside a step %.0f us more; one rank while %d wait for it: %.2fx\n", k, f, sync * 1e6, k - 1,
+                        relay);
             }
         }
         double a, b;

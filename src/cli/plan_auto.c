@@ -26,6 +26,9 @@ static void print_explain(const adt_cost_report *r) {
     if (r->input_s > 0) printf("  input                   %10.4f ms (producing the rank's samples of --data)\n", r->input_s * 1e3);
     for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)
         if (r->comm_s[k] > 0) printf("  %-23s %10.4f ms busy\n", adt_boxing_kind_name(k), r->comm_s[k] * 1e3);
+    if (r->accumulate_s > 0)
+        printf("  gradient accumulation   %10.4f ms (adding each microbatch's gradients, scaling the sum)\n",
+               r->accumulate_s * 1e3);
     printf("  communication exposed   %10.4f ms (not hidden behind compute)\n", r->exposed_comm_s * 1e3);
     if (r->sync_s > 0) printf("  of which peers' arrival %10.4f ms (blocked waits x the cluster's sync_s)\n", r->sync_s * 1e3);
     if (r->n_stages > 1) {
@@ -54,6 +57,7 @@ static cJSON *report_json(const adt_cost_report *r) {
     cJSON_AddNumberToObject(j, "p2p_s", r->p2p_s);
     cJSON_AddNumberToObject(j, "sync_s", r->sync_s);
     cJSON_AddNumberToObject(j, "input_s", r->input_s);
+    cJSON_AddNumberToObject(j, "accumulate_s", r->accumulate_s);
     cJSON_AddNumberToObject(j, "bubble_s", r->bubble_s);
     return j;
 }

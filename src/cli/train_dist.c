@@ -183,7 +183,8 @@ int train_dist_executor(trainer *t, const adt_exec_opts *eo) {
 /* With ADT_MEM_REPORT set in the environment, every rank prints one JSON line to stderr: its peak
  * resident set so far (getrusage) and the memory plan of its executor, so that a benchmark can
  * set what each plan's ranks hold next to what the plan predicts (bench/run_plans.sh). A pipeline
- * stage holds `slots` arenas (min(stages - stage, microbatches)) next to one state block. */
+ * stage holds `slots` arenas (min(stages - stage, microbatches)) next to one state block, and
+ * the accumulators of the gradients its update reads. */
 void train_dist_mem_report(trainer *t, const char *when) {
     if (!t->world || !getenv("ADT_MEM_REPORT")) return;
     struct rusage ru;
@@ -199,8 +200,9 @@ void train_dist_mem_report(trainer *t, const char *when) {
         if (t->xplan.microbatches < slots) slots = t->xplan.microbatches;
     }
     fprintf(stderr, "{\"mem_report\": \"%s\", \"rank\": %d, \"stage\": %d, \"slots\": %d, \"maxrss_kib\": %ld, "
-            "\"arena_bytes\": %lld, \"state_bytes\": %lld, \"scratch_bytes\": %lld}\n", when, t->rank, stage, slots,
-            maxrss_kib, (long long)mp->arena_bytes, (long long)mp->state_bytes, (long long)mp->scratch_bytes);
+            "\"arena_bytes\": %lld, \"state_bytes\": %lld, \"scratch_bytes\": %lld, \"accum_bytes\": %lld}\n", when,
+            t->rank, stage, slots, maxrss_kib, (long long)mp->arena_bytes, (long long)mp->state_bytes,
+            (long long)mp->scratch_bytes, (long long)mp->accum_bytes);
 }
 
 const adt_graph *train_run_graph(const trainer *t) { return t->loc.g ? t->loc.g : t->g; }

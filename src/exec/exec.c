@@ -470,6 +470,7 @@ static int any_comm_node(const adt_graph *g) {
 
 static void slots_create(adt_exec *ex);
 static void slots_free(adt_exec *ex);
+static void accumulated(const adt_graph *g, const adt_memplan *mp, char *acc);
 
 /* The order ex->g's nodes run in under ex->o (ex->order, ex->pos; collectives split into start
  * and wait or not: ex->split; microbatch slots) and the memory plan for it (ex->mp). The
@@ -490,6 +491,11 @@ static void plan_schedule(adt_exec *ex) {
             for (int i = 0; i < g->n_nodes; i++)
                 if (node_phase(&g->nodes[i]) == ph) ex->pos[i] = n, ex->order[n++] = i;
         adt_memplan_build_sched(&ex->mp, g, ex->order, g->n_nodes, ex->o.no_reuse, NULL, share);
+        char *acc = adt_malloc((size_t)g->n_values + 1);
+        accumulated(g, &ex->mp, acc);
+        for (int r = 0; r < g->n_values; r++)
+            if (acc[r]) ex->mp.accum_bytes += adt_value_bytes(g, r);
+        free(acc);
     } else if (ex->split && any_comm) {
         int *order, *read_until;
         build_schedule(ex, &order, &read_until);
@@ -854,6 +860,17 @@ const double *adt_exec_node_seconds(const adt_exec *ex) { return ex->node_s; }
  * over the backward passes into an accumulator; the update runs on slot 0's table with each such
  * value pointing at its accumulator, so its all-reduce, or the update itself, reads the sum.
  */
+/* The root values that get an accumulator (acc[r] = 1): a backward node makes them in the arena
+ * and an update-phase node reads them. */
+static void accumulated(const adt_graph *g, const adt_memplan *mp, char *acc) {
+    memset(acc, 0, (size_t)g->n_values);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; node_phase(&g->nodes[i]) == 2 && k < g->nodes[i].n_in; k++) {
+            int r = mp->root[g->nodes[i].in[k]], pr = g->values[r].producer;
+            acc[r] |= mp->offset[r] >= 0 && pr >= 0 && node_phase(&g->nodes[pr]) == 1;
+        }
+}
+
 static int slot_fed(const adt_exec *ex, int r) {
     const adt_graph *g = ex->g;
     return ex->mp.state_offset[r] >= 0 && adt_role_is_fed(g->values[r].role) && r != g->lr_input && r != g->step_input;
@@ -888,15 +905,11 @@ static void slots_create(adt_exec *ex) {
     free(fed_off);
     ex->acc = adt_calloc((size_t)nv + 1, sizeof *ex->acc);
     ex->upd_ptr = adt_malloc((size_t)(nv + 1) * sizeof *ex->upd_ptr);
-    for (int i = 0; i < g->n_nodes; i++) {
-        const adt_node *n = &g->nodes[i];
-        if (node_phase(n) != 2) continue;
-        for (int k = 0; k < n->n_in; k++) {
-            int r = mp->root[n->in[k]], pr = g->values[r].producer;
-            if (mp->offset[r] >= 0 && pr >= 0 && node_phase(&g->nodes[pr]) == 1 && !ex->acc[r])
-                ex->acc[r] = adt_alloc_aligned((size_t)adt_value_bytes(g, r));
-        }
-    }
+    char *acc = adt_malloc((size_t)nv + 1);
+    accumulated(g, mp, acc);
+    for (int r = 0; r < nv; r++)
+        if (acc[r]) ex->acc[r] = adt_alloc_aligned((size_t)adt_value_bytes(g, r));
+    free(acc);
     for (int v = 0; v < nv; v++) {
         int r = mp->root[v];
         ex->upd_ptr[v] = ex->acc[r] ? (void *)ex->acc[r] : ex->ptr[v];

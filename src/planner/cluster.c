@@ -130,9 +130,10 @@ static int parse_rates(const cJSON *d, const char *field, const char *name, doub
     return ADT_OK;
 }
 
-/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor"}], compute time with that many
- * busy ranks on a node over one rank's, the seconds a rank loses at each collective it blocks on,
- * and a collective's time inside a step over its back-to-back time where the cores move it. */
+/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor"}], compute time
+ * with that many busy ranks on a node over one rank's, the seconds a rank loses at each
+ * collective it blocks on, a collective's time inside a step over its back-to-back time where the
+ * cores move it, and one rank's compute while the others wait for its messages over its own. */
 static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     c->n_slowdown = 0;
     memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
@@ -144,7 +145,7 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     if (n > ADT_CLUSTER_MAX_SLOWDOWN)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
                          ADT_CLUSTER_MAX_SLOWDOWN);
-    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "comment", NULL};
+    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "comment", NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -155,7 +156,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
             (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
             (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)) ||
             (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)) ||
-            (rc = get_number(e, "coll_factor", w, 0, 0, 1e3, name, &c->slowdown[i].coll_factor)))
+            (rc = get_number(e, "coll_factor", w, 0, 0, 1e3, name, &c->slowdown[i].coll_factor)) ||
+            (rc = get_number(e, "relay_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_factor)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -349,8 +351,8 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
                          ADT_CLUSTER_MAX_SLOWDOWN);
     for (int i = 0; i < c->n_slowdown; i++)
         if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0) ||
-            !(c->slowdown[i].coll_factor >= 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0 and coll_factor >= 0",
+            !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0 and relay_factor >= 0",
                              name, i);
     if (c->cores_per_node < 0 || !(c->small_flops >= 0))
         return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
@@ -434,6 +436,7 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             cJSON_AddNumberToObject(e, "factor", c->slowdown[i].factor);
             if (c->slowdown[i].sync_s > 0) cJSON_AddNumberToObject(e, "sync_s", c->slowdown[i].sync_s);
             if (c->slowdown[i].coll_factor > 0) cJSON_AddNumberToObject(e, "coll_factor", c->slowdown[i].coll_factor);
+            if (c->slowdown[i].relay_factor > 0) cJSON_AddNumberToObject(e, "relay_factor", c->slowdown[i].relay_factor);
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
@@ -526,6 +529,29 @@ double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
 double adt_cluster_coll_factor(const adt_cluster *c, int ranks) {
     int e = slowdown_entry(c, ranks);
     return e >= 0 ? c->slowdown[e].coll_factor : 0;
+}
+
+/* adt_cluster_share between rank counts: a load of x busy ranks, x >= 1 */
+static double share_at(const adt_cluster *c, double x) {
+    int lo = (int)x;
+    if (lo < 1) return adt_cluster_share(c, 1);
+    double a = adt_cluster_share(c, lo);
+    return x > lo ? a + (x - lo) * (adt_cluster_share(c, lo + 1) - a) : a;
+}
+
+double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
+    int e = slowdown_entry(c, ranks);
+    if (e < 0 || !(c->slowdown[e].relay_factor > 0)) return -1;
+    /* the share of a busy rank a waiting one is, w in [0, 1]: the load is monotone in w */
+    double r = c->slowdown[e].relay_factor, lo = 0, hi = 1;
+    if (ranks < 2 || share_at(c, ranks) <= r) lo = 1;
+    else if (share_at(c, 1) >= r) hi = 0;
+    for (int i = 0; i < 40 && hi - lo > 1e-9; i++) {
+        double mid = (lo + hi) / 2;
+        *(share_at(c, 1 + mid * (ranks - 1)) < r ? &lo : &hi) = mid;
+    }
+    double w = (lo + hi) / 2, load = active + w * (ranks - active);
+    return share_at(c, load < 1 ? 1 : load);
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {

@@ -13,7 +13,11 @@
  * gathers do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B, Alpa's objective) with t_i
  * a microbatch's forward and backward through stage i including a stage-boundary transfer (alpha +
  * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
- * updates and the gradient synchronisation still in flight when they start.
+ * updates and the gradient synchronisation still in flight when they start. Where ranks share a
+ * node's cores and the cluster measured how much a waiting rank still takes of them
+ * (device.slowdown[].relay_factor), the 1F1B schedule is played out pass by pass instead
+ * (pipe_on_cores). A step of several microbatches (the executor's slots) also pays the gradient
+ * accumulation: each backward pass adds its gradients into the step's, the update scales them.
  *
  * Memory per device of a stage: the memory plan the executor makes of the stage's local graph
  * (adt_dist_partition, and adt_pipe_stage_build for pipelines; graph/memplan.c planned in the
@@ -148,7 +152,8 @@ typedef struct boxed {
 } boxed;
 
 typedef struct stage_eval {
-    double time, fb, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, input, state, act_peak, saved;
+    double acc_bytes, acc_s, acc_tail; /* gradients the update reads; their adding per microbatch, scaling per step */
+    double time, fb, f, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, input, state, act_peak, saved;
 } stage_eval;
 
 /* The compute after a blocked wait over which the next one's sync cost grows from nothing to
@@ -202,6 +207,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     }
     int in_stage_any = 0;
     char *bwd_read = adt_calloc((size_t)nv, 1); /* a forward value the backward pass reads */
+    char *acc_seen = adt_calloc((size_t)nv, 1);
     for (int i = 0; i < g->n_nodes; i++) {
         const adt_node *n = &g->nodes[i];
         if (n->layer_tag < lo || n->layer_tag > hi) continue;
@@ -224,7 +230,12 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         const adt_node *n = &g->nodes[i];
         if (n->layer_tag < lo || n->layer_tag > hi) continue;
         const adt_nd_sig *sig = &p->node_sig[i];
-        if ((n->is_backward || n->is_optimizer) && !backward_started) backward_started = 1;
+        for (int j = 0; n->is_optimizer && j < n->n_in; j++) {
+            int r = root_of(g, n->in[j]), pr = g->values[r].producer;
+            if (pr >= 0 && g->nodes[pr].is_backward && !acc_seen[r])
+                acc_seen[r] = 1, ev->acc_bytes += block_bytes(g, r, lay[r], m);
+        }
+        if ((n->is_backward || n->is_optimizer) && !backward_started) backward_started = 1, ev->f = tc;
         if (n->is_optimizer && !opt_started) opt_started = 1, ev->fb = tc;
         double start = tc, boxed_at = tc; /* when the inputs are in, and the boxed ones */
         double blocked = -1;              /* when the cores started this node's collectives */
@@ -325,8 +336,9 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
     }
     ev->time = tc > tm ? tc : tm;
     if (!opt_started) ev->fb = ev->time;
+    if (!backward_started) ev->f = ev->fb;
     ev->act_peak = peak;
-    free(ready), free(bx), free(last), free(extra), free(lay), free(bwd_read);
+    free(ready), free(bx), free(last), free(extra), free(lay), free(bwd_read), free(acc_seen);
     return rc;
 }
 
@@ -358,7 +370,8 @@ static int local_memplan(const adt_plan *p, const adt_graph *lg, int piped, int 
         if ((nd->op == ADT_OP_SOFTMAX_XENT || nd->op == ADT_OP_BCE_LOGITS) && !lg->values[nd->in[0]].is_output)
             kept += (double)adt_value_bytes(lg, nd->in[0]);
     }
-    *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes;
+    *bytes = (double)slots * ((double)mp.arena_bytes + kept) + (double)mp.state_bytes + (double)mp.scratch_bytes +
+             (double)mp.accum_bytes;
     adt_memplan_free(&mp);
     return ADT_OK;
 }
@@ -371,7 +384,8 @@ static int local_memplan(const adt_plan *p, const adt_graph *lg, int piped, int 
 static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, double *bytes) {
     adt_mesh sm;
     int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *sranks = adt_malloc((size_t)p->mesh.nranks * sizeof *sranks);
-    int rc = adt_plan_stage_mesh(p, s, &sm, sranks), piped = p->n_stages > 1;
+    /* a plan of several stages or microbatches runs through the pipeline executor (train_dist.c) */
+    int rc = adt_plan_stage_mesh(p, s, &sm, sranks), piped = p->n_stages > 1 || p->microbatches > 1;
     adt_pipe_stage st;
     memset(&st, 0, sizeof st);
     if (!rc && piped) rc = adt_pipe_stage_build(g, p, s, &st);
@@ -395,6 +409,81 @@ static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
     return rc;
 }
 
+/* The 1F1B schedule (adt_pipe_1f1b) played out pass by pass where a node's ranks share its cores:
+ * the closed form prices every pass at the slowdown of all the plan's ranks computing at once,
+ * but a pipeline's ranks take turns. Pass (s, i) starts when its stage is free and its input is
+ * done (the forward of i on stage s-1, the backward of i on stage s+1); while it runs it goes at
+ * the slowdown of the ranks computing on its node at that moment, the waiting ones counted as
+ * the share of a busy rank that the cluster's relay_factor implies (adt_cluster_share_active:
+ * src/comm's polite wait yields and naps, and still takes some of the cores). A pass's time in
+ * eval_stage was priced at the slowdown of `busy` ranks; here it runs at share(busy) /
+ * share_active of that speed. (4 stages of the MLP at m = 1 take 1.4 times one rank's step on 2
+ * cores, not the 2 times the closed form said.) Returns the makespan of the passes. */
+static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage_eval *ev, int m, int busy) {
+    int S = p->n_stages, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1, nodes = 1;
+    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
+    int *node_of = adt_malloc((size_t)S * p->mesh.nranks * sizeof *node_of), *n_of = adt_calloc((size_t)S, sizeof *n_of);
+    for (int s = 0; s < S; s++) {
+        adt_mesh sm;
+        if (adt_plan_stage_mesh(p, s, &sm, ranks)) continue; /* priced before: cannot fail here */
+        for (int i = 0; i < sm.nranks; i++) {
+            int k = ranks[i] / dpn;
+            node_of[s * p->mesh.nranks + n_of[s]++] = k;
+            if (k + 1 > nodes) nodes = k + 1;
+        }
+    }
+    adt_pipe_op *ops = adt_malloc((size_t)S * 2 * m * sizeof *ops);
+    int *n_ops = adt_malloc((size_t)S * sizeof *n_ops), *at = adt_calloc((size_t)S, sizeof *at);
+    char *f_done = adt_calloc((size_t)S * m, 1), *b_done = adt_calloc((size_t)S * m, 1), *run = adt_calloc((size_t)S, 1);
+    double *left = adt_calloc((size_t)S, sizeof *left), *rate = adt_calloc((size_t)S, sizeof *rate);
+    double *active = adt_calloc((size_t)nodes, sizeof *active);
+    int *on_node = adt_calloc((size_t)nodes, sizeof *on_node);
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < n_of[s]; i++) on_node[node_of[s * p->mesh.nranks + i]]++;
+    for (int s = 0; s < S; s++) n_ops[s] = adt_pipe_1f1b(S, s, m, ops + (size_t)s * 2 * m);
+    double t = 0, at_busy = adt_cluster_share(c, busy);
+    for (;;) {
+        int running = 0;
+        for (int s = 0; s < S; s++) {
+            if (!run[s] && at[s] < n_ops[s]) {
+                adt_pipe_op o = ops[(size_t)s * 2 * m + at[s]];
+                int ready = o.backward ? s == S - 1 || b_done[(s + 1) * m + o.microbatch]
+                                       : s == 0 || f_done[(s - 1) * m + o.microbatch];
+                if (ready) run[s] = 1, left[s] = o.backward ? ev[s].fb - ev[s].f : ev[s].f;
+            }
+            running += run[s];
+        }
+        if (!running) break;
+        memset(active, 0, (size_t)nodes * sizeof *active);
+        for (int s = 0; s < S; s++)
+            for (int i = 0; run[s] && i < n_of[s]; i++) active[node_of[s * p->mesh.nranks + i]]++;
+        double dt = INFINITY;
+        for (int s = 0; s < S; s++) {
+            if (!run[s]) continue;
+            double sh = 1;
+            for (int i = 0; i < n_of[s]; i++) {
+                int k = node_of[s * p->mesh.nranks + i];
+                double x = adt_cluster_share_active(c, on_node[k], active[k]);
+                if (x > sh) sh = x;
+            }
+            rate[s] = at_busy / sh;
+            if (left[s] / rate[s] < dt) dt = left[s] / rate[s];
+        }
+        t += dt;
+        for (int s = 0; s < S; s++) {
+            if (!run[s]) continue;
+            left[s] -= rate[s] * dt;
+            if (left[s] > 1e-12 * (1 + t)) continue; /* still running */
+            adt_pipe_op o = ops[(size_t)s * 2 * m + at[s]++];
+            (o.backward ? b_done : f_done)[s * m + o.microbatch] = 1;
+            run[s] = 0;
+        }
+    }
+    free(ranks), free(node_of), free(n_of), free(ops), free(n_ops), free(at), free(f_done), free(b_done), free(run);
+    free(left), free(rate), free(active), free(on_node);
+    return t;
+}
+
 int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out) {
     memset(out, 0, sizeof *out);
     if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: cost of an unbound plan", p->name);
@@ -413,6 +502,14 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         rc = eval_stage(p, g, c, s, &sm, held, &bc, &ev[s]);
         adt_boxing_cache_free(&bc);
         if (rc) break;
+        if (p->n_stages > 1 || m > 1) {
+            /* microbatch slots: each backward pass adds its gradients into the step's (read both,
+             * write one; the first copies), and the update first scales the sum by 1/m */
+            double bw = c->memory_bw / adt_cluster_share(c, busy_per_node(p, c));
+            ev[s].acc_s = ev[s].acc_bytes / bw * (3.0 * (m - 1) + 2.0) / m;
+            ev[s].acc_tail = m > 1 ? 2 * ev[s].acc_bytes / bw : 0;
+            ev[s].fb += ev[s].acc_s, ev[s].time += ev[s].acc_s + ev[s].acc_tail;
+        }
         /* per microbatch: forward, backward and what overlaps them; once per step: the update and
          * the gradient synchronisation still in flight when it starts */
         out->stage_s[s] = ev[s].fb;
@@ -438,12 +535,16 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     if (!rc) {
         e = &ev[crit];
         out->step_s = sum + (m - 1) * mx + once;
+        int busy = busy_per_node(p, c); /* measured turn-taking: play the schedule out */
+        if (p->n_stages > 1 && adt_cluster_share_active(c, busy, busy) > 0)
+            out->step_s = pipe_on_cores(p, c, ev, m, busy) + once;
         out->compute_s = e->compute * m;
         for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m;
         out->p2p_s = e->p2p * m;
         out->sync_s = e->sync * m;
         out->input_s = e->input * m;
-        out->exposed_comm_s = (e->fb - e->compute - e->input) * m + (e->time - e->fb);
+        out->accumulate_s = e->acc_s * m + e->acc_tail;
+        out->exposed_comm_s = (e->fb - e->compute - e->input) * m + (e->time - e->fb) - out->accumulate_s;
         if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
         out->bubble_s = sum - mx;
         out->state_bytes = e->state;
