@@ -683,28 +683,31 @@ static void test_concat_slice(void) {
 
 typedef struct {
     int64_t B, F, D;
-    float *x, *out, *rw;
+    float *x, *out, *rw, *scratch;
 } inter_case;
 
 static double inter_loss(void *vctx) {
     inter_case *t = vctx;
-    adt_k_interaction_forward(t->out, t->x, t->B, t->F, t->D);
+    adt_k_interaction_forward(t->out, t->x, t->scratch, t->B, t->F, t->D);
     return dot_fd(t->out, t->rw, t->B * t->F * (t->F - 1) / 2);
 }
 
 static void test_interaction(void) {
     for (int trial = 0; trial < 30; trial++) {
-        inter_case t = {rnd_int(1, 3), rnd_int(1, 8), rnd_int(1, 40), NULL, NULL, NULL};
+        inter_case t = {rnd_int(1, 3), rnd_int(1, 8), rnd_int(1, 40), NULL, NULL, NULL, NULL};
         if (trial == 0) t.F = 2, t.D = 1;
         if (trial == 1) t.B = 1, t.F = 27, t.D = 64; /* a DLRM-sized sample */
+        if (trial == 2) t.B = 3, t.F = 27, t.D = 8;  /* dlrm-small's */
+        if (trial == 3) t.B = 150, t.F = 5, t.D = 3; /* blocks of 64 samples and a partial one */
         int64_t nx = t.B * t.F * t.D, np = t.F * (t.F - 1) / 2, nout = t.B * np;
+        t.scratch = falloc(adt_k_interaction_scratch_floats(t.F, t.D, 1));
         t.x = falloc(nx);
         t.out = falloc(nout);
         t.rw = falloc(nout);
         fill_rand(t.x, nx);
         fill_rand(t.rw, nout);
         fill_nan(t.out, nout);
-        adt_k_interaction_forward(t.out, t.x, t.B, t.F, t.D);
+        adt_k_interaction_forward(t.out, t.x, t.scratch, t.B, t.F, t.D);
         double *ref = malloc((size_t)(nout > 0 ? nout : 1) * sizeof(double));
         int64_t o = 0;
         for (int64_t b = 0; b < t.B; b++)
@@ -722,7 +725,7 @@ static void test_interaction(void) {
         float *dx = falloc(nx);
         double *fd = malloc((size_t)nx * sizeof(double));
         fill_nan(dx, nx);
-        adt_k_interaction_backward(dx, t.rw, t.x, t.B, t.F, t.D);
+        adt_k_interaction_backward(dx, t.rw, t.x, t.scratch, t.B, t.F, t.D);
         fd_all(fd, t.x, nx, 0.5, inter_loss, &t);
         double eb = err_vs_double(dx, fd, nx, typ_dot((double)(t.F - 1)));
         CHECK(eb < 1e-3, "backward B=%" PRId64 " F=%" PRId64 " D=%" PRId64 " err=%.3g", t.B, t.F,
@@ -733,6 +736,7 @@ static void test_interaction(void) {
         free(t.x);
         free(t.out);
         free(t.rw);
+        free(t.scratch);
     }
 }
 

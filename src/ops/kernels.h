@@ -148,9 +148,11 @@ void adt_k_slice(float *out, const float *x, int64_t outer, int64_t axis_total, 
 /* ---- DLRM pairwise dot interaction (k_interact.c) ------------------------------------------
  * x[B,F,D] -> out[B, F(F-1)/2]: for each b, Z = x_b x_b^T, out = strict lower triangle of Z in
  * row-major order: (1,0), (2,0), (2,1), (3,0), ... */
-void adt_k_interaction_forward(float *out, const float *x, int64_t B, int64_t F, int64_t D);
-void adt_k_interaction_backward(float *dx, const float *dout, const float *x, int64_t B,
+void adt_k_interaction_forward(float *out, const float *x, float *scratch, int64_t B, int64_t F, int64_t D);
+void adt_k_interaction_backward(float *dx, const float *dout, const float *x, float *scratch, int64_t B,
                                 int64_t F, int64_t D);
+/* The scratch floats either takes (backward = 0 or 1): blocks of samples transposed. */
+int64_t adt_k_interaction_scratch_floats(int64_t F, int64_t D, int backward);
 
 /* ---- optimisers (k_optim.c): in place on the parameter and its state -----------------------
  * SGD as PyTorch: g' = g + wd w; m = momentum m + g' (m = g' on step 1); w -= lr m.

@@ -313,7 +313,13 @@ static int interaction_infer(adt_graph *g, const adt_node *n, adt_shape *os, adt
 
 static void interaction_forward(const adt_kctx *k) {
     const adt_shape *x = K_SHAPE_IN(k, 0);
-    adt_k_interaction_forward(K_OUT(k, 0), K_IN(k, 0), x->dim[0], x->dim[1], x->dim[2]);
+    adt_k_interaction_forward(K_OUT(k, 0), K_IN(k, 0), k->scratch, x->dim[0], x->dim[1], x->dim[2]);
+}
+
+static int64_t interaction_scratch(const adt_graph *g, const adt_node *n) {
+    int bwd = n->op == ADT_OP_INTERACTION_BWD;
+    const adt_shape *x = &g->values[n->in[bwd]].shape; /* x[B,F,D] */
+    return adt_k_interaction_scratch_floats(x->dim[1], x->dim[2], bwd);
 }
 
 static int interaction_backward(adt_graph *g, int node, const int *dout, const int *need, int *din) {
@@ -339,7 +345,7 @@ static int interaction_bwd_infer(adt_graph *g, const adt_node *n, adt_shape *os,
 
 static void interaction_bwd_forward(const adt_kctx *k) {
     const adt_shape *x = K_SHAPE_IN(k, 1);
-    adt_k_interaction_backward(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), x->dim[0], x->dim[1], x->dim[2]);
+    adt_k_interaction_backward(K_OUT(k, 0), K_IN(k, 0), K_IN(k, 1), k->scratch, x->dim[0], x->dim[1], x->dim[2]);
 }
 
 static double interaction_flops(const adt_graph *g, const adt_node *n) {
@@ -365,12 +371,12 @@ static int interaction_sbp(const adt_graph *g, const adt_node *n, adt_sbp_sig *o
 const adt_op_def adt_opdef_interaction = {
     .name = "interaction", .n_in_min = 1, .n_in_max = 1, .n_out = 1, .view_of = -1,
     .infer = interaction_infer, .forward = interaction_forward, .backward = interaction_backward,
-    .flops = interaction_flops, .sbp = interaction_sbp,
+    .flops = interaction_flops, .scratch = interaction_scratch, .sbp = interaction_sbp,
 };
 const adt_op_def adt_opdef_interaction_bwd = {
     .name = "interaction_bwd", .n_in_min = 2, .n_in_max = 2, .n_out = 1, .view_of = -1,
     .infer = interaction_bwd_infer, .forward = interaction_bwd_forward, .flops = interaction_flops,
-    .sbp = interaction_sbp,
+    .scratch = interaction_scratch, .sbp = interaction_sbp,
 };
 
 int adt_interaction(adt_graph *g, int x) {
