@@ -436,10 +436,14 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
     int *n_ops = adt_malloc((size_t)S * sizeof *n_ops), *at = adt_calloc((size_t)S, sizeof *at);
     char *f_done = adt_calloc((size_t)S * m, 1), *b_done = adt_calloc((size_t)S * m, 1), *run = adt_calloc((size_t)S, 1);
     double *left = adt_calloc((size_t)S, sizeof *left), *rate = adt_calloc((size_t)S, sizeof *rate);
-    double *active = adt_calloc((size_t)nodes, sizeof *active);
-    int *on_node = adt_calloc((size_t)nodes, sizeof *on_node);
+    int *active = adt_calloc((size_t)nodes, sizeof *active), *on_node = adt_calloc((size_t)nodes, sizeof *on_node);
     for (int s = 0; s < S; s++)
         for (int i = 0; i < n_of[s]; i++) on_node[node_of[s * p->mesh.nranks + i]]++;
+    /* share_of[k * (nranks + 1) + a]: node k's slowdown with a of its ranks computing, once */
+    int stride = p->mesh.nranks + 1;
+    double *share_of = adt_malloc((size_t)nodes * stride * sizeof *share_of);
+    for (int k = 0; k < nodes; k++)
+        for (int a = 0; a <= on_node[k]; a++) share_of[k * stride + a] = adt_cluster_share_active(c, on_node[k], a);
     for (int s = 0; s < S; s++) n_ops[s] = adt_pipe_1f1b(S, s, m, ops + (size_t)s * 2 * m);
     double t = 0, at_busy = adt_cluster_share(c, busy);
     for (;;) {
@@ -463,7 +467,7 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
             double sh = 1;
             for (int i = 0; i < n_of[s]; i++) {
                 int k = node_of[s * p->mesh.nranks + i];
-                double x = adt_cluster_share_active(c, on_node[k], active[k]);
+                double x = share_of[k * stride + active[k]];
                 if (x > sh) sh = x;
             }
             rate[s] = at_busy / sh;
@@ -480,7 +484,7 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
         }
     }
     free(ranks), free(node_of), free(n_of), free(ops), free(n_ops), free(at), free(f_done), free(b_done), free(run);
-    free(left), free(rate), free(active), free(on_node);
+    free(left), free(rate), free(active), free(on_node), free(share_of);
     return t;
 }
 
@@ -490,7 +494,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     adt_ndsbp *held = adt_malloc((size_t)g->n_values * sizeof *held);
     held_layouts(p, g, held);
     int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
-    int rc = ADT_OK, crit = 0, m = p->microbatches > 0 ? p->microbatches : 1;
+    int rc = ADT_OK, crit = 0, m = p->microbatches > 0 ? p->microbatches : 1, busy = busy_per_node(p, c);
     stage_eval ev[ADT_PLAN_MAX_STAGES], *e;
     double sum = 0, mx = 0, once = 0;
     out->n_stages = p->n_stages, out->microbatches = m;
@@ -505,7 +509,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         if (p->n_stages > 1 || m > 1) {
             /* microbatch slots: each backward pass adds its gradients into the step's (read both,
              * write one; the first copies), and the update first scales the sum by 1/m */
-            double bw = c->memory_bw / adt_cluster_share(c, busy_per_node(p, c));
+            double bw = c->memory_bw / adt_cluster_share(c, busy);
             ev[s].acc_s = ev[s].acc_bytes / bw * (3.0 * (m - 1) + 2.0) / m;
             ev[s].acc_tail = m > 1 ? 2 * ev[s].acc_bytes / bw : 0;
             ev[s].fb += ev[s].acc_s, ev[s].time += ev[s].acc_s + ev[s].acc_tail;
@@ -535,7 +539,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
     if (!rc) {
         e = &ev[crit];
         out->step_s = sum + (m - 1) * mx + once;
-        int busy = busy_per_node(p, c); /* measured turn-taking: play the schedule out */
+        /* where the cluster measured how a pipeline's ranks take turns: play the schedule out */
         if (p->n_stages > 1 && adt_cluster_share_active(c, busy, busy) > 0)
             out->step_s = pipe_on_cores(p, c, ev, m, busy) + once;
         out->compute_s = e->compute * m;
