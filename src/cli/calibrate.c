@@ -270,11 +270,12 @@ static int run_collective(adt_comm *w, int kind, float *a, float *b, int64_t n, 
 /* What a rank loses when it blocks on a collective inside a step (device.slowdown[].sync_s):
  * every rank runs segments of compute (a step of a small MLP, about 1 ms on one core) with and
  * without a small all-reduce after each; the difference per segment, the ranks' mean, the
- * median of CAL_SYNC_ROUNDS. Back to back, collectives find every rank waiting; after compute,
+ * median of CAL_SYNC_ROUNDS (with and without in turn first: a difference of 2-10% of the
+ * segment, which five rounds put anywhere in 0.03-0.12 ms on 2 ranks). Back to back, collectives find every rank waiting; after compute,
  * the peers arrive spread out and a rank that blocked is woken late, most of all when ranks
  * time-share the cores. */
 #define CAL_SYNC_MODEL "{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}"
-#define CAL_SYNC_ROUNDS 5
+#define CAL_SYNC_ROUNDS 11
 static double sync_cost(adt_comm *w, float *x) {
     adt_graph *g;
     adt_exec *ex;
@@ -285,7 +286,8 @@ static double sync_cost(adt_comm *w, float *x) {
     ok = bad == 0;
     for (int i = 0; i < CAL_SYNC_ROUNDS; i++) {
         double t[2] = {0, 0};
-        for (int with = 0; with < 2; with++) {
+        for (int o = 0; o < 2; o++) {
+            int with = o ^ (i & 1); /* the order alternates: a drift in speed falls on both alike */
             adt_comm_barrier(w);
             double t0 = adt_now_s();
             for (int q = 0; q < segs && ok; q++) {
@@ -311,7 +313,7 @@ static double sync_cost(adt_comm *w, float *x) {
  * on rank 0 while the others sleep, the median of CAL_RELAY_ROUNDS. Where ranks outnumber the
  * cores a waiting rank yields and naps (comm.c), and still takes some of them: 4 stages of an
  * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times. */
-#define CAL_RELAY_ROUNDS 5
+#define CAL_RELAY_ROUNDS 9
 #define CAL_RELAY_TURNS 8
 static double relay_probe(adt_comm *w) {
     adt_graph *g;
@@ -360,10 +362,10 @@ static double relay_probe(adt_comm *w) {
  * work, and their waits), beyond the same ranks' compute: in each of CAL_INSTEP_ROUNDS rounds
  * every rank runs CAL_INSTEP_STEPS steps of the compute probe data-parallel over the world (the
  * executor and the mesh communicator `adtrain train` runs, 64 samples per rank), then as many
- * of its own model alone at 64 samples; the difference per step, the ranks' mean, the median
+ * of its own model alone at 64 samples (the two in turn first); the difference per step, the ranks' mean, the median
  * over rounds. Rank 0 prints it ("instep") and the gradients' sizes ("instep_grad"): the parent
  * turns it into device.slowdown[].coll_factor once the all-reduce fit is known. */
-#define CAL_INSTEP_ROUNDS 5
+#define CAL_INSTEP_ROUNDS 9
 #define CAL_INSTEP_STEPS 8
 static int instep_probe(adt_comm *w) {
     int k = adt_comm_size(w), rc = ADT_OK, ranks[64];
@@ -393,7 +395,8 @@ static int instep_probe(adt_comm *w) {
     int n = 0;
     for (int i = 0; i < CAL_INSTEP_ROUNDS && bad == 0; i++) {
         double t[2];
-        for (int which = 0; which < 2 && !rc; which++) {
+        for (int o = 0; o < 2 && !rc; o++) {
+            int which = o ^ (i & 1); /* the order alternates, as in sync_cost */
             adt_exec *ex = which ? one : dp;
             adt_comm_barrier(w);
             double t0 = adt_now_s();
