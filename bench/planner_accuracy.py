@@ -8,7 +8,9 @@
         today's auto plan may not be the plan that was measured
 
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
-writes one JSON line per plan to OUT.jsonl and prints the per-model summary.
+writes one JSON line per plan to OUT.jsonl and prints the per-model summary. A run times
+max(STEPS, TIME_S / the predicted step) steps after WARMUP, its time the mean of rank 0's steps
+(the median of them is stored beside it); a plan's time the median of its runs.
 
 A plan measured twice (the auto plan is often an expert plan: "auto (dp=2)" beside "dp") counts
 once in the summary's figures, its runs pooled; the table lists both rows.
@@ -26,6 +28,7 @@ if not SUMMARY_ONLY and not REPRICE:
     WORK, CLUSTER, OUT = sys.argv[1:4]
     RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
     STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
+    TIME_S = float(os.environ.get("TIME_S", "0"))
     MODELS = os.environ["MODELS"].split()
 DATA = {"mlp": ("synthetic:mlp", 64), "gpt": ("synthetic:text", 16), "vgg": ("synthetic:vgg", 32),
         "dlrm": ("synthetic:dlrm", 256)}
@@ -91,19 +94,31 @@ def make_plans(model, cfg, data, batch):
     return plans
 
 
+def timed_steps(p):
+    """Steps timed per run: STEPS, or as many as fill TIME_S at the predicted step time. A few ms
+    steps of ranks that time-share 2 cores vary with the scheduler's slices (3-4 ms) from step to
+    step; ten of them repeated so badly that two rounds of the same plans ranked them at tau 0.6."""
+    if TIME_S <= 0:
+        return STEPS
+    return max(STEPS, min(2000, int(TIME_S / p["pred"]["predicted_step_s"] + 0.999)))
+
+
 def train(p, cfg, data, batch):
+    """(rank 0's mean step time over the timed steps, ms; the ranks' memory reports): the mean,
+    the run's throughput, is what a step costs once ranks that take turns on the cores are
+    counted, as the cost model prices it; the median of the steps is kept beside it."""
     log = f"{WORK}/log.jsonl"
     if os.path.exists(log):
         os.remove(log)
     env = dict(os.environ, ADT_MEM_REPORT="1")
     r = subprocess.run(["mpiexec", "-n", str(p["ranks"]), ADT, "train", "--model", cfg, "--data", data, "--batch",
-                        str(batch), "--steps", str(WARMUP + STEPS), "--plan", p["file"], "--log", log],
+                        str(batch), "--steps", str(WARMUP + p["steps"]), "--plan", p["file"], "--log", log],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"{p['plan']} on {p['ranks']} ranks failed:\n{r.stdout}{r.stderr}")
     ms = [json.loads(l)["ms"] for l in open(log) if '"loss"' in l][WARMUP:]
     mem = [json.loads(l) for l in (r.stdout + r.stderr).splitlines() if l.startswith('{"mem_report"')]
-    return statistics.median(ms), mem
+    return statistics.fmean(ms), statistics.median(ms), mem
 
 
 def memory(mem):
@@ -131,19 +146,21 @@ def main():
     out = open(OUT, "w")
     out.write(json.dumps({"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
                                    "loadavg_at_start": loadavg(), "ranks": RANKS, "rounds": ROUNDS, "steps": STEPS,
-                                   "warmup": WARMUP, "cluster": json.load(open(CLUSTER))}}) + "\n")
+                                   "warmup": WARMUP, "time_s": TIME_S, "run_ms": "mean",
+                                   "cluster": json.load(open(CLUSTER))}}) + "\n")
     rows = []
     for model in MODELS:
         cfg = f"configs/{model}.json"
         data, batch = DATA[model.split("-")[0]]
         plans = make_plans(model, cfg, data, batch)
         for p in plans:
-            p["runs"] = []
+            p["runs"], p["run_medians"], p["steps"] = [], [], timed_steps(p)
         for rnd in range(ROUNDS):
             order = plans if rnd % 2 == 0 else plans[::-1]
             for p in order:
-                ms, mem = train(p, cfg, data, batch)
+                ms, med, mem = train(p, cfg, data, batch)
                 p["runs"].append(ms)
+                p["run_medians"].append(med)
                 if "mem" not in p:
                     p["mem"] = memory(mem)
             print(f"  {model}: round {rnd + 1}/{ROUNDS} done, load {loadavg()}, {time.time() - t0:.0f} s",
@@ -151,14 +168,15 @@ def main():
         for p in plans:
             row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
                    "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": statistics.median(p["runs"]),
-                   "runs_ms": p["runs"], "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
+                   "runs_ms": p["runs"], "run_step_medians_ms": p["run_medians"], "steps": p["steps"],
+                   "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
                    "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1], "input_s": p["input_s"]}
             rows.append(row)
             out.write(json.dumps(row) + "\n")
     out.write(json.dumps({"meta_end": {"loadavg_at_end": loadavg(), "seconds": round(time.time() - t0)}}) + "\n")
     out.close()
     print(f"load average at start {json.loads(open(OUT).readline())['meta']['loadavg_at_start']}, at end {loadavg()}; "
-          f"{ROUNDS} rounds x ({WARMUP} + {STEPS} steps); {time.time() - t0:.0f} s")
+          f"{ROUNDS} rounds x ({WARMUP} + max({STEPS}, {TIME_S} s) steps); {time.time() - t0:.0f} s")
     print()
     summarize(rows, MODELS)
 

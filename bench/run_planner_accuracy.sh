@@ -9,12 +9,13 @@
 # predicted against the measured ranking, the measured time of the predicted-best plan over the
 # measured best, and the predicted peak memory per rank over the measured one (min and max).
 #
-#   sh bench/run_planner_accuracy.sh       (about 10-15 minutes on a 2-core machine)
+#   sh bench/run_planner_accuracy.sh       (about 25 minutes on a 2-core machine)
 #
-# Measured step time: ROUNDS short runs per plan (WARMUP + STEPS steps each), interleaved across
-# all plans of a model (round robin, order reversed every other round) so that load from others on
-# a shared machine falls on every plan alike; per run the median of rank 0's per-step ms after the
-# warmup (--log), per plan the median of the runs. Measured memory: every rank's executor reports
+# Measured step time: ROUNDS runs per plan (WARMUP steps, then max(STEPS, TIME_S / the predicted
+# step) timed: about a second of steps), interleaved across all plans of a model (round robin,
+# order reversed every other round) so that load from others on a shared machine falls on every
+# plan alike; per run the mean of rank 0's per-step ms after the warmup (--log), per plan the
+# median of the runs. Measured memory: every rank's executor reports
 # (ADT_MEM_REPORT) its memory plan: slots x arena + state + scratch bytes, the max over ranks (the
 # growth of the peak RSS is recorded beside it). Plans that `adtrain plan` refuses for a shape
 # (tp of 3, a batch that 3 does not divide) are left out.
@@ -22,14 +23,14 @@
 # Writes bench/results/planner-accuracy-<UTC date-time>.jsonl (a "meta" line, one line per plan,
 # the cluster file used) and prints the summary table.
 #
-# Environment: RANKS=4 ROUNDS=3 STEPS=5 WARMUP=2 MODELS="mlp-mnist gpt-s vgg-mnist dlrm-small"
+# Environment: RANKS=4 ROUNDS=6 STEPS=8 TIME_S=1 WARMUP=2 MODELS="mlp-mnist vgg-mnist dlrm-small gpt-s"
 #              CLUSTER=FILE (skip calibration, use this cluster file)
 set -eu
 cd "$(dirname "$0")/.."
-RANKS=${RANKS:-4} ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-5} WARMUP=${WARMUP:-2}
-MODELS=${MODELS:-mlp-mnist gpt-s vgg-mnist dlrm-small}
+RANKS=${RANKS:-4} ROUNDS=${ROUNDS:-6} STEPS=${STEPS:-8} TIME_S=${TIME_S:-1} WARMUP=${WARMUP:-2}
+MODELS=${MODELS:-mlp-mnist vgg-mnist dlrm-small gpt-s}
 PYTHON=${PYTHON:-/usr/bin/python3}
-export RANKS ROUNDS STEPS WARMUP MODELS OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export RANKS ROUNDS STEPS TIME_S WARMUP MODELS OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 make -j2 build/adtrain >/dev/null
 mkdir -p bench/results
 out=bench/results/planner-accuracy-$(date -u +%Y%m%dT%H%M%SZ).jsonl
