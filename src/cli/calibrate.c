@@ -13,7 +13,7 @@
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
- *             of 3 such pairs), into device.slowdown, with what a collective that follows
+ *             of 5 such pairs), into device.slowdown, with what a collective that follows
  *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
  *             step's shared-memory all-reduces cost inside it over their back-to-back time
  *             (coll_factor: the ranks' cores move the data, between their kernels);
@@ -432,7 +432,7 @@ static int instep_probe(adt_comm *w) {
  * one, the median over rounds. Paired in time: this VM's speed drifts by tens of percent over
  * minutes, and a lone probe timed before the workers started put 4 ranks at 1.95x in one quiet
  * run and 2.66x in another two hours later, where the training runs after each saw about 2. */
-#define CAL_PAIRS 3
+#define CAL_PAIRS 5 /* of 3 the median put 2 ranks anywhere in 1.00-1.17 across a day's calibrations */
 static double slowdown_probe(adt_comm *w) {
     double ratio[CAL_PAIRS];
     for (int i = 0; i < CAL_PAIRS; i++) {
