@@ -271,9 +271,9 @@ static int run_collective(adt_comm *w, int kind, float *a, float *b, int64_t n, 
  * every rank runs segments of compute (a step of a small MLP, about 1 ms on one core) with and
  * without a small all-reduce after each; the difference per segment, the ranks' mean, the
  * median of CAL_SYNC_ROUNDS (with and without in turn first: a difference of 2-10% of the
- * segment, which five rounds put anywhere in 0.03-0.12 ms on 2 ranks). Back to back, collectives find every rank waiting; after compute,
- * the peers arrive spread out and a rank that blocked is woken late, most of all when ranks
- * time-share the cores. */
+ * segment, which five rounds put anywhere in 0.03-0.12 ms on 2 ranks). Back to back,
+ * collectives find every rank waiting; after compute, the peers arrive spread out and a rank
+ * that blocked is woken late, most of all when ranks time-share the cores. */
 #define CAL_SYNC_MODEL "{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}"
 #define CAL_SYNC_ROUNDS 11
 static double sync_cost(adt_comm *w, float *x) {
@@ -362,8 +362,8 @@ static double relay_probe(adt_comm *w) {
  * work, and their waits), beyond the same ranks' compute: in each of CAL_INSTEP_ROUNDS rounds
  * every rank runs CAL_INSTEP_STEPS steps of the compute probe data-parallel over the world (the
  * executor and the mesh communicator `adtrain train` runs, 64 samples per rank), then as many
- * of its own model alone at 64 samples (the two in turn first); the difference per step, the ranks' mean, the median
- * over rounds. Rank 0 prints it ("instep") and the gradients' sizes ("instep_grad"): the parent
+ * of its own model alone at 64 samples (the two in turn first); the difference per step, the
+ * ranks' mean, the median over rounds. Rank 0 prints it ("instep") and the gradients' sizes ("instep_grad"): the parent
  * turns it into device.slowdown[].coll_factor once the all-reduce fit is known. */
 #define CAL_INSTEP_ROUNDS 9
 #define CAL_INSTEP_STEPS 8
@@ -776,7 +776,7 @@ int cli_calibrate(int argc, char **argv) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
                 c.slowdown[c.n_slowdown].coll_factor = cf;
-                c.slowdown[c.n_slowdown].relay_factor = relay > 0 ? relay : 0;
+                c.slowdown[c.n_slowdown].relay_factor = relay; /* 0 where the probe failed */
                 c.slowdown[c.n_slowdown++].factor = f;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
                         "inside a step %.0f us more; one rank while %d wait for it: %.2fx\n", k, f, sync * 1e6, k - 1,
