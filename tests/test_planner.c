@@ -257,10 +257,9 @@ static void test_cost_closed_forms(void) {
     /* zero: the same state split four ways (block sizes round up: within a few elements) */
     CHECK(rz.state_bytes < state / n * 1.02 + 8192, "zero state %g vs %g / %g", rz.state_bytes, state, n);
     CHECK(rz.comm_s[ADT_BOXING_REDUCE_SCATTER] > 0 && rz.comm_s[ADT_BOXING_ALL_GATHER] > 0, "zero: rs + ag");
-    /* compute: the slowest stage's compute is the sum over nodes at the parts each is split in */
+    /* compute: the slowest stage's compute is the sum over nodes of each one's blocks */
     double comp = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        comp += adt_node_time(g, i, adt_nd_sig_parts(&g->nodes[i], &dp.node_sig[i], &sm), &c);
+    for (int i = 0; i < g->n_nodes; i++) comp += adt_node_sig_time(g, i, &dp.node_sig[i], &sm, &c);
     CHECK_CLOSE(r.compute_s, comp, 1e-9, 0);
     CHECK(r.step_s >= comp && r.step_s <= comp + want + 1e-12, "step %g within [compute, compute + comm]", r.step_s);
     CHECK(r.feasible && r.peak_mem_bytes > r.state_bytes, "memory");
@@ -319,12 +318,19 @@ static void test_cluster_calibrated(void) {
     /* the JSON form reads back to the same object, op factors and in-step factors too */
     c.slowdown[2].coll_factor = 3.5, c.slowdown[2].relay_factor = 1.75;
     c.op_factor[2][ADT_OP_MATMUL] = 1.25, c.op_factor[0][ADT_OP_RELU] = 0.5;
+    c.byte_rate[ADT_OPCLASS_CONV] = 2e10, c.byte_rate_small[ADT_OPCLASS_MATMUL] = 3e10;
+    c.n_accumulate = 2, c.accumulate[0].bytes = 1e6, c.accumulate[0].bytes_per_s = 2e10;
+    c.accumulate[1].bytes = 1e8, c.accumulate[1].bytes_per_s = 5e9;
     char *s = adt_cluster_to_json(&c);
     adt_cluster d;
     CHECK(adt_cluster_parse(&d, s, "round trip") == ADT_OK, "%s", adt_error_message());
     CHECK(!memcmp(d.op_factor, c.op_factor, sizeof c.op_factor) && adt_cluster_coll_factor(&d, 4) == 3.5 &&
               adt_cluster_coll_factor(&d, 2) == 0,
           "op factors and coll_factor round trip");
+    CHECK(!memcmp(d.byte_rate, c.byte_rate, sizeof c.byte_rate) &&
+              !memcmp(d.byte_rate_small, c.byte_rate_small, sizeof c.byte_rate_small) && d.n_accumulate == 2 &&
+              !memcmp(d.accumulate, c.accumulate, 2 * sizeof c.accumulate[0]),
+          "byte rates and accumulation rates round trip");
     CHECK(d.cores_per_node == c.cores_per_node && d.small_flops == c.small_flops &&
               !memcmp(d.rate_small, c.rate_small, sizeof c.rate_small) && d.link[0].n_coll == c.link[0].n_coll &&
               d.n_slowdown == 3 && !memcmp(d.slowdown, c.slowdown, 3 * sizeof c.slowdown[0]) &&
@@ -354,6 +360,14 @@ static void test_cluster_calibrated(void) {
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[0,0,0,0,0,0,0,1e4]}",
          "device.op_factors.matmul[7]"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":[1]", "device.op_factors"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"byte_rates\":{\"matmul\":-1}", "device.byte_rates.matmul"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"byte_rates_small\":{\"gemm\":1e9}", "device.byte_rates_small"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"accumulate\":{\"bytes\":1}", "device.accumulate"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"accumulate\":[{\"bytes\":1e6,\"bytes_per_s\":0}]",
+         "device.accumulate[0].bytes_per_s"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"accumulate\":[{\"bytes\":1e6,\"bytes_per_s\":1e9},"
+         "{\"bytes\":1e5,\"bytes_per_s\":1e9}]", "sizes ascend"},
+        {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"accumulate\":[{\"bytes\":1e6,\"rate\":1e9}]", "accumulate"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[2048];
@@ -574,6 +588,58 @@ static void test_cost_relay(void) {
         adt_plan_free(&pp);
         adt_graph_free(g);
     }
+}
+
+/* device.byte_rates: a GEMM-backed op takes its FLOPs at the class rate plus its bytes at the
+ * byte rate (small ops: the small rates), other classes the slower of FLOPs and bandwidth; and a
+ * node's bytes are those of its blocks: a data-parallel matmul reads a quarter of the
+ * activations on 4 devices but the whole weight (closed forms). */
+static void test_cost_byte_rates(void) {
+    adt_cluster c;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    c.byte_rate[ADT_OPCLASS_MATMUL] = 2e9, c.byte_rate_small[ADT_OPCLASS_MATMUL] = 1e9;
+    CHECK_CLOSE(adt_cluster_op_time(&c, ADT_OP_MATMUL, 5e6, 4e6), 5e6 / 5e10 + 4e6 / 2e9 + 1e-6, 1e-15, 1e-12);
+    CHECK_CLOSE(adt_cluster_op_time(&c, ADT_OP_MATMUL, 5e5, 4e6), 5e5 / 1e10 + 4e6 / 1e9 + 1e-6, 1e-15, 1e-12);
+    double other = adt_cluster_rate(&c, ADT_OPCLASS_OTHER);
+    CHECK_CLOSE(adt_cluster_op_time(&c, ADT_OP_RELU, 1e5, 4e6), fmax(1e5 / other, 4e6 / 1e10) + 1e-6, 1e-15, 1e-12);
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    adt_graph *g = NULL;
+    adt_plan dp;
+    CHECK(expert(&m, "dp", 4, 32, &g, &dp) == ADT_OK, "%s", adt_error_message());
+    adt_mesh sm;
+    int rk[4], found = 0;
+    adt_plan_stage_mesh(&dp, 0, &sm, rk);
+    for (int i = 0; i < g->n_nodes && !found; i++) {
+        const adt_node *n = &g->nodes[i];
+        if (n->op != ADT_OP_MATMUL || n->is_backward || g->values[n->in[0]].role != ADT_ROLE_INPUT) continue;
+        found = 1;
+        double flops = 2.0 * 32 * 64 * 256 / 4, bytes = 4.0 * (32 / 4 * 64 + 64 * 256 + 32 / 4 * 256);
+        CHECK(n->n_in == 2 && adt_node_flops(g, n) == 4 * flops, "the first matmul: %d inputs, %g FLOPs", n->n_in,
+              adt_node_flops(g, n));
+        CHECK_CLOSE(adt_node_sig_time(g, i, &dp.node_sig[i], &sm, &c), flops / 1e10 + bytes / 1e9 + 1e-6, 1e-15, 1e-12);
+        CHECK(adt_node_sig_time(g, i, &dp.node_sig[i], &sm, &c) > adt_node_time(g, i, 4, &c),
+              "a quarter of the weight's bytes is not what a data-parallel rank reads");
+    }
+    CHECK(found, "the first layer's matmul");
+    adt_plan_free(&dp);
+    adt_graph_free(g);
+}
+
+/* device.accumulate: the rate of the entry at a size, interpolated in log size between entries
+ * (the geometric mean halfway), the nearest end outside them, times the busy ranks' slowdown;
+ * without entries three streams at the memory bandwidth. */
+static void test_cost_accumulate_sizes(void) {
+    adt_cluster c;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e7, 1), 3e7 / 1e10, 1e-15, 1e-12);
+    c.n_accumulate = 2, c.accumulate[0].bytes = 1e6, c.accumulate[0].bytes_per_s = 2e10;
+    c.accumulate[1].bytes = 1e8, c.accumulate[1].bytes_per_s = 5e9;
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e7, 1), 1e7 / 1e10, 1e-15, 1e-9);
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e6, 1), 1e6 / 2e10, 1e-15, 1e-9);
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e5, 1), 1e5 / 2e10, 1e-15, 1e-9);
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e9, 1), 1e9 / 5e9, 1e-15, 1e-9);
+    CHECK_CLOSE(adt_cluster_accumulate_s(&c, 1e7, 4), 2.5 * 1e7 / 1e10, 1e-15, 1e-9);
+    CHECK(adt_cluster_accumulate_s(&c, 0, 1) == 0, "nothing to add");
 }
 
 /* Microbatch slots: each backward pass adds its gradients into the step's (reading both and
@@ -1177,6 +1243,8 @@ int main(void) {
     RUN(test_cost_op_factors);
     RUN(test_cost_on_cores);
     RUN(test_cost_relay);
+    RUN(test_cost_byte_rates);
+    RUN(test_cost_accumulate_sizes);
     RUN(test_cost_accumulate);
     RUN(test_cost_input);
     RUN(test_cost_memplan);

@@ -169,6 +169,10 @@ void *adt_exec_slot_data(adt_exec *ex, int slot, int value);
  * update (f32, v's shape), or NULL when v is not one the update reads. A caller may change it
  * before adt_exec_run_update (a pipeline sums a tied parameter's holders there). */
 float *adt_exec_grad_acc(adt_exec *ex, int value);
+/* What a backward pass does with each gradient the update reads: acc = x on the step's first
+ * pass (first != 0), acc += x after it. adtrain calibrate times this loop for the cost model's
+ * price of accumulation (device.accumulate). */
+void adt_exec_accumulate(float *acc, const float *x, int64_t n, int first);
 
 const adt_memplan *adt_exec_memplan(const adt_exec *ex);
 /* Communication counters of the last run and of all runs so far (either pointer may be NULL). */

@@ -38,6 +38,7 @@ extern "C" {
 #define ADT_CLUSTER_MAX_LINKS 4
 #define ADT_CLUSTER_NAME_LEN 128
 #define ADT_CLUSTER_MAX_SLOWDOWN 64
+#define ADT_CLUSTER_MAX_ACCUMULATE 16
 /* op_factor's decades of FLOPs: below 1e4, 1e4..1e5, ..., 1e10 and above */
 #define ADT_OP_FACTOR_BUCKETS 8
 
@@ -87,6 +88,12 @@ typedef struct adt_cluster {
     double launch_s;                    /* fixed cost of one op                              */
     double rate_small[ADT_OPCLASS_COUNT]; /* FLOP/s of ops below small_flops, 0: rate[]      */
     double small_flops;                 /* the size class boundary (FLOPs per device), 0: none */
+    /* Bytes per second a class's kernels move besides their FLOPs, per size class as the rates:
+     * where given, an op takes flops / rate + bytes / byte_rate (a GEMM packs its operands and
+     * writes its product whatever its inner size: a batch of 16 through a 784x1024 layer spends
+     * as long on the 3 MB of weights as on the FLOPs); 0: the slower of flops / rate and
+     * bytes / memory_bw. */
+    double byte_rate[ADT_OPCLASS_COUNT], byte_rate_small[ADT_OPCLASS_COUNT];
     int cores_per_node;                 /* cores the node's devices share, 0: one each        */
     /* An op kind's measured time over the time the rates above price it at, per decade of
      * FLOPs per device (adt_op_factor_bucket); 0: not measured (the nearest measured decade of
@@ -104,6 +111,12 @@ typedef struct adt_cluster {
      * pipeline's ranks taking turns) over its time alone: what a waiting rank still takes of the
      * cores, and its wake-ups; 0: not measured (waiting ranks count as busy) */
     struct { int ranks; double factor, sync_s, coll_factor, relay_factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
+    /* Gradient accumulation (a pipeline's or a microbatched step's acc += g per backward pass):
+     * bytes of gradients one rank adds per second when a pass adds `bytes` of them, by size
+     * (ascending): what stays in cache adds several times faster than memory_bw streams it.
+     * 0 entries: priced at memory_bw. */
+    int n_accumulate;
+    struct { double bytes, bytes_per_s; } accumulate[ADT_CLUSTER_MAX_ACCUMULATE];
     int n_links;
     adt_link link[ADT_CLUSTER_MAX_LINKS];
     /* Not in cluster files, set by the caller for a job: the seconds one rank takes to produce
@@ -127,8 +140,9 @@ int adt_cluster_devices(const adt_cluster *c);
 double adt_cluster_rate(const adt_cluster *c, int op_class);
 /* The FLOP/s of an op of the class doing `flops` per device: rate_small below small_flops. */
 double adt_cluster_op_rate(const adt_cluster *c, int op_class, double flops);
-/* The seconds of one op of kind `op` doing `flops` and moving `bytes` on one device: the slower
- * of its class's rate and the memory bandwidth, plus launch_s, times the kind's op_factor. */
+/* The seconds of one op of kind `op` doing `flops` and moving `bytes` on one device: flops at its
+ * class's rate plus bytes at its byte rate where the class has one, else the slower of the rate
+ * and the memory bandwidth; plus launch_s, times the kind's op_factor. */
 double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes);
 /* The op_factor decade of an op doing `flops` per device. */
 int adt_op_factor_bucket(double flops);
@@ -148,6 +162,12 @@ double adt_cluster_coll_factor(const adt_cluster *c, int ranks);
  * with adt_cluster_share, interpolated between rank counts, at 1 + w (ranks - 1) equal to
  * relay_factor). -1 when the entry has no relay_factor: then every rank counts as busy. */
 double adt_cluster_share_active(const adt_cluster *c, int ranks, double active);
+/* The seconds one rank takes to add `bytes` of gradients into their accumulators (one backward
+ * pass's share of a step's accumulation) with `busy` ranks of the node computing: the rate of
+ * device.accumulate at that size (interpolated in log size, the nearest end outside), else
+ * memory_bw over the three streams (read both, write one), over adt_cluster_share. A first pass
+ * copies and the update's scaling reads and writes: two streams, 2/3 of this. */
+double adt_cluster_accumulate_s(const adt_cluster *c, double bytes, int busy);
 /* The link level of mesh axis a: the slowest level any group along it spans (ranks: device ids). */
 int adt_cluster_axis_level(const adt_cluster *c, const adt_mesh *m, int a);
 /* The seconds of one collective of `kind` (adt_boxing_kind or ADT_COLL_SEND_RECV) on a group of
@@ -198,6 +218,10 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
 double adt_nd_sig_parts(const adt_node *n, const adt_nd_sig *s, const adt_mesh *m);
 /* The compute seconds of one node when `parts` devices share its work. */
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c);
+/* The compute seconds of one node on one device of mesh m under signature sig: its FLOPs over
+ * the devices that share them (adt_nd_sig_parts), the bytes of the blocks it reads and writes
+ * there (a data-parallel matmul splits its activations but reads the whole weight). */
+double adt_node_sig_time(const adt_graph *g, int node, const adt_nd_sig *sig, const adt_mesh *m, const adt_cluster *c);
 
 /* ---- the signature-assignment problem and its solvers --------------------------------------------
  * Variables x_i in [0, k_i); cost J(x) = sum_i unary_i(x_i) + sum_e pair_e(x_a, x_b), every term

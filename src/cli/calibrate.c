@@ -7,16 +7,19 @@
  *             with per-node timing, in --procs processes one after another, each node's median
  *             time kept; launch_s = the median time of tiny ops; FLOP/s per op class and size
  *             class (below / above small_flops per op) = the FLOPs over the seconds less the ops'
- *             fixed costs; per op kind and decade of FLOPs, the nodes' time over what those
- *             rates price them at (device.op_factors);
- *   memory    the bandwidth of a 64 MiB copy;
+ *             fixed costs, for matrix products and convolutions fitted with a byte rate beside
+ *             it (device.byte_rates); per op kind and decade of FLOPs, the nodes' time over what
+ *             those rates price them at (device.op_factors);
+ *   memory    the bandwidth of a 64 MiB copy; the executor's gradient accumulation at 64 KiB ..
+ *             64 MiB (device.accumulate);
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
  *             of 5 such pairs), into device.slowdown, with what a collective that follows
  *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
  *             step's shared-memory all-reduces cost inside it over their back-to-back time
- *             (coll_factor: the ranks' cores move the data, between their kernels);
+ *             (coll_factor: the ranks' cores move the data, between their kernels; fitted through
+ *             the cost model, which then prices the probe's step as measured);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
  *             that times all-reduce, reduce-scatter, all-gather, all-to-all and send/recv of
  *             4 KiB .. 16 MiB; per kind and k the least-squares alpha and beta of that kind's
@@ -168,6 +171,34 @@ static int time_model(const char *json, int batch, int threads, cal_compute *acc
     return rc;
 }
 
+/* The rate and byte rate of the GEMM-backed class k's ops of size class sc (device.byte_rates):
+ * seconds = flops / rate + bytes / byte_rate fitted to the timed nodes by least squares on the
+ * relative error, each node weighted by the square root of its time (the many small ops do not
+ * outvote the ones a step spends its time in). Left as they are (rate from the sums, no byte
+ * rate) where the fit gives either term a negative or vanishing share. */
+static int byte_fit_node(const cal_compute *acc, int i, int k, int sc, double launch, double *f, double *b, double *t) {
+    *f = acc->node[i].flops, *b = acc->node[i].bytes, *t = acc->node[i].secs - launch;
+    return *f > 0 && *t > 0 && adt_op_class_of(acc->node[i].op) == k && (*f >= CAL_SMALL_FLOPS) == sc;
+}
+
+static void fit_byte_rate(const cal_compute *acc, int k, int sc, double launch, double *rate, double *byte_rate) {
+    double s11 = 0, s12 = 0, s22 = 0, s1 = 0, s2 = 0, tsum = 0, f, b, t;
+    int n = 0;
+    for (int i = 0; i < acc->n_nodes; i++)
+        if (byte_fit_node(acc, i, k, sc, launch, &f, &b, &t)) tsum += t, n++;
+    if (n < 4) return;
+    for (int i = 0; i < acc->n_nodes; i++) {
+        if (!byte_fit_node(acc, i, k, sc, launch, &f, &b, &t)) continue;
+        double w = t / (tsum / n), x1 = f / t, x2 = b / t; /* w: the weight squared */
+        s11 += w * x1 * x1, s12 += w * x1 * x2, s22 += w * x2 * x2, s1 += w * x1, s2 += w * x2;
+    }
+    double det = s11 * s22 - s12 * s12;
+    if (!(det > 0)) return;
+    double a = (s1 * s22 - s2 * s12) / det, c = (s2 * s11 - s1 * s12) / det; /* seconds per FLOP, per byte */
+    if (!(a > 0) || !(c > 0)) return;
+    *rate = 1 / a, *byte_rate = 1 / c;
+}
+
 /* The op factors (device.op_factors): per op kind and decade of FLOPs, the seconds the timed
  * nodes took over the seconds the rates just fitted price them at. Where a kind's nodes of a
  * decade took less than CAL_FACTOR_MIN_S per step in all, the decade is left unmeasured: too
@@ -235,6 +266,33 @@ static double copy_bandwidth(void) {
     }
     adt_free_aligned(a), adt_free_aligned(b);
     return best;
+}
+
+/* The executor's gradient accumulation (adt_exec_accumulate) at 64 KiB .. 64 MiB by 4x: before
+ * each add the gradients are written afresh, as a backward pass leaves them, so a size that stays
+ * in cache is timed in cache; the median of CAL_ACC_ROUNDS adds per size. */
+#define CAL_ACC_ROUNDS 9
+static void accumulate_rates(adt_cluster *c) {
+    size_t max = (size_t)64 << 20;
+    float *g = adt_alloc_aligned(max), *a = adt_alloc_aligned(max);
+    memset(a, 0, max);
+    c->n_accumulate = 0;
+    for (size_t bytes = (size_t)64 << 10; bytes <= max; bytes *= 4) {
+        int64_t n = (int64_t)(bytes / sizeof(float));
+        double r[CAL_ACC_ROUNDS];
+        for (int k = 0; k < CAL_ACC_ROUNDS; k++) {
+            for (int64_t i = 0; i < n; i++) g[i] = (float)(i & 255) * 1e-3f;
+            double t0 = adt_now_s();
+            adt_exec_accumulate(a, g, n, 0);
+            r[k] = adt_now_s() - t0;
+        }
+        qsort(r, CAL_ACC_ROUNDS, sizeof r[0], cmp_double);
+        double t = r[CAL_ACC_ROUNDS / 2] > 1e-9 ? r[CAL_ACC_ROUNDS / 2] : 1e-9;
+        c->accumulate[c->n_accumulate].bytes = (double)bytes;
+        c->accumulate[c->n_accumulate++].bytes_per_s = (double)bytes / t;
+        fprintf(stderr, "calibrate: accumulating %zu KiB of gradients: %.3g GB/s\n", bytes >> 10, (double)bytes / t * 1e-9);
+    }
+    adt_free_aligned(g), adt_free_aligned(a);
 }
 
 /* ---- links ---------------------------------------------------------------------------------------- */
@@ -745,16 +803,19 @@ int cli_calibrate(int argc, char **argv) {
             if (!(acc->secs[sc][k] > 0)) continue;
             double busy = acc->secs[sc][k] - acc->ops[sc][k] * c.launch_s; /* without the fixed costs */
             if (busy < 0.5 * acc->secs[sc][k]) busy = 0.5 * acc->secs[sc][k];
-            double r = acc->flops[sc][k] / busy;
-            fprintf(stderr, "calibrate: %-9s %s ops: %.3g GFLOP/s\n", adt_op_class_name(k), sc ? "large" : "small",
-                    r * 1e-9);
-            if (sc) c.rate[k] = r;
-            else c.rate_small[k] = r;
+            double r = acc->flops[sc][k] / busy, br = 0;
+            if ((k == ADT_OPCLASS_MATMUL || k == ADT_OPCLASS_CONV) && !getenv("XNOBYTE")) fit_byte_rate(acc, k, sc, c.launch_s, &r, &br);
+            fprintf(stderr, "calibrate: %-9s %s ops: %.3g GFLOP/s", adt_op_class_name(k), sc ? "large" : "small", r * 1e-9);
+            if (br > 0) fprintf(stderr, " and %.3g GB/s", br * 1e-9);
+            fprintf(stderr, "\n");
+            if (sc) c.rate[k] = r, c.byte_rate[k] = br;
+            else c.rate_small[k] = r, c.byte_rate_small[k] = br;
             if (r > c.peak_flops[ADT_F32]) c.peak_flops[ADT_F32] = r;
         }
         if (!(c.rate[k] > 0)) c.rate[k] = c.rate_small[k];
     }
     c.memory_bw = copy_bandwidth();
+    accumulate_rates(&c);
     fit_op_factors(&c, acc);
     free(acc);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);

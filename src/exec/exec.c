@@ -954,15 +954,16 @@ int adt_exec_run_pass(adt_exec *ex, int slot, int pass) {
     const adt_graph *g = ex->g;
     for (int r = 0; r < g->n_values; r++) {
         if (!ex->acc[r]) continue;
-        const float *x = ex->slot_ptr[slot][r];
-        float *a = ex->acc[r];
-        int64_t n = adt_value_numel(g, r);
-        if (!ex->n_acc) memcpy(a, x, (size_t)n * sizeof *a);
-        else
-            for (int64_t i = 0; i < n; i++) a[i] += x[i];
+        adt_exec_accumulate(ex->acc[r], ex->slot_ptr[slot][r], adt_value_numel(g, r), !ex->n_acc);
     }
     ex->n_acc++;
     return ADT_OK;
+}
+
+void adt_exec_accumulate(float *acc, const float *x, int64_t n, int first) {
+    if (first) memcpy(acc, x, (size_t)n * sizeof *acc);
+    else
+        for (int64_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
 int adt_exec_run_update(adt_exec *ex) {

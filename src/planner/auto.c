@@ -237,7 +237,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
             for (int i = 0; i < g->n_nodes; i++) {
                 int t = g->nodes[i].layer_tag;
                 if (t >= 0 && t < p.n_layers)
-                    w[t] += adt_node_time(g, i, adt_nd_sig_parts(&g->nodes[i], &p.node_sig[i], &sm), &x->cl);
+                    w[t] += adt_node_sig_time(g, i, &p.node_sig[i], &sm, &x->cl);
             }
             adt_stage_cut(w, p.n_layers, pp, p.stage_first, p.stage_last);
             free(w);

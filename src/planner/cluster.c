@@ -130,6 +130,26 @@ static int parse_rates(const cJSON *d, const char *field, const char *name, doub
     return ADT_OK;
 }
 
+/* An optional array field of objects, device.<field>: its size (0 when absent) once it is an
+ * array of at most max objects; `what` describes an entry for the message. */
+static int object_array(const cJSON *a, const char *field, int max, const char *what, const char *name, int *n) {
+    *n = 0;
+    if (!a) return ADT_OK;
+    if (!cJSON_IsArray(a))
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.%s\" is %s, expected an array of %s", name, field,
+                         adt_cfg_json_kind(a), what);
+    *n = cJSON_GetArraySize(a);
+    if (*n > max)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.%s\" has %d entries, expected at most %d", name, field, *n,
+                         max);
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++)
+        if (!cJSON_IsObject(e))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.%s[%d]\" is %s, expected an object", name, field, i,
+                             adt_cfg_json_kind(e));
+    return ADT_OK;
+}
+
 /* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor"}], compute time
  * with that many busy ranks on a node over one rank's, the seconds a rank loses at each
  * collective it blocks on, a collective's time inside a step over its back-to-back time where the
@@ -137,21 +157,12 @@ static int parse_rates(const cJSON *d, const char *field, const char *name, doub
 static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     c->n_slowdown = 0;
     memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
-    if (!a) return ADT_OK;
-    if (!cJSON_IsArray(a))
-        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" is %s, expected an array of {ranks, factor}", name,
-                         adt_cfg_json_kind(a));
-    int n = cJSON_GetArraySize(a), i = 0, rc;
-    if (n > ADT_CLUSTER_MAX_SLOWDOWN)
-        return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown\" has %d entries, expected at most %d", name, n,
-                         ADT_CLUSTER_MAX_SLOWDOWN);
+    int n, i = 0, rc = object_array(a, "slowdown", ADT_CLUSTER_MAX_SLOWDOWN, "{ranks, factor}", name, &n);
+    if (rc || !n) return rc;
     static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "comment", NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
-        if (!cJSON_IsObject(e))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\" is %s, expected an object", name, i,
-                             adt_cfg_json_kind(e));
         if ((rc = adt_cfg_check_fields(e, fields, "slowdown", name)) || (rc = check_comment(e, w, name)) ||
             (rc = get_int(e, "ranks", w, 1, 1, 1 << 20, name, &c->slowdown[i].ranks)) ||
             (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)) ||
@@ -165,6 +176,27 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
                                  c->slowdown[i].ranks);
     }
     c->n_slowdown = n;
+    return ADT_OK;
+}
+
+/* device.accumulate: [{"bytes", "bytes_per_s"}], sizes ascending. */
+static int parse_accumulate(adt_cluster *c, const cJSON *a, const char *name) {
+    c->n_accumulate = 0;
+    int n, i = 0, rc = object_array(a, "accumulate", ADT_CLUSTER_MAX_ACCUMULATE, "{bytes, bytes_per_s}", name, &n);
+    if (rc || !n) return rc;
+    static const char *const fields[] = {"bytes", "bytes_per_s", "comment", NULL};
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        char w[48];
+        snprintf(w, sizeof w, "device.accumulate[%d].", i);
+        if ((rc = adt_cfg_check_fields(e, fields, "accumulate", name)) || (rc = check_comment(e, w, name)) ||
+            (rc = get_number(e, "bytes", w, 1, 1, 1e15, name, &c->accumulate[i].bytes)) ||
+            (rc = get_number(e, "bytes_per_s", w, 1, 1e3, 1e15, name, &c->accumulate[i].bytes_per_s)))
+            return rc;
+        if (i && !(c->accumulate[i].bytes > c->accumulate[i - 1].bytes))
+            return adt_error(ADT_ERR_ARG, "%s: field \"%sbytes\" is %g, expected more than the entry before's (%g): "
+                             "sizes ascend", name, w, c->accumulate[i].bytes, c->accumulate[i - 1].bytes);
+    }
+    c->n_accumulate = n;
     return ADT_OK;
 }
 
@@ -200,8 +232,8 @@ static int parse_op_factors(adt_cluster *c, const cJSON *d, const char *name) {
 
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
-                                         "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops",
-                                         "slowdown", "op_factors", "comment", NULL};
+                                         "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops", "byte_rates", "byte_rates_small",
+                                         "slowdown", "op_factors", "accumulate", "comment", NULL};
     int rc;
     if ((rc = adt_cfg_check_fields(d, fields, "device", name)) || (rc = check_comment(d, "device.", name)) ||
         (rc = get_string(d, "kind", "device.", 1, name, c->device_kind, sizeof c->device_kind)))
@@ -224,11 +256,14 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
                          "given", name, dt, dt);
     c->efficiency = 0.5;
     if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
-    if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)))
+    if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)) ||
+        (rc = parse_rates(d, "byte_rates", name, c->byte_rate)) ||
+        (rc = parse_rates(d, "byte_rates_small", name, c->byte_rate_small)))
         return rc;
     if ((rc = get_number(d, "small_flops", "device.", 0, 0, 1e18, name, &c->small_flops))) return rc;
     if ((rc = parse_slowdown(c, cJSON_GetObjectItemCaseSensitive(d, "slowdown"), name))) return rc;
     if ((rc = parse_op_factors(c, d, name))) return rc;
+    if ((rc = parse_accumulate(c, cJSON_GetObjectItemCaseSensitive(d, "accumulate"), name))) return rc;
     if ((rc = get_number(d, "memory_bytes", "device.", 1, 1e6, 1e15, name, &c->memory_bytes)) ||
         (rc = get_number(d, "memory_bw", "device.", 1, 1e6, 1e15, name, &c->memory_bw)) ||
         (rc = get_number(d, "launch_s", "device.", 0, 0, 1, name, &c->launch_s)))
@@ -354,6 +389,13 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
             !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0))
             return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0 and relay_factor >= 0",
                              name, i);
+    if (c->n_accumulate < 0 || c->n_accumulate > ADT_CLUSTER_MAX_ACCUMULATE)
+        return adt_error(ADT_ERR_ARG, "%s: field \"device.accumulate\": %d entries, expected 0 to %d", name,
+                         c->n_accumulate, ADT_CLUSTER_MAX_ACCUMULATE);
+    for (int i = 0; i < c->n_accumulate; i++)
+        if (!(c->accumulate[i].bytes > (i ? c->accumulate[i - 1].bytes : 0)) || !(c->accumulate[i].bytes_per_s > 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.accumulate[%d]\": expected sizes ascending from above 0 "
+                             "and a positive bytes_per_s", name, i);
     if (c->cores_per_node < 0 || !(c->small_flops >= 0))
         return adt_error(ADT_ERR_ARG, "%s: cores_per_node and device.small_flops must not be negative", name);
     if (c->n_links < 1 || c->n_links > ADT_CLUSTER_MAX_LINKS)
@@ -396,6 +438,17 @@ int adt_cluster_load(adt_cluster *c, const char *path) {
     return rc;
 }
 
+/* {"<op class>": rate, ...} of the classes with one, if any */
+static void add_rates(cJSON *dev, const char *field, const double *rate) {
+    cJSON *r = NULL;
+    for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
+        if (rate[k] > 0) {
+            if (!r) r = cJSON_CreateObject();
+            cJSON_AddNumberToObject(r, adt_op_class_name(k), rate[k]);
+        }
+    if (r) cJSON_AddItemToObject(dev, field, r);
+}
+
 char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON *root = cJSON_CreateObject(), *dev = cJSON_CreateObject(), *pf = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "name", c->name);
@@ -408,25 +461,13 @@ char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON_AddItemToObject(dev, "peak_flops", pf);
     cJSON_AddStringToObject(dev, "compute_dtype", adt_dtype_name(c->compute_dtype));
     cJSON_AddNumberToObject(dev, "efficiency", c->efficiency);
-    int any = 0;
-    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) any |= c->rate[k] > 0;
-    if (any) {
-        cJSON *r = cJSON_CreateObject();
-        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
-            if (c->rate[k] > 0) cJSON_AddNumberToObject(r, adt_op_class_name(k), c->rate[k]);
-        cJSON_AddItemToObject(dev, "rates", r);
-    }
+    add_rates(dev, "rates", c->rate);
     cJSON_AddNumberToObject(dev, "memory_bytes", c->memory_bytes);
     cJSON_AddNumberToObject(dev, "memory_bw", c->memory_bw);
     cJSON_AddNumberToObject(dev, "launch_s", c->launch_s);
-    any = 0;
-    for (int k = 0; k < ADT_OPCLASS_COUNT; k++) any |= c->rate_small[k] > 0;
-    if (any) {
-        cJSON *r = cJSON_CreateObject();
-        for (int k = 0; k < ADT_OPCLASS_COUNT; k++)
-            if (c->rate_small[k] > 0) cJSON_AddNumberToObject(r, adt_op_class_name(k), c->rate_small[k]);
-        cJSON_AddItemToObject(dev, "rates_small", r);
-    }
+    add_rates(dev, "rates_small", c->rate_small);
+    add_rates(dev, "byte_rates", c->byte_rate);
+    add_rates(dev, "byte_rates_small", c->byte_rate_small);
     if (c->small_flops > 0) cJSON_AddNumberToObject(dev, "small_flops", c->small_flops);
     if (c->n_slowdown > 0) {
         cJSON *a = cJSON_CreateArray();
@@ -440,6 +481,16 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
+    }
+    if (c->n_accumulate > 0) {
+        cJSON *a = cJSON_CreateArray();
+        for (int i = 0; i < c->n_accumulate; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "bytes", c->accumulate[i].bytes);
+            cJSON_AddNumberToObject(e, "bytes_per_s", c->accumulate[i].bytes_per_s);
+            cJSON_AddItemToArray(a, e);
+        }
+        cJSON_AddItemToObject(dev, "accumulate", a);
     }
     cJSON *of = NULL;
     for (int k = 0; k < ADT_OP_COUNT; k++) {
@@ -501,8 +552,11 @@ int adt_op_factor_bucket(double flops) {
 }
 
 double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double bytes) {
-    double tf = flops / adt_cluster_op_rate(c, adt_op_class_of(op), flops), tb = bytes / c->memory_bw;
-    double t = (tf > tb ? tf : tb) + c->launch_s, k = 0;
+    int cls = adt_op_class_of(op);
+    double tf = flops / adt_cluster_op_rate(c, cls, flops), tb = bytes / c->memory_bw, t;
+    double br = cls < 0 || cls >= ADT_OPCLASS_COUNT ? 0 : flops < c->small_flops ? c->byte_rate_small[cls] : c->byte_rate[cls];
+    t = (br > 0 ? tf + bytes / br : tf > tb ? tf : tb) + c->launch_s;
+    double k = 0;
     if (op >= 0 && op < ADT_OP_COUNT) { /* this decade's factor, else the nearest measured one */
         int b = adt_op_factor_bucket(flops);
         for (int d = 0; d < ADT_OP_FACTOR_BUCKETS && !(k > 0); d++) {
@@ -561,6 +615,23 @@ double adt_cluster_share(const adt_cluster *c, int ranks) {
     double shared = c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
     double f = best >= 0 ? c->slowdown[best].factor : 1.0;
     return f > shared ? f : shared;
+}
+
+double adt_cluster_accumulate_s(const adt_cluster *c, double bytes, int busy) {
+    if (!(bytes > 0)) return 0;
+    double rate = c->memory_bw / 3; /* read both, write one */
+    int n = c->n_accumulate;
+    if (n > 0) {
+        int i = 0;
+        while (i < n && c->accumulate[i].bytes < bytes) i++;
+        if (i == 0 || i == n) rate = c->accumulate[i ? n - 1 : 0].bytes_per_s;
+        else {
+            double x0 = log(c->accumulate[i - 1].bytes), x1 = log(c->accumulate[i].bytes);
+            double y0 = log(c->accumulate[i - 1].bytes_per_s), y1 = log(c->accumulate[i].bytes_per_s);
+            rate = exp(y0 + (y1 - y0) * (log(bytes) - x0) / (x1 - x0));
+        }
+    }
+    return bytes / rate * adt_cluster_share(c, busy);
 }
 
 /* The per-kind factors of alpha and of G beta in a collective's time (dist.h's boxing table). */

@@ -44,9 +44,15 @@
  * memory all-reduce (>= ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its back-to-back fit,
  * what `calibrate` measured inside data-parallel steps (the fit put the MLP's 2-rank dp plans
  * 30-50% under their measurement, its gradient all-reduces all hidden behind the backward pass).
- * An op's time is the slower of its class's rate and the memory bandwidth, plus launch_s, times
- * its kind's calibrated factor for its decade of FLOPs (device.op_factors): a small VGG's max-
- * pools run 4-12x slower than the bandwidth says, its ReLUs in cache faster.
+ * An op's time is its FLOPs at its class's rate plus its bytes at the class's byte rate where the
+ * cluster has one (matrix products and convolutions: OpenBLAS packs the operands and writes the
+ * product whatever the inner size), else the slower of the rate and the memory bandwidth; plus
+ * launch_s, times its kind's calibrated factor for its decade of FLOPs (device.op_factors): a
+ * small VGG's max-pools run 4-12x slower than the bandwidth says, its ReLUs in cache faster. Its
+ * bytes are those of the blocks one device reads and writes (adt_node_sig_time): a data-parallel
+ * rank's matrix product reads a share of the activations and the whole weight. (Dividing the
+ * weight's bytes with the FLOPs priced the MLP's 2-rank dp 18% under its measurement and picked
+ * it, 17% slower than the measured best, 2-rank tp.)
  *
  * A rank that holds a block of a fed value (the input, the labels) first produces the samples
  * its blocks cover (the cluster's input_s per sample, at the compute slowdown): the trainer
@@ -69,6 +75,33 @@ double adt_node_time(const adt_graph *g, int node, double parts, const adt_clust
     const adt_node *n = &g->nodes[node];
     if (parts < 1) parts = 1;
     return adt_cluster_op_time(c, n->op, adt_node_flops(g, n) / parts, adt_node_bytes(g, n) / parts);
+}
+
+/* The bytes of the largest block of value v under s on m (adt_ndsbp_block_bounds' ceilings,
+ * without its shape copies: the search prices every signature of every node with it). */
+static double largest_block_bytes(const adt_graph *g, int v, const adt_ndsbp *s, const adt_mesh *m) {
+    const adt_shape *sh = &g->values[v].shape;
+    double b = (double)adt_value_bytes(g, v);
+    int axis[ADT_MAX_MESH_DIMS], n = 0;
+    int64_t cur[ADT_MAX_MESH_DIMS];
+    for (int a = 0; a < s->ndim && a < m->ndim; a++) {
+        if (s->s[a].kind != ADT_SBP_S) continue;
+        int k = s->s[a].axis, j = 0;
+        while (j < n && axis[j] != k) j++;
+        if (j == n) axis[n] = k, cur[n++] = sh->dim[k];
+        if (cur[j] < 1) return 0;
+        int64_t next = (cur[j] + m->dim[a] - 1) / m->dim[a];
+        b = b / (double)cur[j] * (double)next, cur[j] = next;
+    }
+    return b;
+}
+
+double adt_node_sig_time(const adt_graph *g, int node, const adt_nd_sig *sig, const adt_mesh *m, const adt_cluster *c) {
+    const adt_node *n = &g->nodes[node];
+    double bytes = 0;
+    for (int i = 0; i < n->n_in; i++) bytes += largest_block_bytes(g, n->in[i], &sig->in[i], m);
+    for (int k = 0; k < n->n_out; k++) bytes += largest_block_bytes(g, n->out[k], &sig->out[k], m);
+    return adt_cluster_op_time(c, n->op, adt_node_flops(g, n) / adt_nd_sig_parts(n, sig, m), bytes);
 }
 
 /* The product of the mesh axes on which some operand of the signature is split: the share of
@@ -311,7 +344,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
             double pen = sync * fmin(1.0, ((blocked >= 0 ? blocked : tc) - t_sync) / SYNC_RAMP_S);
             start += pen, ev->sync += pen, t_sync = start;
         }
-        double t = share * adt_node_time(g, i, adt_nd_sig_parts(n, sig, m), c);
+        double t = share * adt_node_sig_time(g, i, sig, m, c);
         ev->compute += t;
         tc = start + t;
         for (int k = 0; k < n->n_out; k++) {
@@ -507,11 +540,12 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         adt_boxing_cache_free(&bc);
         if (rc) break;
         if (p->n_stages > 1 || m > 1) {
-            /* microbatch slots: each backward pass adds its gradients into the step's (read both,
-             * write one; the first copies), and the update first scales the sum by 1/m */
-            double bw = c->memory_bw / adt_cluster_share(c, busy);
-            ev[s].acc_s = ev[s].acc_bytes / bw * (3.0 * (m - 1) + 2.0) / m;
-            ev[s].acc_tail = m > 1 ? 2 * ev[s].acc_bytes / bw : 0;
+            /* microbatch slots: each backward pass adds its gradients into the step's (the first
+             * copies: two streams of three), and the update first scales the sum by 1/m (two); at
+             * the rate measured for that many bytes (what stays in cache adds faster) */
+            double add = adt_cluster_accumulate_s(c, ev[s].acc_bytes, busy);
+            ev[s].acc_s = add * (m - 1 + 2.0 / 3) / m;
+            ev[s].acc_tail = m > 1 ? add * 2.0 / 3 : 0;
             ev[s].fb += ev[s].acc_s, ev[s].time += ev[s].acc_s + ev[s].acc_tail;
         }
         /* per microbatch: forward, backward and what overlaps them; once per step: the update and

@@ -179,7 +179,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         const adt_node *n = &g->nodes[i];
         for (int q = 0; q < s->prob.k[v]; q++) {
             const adt_nd_sig *sg = &s->sigs[v][q];
-            double u = adt_node_time(g, i, adt_nd_sig_parts(n, sg, m), c);
+            double u = adt_node_sig_time(g, i, sg, m, c);
             for (int j = 0; j < n->n_in; j++) {
                 int x = n->in[j];
                 if (g->values[x].producer < 0 && dec_node[x] == i && dec_in[x] == j && adt_ndsbp_partial_mask(&sg->in[j]))
