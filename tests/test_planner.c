@@ -708,6 +708,15 @@ static void test_cost_input(void) {
         CHECK(fabs(r1.stage_s[s] - r0.stage_s[s] - want) < 1e-9, "pp stage %d: +%g s, expected +%g s", s,
               r1.stage_s[s] - r0.stage_s[s], want);
     }
+    /* played out pass by pass (relay_factor; here waiting ranks count as busy ones, so every pass
+     * runs at its priced time): a stage fills its samples before it waits for the stage before,
+     * so the last stage's labels are ready while the first three stages run their forwards, and
+     * one microbatch's step grows by the first stage's fill alone */
+    adt_cluster rel = c, rel_in = in;
+    rel.slowdown[2].relay_factor = rel_in.slowdown[2].relay_factor = 2.5;
+    CHECK(adt_plan_cost(&pp, g, &rel, &r0) == ADT_OK && adt_plan_cost(&pp, g, &rel_in, &r1) == ADT_OK, "%s",
+          adt_error_message());
+    CHECK_CLOSE(r1.step_s - r0.step_s, share * 1e-4 * 32, 1e-12, 1e-9);
     adt_plan_free(&pp);
     adt_graph_free(g);
 }
