@@ -1233,6 +1233,36 @@ static void test_cli(void) {
               "slowdown: %d entries, 2 ranks: factor %g, sync_s %g, coll_factor %g", c.n_slowdown,
               c.slowdown[1].factor, c.slowdown[1].sync_s, c.slowdown[1].coll_factor);
         CHECK(c.n_links == 1 && c.link[0].n_coll == 5, "2-rank collectives: %d", c.link[0].n_coll);
+        CHECK(c.byte_rate[ADT_OPCLASS_MATMUL] >= 0 && c.n_accumulate >= 4, "byte rate %g, %d accumulation sizes",
+              c.byte_rate[ADT_OPCLASS_MATMUL], c.n_accumulate);
+        /* the in-step factor makes the cost model price the probe's data-parallel step (calibrate.c's
+         * CAL_PROBE at 64 samples a rank) as far over the same ranks' compute alone as measured */
+        const char *key = "all-reduces on 2 ranks: ", *at = strstr(out, key);
+        double instep = at ? atof(at + strlen(key)) * 1e-3 : -1;
+        adt_model_cfg pm;
+        adt_graph *g1 = NULL, *g2 = NULL;
+        adt_plan p1, p2;
+        memset(&p1, 0, sizeof p1), memset(&p2, 0, sizeof p2);
+        adt_cost_report r1, r2;
+        int prc = adt_model_cfg_parse(&pm, "{\"type\":\"mlp\",\"sizes\":[512,1024,1024,10],\"activation\":\"relu\"}",
+                                      "probe");
+        if (!prc) prc = expert(&pm, "dp", 1, 64, &g1, &p1) || expert(&pm, "dp", 2, 128, &g2, &p2);
+        if (!prc) {
+            adt_mesh sm;
+            int rk[2];
+            adt_plan_stage_mesh(&p2, 0, &sm, rk);
+            p2.cost = adt_cluster_mesh_cost(&c, &sm);
+            prc = adt_plan_cost(&p1, g1, &c, &r1) || adt_plan_cost(&p2, g2, &c, &r2);
+        }
+        CHECK(instep > 0 && prc == 0, "in-step probe %g s: %s", instep, prc ? adt_error_message() : "");
+        if (instep > 0 && !prc) {
+            double model = r2.step_s - adt_cluster_share(&c, 2) * r1.step_s, cf = c.slowdown[1].coll_factor;
+            CHECK(cf <= 0.25 ? model >= instep * 0.99 : fabs(model - instep) <= 0.01 * instep + 1e-6,
+                  "coll_factor %g: the model prices the probe %g ms over its compute, calibrate measured %g ms", cf,
+                  model * 1e3, instep * 1e3);
+        }
+        adt_plan_free(&p1), adt_plan_free(&p2);
+        adt_graph_free(g1), adt_graph_free(g2);
     }
     rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--ranks"), "exit %d: %s", rc, out);

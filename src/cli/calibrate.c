@@ -423,7 +423,7 @@ static double relay_probe(adt_comm *w) {
  * of its own model alone at 64 samples (the two in turn first); the difference per step, the
  * ranks' mean, the median over rounds. Rank 0 prints it ("instep") and the gradients' sizes ("instep_grad"): the parent
  * turns it into device.slowdown[].coll_factor once the all-reduce fit is known. */
-#define CAL_INSTEP_ROUNDS 9
+#define CAL_INSTEP_ROUNDS 21 /* of 9 the median on 4 ranks moved by 30% from one calibration to the next */
 #define CAL_INSTEP_STEPS 8
 static int instep_probe(adt_comm *w) {
     int k = adt_comm_size(w), rc = ADT_OK, ranks[64];
@@ -473,8 +473,6 @@ static int instep_probe(adt_comm *w) {
     if (!rc && n && adt_comm_rank(w) == 0) {
         qsort(r, (size_t)n, sizeof r[0], cmp_double);
         printf("instep 0 %.9g\n", r[n / 2]);
-        for (int v = 0; v < g->n_values; v++)
-            if (g->values[v].role == ADT_ROLE_PARAM) printf("instep_grad %lld 0\n", (long long)adt_value_bytes(g, v));
     }
     adt_exec_free(dp), adt_exec_free(one);
     adt_dist_local_free(&loc);
@@ -596,7 +594,7 @@ static int self_path(char *buf, size_t n) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *coll_factor,
+static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *instep_s,
                          double *relay) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -607,19 +605,13 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
     int rows = 0;
     cal_fit fit[CAL_KINDS];
     memset(fit, 0, sizeof fit);
-    double instep = -1, grads[256];
-    int n_grads = 0;
     while (fgets(line, sizeof line, p)) {
         char kind[32];
         long long s;
         double t;
         int ki = 0, got = sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3;
         if (got && !strcmp(kind, "instep")) {
-            instep = t;
-            continue;
-        }
-        if (got && !strcmp(kind, "instep_grad")) {
-            if (n_grads < 256) grads[n_grads++] = (double)s;
+            *instep_s = t;
             continue;
         }
         if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
@@ -646,21 +638,65 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
         l->coll[l->n_coll++] = f;
         fprintf(stderr, "calibrate: %-14s on %d ranks: alpha %.3g us, beta %.3g GB/s\n", adt_coll_kind_name(f.kind), k,
                 f.alpha * 1e6, 1e-9 / f.beta);
-        if (f.kind == ADT_BOXING_ALL_REDUCE && instep >= 0 && n_grads) {
-            /* the in-step probe's extra time less the one blocked wait the cost model charges
-             * (sync_s) and the small gradients' MPI all-reduces, over what the fit prices its
-             * shared-memory all-reduces at back to back */
-            double fit_shm = 0, fit_mpi = 0; /* the factor prices the shared-memory path's */
-            for (int i = 0; i < n_grads; i++)
-                *(grads[i] >= (double)ADT_COMM_SHM_MIN_BYTES ? &fit_shm : &fit_mpi) +=
-                    2.0 * (k - 1) * f.alpha + 2.0 * (k - 1) / k * grads[i] * f.beta;
-            double cf = fit_shm > 0 ? (instep - *sync - fit_mpi) / fit_shm : 0;
-            *coll_factor = cf < 0.25 ? 0.25 : cf > 50 ? 50 : cf;
-            fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.3g ms beyond compute, "
-                    "%.2fx their back-to-back time\n", k, instep * 1e3, *coll_factor);
-        }
     }
     return 0;
+}
+
+/* The seconds one step of the in-step probe's plan takes by the cost model on cluster c: CAL_PROBE
+ * at `per_rank` samples on each of k devices, data parallel; -1 where it cannot be priced. */
+static double probe_step_s(const adt_cluster *c, int k, int per_rank) {
+    if (k > 64) return -1;
+    adt_model_cfg m;
+    adt_plan p, xp;
+    memset(&p, 0, sizeof p), memset(&xp, 0, sizeof xp);
+    adt_graph *g = NULL;
+    double t = -1;
+    if (adt_model_cfg_parse(&m, CAL_PROBE, "calibration probe")) return -1;
+    p.model = m, p.batch = per_rank * k, p.microbatches = 1, p.optim = ADT_OPTIM_ADAMW;
+    adt_expert_opts xo = {.strategy = "dp", .devices = k, .batch = per_rank * k};
+    if (!adt_plan_build_graph(&p, NULL, &g) && !adt_expert_plan(g, &m, &xo, &xp)) {
+        int rk[64];
+        adt_mesh sm;
+        adt_cost_report r;
+        if (!adt_plan_stage_mesh(&xp, 0, &sm, rk)) {
+            xp.cost = adt_cluster_mesh_cost(c, &sm);
+            if (!adt_plan_cost(&xp, g, c, &r)) t = r.step_s;
+        }
+    }
+    adt_error_clear();
+    adt_plan_free(&xp);
+    adt_graph_free(g);
+    return t;
+}
+
+/* device.slowdown[].coll_factor of k ranks: the factor at which the cost model prices the in-step
+ * probe's data-parallel step `instep` seconds over the same k ranks computing alone, as measured.
+ * Fitted through the cost model itself, so that its own charges (a sync_s at each blocked wait,
+ * the small gradients' MPI all-reduces) are what the factor leaves out: a hand count of one wait
+ * left the model pricing the probe 2 ms (35%) over its measurement on 4 ranks, the model charging
+ * three. The price is linear in the factor (the shared-memory all-reduces run on the compute
+ * clock at coll_factor times their fit): two pricings find it. 0 where the probe cannot be
+ * priced. */
+static double instep_coll_factor(const adt_cluster *c, int k, double instep) {
+    adt_cluster *x = adt_malloc(sizeof *x);
+    *x = *c;
+    int e = -1;
+    for (int i = 0; i < x->n_slowdown; i++)
+        if (x->slowdown[i].ranks == k) e = i;
+    double cf = 0;
+    if (e >= 0) {
+        x->slowdown[e].coll_factor = 1;
+        double t1 = probe_step_s(x, k, 64);
+        x->slowdown[e].coll_factor = 2;
+        double t2 = probe_step_s(x, k, 64), alone = probe_step_s(x, 1, 64) * adt_cluster_share(x, k);
+        double per = t2 - t1, fixed = t1 - per - alone; /* the factor's seconds per unit, the rest */
+        if (t1 > 0 && alone > 0 && per > 0) {
+            cf = (instep - fixed) / per;
+            cf = cf < 0.25 ? 0.25 : cf > 50 ? 50 : cf;
+        }
+    }
+    free(x);
+    return cf;
 }
 
 /* ---- the command ---------------------------------------------------------------------------------- */
@@ -831,17 +867,21 @@ int cli_calibrate(int argc, char **argv) {
         /* compute with k busy ranks against one: the slowdown the cost model applies */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
         for (int k = 2; k <= o.ranks; k++) {
-            double slow = 0, sync = 0, cf = 0, relay = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &cf, &relay))) return rc;
+            double slow = 0, sync = 0, instep = -1, relay = 0;
+            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &instep, &relay))) return rc;
             if (slow > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
-                c.slowdown[c.n_slowdown].coll_factor = cf;
                 c.slowdown[c.n_slowdown].relay_factor = relay; /* 0 where the probe failed */
                 c.slowdown[c.n_slowdown++].factor = f;
+                double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
+                c.slowdown[c.n_slowdown - 1].coll_factor = cf;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
                         "inside a step %.0f us more; one rank while %d wait for it: %.2fx\n", k, f, sync * 1e6, k - 1,
                         relay);
+                if (cf > 0)
+                    fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.4g ms beyond compute, "
+                            "their shared-memory part %.2fx its back-to-back time\n", k, instep * 1e3, cf);
             }
         }
         double a, b;
