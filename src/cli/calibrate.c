@@ -15,7 +15,7 @@
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
- *             of 5 such pairs), into device.slowdown, with what a collective that follows
+ *             of 9 such pairs), into device.slowdown, with what a collective that follows
  *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
  *             step's shared-memory all-reduces cost inside it over their back-to-back time
  *             (coll_factor: the ranks' cores move the data, between their kernels; fitted through
@@ -371,7 +371,7 @@ static double sync_cost(adt_comm *w, float *x) {
  * on rank 0 while the others sleep, the median of CAL_RELAY_ROUNDS. Where ranks outnumber the
  * cores a waiting rank yields and naps (comm.c), and still takes some of them: 4 stages of an
  * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times. */
-#define CAL_RELAY_ROUNDS 9
+#define CAL_RELAY_ROUNDS 21 /* of 9 the median on 2 ranks moved in 1.03-1.44 across four calibrations in an hour */
 #define CAL_RELAY_TURNS 8
 static double relay_probe(adt_comm *w) {
     adt_graph *g;
@@ -488,7 +488,7 @@ static int instep_probe(adt_comm *w) {
  * one, the median over rounds. Paired in time: this VM's speed drifts by tens of percent over
  * minutes, and a lone probe timed before the workers started put 4 ranks at 1.95x in one quiet
  * run and 2.66x in another two hours later, where the training runs after each saw about 2. */
-#define CAL_PAIRS 5 /* of 3 the median put 2 ranks anywhere in 1.00-1.17 across a day's calibrations */
+#define CAL_PAIRS 9 /* of 3 the median put 2 ranks anywhere in 1.00-1.17 across a day's calibrations, of 5 3 ranks in 1.45-1.72 across an hour's */
 static double slowdown_probe(adt_comm *w) {
     double ratio[CAL_PAIRS];
     for (int i = 0; i < CAL_PAIRS; i++) {
