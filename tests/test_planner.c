@@ -1220,7 +1220,7 @@ static void test_cli(void) {
     CHECK(rc == 2 && contains(out, "--model"), "exit %d: %s", rc, out);
     /* two ranks (mpiexec): the slowdown of 2 busy ranks with the cost of a blocked collective
      * inside a step, and every kind's fit on 2 ranks */
-    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 -o %s 2>&1", cal);
+    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 2 -o %s 2>&1", cal);
     rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0 && contains(out, "a blocked collective inside a step") && contains(out, "data-parallel step's"),
           "calibrate --ranks 2: exit %d: %s", rc, out);
@@ -1266,6 +1266,8 @@ static void test_cli(void) {
     }
     rc = run_adtrain("calibrate --ranks 0 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--ranks"), "exit %d: %s", rc, out);
+    rc = run_adtrain("calibrate --ranks 2 --repeat 0 2>&1", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "--repeat"), "exit %d: %s", rc, out);
     const char *leaves[] = {"auto.json", "cal.json"};
     check_tmpdir_remove(leaves, 2);
 }

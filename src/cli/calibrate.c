@@ -15,7 +15,7 @@
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
- *             of 9 such pairs), into device.slowdown, with what a collective that follows
+ *             of 5 such pairs; the median of --repeat such measurements), into device.slowdown, with what a collective that follows
  *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
  *             step's shared-memory all-reduces cost inside it over their back-to-back time
  *             (coll_factor: the ranks' cores move the data, between their kernels; fitted through
@@ -45,17 +45,19 @@
 #define CAL_MAX_USER_MODELS 8
 #define CAL_COMPUTE_PROCS 5 /* --procs: see time_compute */
 #define CAL_MAX_PROCS 9
+#define CAL_REPEAT 3 /* --repeat: see cli_calibrate's rank probes */
+#define CAL_MAX_REPEAT 9
 
 typedef struct cal_opts {
     const char *out_path;
-    long ranks, threads, batch, procs;
+    long ranks, threads, batch, procs, repeat;
     int comm_worker, compute_worker, n_models;
     const char *model[CAL_MAX_USER_MODELS]; /* --model: the user's own, timed beside ours */
 } cal_opts;
 
 static void cal_usage(FILE *f) {
     fprintf(f, "usage: adtrain calibrate [-o CLUSTER.json] [--ranks N] [--threads T] [--model CFG[:B]]...\n"
-               "                         [--batch B] [--procs P]\n"
+               "                         [--batch B] [--procs P] [--repeat R]\n"
                "\n"
                "Measures this machine and writes a cluster file for adtrain plan --strategy auto:\n"
                "FLOP/s per op class and a factor per op kind with the real kernels, memory bandwidth,\n"
@@ -70,6 +72,9 @@ static void cal_usage(FILE *f) {
                "  --batch B     the --model's default global batch (default 32)\n"
                "  --procs P     processes that time the kernels, one after another; each node's median\n"
                "                time is kept (default 5, at most 9: one process runs up to 25%% off)\n"
+               "  --repeat R    with --ranks: measure every rank count R times, in turn, and keep the\n"
+               "                median of each probe and one fit over every collective timed (default 3,\n"
+               "                at most 9: one measurement's probes move by tens of percent)\n"
                "exit status: 0 done, 1 a measurement or the file failed, 2 bad flag\n");
 }
 
@@ -79,6 +84,7 @@ static int cal_apply(void *opts, const char *f, const char *v) {
     else if (!strcmp(f, "--ranks")) return cli_parse_long("calibrate", f, v, 1, 64, &o->ranks);
     else if (!strcmp(f, "--batch")) return cli_parse_long("calibrate", f, v, 1, 1 << 20, &o->batch);
     else if (!strcmp(f, "--procs")) return cli_parse_long("calibrate", f, v, 1, CAL_MAX_PROCS, &o->procs);
+    else if (!strcmp(f, "--repeat")) return cli_parse_long("calibrate", f, v, 1, CAL_MAX_REPEAT, &o->repeat);
     else if (!strcmp(f, "--model")) {
         if (o->n_models >= CAL_MAX_USER_MODELS)
             return cal_fail(2, "--model: at most %d models, got another ('%s')", CAL_MAX_USER_MODELS, v);
@@ -488,7 +494,7 @@ static int instep_probe(adt_comm *w) {
  * one, the median over rounds. Paired in time: this VM's speed drifts by tens of percent over
  * minutes, and a lone probe timed before the workers started put 4 ranks at 1.95x in one quiet
  * run and 2.66x in another two hours later, where the training runs after each saw about 2. */
-#define CAL_PAIRS 9 /* of 3 the median put 2 ranks anywhere in 1.00-1.17 across a day's calibrations, of 5 3 ranks in 1.45-1.72 across an hour's */
+#define CAL_PAIRS 5 /* of 3 the median put 2 ranks anywhere in 1.00-1.17 across a day's calibrations */
 static double slowdown_probe(adt_comm *w) {
     double ratio[CAL_PAIRS];
     for (int i = 0; i < CAL_PAIRS; i++) {
@@ -594,7 +600,9 @@ static int self_path(char *buf, size_t n) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, double *sync, double *instep_s,
+/* One measurement on k ranks: the probes' results into *slowdown, *sync, *instep_s and *relay, and
+ * every collective's timings into fit[] (per kind) and, the all-reduces, into pooled. */
+static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync, double *instep_s,
                          double *relay) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
@@ -603,8 +611,6 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
     if (!p) return cal_fail(1, "--ranks: cannot start '%s'", cmd);
     char line[256];
     int rows = 0;
-    cal_fit fit[CAL_KINDS];
-    memset(fit, 0, sizeof fit);
     while (fgets(line, sizeof line, p)) {
         char kind[32];
         long long s;
@@ -632,6 +638,11 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
     int st = pclose(p);
     if (st || rows != CAL_SIZES * CAL_KINDS)
         return cal_fail(1, "--ranks: '%s' gave %d of %d timings (status %d)", cmd, rows, CAL_SIZES * CAL_KINDS, st);
+    return 0;
+}
+
+/* Each kind's fit on k ranks from its timings (fit[]) into the link's collectives. */
+static void add_fits(int k, const cal_fit *fit, adt_link *l) {
     for (int ki = 0; ki < CAL_KINDS; ki++) {
         adt_coll_fit f = {.kind = cal_kind[ki], .ranks = k};
         if (!fit_solve(&fit[ki], &f.alpha, &f.beta) || l->n_coll >= ADT_LINK_MAX_COLL) continue;
@@ -639,7 +650,11 @@ static int measure_ranks(int k, cal_fit *pooled, adt_link *l, double *slowdown, 
         fprintf(stderr, "calibrate: %-14s on %d ranks: alpha %.3g us, beta %.3g GB/s\n", adt_coll_kind_name(f.kind), k,
                 f.alpha * 1e6, 1e-9 / f.beta);
     }
-    return 0;
+}
+
+static double median_of(double *x, int n) {
+    qsort(x, (size_t)n, sizeof x[0], cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 /* The seconds one step of the in-step probe's plan takes by the cost model on cluster c: CAL_PROBE
@@ -781,7 +796,7 @@ static int time_compute(int procs, int argc, char **argv, cal_compute *acc) {
 }
 
 int cli_calibrate(int argc, char **argv) {
-    cal_opts o = {.ranks = 1, .threads = 1, .batch = 32, .procs = CAL_COMPUTE_PROCS};
+    cal_opts o = {.ranks = 1, .threads = 1, .batch = 32, .procs = CAL_COMPUTE_PROCS, .repeat = CAL_REPEAT};
     static const char *const switches[] = {"--comm-worker", "--compute-worker", NULL};
     int rc = cli_parse_flags_switches("calibrate", argc, argv, cal_usage, cal_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
@@ -866,9 +881,32 @@ int cli_calibrate(int argc, char **argv) {
         memset(&pooled, 0, sizeof pooled);
         /* compute with k busy ranks against one: the slowdown the cost model applies */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
-        for (int k = 2; k <= o.ranks; k++) {
-            double slow = 0, sync = 0, instep = -1, relay = 0;
-            if ((rc = measure_ranks(k, &pooled, &c.link[0], &slow, &sync, &instep, &relay))) return rc;
+        /* R measurements of every rank count, the counts in turn (2, 3, .., N, 2, 3, ..): this
+         * VM's speed drifts over minutes, and one measurement's probes move with it (within an
+         * hour: the relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median
+         * of each probe, and one fit of each collective over all its timings */
+        int nk = (int)o.ranks - 1, R = (int)o.repeat;
+        double *probe = adt_calloc((size_t)nk * R * 4, sizeof *probe); /* [k][r][slow, sync, instep, relay] */
+        cal_fit *fits = adt_calloc((size_t)nk * CAL_KINDS, sizeof *fits);
+        for (int r = 0; r < R && !rc; r++)
+            for (int k = 2; k <= o.ranks && !rc; k++) {
+                double *q = probe + ((size_t)(k - 2) * R + r) * 4;
+                q[2] = -1;
+                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3]);
+            }
+        for (int k = 2; k <= o.ranks && !rc; k++) {
+            add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);
+            double m[4], col[CAL_MAX_REPEAT];
+            for (int j = 0; j < 4; j++) {
+                int n = 0;
+                for (int r = 0; r < R; r++) {
+                    double v = probe[((size_t)(k - 2) * R + r) * 4 + j];
+                    /* a failed slowdown or relay probe gives 0, a missing in-step one -1 */
+                    if (j == 0 || j == 3 ? v > 0 : v >= 0) col[n++] = v;
+                }
+                m[j] = n ? median_of(col, n) : j == 2 ? -1 : 0;
+            }
+            double slow = m[0], sync = m[1], instep = m[2], relay = m[3];
             if (slow > 0 && c.n_slowdown < ADT_CLUSTER_MAX_SLOWDOWN) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
@@ -877,13 +915,15 @@ int cli_calibrate(int argc, char **argv) {
                 double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
                 c.slowdown[c.n_slowdown - 1].coll_factor = cf;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
-                        "inside a step %.0f us more; one rank while %d wait for it: %.2fx\n", k, f, sync * 1e6, k - 1,
-                        relay);
+                        "inside a step %.0f us more; one rank while %d wait for it: %.2fx (medians of %d)\n", k, f,
+                        sync * 1e6, k - 1, relay, R);
                 if (cf > 0)
                     fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.4g ms beyond compute, "
                             "their shared-memory part %.2fx its back-to-back time\n", k, instep * 1e3, cf);
             }
         }
+        free(probe), free(fits);
+        if (rc) return rc;
         double a, b;
         if (!fit_solve(&pooled, &a, &b)) return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
         c.link[0].latency = a, c.link[0].bandwidth = 1.0 / b;
