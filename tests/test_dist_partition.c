@@ -62,6 +62,52 @@ static void test_random_plans(void) {
         CHECK(rs.kinds[k] > 0, "no plan ran a %s step", adt_boxing_kind_name(k));
 }
 
+/* adt_dist_local.uneven (the planner partitions one coordinate when it is 0): 0 exactly where every
+ * coordinate's local graph has the first one's value shapes, over random plans on meshes whose
+ * axes of 3 split some tensors unevenly. */
+static void test_uneven_flag(void) {
+    static const int meshes[][4] = {{1, 2}, {1, 3}, {2, 2, 3}};
+    int n_even = 0, n_uneven = 0;
+    void (*builders[])(model *) = {build_mlp, build_gpt};
+    for (int b = 0; b < 2; b++) {
+        model md;
+        builders[b](&md);
+        for (size_t mi = 0; mi < sizeof meshes / sizeof meshes[0]; mi++) {
+            adt_mesh m;
+            adt_mesh_init(&m, meshes[mi][0], &meshes[mi][1]);
+            for (int p = 0; p <= 12; p++) {
+                adt_nd_sig *sig = random_plan(md.g, &m, p); /* 0: all-B, even */
+                adt_dist_plan plan = {.mesh = m, .node_sig = sig, .cost = {{1e-6, 1e-6}, {1e-9, 1e-9}, 0}};
+                adt_dist_local first;
+                int coord[ADT_MAX_MESH_DIMS] = {0}, differs = 0;
+                int rc = adt_dist_partition(md.g, &plan, coord, &first);
+                CHECK(rc == ADT_OK, "%s plan %d: %s", md.name, p, adt_error_message());
+                if (rc) {
+                    free(sig);
+                    continue;
+                }
+                for (int r = 1; r < m.nranks && !differs; r++) {
+                    adt_dist_local loc;
+                    adt_mesh_coord(&m, r, coord);
+                    if (adt_dist_partition(md.g, &plan, coord, &loc)) break;
+                    differs = loc.g->n_values != first.g->n_values;
+                    for (int v = 0; v < loc.g->n_values && !differs; v++)
+                        differs = !adt_shape_equal(&loc.g->values[v].shape, &first.g->values[v].shape);
+                    adt_dist_local_free(&loc);
+                }
+                CHECK(first.uneven == differs, "%s plan %d on %d ranks: uneven %d, local shapes differ %d", md.name, p,
+                      m.nranks, first.uneven, differs);
+                differs ? n_uneven++ : n_even++;
+                adt_dist_local_free(&first);
+                free(sig);
+            }
+        }
+        adt_graph_free(md.g);
+    }
+    printf("uneven flag: %d plans even, %d uneven, each matching its local graphs\n", n_even, n_uneven);
+    CHECK(n_even > 0 && n_uneven > 0, "the plans cover both cases (%d even, %d uneven)", n_even, n_uneven);
+}
+
 /* Plans that cannot work are refused with a message naming the value and the layouts. */
 static void test_plan_errors(void) {
     model md;
@@ -128,6 +174,7 @@ int main(void) {
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)g_seed);
     RUN(test_random_plans);
+    RUN(test_uneven_flag);
     RUN(test_plan_errors);
     return check_finish();
 }

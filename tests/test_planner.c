@@ -874,6 +874,7 @@ static void test_search_optimality(void) {
     /* models: 4 graphs x meshes x random link prices */
     static const int meshes[][3] = {{1, 2}, {1, 3}, {1, 4}, {2, 2, 2}};
     adt_cluster c = small_cluster(2, 2);
+    adt_sig_pool pool = {0};
     for (int which = 0; which < 4; which++) {
         adt_graph *g = small_forward(which);
         if (!g) continue;
@@ -884,16 +885,36 @@ static void test_search_optimality(void) {
                 adt_comm_cost k = {.local = 1e-9};
                 for (int a = 0; a < m.ndim; a++) k.alpha[a] = 1e-6 * (1 + 30 * urand()), k.beta[a] = 1e-10 * (1 + 100 * urand());
                 c.efficiency = 0.05 + 0.9 * urand();
-                adt_sbp_space sp;
-                int rc = adt_sbp_space_build(&sp, g, &m, &k, &c, urand() < 0.3 ? 1e-9 * urand() : 0);
+                adt_sbp_space sp, sq;
+                double lambda = urand() < 0.3 ? 1e-9 * urand() : 0;
+                int rc = adt_sbp_space_build(&sp, g, &m, &k, &c, lambda, NULL);
                 CHECK(rc == ADT_OK, "space: %s", adt_error_message());
                 if (rc) continue;
+                /* the same space from a pool's shared signatures, its penalty set afterwards */
+                if (!adt_sbp_space_build(&sq, g, &m, &k, &c, 0, adt_sig_pool_get(&pool, g, &m))) {
+                    adt_sbp_space_set_penalty(&sq, lambda);
+                    int same = sq.prob.n_vars == sp.prob.n_vars && sq.prob.n_edges == sp.prob.n_edges;
+                    for (int v = 0; same && v < sp.prob.n_vars; v++) {
+                        same = sq.prob.k[v] == sp.prob.k[v];
+                        for (int q = 0; same && q < sp.prob.k[v]; q++)
+                            same = fabs(sq.prob.unary[v][q] - sp.prob.unary[v][q]) <= 1e-12 * fabs(sp.prob.unary[v][q]);
+                    }
+                    for (int e = 0; same && e < sp.prob.n_edges; e++)
+                        same = !memcmp(sq.prob.pair[e], sp.prob.pair[e],
+                                       (size_t)sp.prob.k[sp.prob.ea[e]] * sp.prob.k[sp.prob.eb[e]] * sizeof(double));
+                    CHECK(same, "model %d mesh %d #%d: pooled signatures and a penalty set later change the space", which,
+                          mi, t);
+                    adt_sbp_space_free(&sq);
+                } else {
+                    CHECK(0, "pooled space: %s", adt_error_message());
+                }
                 char what[64];
                 snprintf(what, sizeof what, "model %d mesh %d #%d (%d vars)", which, mi, t, sp.prob.n_vars);
                 compare(&sp.prob, 0, &all, what);
                 adt_sbp_space_free(&sp);
             }
         adt_graph_free(g);
+        adt_sig_pool_free(&pool); /* its caches point into g */
     }
     all.sum += chains.sum, all.n += chains.n, all.cd_sum += chains.cd_sum;
     if (chains.worst > all.worst) all.worst = chains.worst;

@@ -71,6 +71,8 @@ int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out);
 void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add);
 /* Whether every split axis exists in a tensor of rank `rank` and every block is non-empty. */
 int adt_ndsbp_fits(const adt_ndsbp *s, const adt_mesh *m, adt_shape global);
+/* Whether every coordinate's block has the same shape (every split divides its axis exactly). */
+int adt_ndsbp_even(const adt_ndsbp *s, const adt_mesh *m, adt_shape global);
 
 /* ---- n-D signatures ------------------------------------------------------------------------ */
 
@@ -109,12 +111,22 @@ typedef struct adt_sig_cache {
     int *n_ok;         /* signatures adt_sig_cache_valid accepted, per structure */
     adt_nd_sig **ok;
     size_t cap, n;
+    int check_only;    /* adt_sig_cache_valid checks as adt_nd_sig_check (no 1-D membership) */
 } adt_sig_cache;
 const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int node, int *n);
 /* adt_nd_sig_valid(g, node, s, m), remembered per node structure: a signature accepted once for a
  * structure is accepted for every node of it without a new check. */
 int adt_sig_cache_valid(adt_sig_cache *sc, int node, const adt_nd_sig *s);
 void adt_sig_cache_free(adt_sig_cache *sc);
+/* Signature caches by (graph, mesh shape), so that everything planned on one graph and one stage
+ * mesh shape (expert plans, the greedy start, the search space) enumerates a structure's
+ * signatures once. A zeroed pool is empty; caches live until adt_sig_pool_free. */
+typedef struct adt_sig_pool {
+    struct adt_sig_pool_entry **e;
+    int n, cap;
+} adt_sig_pool;
+adt_sig_cache *adt_sig_pool_get(adt_sig_pool *p, const adt_graph *g, const adt_mesh *m);
+void adt_sig_pool_free(adt_sig_pool *p);
 /* "(S(0),B) (B,B) -> (S(0),B)": inputs, then outputs. */
 char *adt_nd_sig_str(const adt_nd_sig *s, int n_in, int n_out, char *buf, size_t n);
 
@@ -230,6 +242,7 @@ typedef struct adt_boxing_cache {
     adt_boxing_cached *val;
     char *used;
     size_t cap, n;
+    struct adt_boxing_prog_table *progs; /* whole programs (adt_boxing_cache_plan), made when asked */
 } adt_boxing_cache;
 
 /* The time of the cheapest program converting value v from `from` to `to` (adt_boxing_plan's),
@@ -237,6 +250,10 @@ typedef struct adt_boxing_cache {
  * cached entry (its steps' times by kind), valid until the next call. */
 double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
                              const adt_boxing_cached **kinds);
+/* adt_boxing_plan(m, v's shape and dtype, from, to, cost, out), found programs kept by the same
+ * key: a partitioned graph boxes the same conversion once per repeated layer. */
+int adt_boxing_cache_plan(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
+                          adt_boxing_prog *out);
 void adt_boxing_cache_free(adt_boxing_cache *c);
 /* One Dijkstra from `from` to every state of the tensor through states whose blocks are all
  * non-empty: to[i] the state, out[i] what adt_boxing_plan(from, to[i]) gives when reached that way
@@ -310,6 +327,8 @@ typedef struct adt_dist_local {
     adt_ndsbp *layout;  /* [global n_values]: that layout                                    */
     int n_boxing;       /* boxing nodes (one per step) in g                                  */
     double boxing_time; /* the predicted time of those steps, summed                         */
+    int uneven;         /* some layout or boxing step splits an axis unevenly: the local
+                           graphs of other coordinates differ in shape from this one         */
 } adt_dist_local;
 
 /* Builds rank `coord`'s local graph: every global node localised under its signature, and on
@@ -354,6 +373,7 @@ typedef struct adt_greedy_opts {
     adt_sig_filter allow; /* NULL: every usable signature. When no signature of a node passes,
                              the node takes the cheapest usable one regardless */
     void *ctx;
+    adt_sig_cache *sigs;  /* usable signatures of g on m to share; NULL: enumerated for this call */
 } adt_greedy_opts;
 
 /* leaf_sbp [g->n_values]: the layout of each leaf; entries with ndim 0 are open and are set to
@@ -465,6 +485,7 @@ typedef struct adt_expert_opts {
     int microbatches; /* 0 or 1: none */
     adt_comm_cost cost; /* all zero: adt_comm_cost_default() */
     double flop_rate;   /* 0: 1e11 FLOP/s */
+    adt_sig_pool *sigs; /* signatures to share with other plans of the same graph; NULL: none */
 } adt_expert_opts;
 
 /* Link prices for planning without a calibrated cluster: 10 us and 10 GB/s per mesh axis, the

@@ -279,10 +279,14 @@ typedef struct adt_sbp_space {
     int *rep;             /* [n_vars] representative node */
     adt_nd_sig **sigs;    /* [n_vars][k] */
     double **mem;         /* [n_vars][k] bytes per device the choice keeps (all members) */
+    double lambda;        /* the memory penalty in unary: seconds per byte kept             */
 } adt_sbp_space;
 
+/* sigs: the usable signatures of g on m to share (NULL: enumerated for this build alone). */
 int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m, const adt_comm_cost *cost,
-                        const adt_cluster *c, double lambda);
+                        const adt_cluster *c, double lambda, adt_sig_cache *sigs);
+/* Sets the memory penalty: unary costs become compute and local steps + lambda x bytes kept. */
+void adt_sbp_space_set_penalty(adt_sbp_space *s, double lambda);
 void adt_sbp_space_free(adt_sbp_space *s);
 /* The choice of every variable matching a plan's node signatures (-1 where none matches). */
 void adt_sbp_space_choice(const adt_sbp_space *s, const adt_graph *g, const adt_nd_sig *node_sig, int *x);

@@ -88,6 +88,13 @@ char *adt_strdup_check(const char *s, const char *file, int line) {
     return p;
 }
 
+size_t adt_str_copy(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src), k = n < cap ? n : cap - 1;
+    memcpy(dst, src, k);
+    dst[k] = 0;
+    return n;
+}
+
 void *adt_alloc_aligned(size_t n) {
     size_t sz = (n + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, sz ? sz : 64);

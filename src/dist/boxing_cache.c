@@ -2,7 +2,7 @@
  * boxing_cache.c - boxing-program times cached by (shape, dtype, from, to) on one mesh with one
  * set of link prices: an open-addressing hash table over adt_boxing_plan's results. The greedy
  * and the planner price the same conversions many times over (repeated layers, every pair of
- * candidate signatures).
+ * candidate signatures). Whole programs are kept too, in a second table, for the partitioner.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,20 +22,33 @@ static size_t key_hash(const adt_boxing_key *k) {
     return (size_t)adt_rng_mix64(h);
 }
 
-static void grow(adt_boxing_cache *c) {
-    adt_boxing_cache old = *c;
-    c->cap = c->cap ? 2 * c->cap : 1024;
-    c->key = adt_malloc(c->cap * sizeof *c->key);
-    c->val = adt_malloc(c->cap * sizeof *c->val);
-    c->used = adt_calloc(c->cap, 1);
-    c->n = 0;
-    for (size_t i = 0; i < old.cap; i++) {
-        if (!old.used[i]) continue;
-        size_t j = key_hash(&old.key[i]) & (c->cap - 1);
-        while (c->used[j]) j = (j + 1) & (c->cap - 1);
-        c->used[j] = 1, c->key[j] = old.key[i], c->val[j] = old.val[i], c->n++;
+/* One open-addressing table of keys and values of vsize bytes (the cached times, or whole
+ * programs): the slot of key k, its entry or the empty slot where it goes (*found 0), grown (all
+ * entries rehashed) to keep it at most half full. */
+static size_t table_slot(adt_boxing_key **key, void **val, size_t vsize, char **used, size_t *cap, size_t *n,
+                         size_t first_cap, const adt_boxing_key *k, int *found) {
+    if (2 * (*n + 1) > *cap) {
+        adt_boxing_key *ok = *key;
+        char *ov = *val, *ou = *used;
+        size_t oc = *cap;
+        *cap = oc ? 2 * oc : first_cap;
+        *key = adt_malloc(*cap * sizeof **key);
+        *val = adt_malloc(*cap * vsize);
+        *used = adt_calloc(*cap, 1);
+        for (size_t i = 0; i < oc; i++) {
+            if (!ou[i]) continue;
+            size_t j = key_hash(&ok[i]) & (*cap - 1);
+            while ((*used)[j]) j = (j + 1) & (*cap - 1);
+            (*used)[j] = 1, (*key)[j] = ok[i], memcpy((char *)*val + j * vsize, ov + i * vsize, vsize);
+        }
+        free(ok), free(ov), free(ou);
     }
-    free(old.key), free(old.val), free(old.used);
+    size_t j = key_hash(k) & (*cap - 1);
+    while ((*used)[j]) {
+        if (!memcmp(&(*key)[j], k, sizeof *k)) return *found = 1, j;
+        j = (j + 1) & (*cap - 1);
+    }
+    return *found = 0, j;
 }
 
 static adt_boxing_key make_key(const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to) {
@@ -48,15 +61,11 @@ static adt_boxing_key make_key(const adt_value *v, const adt_ndsbp *from, const 
     return k;
 }
 
-/* The slot of key k: its entry, or the empty slot where it goes (*found 0). */
 static size_t find(adt_boxing_cache *c, const adt_boxing_key *k, int *found) {
-    if (2 * (c->n + 1) > c->cap) grow(c);
-    size_t j = key_hash(k) & (c->cap - 1);
-    while (c->used[j]) {
-        if (!memcmp(&c->key[j], k, sizeof *k)) return *found = 1, j;
-        j = (j + 1) & (c->cap - 1);
-    }
-    return *found = 0, j;
+    void *val = c->val;
+    size_t j = table_slot(&c->key, &val, sizeof *c->val, &c->used, &c->cap, &c->n, 1024, k, found);
+    c->val = val;
+    return j;
 }
 
 double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
@@ -98,7 +107,37 @@ double adt_boxing_cache_time(adt_boxing_cache *c, const adt_value *v, const adt_
     return c->val[j].time;
 }
 
+/* ---- whole programs ---------------------------------------------------------------------------- */
+
+struct adt_boxing_prog_table {
+    adt_boxing_key *key;
+    adt_boxing_prog *prog;
+    char *used;
+    size_t cap, n;
+};
+
+static size_t prog_slot(struct adt_boxing_prog_table *t, const adt_boxing_key *k, int *found) {
+    void *val = t->prog;
+    size_t j = table_slot(&t->key, &val, sizeof *t->prog, &t->used, &t->cap, &t->n, 256, k, found);
+    t->prog = val;
+    return j;
+}
+
+int adt_boxing_cache_plan(adt_boxing_cache *c, const adt_value *v, const adt_ndsbp *from, const adt_ndsbp *to,
+                          adt_boxing_prog *out) {
+    if (!c->progs) c->progs = adt_calloc(1, sizeof *c->progs);
+    adt_boxing_key k = make_key(v, from, to);
+    int found;
+    size_t j = prog_slot(c->progs, &k, &found);
+    if (found) return *out = c->progs->prog[j], ADT_OK;
+    int rc = adt_boxing_plan(c->m, v->shape, v->dtype, from, to, c->cost, out);
+    if (rc) return rc; /* not kept: the next call makes the same error message */
+    c->progs->used[j] = 1, c->progs->key[j] = k, c->progs->prog[j] = *out, c->progs->n++;
+    return ADT_OK;
+}
+
 void adt_boxing_cache_free(adt_boxing_cache *c) {
     free(c->key), free(c->val), free(c->used);
+    if (c->progs) free(c->progs->key), free(c->progs->prog), free(c->progs->used), free(c->progs);
     memset(c, 0, sizeof *c);
 }

@@ -461,7 +461,7 @@ int adt_expert_plan(const adt_graph *g, const adt_model_cfg *c, const adt_expert
     policy pl = {.g = g, .ax = ax, .nchw = c->type == ADT_MODEL_VGG};
     classify(&pl);
     adt_greedy_opts go = {.cost = p->cost, .flop_rate = o->flop_rate > 0 ? o->flop_rate : 1e11, .allow = policy_allow,
-                          .ctx = &pl};
+                          .ctx = &pl, .sigs = o->sigs ? adt_sig_pool_get(o->sigs, g, &sm) : NULL};
     rc = adt_dist_greedy(g, &sm, &go, p->leaf_sbp, p->node_sig);
     free(pl.weight);
     free(pl.wgrad);

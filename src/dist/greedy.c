@@ -28,7 +28,8 @@ typedef struct greedy {
     adt_ndsbp *layout; /* [n_values]: produced or held; ndim 0 for an open leaf */
     boxed_list *boxed; /* [n_values] */
     adt_boxing_cache bc;
-    adt_sig_cache sc;  /* usable signatures per node structure (repeated layers share them) */
+    adt_sig_cache sc;  /* usable signatures per node structure (repeated layers share them), where
+                          the caller gives none */
 } greedy;
 
 static adt_ndsbp no_partial(adt_ndsbp s) {
@@ -82,18 +83,37 @@ static int split_outputs(const adt_node *n, const adt_nd_sig *s) {
     return c;
 }
 
+/* Read costs of one node's inputs by the layout asked for: a node's candidates ask for few
+ * distinct layouts of each input, and a boxing-cache lookup costs a hundred times a compare. */
+#define READ_MEMO 32
+typedef struct read_memo {
+    adt_ndsbp want[ADT_MAX_INPUTS][READ_MEMO];
+    double cost[ADT_MAX_INPUTS][READ_MEMO];
+    int n[ADT_MAX_INPUTS];
+} read_memo;
+
+static double read_cost_memo(greedy *gr, read_memo *rm, int j, int v, const adt_ndsbp *want) {
+    for (int q = 0; q < rm->n[j]; q++)
+        if (adt_ndsbp_equal(&rm->want[j][q], want)) return rm->cost[j][q];
+    double r = read_cost(gr, v, want);
+    if (rm->n[j] < READ_MEMO) rm->want[j][rm->n[j]] = *want, rm->cost[j][rm->n[j]++] = r;
+    return r;
+}
+
 /* The best of cands[0..n) for node i (with the filter when `filtered`), or -1. */
 static int pick(greedy *gr, int i, const adt_nd_sig *cands, int n_cands, int filtered) {
     const adt_node *n = &gr->g->nodes[i];
     int best = -1, best_split = 0;
     double best_cost = 0;
+    read_memo rm;
+    memset(rm.n, 0, sizeof rm.n);
     for (int c = 0; c < n_cands; c++) {
         const adt_nd_sig *s = &cands[c];
         if (!reads_held_state(gr, n, s)) continue;
         if (filtered && gr->o->allow && !gr->o->allow(gr->o->ctx, gr->g, i, s, gr->layout)) continue;
         double cost = compute_cost(gr, n, s);
         for (int j = 0; j < n->n_in && cost >= 0; j++) {
-            double r = read_cost(gr, n->in[j], &s->in[j]);
+            double r = read_cost_memo(gr, &rm, j, n->in[j], &s->in[j]);
             cost = r < 0 ? -1 : cost + r;
         }
         if (cost < 0) continue;
@@ -128,6 +148,7 @@ int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts
                     adt_nd_sig *node_sig) {
     if (g->status) return adt_error(g->status, "greedy plan: the graph has an error: %s", g->err);
     greedy gr = {.g = g, .m = m, .o = o, .bc = {.m = m, .cost = &o->cost}, .sc = {.g = g, .m = m}};
+    adt_sig_cache *sc = o->sigs ? o->sigs : &gr.sc;
     gr.layout = adt_calloc((size_t)g->n_values + 1, sizeof *gr.layout);
     gr.boxed = adt_calloc((size_t)g->n_values + 1, sizeof *gr.boxed);
     int rc = ADT_OK;
@@ -143,7 +164,7 @@ int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts
     }
     for (int i = 0; i < g->n_nodes && !rc; i++) {
         int n_cands;
-        const adt_nd_sig *cands = adt_sig_cache_get(&gr.sc, i, &n_cands);
+        const adt_nd_sig *cands = adt_sig_cache_get(sc, i, &n_cands);
         int best = pick(&gr, i, cands, n_cands, 1);
         if (best < 0) best = pick(&gr, i, cands, n_cands, 0);
         if (best < 0) {

@@ -256,7 +256,9 @@ int adt_nd_sig_check(const adt_graph *g, int node, const adt_nd_sig *s, const ad
     return rc;
 }
 
-int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max) {
+/* The usable signatures of node on m: written to out (up to max) when grow is NULL, else
+ * appended to *grow (realloc'd; *grow NULL at first); returns how many are usable. */
+static int node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max, adt_nd_sig **grow) {
     const adt_node *n = &g->nodes[node];
     adt_sbp_sig sigs1d[MAX_SIGS_1D];
     int n1d = adt_node_sbp_signatures(g, n, sigs1d, MAX_SIGS_1D);
@@ -269,12 +271,21 @@ int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig
         adt_nd_sig_choice(idx, n1d, m->ndim, choice);
         adt_nd_sig_product(sigs1d, choice, m->ndim, n->n_in, n->n_out, &s);
         if (sig_check(g, node, &s, m, sg)) continue;
-        if (usable < max) out[usable] = s;
+        if (grow) {
+            if (!(usable & (usable - 1))) *grow = adt_realloc(*grow, (size_t)(usable ? 2 * usable : 1) * sizeof **grow);
+            (*grow)[usable] = s;
+        } else if (usable < max) {
+            out[usable] = s;
+        }
         usable++;
     }
     adt_graph_free(sg);
     adt_error_clear();
     return usable;
+}
+
+int adt_node_nd_sigs(const adt_graph *g, int node, const adt_mesh *m, adt_nd_sig *out, int max) {
+    return node_nd_sigs(g, node, m, out, max, NULL);
 }
 
 /* ---- usable signatures shared by nodes of equal structure ------------------------------------------
@@ -338,10 +349,9 @@ static size_t class_slot(adt_sig_cache *sc, int i) {
 const adt_nd_sig *adt_sig_cache_get(adt_sig_cache *sc, int i, int *n_out) {
     size_t j = class_slot(sc, i);
     if (sc->count[j] < 0) {
-        int cnt = adt_node_nd_sigs(sc->g, i, sc->m, NULL, 0);
-        sc->sigs[j] = adt_malloc((size_t)(cnt ? cnt : 1) * sizeof **sc->sigs);
-        adt_node_nd_sigs(sc->g, i, sc->m, sc->sigs[j], cnt);
-        sc->count[j] = cnt;
+        sc->sigs[j] = NULL; /* one pass: the check is most of the cost */
+        sc->count[j] = node_nd_sigs(sc->g, i, sc->m, NULL, 0, &sc->sigs[j]);
+        if (!sc->sigs[j]) sc->sigs[j] = adt_malloc(sizeof **sc->sigs); /* callers get a list even when empty */
     }
     *n_out = sc->count[j];
     return sc->sigs[j];
@@ -361,7 +371,7 @@ int adt_sig_cache_valid(adt_sig_cache *sc, int node, const adt_nd_sig *s) {
     const adt_node *n = &sc->g->nodes[node];
     for (int k = 0; k < sc->n_ok[j]; k++)
         if (nd_sig_same(n, &sc->ok[j][k], s)) return ADT_OK;
-    int rc = adt_nd_sig_valid(sc->g, node, s, sc->m);
+    int rc = sc->check_only ? adt_nd_sig_check(sc->g, node, s, sc->m) : adt_nd_sig_valid(sc->g, node, s, sc->m);
     if (rc) return rc;
     if (!(sc->n_ok[j] & (sc->n_ok[j] - 1))) /* grow at powers of two */
         sc->ok[j] = adt_realloc(sc->ok[j], (size_t)(sc->n_ok[j] ? 2 * sc->n_ok[j] : 1) * sizeof **sc->ok);
@@ -374,6 +384,35 @@ void adt_sig_cache_free(adt_sig_cache *sc) {
         if (sc->hash[k]) free(sc->sigs[k]), free(sc->ok[k]);
     free(sc->hash), free(sc->rep), free(sc->count), free(sc->sigs), free(sc->n_ok), free(sc->ok);
     memset(sc, 0, sizeof *sc);
+}
+
+struct adt_sig_pool_entry {
+    const adt_graph *g;
+    adt_mesh m; /* the shape alone (no ranks): signatures do not depend on placement */
+    adt_sig_cache sc;
+};
+
+adt_sig_cache *adt_sig_pool_get(adt_sig_pool *p, const adt_graph *g, const adt_mesh *m) {
+    for (int i = 0; i < p->n; i++) {
+        struct adt_sig_pool_entry *e = p->e[i];
+        int same = e->g == g && e->m.ndim == m->ndim;
+        for (int a = 0; same && a < m->ndim; a++) same = e->m.dim[a] == m->dim[a];
+        if (same) return &e->sc;
+    }
+    if (p->n == p->cap) p->cap = p->cap ? 2 * p->cap : 8, p->e = adt_realloc(p->e, (size_t)p->cap * sizeof *p->e);
+    struct adt_sig_pool_entry *e = adt_calloc(1, sizeof *e);
+    e->g = g;
+    e->m = *m;
+    e->m.ranks = NULL;
+    e->sc.g = g, e->sc.m = &e->m;
+    p->e[p->n++] = e;
+    return &e->sc;
+}
+
+void adt_sig_pool_free(adt_sig_pool *p) {
+    for (int i = 0; i < p->n; i++) adt_sig_cache_free(&p->e[i]->sc), free(p->e[i]);
+    free(p->e);
+    memset(p, 0, sizeof *p);
 }
 
 /* ---- signatures as text; registered signatures ------------------------------------------------ */
@@ -496,7 +535,7 @@ int adt_dist_add_local_node(adt_graph *lg, const adt_graph *g, const adt_local_n
     int id = adt_graph_add_node(lg, gn->op, in, gn->n_in, &ln->a);
     if (id < 0) return -1;
     adt_node *n = &lg->nodes[id];
-    snprintf(n->name, sizeof n->name, "%s", gn->name);
+    adt_str_copy(n->name, sizeof n->name, gn->name);
     n->layer_tag = gn->layer_tag;
     n->stage = gn->stage;
     n->is_backward = gn->is_backward;
@@ -511,7 +550,7 @@ int adt_dist_add_local_node(adt_graph *lg, const adt_graph *g, const adt_local_n
                                   gn->name, k, adt_shape_str(&lv->shape, got, sizeof got),
                                   adt_shape_str(&ln->out[k].shape, want, sizeof want));
         }
-        snprintf(lv->name, sizeof lv->name, "%s", gv->name);
+        adt_str_copy(lv->name, sizeof lv->name, gv->name);
         lv->role = gv->role;
         lv->layer_tag = gv->layer_tag;
         lv->global_shape = ln->out[k].global;

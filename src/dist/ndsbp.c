@@ -173,6 +173,14 @@ int adt_ndsbp_fits(const adt_ndsbp *s, const adt_mesh *m, adt_shape global) {
     return 1;
 }
 
+int adt_ndsbp_even(const adt_ndsbp *s, const adt_mesh *m, adt_shape global) {
+    adt_shape lo, hi; /* nested floors equal nested ceilings only where every division is exact */
+    adt_ndsbp_block_bounds(s, m, global, &lo, &hi);
+    for (int k = 0; k < global.ndim; k++)
+        if (lo.dim[k] != hi.dim[k]) return 0;
+    return 1;
+}
+
 /* "(S0, B)", "S(0),B", "(P)": optional parentheses around comma-separated SBPs, blanks
  * anywhere between tokens. */
 int adt_ndsbp_parse(const char *text, int mesh_ndim, int tensor_rank, adt_ndsbp *out) {

@@ -54,6 +54,16 @@ int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh 
     return ADT_OK;
 }
 
+/* k >= 0 in decimal at out (no NUL); returns the length. */
+static size_t int_text(int k, char *out) {
+    char d[12];
+    size_t n = 0;
+    do d[n++] = (char)('0' + k % 10), k /= 10;
+    while (k > 0);
+    for (size_t i = 0; i < n; i++) out[i] = d[n - 1 - i];
+    return n;
+}
+
 /* Appends one BOXING node reading local value x; returns the local value it writes. */
 static int add_boxing_node(adt_graph *lg, int x, const adt_boxing_step *st, const adt_mesh *m, const int *coord,
                            const adt_node *consumer, int *serial) {
@@ -64,19 +74,24 @@ static int add_boxing_node(adt_graph *lg, int x, const adt_boxing_step *st, cons
     a.i[1] = (int64_t)((uint64_t)pack_ndsbp(&st->from) | (uint64_t)pack_ndsbp(&st->to) << 32);
     for (int d = 0; d < b.shape.ndim; d++) a.i[2 + d] = b.shape.dim[d];
     char base[ADT_NAME_LEN];
-    snprintf(base, sizeof base, "%s", xv->name);
+    adt_str_copy(base, sizeof base, xv->name);
     adt_role role = xv->role == ADT_ROLE_GRAD ? ADT_ROLE_GRAD : ADT_ROLE_ACT;
     int id = adt_graph_add_node(lg, ADT_OP_BOXING, &x, 1, &a);
     if (id < 0) return -1;
     adt_node *n = &lg->nodes[id];
     int k = (*serial)++;
-    snprintf(n->name, sizeof n->name, "box%d.%s", k, adt_boxing_kind_name(st->kind));
+    char num[16]; /* "box<k>.<kind>", "<value>@box<k>": a stage graph has thousands, built hundreds of times */
+    size_t nk = int_text(k, num);
+    memcpy(n->name, "box", 3), memcpy(n->name + 3, num, nk), n->name[3 + nk] = '.';
+    adt_str_copy(n->name + 4 + nk, sizeof n->name - 4 - nk, adt_boxing_kind_name(st->kind));
     n->is_backward = consumer->is_backward;
     n->is_optimizer = consumer->is_optimizer;
     n->stage = consumer->stage;
     n->layer_tag = consumer->layer_tag;
     adt_value *o = &lg->values[n->out[0]];
-    snprintf(o->name, sizeof o->name, "%.*s@box%d", ADT_NAME_LEN - 16, base, k);
+    size_t nb = adt_str_copy(o->name, ADT_NAME_LEN - 15, base);
+    nb = nb < ADT_NAME_LEN - 16 ? nb : ADT_NAME_LEN - 16;
+    memcpy(o->name + nb, "@box", 4), memcpy(o->name + nb + 4, num, nk), o->name[nb + 4 + nk] = 0;
     o->role = role;
     o->global_shape = b.global;
     memcpy(o->offset, b.offset, sizeof o->offset);
@@ -113,10 +128,12 @@ static adt_ndsbp leaf_layout(const adt_graph *g, const adt_dist_plan *p, int v) 
 static int check_plan(const adt_graph *g, const adt_dist_plan *p, adt_ndsbp *layout) {
     char a[64], mb[32];
     if (g->status) return adt_error(g->status, "partition: the graph has an error: %s", g->err);
+    adt_sig_cache sc = {.g = g, .m = &p->mesh, .check_only = 1}; /* repeated layers are checked once */
     for (int i = 0; i < g->n_nodes && !p->sigs_checked; i++) {
-        int rc = adt_nd_sig_check(g, i, &p->node_sig[i], &p->mesh);
-        if (rc) return adt_error_prefix(rc, "partition: ");
+        int rc = adt_sig_cache_valid(&sc, i, &p->node_sig[i]);
+        if (rc) return adt_sig_cache_free(&sc), adt_error_prefix(rc, "partition: ");
     }
+    adt_sig_cache_free(&sc);
     for (int v = 0; v < g->n_values; v++) {
         const adt_value *val = &g->values[v];
         if (val->producer >= 0) {
@@ -151,17 +168,18 @@ void adt_dist_local_free(adt_dist_local *l) {
 
 /* The local value of global value u in layout `want`: as held, or boxed (cached). */
 static int input_in_layout(adt_graph *lg, const adt_graph *g, const adt_dist_plan *p, const int *coord,
-                           adt_dist_local *out, boxed **cache, int *n_cache, int u, const adt_ndsbp *want,
-                           const adt_node *consumer) {
+                           adt_dist_local *out, boxed **cache, int *n_cache, adt_boxing_cache *bc, int u,
+                           const adt_ndsbp *want, const adt_node *consumer) {
     if (adt_ndsbp_equal(&out->layout[u], want)) return out->value[u];
     for (int c = 0; c < *n_cache; c++)
         if ((*cache)[c].value == u && adt_ndsbp_equal(&(*cache)[c].to, want)) return (*cache)[c].local;
     const adt_value *gv = &g->values[u];
     adt_boxing_prog prog;
-    int rc = adt_boxing_plan(&p->mesh, gv->shape, gv->dtype, &out->layout[u], want, &p->cost, &prog);
+    int rc = adt_boxing_cache_plan(bc, gv, &out->layout[u], want, &prog);
     if (rc) return adt_error_prefix(rc, "partition: value '%s' into node %s: ", gv->name, consumer->name), -1;
     int x = out->value[u];
     for (int s = 0; s < prog.n_steps && x >= 0; s++) {
+        out->uneven |= !adt_ndsbp_even(&prog.step[s].to, &p->mesh, gv->shape);
         x = add_boxing_node(lg, x, &prog.step[s], &p->mesh, coord, consumer, &out->n_boxing);
         out->boxing_time += prog.step[s].time;
     }
@@ -196,13 +214,14 @@ int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *co
     }
     boxed *cache = NULL;
     int n_cache = 0;
+    adt_boxing_cache bc = {.m = &p->mesh, .cost = &p->cost}; /* repeated layers box alike */
     for (int i = 0; i < g->n_nodes && !rc; i++) {
         const adt_node *n = &g->nodes[i];
         const adt_op_def *d = adt_op_get(n->op);
         const adt_nd_sig *s = &p->node_sig[i];
         int lin[ADT_MAX_INPUTS];
         for (int j = 0; j < n->n_in && !rc; j++) {
-            lin[j] = input_in_layout(lg, g, p, coord, out, &cache, &n_cache, n->in[j], &s->in[j], n);
+            lin[j] = input_in_layout(lg, g, p, coord, out, &cache, &n_cache, &bc, n->in[j], &s->in[j], n);
             if (lin[j] < 0) rc = ADT_ERR_SHAPE;
         }
         if (rc) break;
@@ -229,12 +248,14 @@ int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *co
         if (i + 1 == g->n_forward_nodes) lg->n_forward_nodes = lg->n_nodes;
     }
     free(cache);
+    adt_boxing_cache_free(&bc);
     if (rc) {
         adt_dist_local_free(out);
         return rc;
     }
     for (int v = 0; v < g->n_values; v++) {
         if (out->value[v] < 0) continue;
+        out->uneven |= !adt_ndsbp_even(&out->layout[v], &p->mesh, g->values[v].shape);
         if (g->values[v].is_output) adt_graph_mark_output(lg, out->value[v]);
         int gr = g->values[v].grad; /* the gradient as produced (its layout may differ from v's) */
         if (gr >= 0 && out->value[gr] >= 0) lg->values[out->value[v]].grad = out->value[gr];

@@ -248,13 +248,13 @@ int adt_pipe_stage_build(const adt_graph *g, const adt_plan *p, int s, adt_pipe_
             break;
         }
         adt_node *m = &sg->nodes[id];
-        snprintf(m->name, sizeof m->name, "%s", n->name);
+        adt_str_copy(m->name, sizeof m->name, n->name);
         m->stage = s;
         out->node_of[out->n_nodes++] = i;
         for (int k = 0; k < n->n_out; k++) {
             adt_value *lv = &sg->values[m->out[k]];
             const adt_value *gv = &g->values[n->out[k]];
-            snprintf(lv->name, sizeof lv->name, "%s", gv->name);
+            adt_str_copy(lv->name, sizeof lv->name, gv->name);
             lv->layer_tag = gv->layer_tag;
             lv->role = gv->role;
             out->local_of[n->out[k]] = m->out[k];

@@ -94,6 +94,7 @@ typedef struct ctx {
     adt_graph *best_g;
     adt_cost_report best_cost;
     int have_best, best_expert, n_cand;
+    adt_sig_pool sigs; /* usable signatures by (graph, stage mesh shape), shared by every plan */
 } ctx;
 
 static int better(const adt_cost_report *a, const adt_cost_report *b) {
@@ -133,7 +134,7 @@ static void add_expert(ctx *x, const char *strategy) {
     e->g = graph_for(&x->gs, x->c, x->o, e->micro);
     if (!e->g) return;
     adt_expert_opts eo = {.strategy = strategy, .devices = x->devices, .batch = x->o->batch, .microbatches = e->micro,
-                          .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL)};
+                          .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL), .sigs = &x->sigs};
     if (adt_expert_plan(e->g, x->c, &eo, &e->plan)) {
         snprintf(e->plan.name, sizeof e->plan.name, "%s", strategy);
         return;
@@ -186,7 +187,8 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
     x->n_cand++;
 
     adt_sbp_space sp;
-    if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, 0.0)) {
+    adt_sig_cache *sigs = adt_sig_pool_get(&x->sigs, g, &sm);
+    if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, 0.0, sigs)) {
         free(rk), adt_plan_free(&p);
         return;
     }
@@ -212,7 +214,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
     {
         adt_ndsbp *leaf = adt_calloc((size_t)g->n_values, sizeof *leaf);
         adt_nd_sig *ns = adt_calloc((size_t)g->n_nodes, sizeof *ns);
-        adt_greedy_opts go = {.cost = p.cost, .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL)};
+        adt_greedy_opts go = {.cost = p.cost, .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL), .sigs = sigs};
         if (!adt_dist_greedy(g, &sm, &go, leaf, ns)) {
             int *xs = starts_mem + (size_t)n_starts * (nv ? nv : 1);
             adt_sbp_space_choice(&sp, g, ns, xs);
@@ -225,10 +227,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
     p.leaf_sbp = adt_calloc((size_t)g->n_values, sizeof *p.leaf_sbp);
     double lambda = 0;
     for (int round = 0; round < 6; round++) {
-        if (round) { /* over memory: penalise the bytes each choice keeps, harder every round */
-            adt_sbp_space_free(&sp);
-            if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, lambda)) break;
-        }
+        if (round) adt_sbp_space_set_penalty(&sp, lambda); /* over memory: the bytes each choice keeps, harder every round */
         adt_search_solve(&sp.prob, starts, n_starts, x->o->max_sweeps, ADT_SEARCH_CORE_STEPS, sol, NULL);
         adt_sbp_space_apply(&sp, g, sol, p.node_sig, p.leaf_sbp);
         /* stages: per layer the compute and boxing the solution costs, cut by dynamic programming */
@@ -338,6 +337,7 @@ int adt_planner_search(const adt_model_cfg *c, const adt_cluster *cl, const adt_
     }
     for (int i = 0; i < x->n_ex; i++)
         if (x->ex[i].ok != 2) adt_plan_free(&x->ex[i].plan);
+    adt_sig_pool_free(&x->sigs);
     for (int i = 0; i < x->gs.n; i++)
         if (rc || x->gs.g[i] != out->graph) adt_graph_free(x->gs.g[i]);
     free(x);

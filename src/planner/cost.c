@@ -425,16 +425,18 @@ static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
     memset(&st, 0, sizeof st);
     if (!rc && piped) rc = adt_pipe_stage_build(g, p, s, &st);
     adt_dist_plan d = {0};
+    int even = 0;
     if (!rc) d = piped ? adt_pipe_stage_dist(&st, p, ranks) : adt_plan_dist(p, 0, ranks);
     *bytes = 0;
     for (int i = 0; i < sm.nranks && !rc; i++) {
         if (sm.nranks > 4 && i > 0 && i < sm.nranks - 1) continue;
+        if (i > 0 && even) break; /* every coordinate's local graph has the first one's shapes */
         int coord[ADT_MAX_MESH_DIMS] = {0};
         double b = 0;
         adt_mesh_coord(&sm, i, coord);
         adt_dist_local loc;
         if ((rc = adt_dist_partition(piped ? st.g : g, &d, coord, &loc))) break;
-        d.sigs_checked = 1;
+        d.sigs_checked = 1, even = !loc.uneven;
         if (!(rc = local_memplan(p, loc.g, piped, slots, &b)) && b > *bytes) *bytes = b;
         adt_dist_local_free(&loc);
     }

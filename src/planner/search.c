@@ -279,28 +279,41 @@ static int single_move(const work *w, int v, int *x) {
     return 1;
 }
 
-/* Both ends of edge e at once, everything else fixed. */
-static int pair_move(const work *w, int e, int *x) {
+/* v's cost at choice xv without edge `skip`, its other edges at x. */
+static double local_cost_but(const work *w, int v, int xv, const int *x, int skip) {
     const adt_search_problem *q = &w->q;
-    int a = q->ea[e], b = q->eb[e], xa0 = x[a], xb0 = x[b];
-    double cur = add_cost(local_cost(w, a, xa0, x), local_cost(w, b, xb0, x)); /* edge e counted twice */
-    cur -= pair_at(q, e, xa0, xb0);
+    double c = q->unary[v][xv];
+    for (int i = 0; i < w->deg[v]; i++) {
+        int e = w->adj[v][i];
+        if (e != skip) c = add_cost(c, edge_from(q, e, v, xv, x[other_end(q, e, v)]));
+    }
+    return c;
+}
+
+/* Both ends of edge e at once, everything else fixed. The cost of (ia, ib) is a's cost without e,
+ * b's without e, and e's own: each end's part priced once per choice, not once per pair. */
+static int pair_move(const work *w, int e, int *x, double *la, double *lb) {
+    const adt_search_problem *q = &w->q;
+    int a = q->ea[e], b = q->eb[e], xa0 = x[a], xb0 = x[b], ka = q->k[a], kb = q->k[b];
+    for (int ia = 0; ia < ka; ia++) la[ia] = local_cost_but(w, a, ia, x, e);
+    for (int ib = 0; ib < kb; ib++) lb[ib] = local_cost_but(w, b, ib, x, e);
+    const double *m = q->pair[e];
+    double cur = add_cost(add_cost(la[xa0], lb[xb0]), m[xa0 * kb + xb0]);
     int ba = xa0, bb = xb0;
-    for (int ia = 0; ia < q->k[a]; ia++) {
-        x[a] = ia;
-        for (int ib = 0; ib < q->k[b]; ib++) {
-            x[b] = ib;
-            double c = add_cost(local_cost(w, a, ia, x), local_cost(w, b, ib, x)) - pair_at(q, e, ia, ib);
+    for (int ia = 0; ia < ka; ia++)
+        for (int ib = 0; ib < kb; ib++) {
+            double c = add_cost(add_cost(la[ia], lb[ib]), m[ia * kb + ib]);
             if (c < cur - 1e-12 * fabs(cur)) cur = c, ba = ia, bb = ib;
         }
-    }
     x[a] = ba, x[b] = bb;
     return ba != xa0 || bb != xb0;
 }
 
 static int descend(const work *w, int *x, int max_sweeps) {
     const adt_search_problem *q = &w->q;
-    int sweeps = 0;
+    int sweeps = 0, kmax = 1;
+    for (int v = 0; v < q->n_vars; v++) kmax = q->k[v] > kmax ? q->k[v] : kmax;
+    double *la = adt_malloc(2 * (size_t)kmax * sizeof *la), *lb = la + kmax;
     for (int improved = 1; improved && sweeps < max_sweeps; sweeps++) {
         improved = 0;
         for (int v = 0; v < q->n_vars; v++)
@@ -309,8 +322,9 @@ static int descend(const work *w, int *x, int max_sweeps) {
             if (w->alive_v[v]) improved |= single_move(w, v, x);
         if (!improved)
             for (int e = 0; e < q->n_edges; e++)
-                if (w->alive_e[e]) improved |= pair_move(w, e, x);
+                if (w->alive_e[e]) improved |= pair_move(w, e, x, la, lb);
     }
+    free(la);
     return sweeps;
 }
 

@@ -118,8 +118,25 @@ static int state_ok(const adt_node *n, const adt_nd_sig *s) {
     return 1;
 }
 
+enum { OPERAND_OUT, OPERAND_HELD, OPERAND_IN };
+
+/* The layouts k choices give one operand (output idx; input idx as a leaf is held, P read as B;
+ * input idx as read), each once in u; which one every choice gives in at[]. Returns how many. */
+static int distinct_layouts(const adt_nd_sig *sigs, int k, int operand, int idx, adt_ndsbp *u, int *at) {
+    int n = 0;
+    for (int c = 0; c < k; c++) {
+        adt_ndsbp l = operand == OPERAND_OUT ? sigs[c].out[idx] : operand == OPERAND_HELD ? no_partial(sigs[c].in[idx])
+                                                                                          : sigs[c].in[idx];
+        int j = 0;
+        while (j < n && !adt_ndsbp_equal(&u[j], &l)) j++;
+        if (j == n) u[n++] = l;
+        at[c] = j;
+    }
+    return n;
+}
+
 int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m, const adt_comm_cost *cost,
-                        const adt_cluster *c, double lambda) {
+                        const adt_cluster *c, double lambda, adt_sig_cache *sigs) {
     memset(s, 0, sizeof *s);
     if (g->status) return adt_error(g->status, "planner: the graph has an error: %s", g->err);
     int N = g->n_nodes, V = g->n_values;
@@ -128,17 +145,17 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
     int *k = adt_malloc((size_t)(nv ? nv : 1) * sizeof *k);
     s->sigs = adt_calloc((size_t)(nv ? nv : 1), sizeof *s->sigs);
     s->mem = adt_calloc((size_t)(nv ? nv : 1), sizeof *s->mem);
-    adt_sig_cache scache = {.g = g, .m = m};
+    adt_sig_cache own = {.g = g, .m = m}, *scache = sigs ? sigs : &own;
     for (int v = 0; v < nv; v++) {
         int r = s->rep[v], n_all;
-        const adt_nd_sig *usable = adt_sig_cache_get(&scache, r, &n_all);
+        const adt_nd_sig *usable = adt_sig_cache_get(scache, r, &n_all);
         adt_nd_sig *all = adt_malloc((size_t)(n_all ? n_all : 1) * sizeof *all);
         int n_ok = 0;
         for (int q = 0; q < n_all; q++)
             if (state_ok(&g->nodes[r], &usable[q])) all[n_ok++] = usable[q];
         if (!n_ok) {
             free(all), free(k);
-            adt_sig_cache_free(&scache);
+            adt_sig_cache_free(&own);
             adt_sbp_space_free(s);
             return adt_error(ADT_ERR_ARG, "planner: node %s (%s) has no usable signature on the mesh",
                              g->nodes[r].name, adt_op_name(g->nodes[r].op));
@@ -147,7 +164,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         k[v] = n_ok;
         s->mem[v] = adt_calloc((size_t)n_ok, sizeof **s->mem);
     }
-    adt_sig_cache_free(&scache);
+    adt_sig_cache_free(&own);
     adt_search_init(&s->prob, nv, k);
     free(k);
 
@@ -240,27 +257,41 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
             es[n_es++] = e;
         }
     }
+    /* a matrix prices each distinct (source layout, destination layout) once: many choices of a
+     * node give one input or output the same layout */
+    int kmax = 1;
+    for (int v = 0; v < nv; v++) kmax = s->prob.k[v] > kmax ? s->prob.k[v] : kmax;
+    adt_ndsbp *ua = adt_malloc(2 * (size_t)kmax * sizeof *ua), *ub = ua + kmax;
+    int *ia = adt_malloc(2 * (size_t)kmax * sizeof *ia), *ib = ia + kmax;
+    double *mat = adt_malloc((size_t)kmax * kmax * sizeof *mat), *ut = adt_malloc((size_t)kmax * kmax * sizeof *ut);
     for (int q = 0; q < n_es; q++) {
         einst *e = &es[q];
         int ka = s->prob.k[e->src], kb = s->prob.k[e->dst];
-        double *mat = adt_malloc((size_t)ka * kb * sizeof *mat);
+        int na = distinct_layouts(s->sigs[e->src], ka, e->src_in ? OPERAND_HELD : OPERAND_OUT, e->idx, ua, ia);
+        int nb = distinct_layouts(s->sigs[e->dst], kb, OPERAND_IN, e->dst_idx, ub, ib);
         const adt_value *val = &g->values[e->value];
-        for (int a = 0; a < ka; a++) {
-            adt_ndsbp from = e->src_in ? no_partial(s->sigs[e->src][a].in[e->idx]) : s->sigs[e->src][a].out[e->idx];
-            for (int b = 0; b < kb; b++) {
-                double t = adt_boxing_cache_time(&bc, val, &from, &s->sigs[e->dst][b].in[e->dst_idx], NULL);
-                mat[a * kb + b] = t >= ADT_SEARCH_INF ? ADT_SEARCH_INF : t * e->count;
+        for (int a = 0; a < na; a++)
+            for (int b = 0; b < nb; b++) {
+                double t = adt_boxing_cache_time(&bc, val, &ua[a], &ub[b], NULL);
+                ut[a * nb + b] = t >= ADT_SEARCH_INF ? ADT_SEARCH_INF : t * e->count;
             }
-        }
+        for (int a = 0; a < ka; a++)
+            for (int b = 0; b < kb; b++) mat[a * kb + b] = ut[ia[a] * nb + ib[b]];
         adt_search_add_pair(&s->prob, e->src, e->dst, mat);
-        free(mat);
     }
-    if (lambda > 0)
-        for (int v = 0; v < nv; v++)
-            for (int q = 0; q < s->prob.k[v]; q++) s->prob.unary[v][q] += lambda * s->mem[v][q];
+    free(ua), free(ia), free(mat), free(ut);
+    adt_sbp_space_set_penalty(s, lambda);
     free(es), free(hslot), free(dec_node), free(dec_in), free(bwd_read);
     adt_boxing_cache_free(&bc);
     return ADT_OK;
+}
+
+void adt_sbp_space_set_penalty(adt_sbp_space *s, double lambda) {
+    double d = lambda - s->lambda;
+    if (d != 0)
+        for (int v = 0; v < s->prob.n_vars; v++)
+            for (int q = 0; q < s->prob.k[v]; q++) s->prob.unary[v][q] += d * s->mem[v][q];
+    s->lambda = lambda;
 }
 
 void adt_sbp_space_free(adt_sbp_space *s) {
