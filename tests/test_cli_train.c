@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli_run.h"
+#include "mpi_world.h"
 
 static double mean(const double *x, int n) {
     double s = 0;
@@ -161,6 +162,7 @@ static void test_bad_flags(void) {
     BAD("--optimizer", "train --optimizer rmsprop");
     BAD("--schedule", "train --schedule linear");
     BAD("--shuffle", "train --shuffle maybe");
+    BAD("--profile", "train --profile yes");
     BAD("--lr", "train --lr -1");
     BAD("--lr", "train --lr=nan");
     BAD("--momentum", "train --momentum 0.9");
@@ -191,6 +193,68 @@ static void test_bad_flags(void) {
     unlink(v50);
 }
 
+/* The "profile rank R: S steps, X ms per step in the executor: compute C ms, collectives K ms"
+ * line of rank r in out, with the op and collective lines after it summed; 0 when absent. */
+static int read_profile(const char *out, int r, int *steps, double *exec_ms, double *compute, double *coll,
+                        double *op_sum, double *coll_sum, int *kinds) {
+    char head[64];
+    snprintf(head, sizeof head, "profile rank %d: ", r);
+    const char *p = strstr(out, head);
+    if (!p || sscanf(p + strlen(head), "%d steps, %lf ms per step in the executor: compute %lf ms, collectives %lf",
+                     steps, exec_ms, compute, coll) != 4)
+        return 0;
+    *op_sum = *coll_sum = 0, *kinds = 0;
+    for (const char *q = strstr(p, head); q; q = strstr(q + 1, head)) {
+        const char *rest = q + strlen(head);
+        double ms;
+        char name[64];
+        if (sscanf(rest, "  op %63s %lf ms", name, &ms) == 2) *op_sum += ms;
+        else if ((sscanf(rest, "  all_gather %lf", &ms) == 1 || sscanf(rest, "  reduce_scatter %lf", &ms) == 1 ||
+                  sscanf(rest, "  all_reduce %lf", &ms) == 1))
+            *coll_sum += ms, ++*kinds;
+    }
+    return 1;
+}
+
+/* --profile on: each rank's time by op sums to its compute, which fits in the executor's time;
+ * the first step (warm-up) is left out; ranks of a ZeRO plan list their collectives. */
+static void test_profile(void) {
+    const char *cfg = check_tmp_path("mlp.json"), *plan = check_tmp_path("zero.json");
+    write_text(cfg, "{\"type\":\"mlp\",\"sizes\":[16,64,64,4],\"activation\":\"relu\"}\n");
+    char args[1024], out[32768];
+    snprintf(args, sizeof args, "train --model '%s' --data synthetic:mlp --steps 7 --batch 32 --profile on", cfg);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "exit %d; output:\n%s", rc, out);
+    int steps, kinds;
+    double ex, comp, coll, ops, colls;
+    CHECK(read_profile(out, 0, &steps, &ex, &comp, &coll, &ops, &colls, &kinds), "no profile of rank 0 in:\n%s", out);
+    CHECK(steps == 6, "%d steps profiled, expected 6 (the first warms up)", steps);
+    CHECK(comp > 0 && comp <= ex * 1.001 + 0.002, "compute %.3f ms, executor %.3f ms per step", comp, ex);
+    CHECK(fabs(ops - comp) <= 0.002 + 0.0005 * 30, "ops sum to %.3f ms, compute %.3f ms", ops, comp);
+    CHECK(coll == 0 && kinds == 0, "one process: collectives %.3f ms over %d kinds", coll, kinds);
+    CHECK(contains(out, "  op matmul ") && contains(out, "  node "), "op and node lines:\n%s", out);
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    snprintf(args, sizeof args, "plan --model '%s' --strategy zero --devices 2 --batch 32 -o '%s'", cfg, plan);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "plan: exit %d:\n%s", rc, out);
+    const char *argv[] = {g_bin, "train", "--model", cfg, "--data", "synthetic:mlp", "--steps", "5", "--batch", "32",
+                          "--plan", plan, "--profile", "on", NULL};
+    mpi_world wd = {.n = 2, .argv = argv};
+    mpi_run_world(&wd, check_tmpdir(), 120);
+    CHECK(wd.status == 0, "2 ranks: exit %d", wd.status);
+    for (int r = 0; r < 2 && wd.status == 0; r++) {
+        CHECK(read_profile(wd.err, r, &steps, &ex, &comp, &coll, &ops, &colls, &kinds), "no profile of rank %d", r);
+        CHECK(steps == 4 && kinds == 2 && coll > 0, "rank %d: %d steps, %d kinds of collective, %.3f ms", r, steps,
+              kinds, coll);
+        CHECK(fabs(colls - coll) <= 0.002 + 0.0005 * 3, "rank %d: collectives sum to %.3f ms of %.3f", r, colls, coll);
+        CHECK(comp + coll <= ex * 1.001 + 0.01, "rank %d: compute %.3f + collectives %.3f ms over the executor's %.3f",
+              r, comp, coll, ex);
+    }
+    if (check_cur_failed) mpi_print_tail("stderr", wd.err, 40);
+    mpi_world_free(&wd);
+    unlink(plan);
+}
+
 static void test_help_and_graph(void) {
     char out[16384];
     int rc = run_adtrain("train --help", out, sizeof out);
@@ -219,6 +283,7 @@ int main(void) {
     RUN(test_train_synthetic_mlp);
     RUN(test_train_families);
     RUN(test_bad_flags);
+    RUN(test_profile);
     RUN(test_help_and_graph);
     const char *leaves[] = {"tiny.json", "mlp.json"};
     check_tmpdir_remove(leaves, 2);

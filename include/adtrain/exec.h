@@ -183,8 +183,11 @@ int adt_exec_overlaps(const adt_exec *ex);
 /* The split schedule, one event per line: "start <node> <name>", "run <node> <name>" or
  * "wait <node> <name>"; NULL when the executor does not split. The caller frees it. */
 char *adt_exec_schedule_str(const adt_exec *ex);
-/* Per-node accumulated seconds when opts.profile was set (indexed by node id). */
+/* Per-node accumulated seconds when opts.profile was set (indexed by node id; a collective split
+ * in two: its start and its wait). adt_exec_reset_stats zeroes them too. */
 const double *adt_exec_node_seconds(const adt_exec *ex);
+/* The graph the executor runs. */
+const adt_graph *adt_exec_graph(const adt_exec *ex);
 
 /* ---- a partitioned graph over a communicator ---------------------------------------------------
  * adt_mesh_comm: this rank's place in a device mesh, the communicator along each mesh axis

@@ -59,7 +59,7 @@ static int build_graph(trainer *t) {
 
 /* The executor (collective on a distributed run) and the initial parameters. */
 static int make_executor(trainer *t) {
-    adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed};
+    adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed, .profile = t->o.profile};
     if (t->bal) {
         int rc = train_balance_executor(t, &eo);
         if (rc) return rc;
@@ -258,6 +258,46 @@ static int train_step(trainer *t, long step, step_stats *st) {
     return 0;
 }
 
+/* --profile: where this rank's profiled steps went, per op (compute) and per collective kind
+ * (its starts and waits: what the rank spent on it, not the transfer's own time), and the
+ * slowest nodes. Every rank prints its own block; lines start with "profile rank R". */
+#define PROFILE_TOP 10
+static void print_profile(const trainer *t, long steps) {
+    const adt_graph *g = adt_exec_graph(t->ex);
+    const double *ns = adt_exec_node_seconds(t->ex);
+    adt_exec_stats tot;
+    adt_exec_get_stats(t->ex, NULL, &tot);
+    double per = steps > 0 ? 1e3 / (double)steps : 0, op_ms[ADT_OP_COUNT] = {0}, kind_ms[ADT_BOXING_KIND_COUNT] = {0};
+    int kind_n[ADT_BOXING_KIND_COUNT] = {0}, top[PROFILE_TOP], n_top = 0;
+    double compute = 0, comm = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const adt_node *n = &g->nodes[i];
+        double ms = ns[i] * per;
+        if (n->op == ADT_OP_BOXING) {
+            int k = (int)(n->a.i[0] & 0xff);
+            if (k >= 0 && k < ADT_BOXING_KIND_COUNT) kind_ms[k] += ms, kind_n[k]++;
+            comm += ms;
+        } else {
+            op_ms[n->op] += ms, compute += ms;
+        }
+        int at = n_top < PROFILE_TOP ? n_top++ : PROFILE_TOP - 1; /* insertion into the slowest ten */
+        if (at == PROFILE_TOP - 1 && n_top == PROFILE_TOP && ns[top[at]] >= ns[i]) continue;
+        while (at > 0 && ns[top[at - 1]] < ns[i]) top[at] = top[at - 1], at--;
+        top[at] = i;
+    }
+    int r = t->rank;
+    fprintf(stderr, "profile rank %d: %ld steps, %.3f ms per step in the executor: compute %.3f ms, collectives %.3f ms"
+            " (blocked in waits %.3f ms; %.0f%% of their flight time hidden)\n", r, steps, tot.run_s * per, compute, comm,
+            tot.comm_wait_s * per, tot.comm_flight_s > 0 ? 100 * (1 - tot.comm_wait_s / tot.comm_flight_s) : 0);
+    for (int op = 0; op < ADT_OP_COUNT; op++)
+        if (op_ms[op] >= 0.0005) fprintf(stderr, "profile rank %d:   op %-22s %8.3f ms\n", r, adt_op_name(op), op_ms[op]);
+    for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)
+        if (kind_n[k])
+            fprintf(stderr, "profile rank %d:   %-25s %8.3f ms (%d nodes)\n", r, adt_boxing_kind_name(k), kind_ms[k], kind_n[k]);
+    for (int q = 0; q < n_top; q++)
+        fprintf(stderr, "profile rank %d:   node %-40s %8.3f ms\n", r, g->nodes[top[q]].name, ns[top[q]] * per);
+}
+
 static int train_loop(trainer *t) {
     step_stats st = {0};
     double first_loss = NAN, last_print = 0;
@@ -269,6 +309,7 @@ static int train_loop(trainer *t) {
         int rc = train_step(t, s, &st);
         if (rc) return rc;
         if (s == first) first_loss = st.loss;
+        if (s == first && t->o.profile && s < t->o.steps) adt_exec_reset_stats(t->ex); /* the first step warms up */
         char loss_json[32]; /* JSON has no NaN: a diverged step logs null */
         if (isfinite(st.loss)) snprintf(loss_json, sizeof loss_json, "%.9g", st.loss);
         else snprintf(loss_json, sizeof loss_json, "null");
@@ -299,6 +340,7 @@ static int train_loop(trainer *t) {
     if (t->tty && !cli_quiet) fprintf(stderr, "\n");
     long done = t->o.steps - t->start_step;
     train_dist_mem_report(t, "end");
+    if (t->o.profile) print_profile(t, done > 1 ? done - 1 : done);
     if (!cli_quiet)
         fprintf(stderr, "done: %ld steps in %.2f s (%.3g ms/step); loss %.4f -> %.4f\n", done, st.total_s,
                 st.total_s * 1e3 / (double)done, first_loss, st.loss);

@@ -29,6 +29,7 @@ typedef struct train_opts {
     double lr, momentum, weight_decay;
     int lr_given, momentum_given;
     int cosine, shuffle, threads;
+    int profile; /* --profile on: per-rank time by op and collective at the end (train.c) */
     uint64_t seed;
     const char *log_path;
     const char *init_path, *resume_path, *save_path;

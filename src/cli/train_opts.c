@@ -62,6 +62,9 @@ static void train_usage(FILE *f) {
             "evaluation and logging:\n"
             "  --eval-every N          validation loss every N steps and at the end (default 0: off)\n"
             "  --eval-batches K        validation batches per evaluation (default 20)\n"
+            "  --profile on|off        at the end, each rank prints where its steps went (after the first,\n"
+            "                          a warm-up): compute per op, time in each kind of collective, the\n"
+            "                          slowest nodes (default off)\n"
             "  --log FILE.jsonl        one JSON object per step: step, loss, lr, ms, tokens_per_s,\n"
             "                          time_s (training time so far), wall_s (since the first step\n"
             "                          began: everything between steps included);\n"
@@ -162,6 +165,7 @@ static int apply_flag(train_opts *o, const char *f, const char *v) {
     else if (!strcmp(f, "--optimizer")) rc = parse_choice(f, v, "sgd", "adamw", &c), o->optimizer = c ? ADT_OPTIM_ADAMW : ADT_OPTIM_SGD;
     else if (!strcmp(f, "--schedule")) rc = parse_choice(f, v, "constant", "cosine", &o->cosine);
     else if (!strcmp(f, "--shuffle")) rc = parse_choice(f, v, "off", "on", &o->shuffle);
+    else if (!strcmp(f, "--profile")) rc = parse_choice(f, v, "off", "on", &o->profile);
     else ADT_ASSERT(0 && "flag in the table without a handler");
     return rc;
 }
@@ -171,7 +175,7 @@ static const char *const train_flags[] = {
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
     "--init", "--resume", "--save", "--save-every", "--plan",
     "--straggler-policy", "--straggler-config", "--straggler-master", "--split", "--micro-batch", "--inject-slowdown",
-    "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", NULL,
+    "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", "--profile", NULL,
 };
 
 /* The flag `arg` names ("--steps" or "--steps=10"); *inline_val gets the part after '='. */

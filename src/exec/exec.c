@@ -834,7 +834,10 @@ void adt_exec_get_stats(const adt_exec *ex, adt_exec_stats *last, adt_exec_stats
 void adt_exec_reset_stats(adt_exec *ex) {
     memset(&ex->last, 0, sizeof ex->last);
     memset(&ex->total, 0, sizeof ex->total);
+    memset(ex->node_s, 0, (size_t)(ex->g->n_nodes + 1) * sizeof *ex->node_s);
 }
+
+const adt_graph *adt_exec_graph(const adt_exec *ex) { return ex->g; }
 
 int adt_exec_overlaps(const adt_exec *ex) { return ex->split; }
 
