@@ -10,6 +10,9 @@
 # bench/results/planner-<UTC date-time>.jsonl after one "meta" line, and prints the table.
 set -eu
 cd "$(dirname "$0")/.."
+# The planner runs no matrix product; OpenBLAS's worker threads, started when the library loads,
+# would spin beside the first case's search (0.13 s of CPU on this 2-core machine).
+export OPENBLAS_NUM_THREADS=1
 make -j2 build/bench/bench_planner >/dev/null
 mkdir -p bench/results
 out=bench/results/planner-$(date -u +%Y%m%dT%H%M%SZ).jsonl

@@ -414,8 +414,9 @@ static int local_memplan(const adt_plan *p, const adt_graph *lg, int piped, int 
 /* The memory plan the executor makes for stage s: the stage's local graph as the partitioner
  * (and, with several stages, adt_pipe_stage_build, once per stage) makes it, the largest of the
  * stage's devices (blocks that do not divide evenly differ between ranks): every coordinate of a
- * small stage mesh, the first and the last of a large one. The signatures are checked at the
- * first coordinate only (the check is the same at every one). */
+ * small stage mesh, the first and the last of a large one, the first alone where the partitioner
+ * split nothing unevenly (adt_dist_local.uneven: every coordinate then has its shapes). The
+ * signatures are checked at the first coordinate only (the check is the same at every one). */
 static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots, double *bytes) {
     adt_mesh sm;
     int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks), *sranks = adt_malloc((size_t)p->mesh.nranks * sizeof *sranks);
