@@ -887,11 +887,21 @@ static void test_search_optimality(void) {
                 c.efficiency = 0.05 + 0.9 * urand();
                 adt_sbp_space sp, sq;
                 double lambda = urand() < 0.3 ? 1e-9 * urand() : 0;
-                int rc = adt_sbp_space_build(&sp, g, &m, &k, &c, lambda, NULL);
+                int rc = adt_sbp_space_build(&sp, g, &m, &k, &c, lambda, NULL, NULL);
                 CHECK(rc == ADT_OK, "space: %s", adt_error_message());
                 if (rc) continue;
-                /* the same space from a pool's shared signatures, its penalty set afterwards */
-                if (!adt_sbp_space_build(&sq, g, &m, &k, &c, 0, adt_sig_pool_get(&pool, g, &m))) {
+                /* the same space from a pool's shared signatures and boxing times a greedy plan
+                 * filled first, its penalty set afterwards */
+                adt_boxing_cache shared_bc = {.m = &m, .cost = &k};
+                {
+                    adt_ndsbp *leaf = calloc((size_t)g->n_values, sizeof *leaf);
+                    adt_nd_sig *ns = calloc((size_t)g->n_nodes, sizeof *ns);
+                    adt_greedy_opts go = {.cost = k, .flop_rate = 1e11, .sigs = adt_sig_pool_get(&pool, g, &m),
+                                          .boxing = &shared_bc};
+                    CHECK(adt_dist_greedy(g, &m, &go, leaf, ns) == ADT_OK, "greedy: %s", adt_error_message());
+                    free(leaf), free(ns);
+                }
+                if (!adt_sbp_space_build(&sq, g, &m, &k, &c, 0, adt_sig_pool_get(&pool, g, &m), &shared_bc)) {
                     adt_sbp_space_set_penalty(&sq, lambda);
                     int same = sq.prob.n_vars == sp.prob.n_vars && sq.prob.n_edges == sp.prob.n_edges;
                     for (int v = 0; same && v < sp.prob.n_vars; v++) {
@@ -902,12 +912,13 @@ static void test_search_optimality(void) {
                     for (int e = 0; same && e < sp.prob.n_edges; e++)
                         same = !memcmp(sq.prob.pair[e], sp.prob.pair[e],
                                        (size_t)sp.prob.k[sp.prob.ea[e]] * sp.prob.k[sp.prob.eb[e]] * sizeof(double));
-                    CHECK(same, "model %d mesh %d #%d: pooled signatures and a penalty set later change the space", which,
-                          mi, t);
+                    CHECK(same, "model %d mesh %d #%d: pooled signatures, shared boxing times and a penalty set later "
+                          "change the space", which, mi, t);
                     adt_sbp_space_free(&sq);
                 } else {
                     CHECK(0, "pooled space: %s", adt_error_message());
                 }
+                adt_boxing_cache_free(&shared_bc);
                 char what[64];
                 snprintf(what, sizeof what, "model %d mesh %d #%d (%d vars)", which, mi, t, sp.prob.n_vars);
                 compare(&sp.prob, 0, &all, what);

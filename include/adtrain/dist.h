@@ -374,6 +374,7 @@ typedef struct adt_greedy_opts {
                              the node takes the cheapest usable one regardless */
     void *ctx;
     adt_sig_cache *sigs;  /* usable signatures of g on m to share; NULL: enumerated for this call */
+    adt_boxing_cache *boxing; /* boxing times on m at `cost` to share; NULL: a cache of its own */
 } adt_greedy_opts;
 
 /* leaf_sbp [g->n_values]: the layout of each leaf; entries with ndim 0 are open and are set to

@@ -282,9 +282,10 @@ typedef struct adt_sbp_space {
     double lambda;        /* the memory penalty in unary: seconds per byte kept             */
 } adt_sbp_space;
 
-/* sigs: the usable signatures of g on m to share (NULL: enumerated for this build alone). */
+/* sigs: the usable signatures of g on m to share (NULL: enumerated for this build alone);
+ * boxing: boxing times on m at `cost` to share (NULL: a cache of its own). */
 int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m, const adt_comm_cost *cost,
-                        const adt_cluster *c, double lambda, adt_sig_cache *sigs);
+                        const adt_cluster *c, double lambda, adt_sig_cache *sigs, adt_boxing_cache *boxing);
 /* Sets the memory penalty: unary costs become compute and local steps + lambda x bytes kept. */
 void adt_sbp_space_set_penalty(adt_sbp_space *s, double lambda);
 void adt_sbp_space_free(adt_sbp_space *s);

@@ -27,7 +27,8 @@ typedef struct greedy {
     const adt_greedy_opts *o;
     adt_ndsbp *layout; /* [n_values]: produced or held; ndim 0 for an open leaf */
     boxed_list *boxed; /* [n_values] */
-    adt_boxing_cache bc;
+    adt_boxing_cache bc;      /* where the caller gives none */
+    adt_boxing_cache *boxing; /* the one in use */
     adt_sig_cache sc;  /* usable signatures per node structure (repeated layers share them), where
                           the caller gives none */
 } greedy;
@@ -47,7 +48,7 @@ static double read_cost(greedy *gr, int v, const adt_ndsbp *want) {
     const boxed_list *b = &gr->boxed[v];
     for (int i = 0; i < b->n; i++)
         if (adt_ndsbp_equal(&b->to[i], want)) return 0.0;
-    double t = adt_boxing_cache_time(&gr->bc, &gr->g->values[v], have, want, NULL);
+    double t = adt_boxing_cache_time(gr->boxing, &gr->g->values[v], have, want, NULL);
     return t >= ADT_BOXING_NONE ? -1.0 : t;
 }
 
@@ -149,6 +150,7 @@ int adt_dist_greedy(const adt_graph *g, const adt_mesh *m, const adt_greedy_opts
     if (g->status) return adt_error(g->status, "greedy plan: the graph has an error: %s", g->err);
     greedy gr = {.g = g, .m = m, .o = o, .bc = {.m = m, .cost = &o->cost}, .sc = {.g = g, .m = m}};
     adt_sig_cache *sc = o->sigs ? o->sigs : &gr.sc;
+    gr.boxing = o->boxing ? o->boxing : &gr.bc;
     gr.layout = adt_calloc((size_t)g->n_values + 1, sizeof *gr.layout);
     gr.boxed = adt_calloc((size_t)g->n_values + 1, sizeof *gr.boxed);
     int rc = ADT_OK;

@@ -188,7 +188,9 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
 
     adt_sbp_space sp;
     adt_sig_cache *sigs = adt_sig_pool_get(&x->sigs, g, &sm);
-    if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, 0.0, sigs)) {
+    adt_boxing_cache bc = {.m = &sm, .cost = &p.cost}; /* the greedy start's prices and the space's */
+    if (adt_sbp_space_build(&sp, g, &sm, &p.cost, &x->cl, 0.0, sigs, &bc)) {
+        adt_boxing_cache_free(&bc);
         free(rk), adt_plan_free(&p);
         return;
     }
@@ -214,7 +216,8 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
     {
         adt_ndsbp *leaf = adt_calloc((size_t)g->n_values, sizeof *leaf);
         adt_nd_sig *ns = adt_calloc((size_t)g->n_nodes, sizeof *ns);
-        adt_greedy_opts go = {.cost = p.cost, .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL), .sigs = sigs};
+        adt_greedy_opts go = {.cost = p.cost, .flop_rate = adt_cluster_rate(&x->cl, ADT_OPCLASS_MATMUL), .sigs = sigs,
+                              .boxing = &bc};
         if (!adt_dist_greedy(g, &sm, &go, leaf, ns)) {
             int *xs = starts_mem + (size_t)n_starts * (nv ? nv : 1);
             adt_sbp_space_choice(&sp, g, ns, xs);
@@ -262,6 +265,7 @@ static void search_one(ctx *x, int pp, int nd, const int *dims) {
         lambda = lambda > 0 ? lambda * 4 : r.step_s / (over > 1 ? over : 1) / 4;
     }
     free(sol), free(starts_mem), free(rk);
+    adt_boxing_cache_free(&bc);
     adt_sbp_space_free(&sp);
     adt_plan_free(&p);
 }

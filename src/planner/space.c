@@ -136,7 +136,7 @@ static int distinct_layouts(const adt_nd_sig *sigs, int k, int operand, int idx,
 }
 
 int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m, const adt_comm_cost *cost,
-                        const adt_cluster *c, double lambda, adt_sig_cache *sigs) {
+                        const adt_cluster *c, double lambda, adt_sig_cache *sigs, adt_boxing_cache *boxing) {
     memset(s, 0, sizeof *s);
     if (g->status) return adt_error(g->status, "planner: the graph has an error: %s", g->err);
     int N = g->n_nodes, V = g->n_values;
@@ -189,14 +189,25 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         }
     }
 
-    adt_boxing_cache bc = {.m = m, .cost = cost};
-    /* unary: compute of every member, a local step for a P read of a leaf it holds */
+    adt_boxing_cache own_bc = {.m = m, .cost = cost}, *bc = boxing ? boxing : &own_bc;
+    /* unary: compute of every member, a local step for a P read of a leaf it holds. Members of a
+     * variable have the representative's op, attributes and shapes (tie_nodes), so its compute
+     * times serve every member whose operands also have its dtypes. */
+    double **rep_t = adt_calloc((size_t)(nv ? nv : 1), sizeof *rep_t);
     for (int i = 0; i < N; i++) {
-        int v = s->var_of[i];
+        int v = s->var_of[i], r = s->rep[v];
         const adt_node *n = &g->nodes[i];
+        int same = i != r;
+        for (int j = 0; same && j < n->n_in + n->n_out; j++) {
+            int x = j < n->n_in ? n->in[j] : n->out[j - n->n_in];
+            int y = j < n->n_in ? g->nodes[r].in[j] : g->nodes[r].out[j - n->n_in];
+            same = g->values[x].dtype == g->values[y].dtype;
+        }
+        if (i == r) rep_t[v] = adt_malloc((size_t)s->prob.k[v] * sizeof **rep_t);
         for (int q = 0; q < s->prob.k[v]; q++) {
             const adt_nd_sig *sg = &s->sigs[v][q];
-            double u = adt_node_sig_time(g, i, sg, m, c);
+            double u = same ? rep_t[v][q] : adt_node_sig_time(g, i, sg, m, c);
+            if (i == r) rep_t[v][q] = u;
             for (int j = 0; j < n->n_in; j++) {
                 int x = n->in[j];
                 if (g->values[x].producer < 0 && dec_node[x] == i && dec_in[x] == j && adt_ndsbp_partial_mask(&sg->in[j]))
@@ -210,6 +221,8 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
             s->prob.unary[v][q] += u;
         }
     }
+    for (int v = 0; v < nv; v++) free(rep_t[v]);
+    free(rep_t);
     /* persistent leaves: bytes by the deciding choice */
     for (int x = 0; x < V; x++) {
         if (g->values[x].producer >= 0 || dec_node[x] < 0 || !adt_role_is_persistent(g->values[x].role)) continue;
@@ -272,7 +285,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
         const adt_value *val = &g->values[e->value];
         for (int a = 0; a < na; a++)
             for (int b = 0; b < nb; b++) {
-                double t = adt_boxing_cache_time(&bc, val, &ua[a], &ub[b], NULL);
+                double t = adt_boxing_cache_time(bc, val, &ua[a], &ub[b], NULL);
                 ut[a * nb + b] = t >= ADT_SEARCH_INF ? ADT_SEARCH_INF : t * e->count;
             }
         for (int a = 0; a < ka; a++)
@@ -282,7 +295,7 @@ int adt_sbp_space_build(adt_sbp_space *s, const adt_graph *g, const adt_mesh *m,
     free(ua), free(ia), free(mat), free(ut);
     adt_sbp_space_set_penalty(s, lambda);
     free(es), free(hslot), free(dec_node), free(dec_in), free(bwd_read);
-    adt_boxing_cache_free(&bc);
+    adt_boxing_cache_free(&own_bc);
     return ADT_OK;
 }
 
