@@ -280,8 +280,9 @@ static void print_profile(const trainer *t, long steps) {
         } else {
             op_ms[n->op] += ms, compute += ms;
         }
-        int at = n_top < PROFILE_TOP ? n_top++ : PROFILE_TOP - 1; /* insertion into the slowest ten */
-        if (at == PROFILE_TOP - 1 && n_top == PROFILE_TOP && ns[top[at]] >= ns[i]) continue;
+        if (n_top < PROFILE_TOP) n_top++; /* insertion into the slowest ten, slowest first */
+        else if (ns[i] <= ns[top[PROFILE_TOP - 1]]) continue;
+        int at = n_top - 1;
         while (at > 0 && ns[top[at - 1]] < ns[i]) top[at] = top[at - 1], at--;
         top[at] = i;
     }
