@@ -18,8 +18,11 @@ once in the summary's figures, its runs pooled; the table lists both rows.
 The summary also says how far the measurement itself repeats: Kendall's tau between two rounds
 of the same plans (the mean over pairs of rounds) and the median deviation of one round from the
 median of the others. A prediction's tau cannot be told from the measurement's noise above that
-ceiling, and its median error not below that deviation."""
-import itertools, json, os, shutil, statistics, subprocess, sys, tempfile, time
+ceiling, and its median error not below that deviation. Since each plan's time is the median of
+its runs, the last column estimates the ceiling for that median: the tau a prediction that knew
+the true times would get (bootstrap_tau). A row also keeps when each run started (run_at_s,
+seconds from the start)."""
+import itertools, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
 ADT = os.environ.get("ADT", "build/adtrain")
 SUMMARY_ONLY = len(sys.argv) == 3 and sys.argv[1] == "--summary"
@@ -154,10 +157,11 @@ def main():
         data, batch = DATA[model.split("-")[0]]
         plans = make_plans(model, cfg, data, batch)
         for p in plans:
-            p["runs"], p["run_medians"], p["steps"] = [], [], timed_steps(p)
+            p["runs"], p["run_medians"], p["run_at"], p["steps"] = [], [], [], timed_steps(p)
         for rnd in range(ROUNDS):
             order = plans if rnd % 2 == 0 else plans[::-1]
             for p in order:
+                p["run_at"].append(round(time.time() - t0, 2))
                 ms, med, mem = train(p, cfg, data, batch)
                 p["runs"].append(ms)
                 p["run_medians"].append(med)
@@ -168,7 +172,7 @@ def main():
         for p in plans:
             row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
                    "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": statistics.median(p["runs"]),
-                   "runs_ms": p["runs"], "run_step_medians_ms": p["run_medians"], "steps": p["steps"],
+                   "runs_ms": p["runs"], "run_step_medians_ms": p["run_medians"], "run_at_s": p["run_at"], "steps": p["steps"],
                    "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
                    "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1], "input_s": p["input_s"]}
             rows.append(row)
@@ -192,7 +196,21 @@ def repeatability(rs):
         for i in range(n):
             others = statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n])
             dev.append(abs(r["runs_ms"][i] - others) / others)
-    return statistics.mean(taus), statistics.median(dev)
+    return statistics.mean(taus), statistics.median(dev), bootstrap_tau(rs)
+
+
+def bootstrap_tau(rs, draws=200):
+    """The tau a prediction that knew every plan's true time would get against this measurement,
+    estimated from the measurement's own spread: each plan's runs drawn again with replacement,
+    their median ranked against the measured medians (the mean over `draws`, a fixed seed). A
+    ceiling for the prediction's tau: near plans swap places from one measurement to the next."""
+    rng = random.Random(1)
+    med = [statistics.median(r["runs_ms"]) for r in rs]
+    got = []
+    for _ in range(draws):
+        again = [statistics.median(rng.choices(r["runs_ms"], k=len(r["runs_ms"]))) for r in rs]
+        got.append(tau(med, again))
+    return statistics.mean(got)
 
 
 def pooled(rs):
@@ -216,8 +234,9 @@ def pooled(rs):
 
 def summarize(rows, models):
     print("| model | plans | median abs error | Kendall tau | predicted-best measured / measured best | "
-          "memory predicted / measured (min..max) | round vs round: tau, median deviation |")
-    print("|---|---|---|---|---|---|---|")
+          "memory predicted / measured (min..max) | round vs round: tau, median deviation | "
+          "measurement's own tau (bootstrap) |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in models:
         rs = pooled([r for r in rows if r["model"] == model])
         if not rs:
@@ -229,7 +248,7 @@ def summarize(rows, models):
         mr = [r["predicted_mem_bytes"] / r["measured_mem_bytes"] for r in rs if r["measured_mem_bytes"]]
         mtxt = f"{min(mr):.2f}..{max(mr):.2f}" if mr else "-"
         rep = repeatability(rs)
-        rtxt = f"{rep[0]:.2f}, {100 * rep[1]:.1f}%" if rep else "-"
+        rtxt = f"{rep[0]:.2f}, {100 * rep[1]:.1f}% | {rep[2]:.2f}" if rep else "- | -"
         print(f"| {model} | {len(rs)} | {100 * err:.1f}% | {t:.2f} | {pick['measured_ms'] / best:.3f} "
               f"({pick['ranks']} ranks {pick['plan']} m={pick['microbatches']}) | {mtxt} | {rtxt} |")
     print()

@@ -9,10 +9,10 @@
 # predicted against the measured ranking, the measured time of the predicted-best plan over the
 # measured best, and the predicted peak memory per rank over the measured one (min and max).
 #
-#   sh bench/run_planner_accuracy.sh       (about 25 minutes on a 2-core machine)
+#   sh bench/run_planner_accuracy.sh       (about 42 minutes on a 2-core machine)
 #
 # Measured step time: ROUNDS runs per plan (WARMUP steps, then max(STEPS, TIME_S / the predicted
-# step) timed: about a second of steps), interleaved across all plans of a model (round robin,
+# step) timed: about half a second of steps), interleaved across all plans of a model (round robin,
 # order reversed every other round) so that load from others on a shared machine falls on every
 # plan alike; per run the mean of rank 0's per-step ms after the warmup (--log), per plan the
 # median of the runs. Measured memory: every rank's executor reports
@@ -23,11 +23,17 @@
 # Writes bench/results/planner-accuracy-<UTC date-time>.jsonl (a "meta" line, one line per plan,
 # the cluster file used) and prints the summary table.
 #
-# Environment: RANKS=4 ROUNDS=6 STEPS=8 TIME_S=1 WARMUP=2 MODELS="mlp-mnist vgg-mnist dlrm-small gpt-s"
+# Rounds: this VM's speed changes by up to 1.6x (a GEMM at 21-49 GFLOP/s in one minute) and holds
+# a state for seconds (the autocorrelation of 0.17 s samples halves at about 3 s), so a run of a
+# few seconds is one sample of it, whatever its steps; many short runs sample it better than a
+# few long ones. With 8 rounds the measurement alone, resampled at its own spread, ranks GPT-S's
+# plans at tau 0.78 against their true order; 16 at 0.83.
+#
+# Environment: RANKS=4 ROUNDS=16 STEPS=4 TIME_S=0.5 WARMUP=2 MODELS="mlp-mnist vgg-mnist dlrm-small gpt-s"
 #              CLUSTER=FILE (skip calibration, use this cluster file)
 set -eu
 cd "$(dirname "$0")/.."
-RANKS=${RANKS:-4} ROUNDS=${ROUNDS:-6} STEPS=${STEPS:-8} TIME_S=${TIME_S:-1} WARMUP=${WARMUP:-2}
+RANKS=${RANKS:-4} ROUNDS=${ROUNDS:-16} STEPS=${STEPS:-4} TIME_S=${TIME_S:-0.5} WARMUP=${WARMUP:-2}
 MODELS=${MODELS:-mlp-mnist vgg-mnist dlrm-small gpt-s}
 PYTHON=${PYTHON:-/usr/bin/python3}
 export RANKS ROUNDS STEPS TIME_S WARMUP MODELS OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -48,7 +54,7 @@ for m in $MODELS; do
     cal_models="$cal_models --model configs/$m.json:$b"
 done
 if [ -n "${CLUSTER:-}" ]; then cp "$CLUSTER" "$tmp/here.json"
-else "$ADT" calibrate --ranks "$RANKS" $cal_models -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
+else "$ADT" calibrate --ranks "$RANKS" --procs 9 $cal_models -o "$tmp/here.json" 2>"$tmp/calibrate.log" ||
     { cat "$tmp/calibrate.log" >&2; exit 1; }; fi
 "$PYTHON" bench/planner_accuracy.py "$tmp" "$tmp/here.json" "$out"
 echo "wrote $out" >&2
