@@ -316,7 +316,7 @@ static void test_cluster_calibrated(void) {
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_BOXING_ALL_GATHER, 4, G, 4), 3 * 1e-5 + 0.75 * G / 1e9, 1e-12, 0);
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_COLL_SEND_RECV, 2, G, 2), 1e-6 + G * 1e-10, 1e-12, 0);
     /* the JSON form reads back to the same object, op factors and in-step factors too */
-    c.slowdown[2].coll_factor = 3.5, c.slowdown[2].relay_factor = 1.75;
+    c.slowdown[2].coll_factor = 3.5, c.slowdown[2].relay_factor = 1.75, c.slowdown[2].relay_segment_s = 1.5e-3;
     c.op_factor[2][ADT_OP_MATMUL] = 1.25, c.op_factor[0][ADT_OP_RELU] = 0.5;
     c.byte_rate[ADT_OPCLASS_CONV] = 2e10, c.byte_rate_small[ADT_OPCLASS_MATMUL] = 3e10;
     c.n_accumulate = 2, c.accumulate[0].bytes = 1e6, c.accumulate[0].bytes_per_s = 2e10;
@@ -354,6 +354,7 @@ static void test_cluster_calibrated(void) {
         {"\"sync_s\":1e-3", "\"sync_s\":\"1ms\"", "device.slowdown[2].sync_s"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"coll_factor\":-1", "device.slowdown[2].coll_factor"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_factor\":\"x\"", "device.slowdown[2].relay_factor"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_segment_s\":-1e-3", "device.slowdown[2].relay_segment_s"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmull\":[0,0,0,0,0,0,0,1]}",
          "device.op_factors.matmull"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[1,2]}", "device.op_factors.matmul"},
@@ -584,6 +585,70 @@ static void test_cost_relay(void) {
             CHECK(relay.step_s < busy.step_s && relay.step_s >= mb * mx * 1.25 / 2.5 + once - 1e-12,
                   "%d microbatches: %g s, at the busy slowdown %g s, the busiest stage alone %g s", mb, relay.step_s,
                   busy.step_s, mb * mx * 1.25 / 2.5 + once);
+        }
+        adt_plan_free(&pp);
+        adt_graph_free(g);
+    }
+}
+
+/* device.slowdown[].relay_segment_s: a waiting rank yields for the first ADT_COMM_YIELD_MIN_S of
+ * a wait (or its bytes at ADT_COMM_YIELD_BYTES_PER_S) and naps after. The relay measurement's
+ * waits of ranks - 1 turns yielded for that part of them, so a yielding rank counts as w over
+ * that part of a busy one, at most one (w: test_cost_relay's constant share). A pipeline whose
+ * waits fit in their windows is priced as with the constant share; one whose passes last far
+ * longer runs each pass nearly alone. */
+static void test_cost_relay_window(void) {
+    adt_cluster c, r;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    r = c;
+    r.slowdown[2].relay_factor = 1.25; /* w = 1/3 on 4 ranks */
+    CHECK(adt_cluster_yield_share(&r, 4) == -1, "no segment: %g", adt_cluster_yield_share(&r, 4));
+    /* waits of 3 turns of 1.25 segments = 2 ms: half of each yielded, at 2/3 of a busy rank */
+    r.slowdown[2].relay_segment_s = 2e-3 / 3.75;
+    CHECK_CLOSE(adt_cluster_yield_share(&r, 4), (1.0 / 3) / 0.5, 1e-9, 0);
+    /* waits of 6 ms: a sixth yielded, which w would put at 2 busy ranks: one */
+    r.slowdown[2].relay_segment_s = 6e-3 / 3.75;
+    CHECK_CLOSE(adt_cluster_yield_share(&r, 4), 1, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_share_load(&r, 2 + 1.0 / 3), 1.25 + 0.25 / 3, 1e-12, 0);
+    CHECK_CLOSE(adt_cluster_share_load(&r, 0.5), 1, 1e-12, 0);
+    /* waits of 0.375 ms: all of each yielded, the constant share */
+    r.slowdown[2].relay_segment_s = 1e-4;
+    CHECK_CLOSE(adt_cluster_yield_share(&r, 4), 1.0 / 3, 1e-9, 0);
+    adt_cluster k = r; /* the constant share, no segment */
+    k.slowdown[2].relay_segment_s = 0;
+    for (int big = 0; big < 2; big++) {
+        /* 4 stages at one microbatch: short passes (us; every wait inside its window), then
+         * passes of hundreds of ms on a cluster whose matrix products run at 1e9 FLOP/s */
+        adt_model_cfg deep = mlp_cfg(big ? 1024 : 64, big ? 1024 : 256, 10);
+        deep.mlp.n_sizes = 5, deep.mlp.sizes[3] = big ? 1024 : 256, deep.mlp.sizes[4] = 10;
+        adt_cluster rb = r, kb = k, nb = c;
+        if (big) {
+            rb.rate[ADT_OPCLASS_MATMUL] = kb.rate[ADT_OPCLASS_MATMUL] = nb.rate[ADT_OPCLASS_MATMUL] = 1e9;
+            rb.slowdown[2].relay_segment_s = 2e-3 / 3.75; /* yield share 2/3 */
+        }
+        adt_graph *g = NULL;
+        adt_plan pp;
+        CHECK(expert_mb(&deep, "pp", 4, big ? 256 : 16, 1, &g, &pp) == ADT_OK, "%s", adt_error_message());
+        adt_cost_report closed, window, constant;
+        CHECK(adt_plan_cost(&pp, g, &nb, &closed) == ADT_OK && adt_plan_cost(&pp, g, &rb, &window) == ADT_OK &&
+                  adt_plan_cost(&pp, g, &kb, &constant) == ADT_OK,
+              "%s", adt_error_message());
+        double sum = 0;
+        for (int s = 0; s < closed.n_stages; s++) sum += closed.stage_s[s];
+        double once = closed.step_s - sum, alone = sum / 2.5 + once; /* every pass alone */
+        if (!big) {
+            /* the passes run at 1.25 / 2.5 of their busy time: every wait is shorter than them all */
+            CHECK(sum * 1.25 / 2.5 < 1e-3, "short passes: %g s in all", sum * 1.25 / 2.5);
+            CHECK_CLOSE(window.step_s, constant.step_s, 1e-12, 1e-9);
+        } else {
+            CHECK(closed.stage_s[0] > 0.1, "long passes: stage 0 %g s", closed.stage_s[0]);
+            /* each stage's waits (from the start, after its forward, after its backward) yield for
+             * their window (1 ms, or the boundary's 1 MiB at 1 GB/s), each slowing the pass that
+             * runs by at most the load of all three others yielding */
+            double most = alone + 4 * 3 * 1.1e-3 * (adt_cluster_share_load(&rb, 1 + 3 * 2.0 / 3) - 1);
+            CHECK(window.step_s > alone && window.step_s <= most + 1e-12 && window.step_s < constant.step_s,
+                  "long passes: %g s, alone %g s, at most %g s, the constant share %g s", window.step_s, alone, most,
+                  constant.step_s);
         }
         adt_plan_free(&pp);
         adt_graph_free(g);
@@ -1265,6 +1330,9 @@ static void test_cli(void) {
               "slowdown: %d entries, 2 ranks: factor %g, sync_s %g, coll_factor %g", c.n_slowdown,
               c.slowdown[1].factor, c.slowdown[1].sync_s, c.slowdown[1].coll_factor);
         CHECK(c.n_links == 1 && c.link[0].n_coll == 5, "2-rank collectives: %d", c.link[0].n_coll);
+        CHECK(c.slowdown[1].relay_factor > 0 && c.slowdown[1].relay_segment_s > 1e-5 && c.slowdown[1].relay_segment_s < 1 &&
+                  contains(out, "ms turns"),
+              "relay: factor %g on turns of %g s", c.slowdown[1].relay_factor, c.slowdown[1].relay_segment_s);
         CHECK(c.byte_rate[ADT_OPCLASS_MATMUL] >= 0 && c.n_accumulate >= 4, "byte rate %g, %d accumulation sizes",
               c.byte_rate[ADT_OPCLASS_MATMUL], c.n_accumulate);
         /* the in-step factor makes the cost model price the probe's data-parallel step (calibrate.c's
@@ -1316,6 +1384,7 @@ int main(void) {
     RUN(test_cost_op_factors);
     RUN(test_cost_on_cores);
     RUN(test_cost_relay);
+    RUN(test_cost_relay_window);
     RUN(test_cost_byte_rates);
     RUN(test_cost_accumulate_sizes);
     RUN(test_cost_accumulate);

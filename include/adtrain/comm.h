@@ -194,6 +194,11 @@ int adt_comm_progress(adt_comm *c);
  * same bits on every rank; for 2 ranks the same as MPI's. ADT_COMM_SHM=0 (on every rank) turns
  * it off. The executor allocates its arena here (src/exec), so gradient all-reduces use it.
  */
+/* A polite wait (ranks outnumber the cores, comm.c) yields for as long as its bytes take at
+ * ADT_COMM_YIELD_BYTES_PER_S (an all-reduce's twice), at least ADT_COMM_YIELD_MIN_S, then naps:
+ * a yielding rank still takes the cores, a napping one hardly (the cost model's pipelines). */
+#define ADT_COMM_YIELD_MIN_S 1e-3
+#define ADT_COMM_YIELD_BYTES_PER_S 1e9
 /* The smallest all-reduce (bytes) that takes the shared-memory path; below it MPI's latency is
  * the lower. */
 #define ADT_COMM_SHM_MIN_BYTES ((int64_t)64 << 10)

@@ -109,8 +109,13 @@ typedef struct adt_cluster {
      * time inside a step; 0: collectives overlap compute;
      * relay_factor: one rank's compute time while the other ranks - 1 wait for its messages (a
      * pipeline's ranks taking turns) over its time alone: what a waiting rank still takes of the
-     * cores, and its wake-ups; 0: not measured (waiting ranks count as busy) */
-    struct { int ranks; double factor, sync_s, coll_factor, relay_factor; } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
+     * cores, and its wake-ups; 0: not measured (waiting ranks count as busy);
+     * relay_segment_s: the compute one rank did per turn in that measurement, alone (its waits
+     * lasted ranks - 1 turns); 0: not measured (a waiting rank's share holds all through a wait) */
+    struct {
+        int ranks;
+        double factor, sync_s, coll_factor, relay_factor, relay_segment_s;
+    } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     /* Gradient accumulation (a pipeline's or a microbatched step's acc += g per backward pass):
      * bytes of gradients one rank adds per second when a pass adds `bytes` of them, by size
      * (ascending): what stays in cache adds several times faster than memory_bw streams it.
@@ -162,6 +167,15 @@ double adt_cluster_coll_factor(const adt_cluster *c, int ranks);
  * with adt_cluster_share, interpolated between rank counts, at 1 + w (ranks - 1) equal to
  * relay_factor). -1 when the entry has no relay_factor: then every rank counts as busy. */
 double adt_cluster_share_active(const adt_cluster *c, int ranks, double active);
+/* The compute slowdown on a node at a load of `load` busy ranks (adt_cluster_share interpolated
+ * between rank counts; 1 rank's below 1). */
+double adt_cluster_share_load(const adt_cluster *c, double load);
+/* The share of a busy rank, at most 1, that a waiting rank of `ranks` on a node takes while it
+ * still yields (the first ADT_COMM_YIELD_MIN_S or more of a wait, comm.h), where it takes none
+ * once it naps: the entry's relay measurement waited ranks - 1 turns of relay_factor x
+ * relay_segment_s and yielded for ADT_COMM_YIELD_MIN_S of each wait, so the constant share w of
+ * adt_cluster_share_active is this share times that part. -1 without both fields. */
+double adt_cluster_yield_share(const adt_cluster *c, int ranks);
 /* The seconds one rank takes to add `bytes` of gradients into their accumulators (one backward
  * pass's share of a step's accumulation) with `busy` ranks of the node computing: the rate of
  * device.accumulate at that size (interpolated in log size, the nearest end outside), else

@@ -376,14 +376,17 @@ static double sync_cost(adt_comm *w, float *x) {
  * adt_comm_recv, as a pipeline's stages take turns; the time per segment over a segment's time
  * on rank 0 while the others sleep, the median of CAL_RELAY_ROUNDS. Where ranks outnumber the
  * cores a waiting rank yields and naps (comm.c), and still takes some of them: 4 stages of an
- * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times. */
+ * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times.
+ * *segment: the median of rank 0's segment alone (device.slowdown[].relay_segment_s): how long
+ * the waits were, of which a waiting rank yielded for the first millisecond. */
 #define CAL_RELAY_ROUNDS 21 /* of 9 the median on 2 ranks moved in 1.03-1.44 across four calibrations in an hour */
 #define CAL_RELAY_TURNS 8
-static double relay_probe(adt_comm *w) {
+static double relay_probe(adt_comm *w, double *segment) {
     adt_graph *g;
     adt_exec *ex;
     int k = adt_comm_size(w), me = adt_comm_rank(w), rc = model_exec(CAL_SYNC_MODEL, 64, 1, 0, &g, &ex), n = 0;
-    double bad = rc != ADT_OK, r[CAL_RELAY_ROUNDS];
+    double bad = rc != ADT_OK, r[CAL_RELAY_ROUNDS], seg[CAL_RELAY_ROUNDS];
+    *segment = 0;
     adt_comm_allreduce_f64(w, &bad, 1);
     for (int i = 0; i < CAL_RELAY_ROUNDS && bad == 0 && !rc; i++) {
         double lone = 0; /* rank 0's segments alone for about 50 ms, the others asleep for 150 */
@@ -413,12 +416,14 @@ static double relay_probe(adt_comm *w) {
         /* the last rank's clock: it runs the relay's last segment */
         double relay = me == k - 1 ? (adt_now_s() - t0) / (CAL_RELAY_TURNS * k) : 0;
         adt_comm_allreduce_f64(w, &relay, 1);
-        if (lone > 0) r[n++] = relay / lone;
+        if (lone > 0) seg[n] = lone, r[n++] = relay / lone;
     }
     adt_exec_free(ex);
     adt_graph_free(g);
     if (rc || !n) return 0;
     qsort(r, (size_t)n, sizeof r[0], cmp_double);
+    qsort(seg, (size_t)n, sizeof seg[0], cmp_double);
+    *segment = seg[n / 2];
     return r[n / 2];
 }
 
@@ -528,8 +533,8 @@ static int comm_worker(void) {
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
     double sync = sync_cost(w, a);
     if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
-    double relay = relay_probe(w);
-    if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\n", relay);
+    double segment, relay = relay_probe(w, &segment);
+    if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\nrelay_segment 0 %.9g\n", relay, segment);
     if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
@@ -600,10 +605,11 @@ static int self_path(char *buf, size_t n) {
 
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
-/* One measurement on k ranks: the probes' results into *slowdown, *sync, *instep_s and *relay, and
- * every collective's timings into fit[] (per kind) and, the all-reduces, into pooled. */
+/* One measurement on k ranks: the probes' results into *slowdown, *sync, *instep_s, *relay and
+ * *segment (the relay's turn alone), and every collective's timings into fit[] (per kind) and, the
+ * all-reduces, into pooled. */
 static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync, double *instep_s,
-                         double *relay) {
+                         double *relay, double *segment) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
     snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
@@ -616,8 +622,8 @@ static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown,
         long long s;
         double t;
         int ki = 0, got = sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3;
-        if (got && !strcmp(kind, "instep")) {
-            *instep_s = t;
+        if (got && (!strcmp(kind, "instep") || !strcmp(kind, "relay_segment"))) {
+            *(kind[0] == 'i' ? instep_s : segment) = t;
             continue;
         }
         if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
@@ -886,23 +892,24 @@ int cli_calibrate(int argc, char **argv) {
          * hour: the relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median
          * of each probe, and one fit of each collective over all its timings */
         int nk = (int)o.ranks - 1, R = (int)o.repeat;
-        double *probe = adt_calloc((size_t)nk * R * 4, sizeof *probe); /* [k][r][slow, sync, instep, relay] */
+        enum { NP = 5 }; /* [k][r][slow, sync, instep, relay, the relay's segment] */
+        double *probe = adt_calloc((size_t)nk * R * NP, sizeof *probe);
         cal_fit *fits = adt_calloc((size_t)nk * CAL_KINDS, sizeof *fits);
         for (int r = 0; r < R && !rc; r++)
             for (int k = 2; k <= o.ranks && !rc; k++) {
-                double *q = probe + ((size_t)(k - 2) * R + r) * 4;
+                double *q = probe + ((size_t)(k - 2) * R + r) * NP;
                 q[2] = -1;
-                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3]);
+                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4]);
             }
         for (int k = 2; k <= o.ranks && !rc; k++) {
             add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);
-            double m[4], col[CAL_MAX_REPEAT];
-            for (int j = 0; j < 4; j++) {
+            double m[NP], col[CAL_MAX_REPEAT];
+            for (int j = 0; j < NP; j++) {
                 int n = 0;
                 for (int r = 0; r < R; r++) {
-                    double v = probe[((size_t)(k - 2) * R + r) * 4 + j];
+                    double v = probe[((size_t)(k - 2) * R + r) * NP + j];
                     /* a failed slowdown or relay probe gives 0, a missing in-step one -1 */
-                    if (j == 0 || j == 3 ? v > 0 : v >= 0) col[n++] = v;
+                    if (j == 0 || j >= 3 ? v > 0 : v >= 0) col[n++] = v;
                 }
                 m[j] = n ? median_of(col, n) : j == 2 ? -1 : 0;
             }
@@ -911,12 +918,13 @@ int cli_calibrate(int argc, char **argv) {
                 double f = slow < 1 ? 1 : slow;
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
                 c.slowdown[c.n_slowdown].relay_factor = relay; /* 0 where the probe failed */
+                c.slowdown[c.n_slowdown].relay_segment_s = relay > 0 ? m[4] : 0;
                 c.slowdown[c.n_slowdown++].factor = f;
                 double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
                 c.slowdown[c.n_slowdown - 1].coll_factor = cf;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
-                        "inside a step %.0f us more; one rank while %d wait for it: %.2fx (medians of %d)\n", k, f,
-                        sync * 1e6, k - 1, relay, R);
+                        "inside a step %.0f us more; one rank while %d wait for it: %.2fx on %.2f ms turns (medians "
+                        "of %d)\n", k, f, sync * 1e6, k - 1, relay, m[4] * 1e3, R);
                 if (cf > 0)
                     fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.4g ms beyond compute, "
                             "their shared-memory part %.2fx its back-to-back time\n", k, instep * 1e3, cf);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/comm.h" /* ADT_COMM_YIELD_MIN_S: how long a waiting rank yields */
 #include "adtrain/planner.h"
 #include "models/cfg_internal.h"
 
@@ -150,7 +151,8 @@ static int object_array(const cJSON *a, const char *field, int max, const char *
     return ADT_OK;
 }
 
-/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor"}], compute time
+/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s"}],
+ * compute time
  * with that many busy ranks on a node over one rank's, the seconds a rank loses at each
  * collective it blocks on, a collective's time inside a step over its back-to-back time where the
  * cores move it, and one rank's compute while the others wait for its messages over its own. */
@@ -159,7 +161,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
     int n, i = 0, rc = object_array(a, "slowdown", ADT_CLUSTER_MAX_SLOWDOWN, "{ranks, factor}", name, &n);
     if (rc || !n) return rc;
-    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "comment", NULL};
+    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s",
+                                         "comment", NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -168,7 +171,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
             (rc = get_number(e, "factor", w, 1, 0.1, 1e3, name, &c->slowdown[i].factor)) ||
             (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)) ||
             (rc = get_number(e, "coll_factor", w, 0, 0, 1e3, name, &c->slowdown[i].coll_factor)) ||
-            (rc = get_number(e, "relay_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_factor)))
+            (rc = get_number(e, "relay_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_factor)) ||
+            (rc = get_number(e, "relay_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_segment_s)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -386,8 +390,9 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
                          ADT_CLUSTER_MAX_SLOWDOWN);
     for (int i = 0; i < c->n_slowdown; i++)
         if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0) ||
-            !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0 and relay_factor >= 0",
+            !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0) ||
+            !(c->slowdown[i].relay_segment_s >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0, relay_factor >= 0 and relay_segment_s >= 0",
                              name, i);
     if (c->n_accumulate < 0 || c->n_accumulate > ADT_CLUSTER_MAX_ACCUMULATE)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.accumulate\": %d entries, expected 0 to %d", name,
@@ -478,6 +483,8 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             if (c->slowdown[i].sync_s > 0) cJSON_AddNumberToObject(e, "sync_s", c->slowdown[i].sync_s);
             if (c->slowdown[i].coll_factor > 0) cJSON_AddNumberToObject(e, "coll_factor", c->slowdown[i].coll_factor);
             if (c->slowdown[i].relay_factor > 0) cJSON_AddNumberToObject(e, "relay_factor", c->slowdown[i].relay_factor);
+            if (c->slowdown[i].relay_segment_s > 0)
+                cJSON_AddNumberToObject(e, "relay_segment_s", c->slowdown[i].relay_segment_s);
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
@@ -593,10 +600,13 @@ static double share_at(const adt_cluster *c, double x) {
     return x > lo ? a + (x - lo) * (adt_cluster_share(c, lo + 1) - a) : a;
 }
 
-double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
-    int e = slowdown_entry(c, ranks);
-    if (e < 0 || !(c->slowdown[e].relay_factor > 0)) return -1;
-    /* the share of a busy rank a waiting one is, w in [0, 1]: the load is monotone in w */
+double adt_cluster_share_load(const adt_cluster *c, double load) {
+    return share_at(c, load < 1 ? 1 : load);
+}
+
+/* The share of a busy rank a waiting one is, w in [0, 1], by entry e's relay_factor: the load
+ * 1 + w (ranks - 1) at which share_at is the factor (monotone in w). */
+static double waiting_share(const adt_cluster *c, int e, int ranks) {
     double r = c->slowdown[e].relay_factor, lo = 0, hi = 1;
     if (ranks < 2 || share_at(c, ranks) <= r) lo = 1;
     else if (share_at(c, 1) >= r) hi = 0;
@@ -604,8 +614,27 @@ double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) 
         double mid = (lo + hi) / 2;
         *(share_at(c, 1 + mid * (ranks - 1)) < r ? &lo : &hi) = mid;
     }
-    double w = (lo + hi) / 2, load = active + w * (ranks - active);
+    return (lo + hi) / 2;
+}
+
+double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
+    int e = slowdown_entry(c, ranks);
+    if (e < 0 || !(c->slowdown[e].relay_factor > 0)) return -1;
+    double w = waiting_share(c, e, ranks), load = active + w * (ranks - active);
     return share_at(c, load < 1 ? 1 : load);
+}
+
+/* The relay measurement's waits, ranks - 1 turns each (a 4-byte token), yielded for their first
+ * ADT_COMM_YIELD_MIN_S: w = the yielding share x that part of a wait. At most a busy rank: a
+ * rank that yields takes no more than its core (where w says more, the rest of the relay's
+ * excess is its wake-ups, which the windows of a pipeline's waits then leave out). */
+double adt_cluster_yield_share(const adt_cluster *c, int ranks) {
+    int e = slowdown_entry(c, ranks);
+    if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return -1;
+    double wait = (c->slowdown[e].ranks - 1) * c->slowdown[e].relay_factor * c->slowdown[e].relay_segment_s;
+    double yielding = wait > ADT_COMM_YIELD_MIN_S ? ADT_COMM_YIELD_MIN_S / wait : 1;
+    double y = waiting_share(c, e, ranks) / yielding;
+    return y < 1 ? y : 1;
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {
