@@ -1,11 +1,17 @@
 """planner_accuracy.py - the measuring and the summary of bench/run_planner_accuracy.sh.
 
-    python3 bench/planner_accuracy.py WORKDIR CLUSTER.json OUT.jsonl
+    python3 bench/planner_accuracy.py WORKDIR CLUSTER.json|calibrate OUT.jsonl
     python3 bench/planner_accuracy.py --summary OUT.jsonl      the summary of a stored run
     python3 bench/planner_accuracy.py --reprice OUT.jsonl [CLUSTER.json]   the stored measurements against
         today's binary's predictions, on the run's own cluster (its meta line): each model's input
         priced once now (its "input_s" where the run stored it), or on CLUSTER.json; auto rows are left out, since
-        today's auto plan may not be the plan that was measured
+        today's auto plan may not be the plan that was measured; a run calibrated model by model is
+        repriced on each model's own cluster
+
+With "calibrate" for CLUSTER.json, each model is priced on a cluster file that `adtrain calibrate
+--ranks RANKS --procs 9 --model CFG:B` wrote just before its plans were measured (a "calibration"
+line before the model's rows keeps it): this machine's speed drifts by a third over tens of
+minutes, and a calibration half an hour before a model's rounds prices them at the speed of then.
 
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
 writes one JSON line per plan to OUT.jsonl and prints the per-model summary. A run times
@@ -29,6 +35,7 @@ SUMMARY_ONLY = len(sys.argv) == 3 and sys.argv[1] == "--summary"
 REPRICE = len(sys.argv) in (3, 4) and sys.argv[1] == "--reprice"
 if not SUMMARY_ONLY and not REPRICE:
     WORK, CLUSTER, OUT = sys.argv[1:4]
+    CALIBRATE_EACH = CLUSTER == "calibrate"
     RANKS, ROUNDS = int(os.environ["RANKS"]), int(os.environ["ROUNDS"])
     STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
     TIME_S = float(os.environ.get("TIME_S", "0"))
@@ -68,6 +75,21 @@ def price_plan(cfg, data, batch, s, n, m, path, input_s):
     return subprocess.run([ADT, "plan", "--strategy", s, "--devices", str(n), "--model", cfg, "--batch", str(batch),
                            "--microbatches", str(m), "--cluster", CLUSTER, "--data", data, "--json", "-o", path,
                            "--input-s", repr(input_s)], capture_output=True, text=True)
+
+
+def calibrate(model, cfg, batch, out, t0):
+    """The cluster file this model's plans are priced on, measured now (module docstring)."""
+    global CLUSTER
+    CLUSTER = f"{WORK}/cluster-{model}.json"
+    t = time.time()
+    r = subprocess.run([ADT, "calibrate", "--ranks", str(RANKS), "--procs", "9", "--model", f"{cfg}:{batch}", "-o",
+                        CLUSTER], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"calibrate for {model} failed:\n{r.stderr}")
+    out.write(json.dumps({"calibration": {"model": model, "at_s": round(t - t0, 2), "seconds": round(time.time() - t, 1),
+                                          "cluster": json.load(open(CLUSTER))}}) + "\n")
+    out.flush()
+    print(f"  {model}: calibrated in {time.time() - t:.0f} s, load {loadavg()}", file=sys.stderr)
 
 
 def make_plans(model, cfg, data, batch):
@@ -150,11 +172,13 @@ def main():
     out.write(json.dumps({"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
                                    "loadavg_at_start": loadavg(), "ranks": RANKS, "rounds": ROUNDS, "steps": STEPS,
                                    "warmup": WARMUP, "time_s": TIME_S, "run_ms": "mean",
-                                   "cluster": json.load(open(CLUSTER))}}) + "\n")
+                                   "cluster": None if CALIBRATE_EACH else json.load(open(CLUSTER))}}) + "\n")
     rows = []
     for model in MODELS:
         cfg = f"configs/{model}.json"
         data, batch = DATA[model.split("-")[0]]
+        if CALIBRATE_EACH:
+            calibrate(model, cfg, batch, out, t0)
         plans = make_plans(model, cfg, data, batch)
         for p in plans:
             p["runs"], p["run_medians"], p["run_at"], p["steps"] = [], [], [], timed_steps(p)
@@ -266,8 +290,7 @@ def reprice(path):
     global CLUSTER
     lines = [json.loads(line) for line in open(path)]
     work = tempfile.mkdtemp()
-    CLUSTER = f"{work}/cluster.json"
-    json.dump(json.load(open(sys.argv[3])) if len(sys.argv) == 4 else lines[0]["meta"]["cluster"], open(CLUSTER, "w"))
+    own = {c["calibration"]["model"]: c["calibration"]["cluster"] for c in lines if "calibration" in c}
     stored = [r for r in lines if "model" in r and not r["plan"].startswith("auto")]
     models = list(dict.fromkeys(r["model"] for r in stored))
     rows = []
@@ -279,6 +302,9 @@ def reprice(path):
         cfg = f"configs/{model}.json"
         data, batch = DATA[model.split("-")[0]]
         rs = [r for r in stored if r["model"] == model]
+        CLUSTER = f"{work}/cluster-{model}.json"
+        json.dump(json.load(open(sys.argv[3])) if len(sys.argv) == 4 else own.get(model, lines[0]["meta"]["cluster"]),
+                  open(CLUSTER, "w"))
         input_s = rs[0].get("input_s") or prices.get(model) or input_price(cfg, data, batch)
         if not rs[0].get("input_s"):
             prices[model] = input_s
