@@ -22,8 +22,8 @@
 # growth of the peak RSS is recorded beside it). Plans that `adtrain plan` refuses for a shape
 # (tp of 3, a batch that 3 does not divide) are left out.
 #
-# Writes bench/results/planner-accuracy-<UTC date-time>.jsonl (a "meta" line, one line per plan,
-# the cluster file used) and prints the summary table.
+# Writes bench/results/planner-accuracy-<UTC date-time>.jsonl (a "meta" line; per model a
+# "calibration" line with the cluster file its plans were priced on, then one line per plan) and prints the summary table.
 #
 # Rounds: this VM's speed changes by up to 1.6x (a GEMM at 21-49 GFLOP/s in one minute) and holds
 # a state for seconds (the autocorrelation of 0.17 s samples halves at about 3 s), so a run of a
