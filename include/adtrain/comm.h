@@ -199,6 +199,10 @@ int adt_comm_progress(adt_comm *c);
  * a yielding rank still takes the cores, a napping one hardly (the cost model's pipelines). */
 #define ADT_COMM_YIELD_MIN_S 1e-3
 #define ADT_COMM_YIELD_BYTES_PER_S 1e9
+static inline double adt_comm_yield_window_s(double bytes) {
+    double s = bytes / ADT_COMM_YIELD_BYTES_PER_S;
+    return s > ADT_COMM_YIELD_MIN_S ? s : ADT_COMM_YIELD_MIN_S;
+}
 /* The smallest all-reduce (bytes) that takes the shared-memory path; below it MPI's latency is
  * the lower. */
 #define ADT_COMM_SHM_MIN_BYTES ((int64_t)64 << 10)

@@ -453,8 +453,7 @@ static void nap(double s) {
 /* How long a polite wait yields before it naps: the time r's bytes take at 1 GB/s. */
 static double yield_window(const adt_comm_req *r) {
     double bytes = (double)r->op.n * (double)comm_elem_size(r->op.elem);
-    double s = (r->op.kind == OP_ALLREDUCE ? 2 : 1) * bytes / ADT_COMM_YIELD_BYTES_PER_S;
-    return s > ADT_COMM_YIELD_MIN_S ? s : ADT_COMM_YIELD_MIN_S;
+    return adt_comm_yield_window_s((r->op.kind == OP_ALLREDUCE ? 2 : 1) * bytes);
 }
 
 /* `quiet`: how long nothing has moved (a polite wait's own clock, see wait_reqs). */

@@ -511,8 +511,7 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
     for (int s = 0; s < S; s++) { /* a wait yields while its bytes could be moving (comm.h) */
         double bytes = ev[s].p2p_bytes; /* a forward waits for its input, a backward for s + 1's gradient */
         if (s + 1 < S && ev[s + 1].p2p_bytes > bytes) bytes = ev[s + 1].p2p_bytes;
-        window[s] = bytes / ADT_COMM_YIELD_BYTES_PER_S;
-        if (window[s] < ADT_COMM_YIELD_MIN_S) window[s] = ADT_COMM_YIELD_MIN_S;
+        window[s] = adt_comm_yield_window_s(bytes);
     }
     for (int s = 0; s < S; s++) n_ops[s] = adt_pipe_1f1b(S, s, m, ops + (size_t)s * 2 * m);
     double t = 0, at_busy = adt_cluster_share(c, busy);
