@@ -16,7 +16,8 @@ minutes, and a calibration half an hour before a model's rounds prices them at t
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
 writes one JSON line per plan to OUT.jsonl and prints the per-model summary. A run times
 max(STEPS, TIME_S / the predicted step) steps after WARMUP, its time the mean of rank 0's steps
-(the median of them is stored beside it); a plan's time the median of its runs.
+(the median of them is stored beside it); a plan's time the mean of its runs (plan_time), the
+median of them stored beside it.
 
 A plan measured twice (the auto plan is often an expert plan: "auto (dp=2)" beside "dp") counts
 once in the summary's figures, its runs pooled; the table lists both rows.
@@ -24,10 +25,11 @@ once in the summary's figures, its runs pooled; the table lists both rows.
 The summary also says how far the measurement itself repeats: Kendall's tau between two rounds
 of the same plans (the mean over pairs of rounds) and the median deviation of one round from the
 median of the others. A prediction's tau cannot be told from the measurement's noise above that
-ceiling, and its median error not below that deviation. Since each plan's time is the median of
-its runs, the last column estimates the ceiling for that median: the tau a prediction that knew
-the true times would get (bootstrap_tau). A row also keeps when each run started (run_at_s,
-seconds from the start)."""
+ceiling, and its median error not below that deviation. Since each plan's time is the mean of
+its runs, the last column estimates the ceiling for that mean: the tau a prediction that knew
+the true times would get (bootstrap_tau), and the tau between the plans' times from the even and
+from the odd rounds (halves_tau). A row also keeps when each run started (run_at_s, seconds from
+the start). A stored run is summarised with today's plan_time, whatever its measured_ms says."""
 import itertools, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
 ADT = os.environ.get("ADT", "build/adtrain")
@@ -119,6 +121,16 @@ def make_plans(model, cfg, data, batch):
     return plans
 
 
+def plan_time(runs):
+    """A plan's measured step time from its runs' times: their mean, the plan's throughput over
+    the rounds. This machine runs in two speed states about 1.35x apart for minutes each, so a
+    plan's runs are two clusters and their median falls in one or the other by a run or two: on
+    the four 16-round runs of 2026-11-28 the mean's times from the even rounds ranked the plans
+    like the odd rounds' at tau 0.71-0.95 (median 0.89), the median's at 0.58-0.95 (0.87), and
+    resampled, at 0.88-0.97 against 0.81-0.96."""
+    return statistics.fmean(runs)
+
+
 def timed_steps(p):
     """Steps timed per run: STEPS, or as many as fill TIME_S at the predicted step time. A few ms
     steps of ranks that time-share 2 cores vary with the scheduler's slices (3-4 ms) from step to
@@ -195,8 +207,8 @@ def main():
                   file=sys.stderr)
         for p in plans:
             row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
-                   "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": statistics.median(p["runs"]),
-                   "runs_ms": p["runs"], "run_step_medians_ms": p["run_medians"], "run_at_s": p["run_at"], "steps": p["steps"],
+                   "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": plan_time(p["runs"]),
+                   "measured_median_ms": statistics.median(p["runs"]), "runs_ms": p["runs"], "run_step_medians_ms": p["run_medians"], "run_at_s": p["run_at"], "steps": p["steps"],
                    "predicted_mem_bytes": p["pred"]["peak_mem_bytes"],
                    "measured_mem_bytes": p["mem"][0], "rss_growth_bytes": p["mem"][1], "input_s": p["input_s"]}
             rows.append(row)
@@ -210,7 +222,8 @@ def main():
 
 
 def repeatability(rs):
-    """(mean tau between rounds, median |run - median of the other runs| / that median) or None."""
+    """(mean tau between rounds, median |run - median of the other runs| / that median, bootstrap_tau,
+    tau between the even and the odd rounds' plan times) or None."""
     n = min(len(r["runs_ms"]) for r in rs)
     if n < 2:
         return None
@@ -220,19 +233,20 @@ def repeatability(rs):
         for i in range(n):
             others = statistics.median(r["runs_ms"][:i] + r["runs_ms"][i + 1:n])
             dev.append(abs(r["runs_ms"][i] - others) / others)
-    return statistics.mean(taus), statistics.median(dev), bootstrap_tau(rs)
+    halves = tau([plan_time(r["runs_ms"][0:n:2]) for r in rs], [plan_time(r["runs_ms"][1:n:2]) for r in rs])
+    return statistics.mean(taus), statistics.median(dev), bootstrap_tau(rs), halves
 
 
 def bootstrap_tau(rs, draws=200):
     """The tau a prediction that knew every plan's true time would get against this measurement,
     estimated from the measurement's own spread: each plan's runs drawn again with replacement,
-    their median ranked against the measured medians (the mean over `draws`, a fixed seed). A
+    their plan_time ranked against the measured ones (the mean over `draws`, a fixed seed). A
     ceiling for the prediction's tau: near plans swap places from one measurement to the next."""
     rng = random.Random(1)
-    med = [statistics.median(r["runs_ms"]) for r in rs]
+    med = [plan_time(r["runs_ms"]) for r in rs]
     got = []
     for _ in range(draws):
-        again = [statistics.median(rng.choices(r["runs_ms"], k=len(r["runs_ms"]))) for r in rs]
+        again = [plan_time(rng.choices(r["runs_ms"], k=len(r["runs_ms"]))) for r in rs]
         got.append(tau(med, again))
     return statistics.mean(got)
 
@@ -251,7 +265,7 @@ def pooled(rs):
             out.append(dict(r))
             continue
         twin["runs_ms"] = twin["runs_ms"] + r["runs_ms"]
-        twin["measured_ms"] = statistics.median(twin["runs_ms"])
+        twin["measured_ms"] = plan_time(twin["runs_ms"])
         twin["plan"] = twin["plan"] + " = " + r["plan"]
     return out
 
@@ -259,8 +273,9 @@ def pooled(rs):
 def summarize(rows, models):
     print("| model | plans | median abs error | Kendall tau | predicted-best measured / measured best | "
           "memory predicted / measured (min..max) | round vs round: tau, median deviation | "
-          "measurement's own tau (bootstrap) |")
+          "measurement's own tau: bootstrap, halves |")
     print("|---|---|---|---|---|---|---|---|")
+    rows = [dict(r, measured_ms=plan_time(r["runs_ms"])) if r.get("runs_ms") else r for r in rows]
     for model in models:
         rs = pooled([r for r in rows if r["model"] == model])
         if not rs:
@@ -272,7 +287,7 @@ def summarize(rows, models):
         mr = [r["predicted_mem_bytes"] / r["measured_mem_bytes"] for r in rs if r["measured_mem_bytes"]]
         mtxt = f"{min(mr):.2f}..{max(mr):.2f}" if mr else "-"
         rep = repeatability(rs)
-        rtxt = f"{rep[0]:.2f}, {100 * rep[1]:.1f}% | {rep[2]:.2f}" if rep else "- | -"
+        rtxt = f"{rep[0]:.2f}, {100 * rep[1]:.1f}% | {rep[2]:.2f}, {rep[3]:.2f}" if rep else "- | -"
         print(f"| {model} | {len(rs)} | {100 * err:.1f}% | {t:.2f} | {pick['measured_ms'] / best:.3f} "
               f"({pick['ranks']} ranks {pick['plan']} m={pick['microbatches']}) | {mtxt} | {rtxt} |")
     print()

@@ -17,8 +17,8 @@
 # step) timed: about half a second of steps), interleaved across all plans of a model (round robin,
 # order reversed every other round) so that load from others on a shared machine falls on every
 # plan alike; per run the mean of rank 0's per-step ms after the warmup (--log), per plan the
-# median of the runs. Measured memory: every rank's executor reports
-# (ADT_MEM_REPORT) its memory plan: slots x arena + state + scratch bytes, the max over ranks (the
+# mean of the runs (the median beside it; planner_accuracy.py's plan_time says why). Measured
+# memory: every rank's executor reports (ADT_MEM_REPORT) its memory plan: slots x arena + state + scratch bytes, the max over ranks (the
 # growth of the peak RSS is recorded beside it). Plans that `adtrain plan` refuses for a shape
 # (tp of 3, a batch that 3 does not divide) are left out.
 #
