@@ -125,9 +125,9 @@ def plan_time(runs):
     """A plan's measured step time from its runs' times: their mean, the plan's throughput over
     the rounds. This machine runs in two speed states about 1.35x apart for minutes each, so a
     plan's runs are two clusters and their median falls in one or the other by a run or two: on
-    the four 16-round runs of 2026-11-28 the mean's times from the even rounds ranked the plans
-    like the odd rounds' at tau 0.71-0.95 (median 0.89), the median's at 0.58-0.95 (0.87), and
-    resampled, at 0.88-0.97 against 0.81-0.96."""
+    the four 16-round runs of 2026-11-28 (16 pairs of run and model) the mean's times from the
+    even rounds ranked the plans like the odd rounds' at tau 0.71-0.95 (median 0.90), the
+    median's at 0.58-0.95 (0.87), and resampled (bootstrap_tau) at 0.85-0.97 against 0.82-0.96."""
     return statistics.fmean(runs)
 
 
