@@ -317,6 +317,7 @@ static void test_cluster_calibrated(void) {
     CHECK_CLOSE(adt_cluster_coll_time(&c, 0, ADT_COLL_SEND_RECV, 2, G, 2), 1e-6 + G * 1e-10, 1e-12, 0);
     /* the JSON form reads back to the same object, op factors and in-step factors too */
     c.slowdown[2].coll_factor = 3.5, c.slowdown[2].relay_factor = 1.75, c.slowdown[2].relay_segment_s = 1.5e-3;
+    c.slowdown[2].relay_long_factor = 1.5, c.slowdown[2].relay_long_segment_s = 1.5e-2;
     c.op_factor[2][ADT_OP_MATMUL] = 1.25, c.op_factor[0][ADT_OP_RELU] = 0.5;
     c.byte_rate[ADT_OPCLASS_CONV] = 2e10, c.byte_rate_small[ADT_OPCLASS_MATMUL] = 3e10;
     c.n_accumulate = 2, c.accumulate[0].bytes = 1e6, c.accumulate[0].bytes_per_s = 2e10;
@@ -355,6 +356,8 @@ static void test_cluster_calibrated(void) {
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"coll_factor\":-1", "device.slowdown[2].coll_factor"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_factor\":\"x\"", "device.slowdown[2].relay_factor"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_segment_s\":-1e-3", "device.slowdown[2].relay_segment_s"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_long_factor\":-1", "device.slowdown[2].relay_long_factor"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_long_segment_s\":11", "device.slowdown[2].relay_long_segment_s"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmull\":[0,0,0,0,0,0,0,1]}",
          "device.op_factors.matmull"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[1,2]}", "device.op_factors.matmul"},
@@ -653,6 +656,54 @@ static void test_cost_relay_window(void) {
         adt_plan_free(&pp);
         adt_graph_free(g);
     }
+}
+
+/* device.slowdown[].relay_long_factor: the relay again with turns long enough that its waits
+ * mostly nap. The two relays' constant shares are each a mix of the yield share y (for the part
+ * of the waits that yields) and the nap share f (the rest): solved together (closed form). A
+ * pipeline of long passes then runs each pass beside its napping ranks at that share. */
+static void test_cost_relay_nap(void) {
+    adt_cluster c, r;
+    CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    r = c;
+    /* the short relay: w = 1/3 on 4 ranks, waits of 2 ms, half of them yielding */
+    r.slowdown[2].relay_factor = 1.25, r.slowdown[2].relay_segment_s = 2e-3 / 3.75;
+    CHECK(adt_cluster_nap_share(&r, 4) == 0, "no long relay: nap share %g", adt_cluster_nap_share(&r, 4));
+    CHECK_CLOSE(adt_cluster_yield_share(&r, 4), 2.0 / 3, 1e-9, 0);
+    /* the long one: a load of 1.5 (share 1.125, w = 1/6), waits of 10 ms, a tenth yielding:
+     * 1/3 = y / 2 + f / 2 and 1/6 = y / 10 + 9 f / 10, so f = 1/8 and y = 13/24 */
+    r.slowdown[2].relay_long_factor = 1.125, r.slowdown[2].relay_long_segment_s = 10e-3 / (3 * 1.125);
+    CHECK_CLOSE(adt_cluster_nap_share(&r, 4), 0.125, 1e-8, 0);
+    CHECK_CLOSE(adt_cluster_yield_share(&r, 4), 13.0 / 24, 1e-8, 0);
+    /* a long relay as slow as the short one: napping costs what yielding does, the constant share */
+    adt_cluster k = r;
+    k.slowdown[2].relay_long_factor = 1.25, k.slowdown[2].relay_long_segment_s = 10e-3 / 3.75;
+    CHECK_CLOSE(adt_cluster_nap_share(&k, 4), 1.0 / 3, 1e-8, 0);
+    CHECK_CLOSE(adt_cluster_yield_share(&k, 4), 1.0 / 3, 1e-8, 0);
+    /* 4 stages of long passes at one microbatch (test_cost_relay_window's big case) */
+    adt_model_cfg deep = mlp_cfg(1024, 1024, 10);
+    deep.mlp.n_sizes = 5, deep.mlp.sizes[3] = 1024, deep.mlp.sizes[4] = 10;
+    adt_cluster nb = c, wb = r;
+    wb.slowdown[2].relay_long_factor = 0; /* napping takes nothing */
+    nb.rate[ADT_OPCLASS_MATMUL] = r.rate[ADT_OPCLASS_MATMUL] = wb.rate[ADT_OPCLASS_MATMUL] = 1e9;
+    adt_graph *g = NULL;
+    adt_plan pp;
+    CHECK(expert_mb(&deep, "pp", 4, 256, 1, &g, &pp) == ADT_OK, "%s", adt_error_message());
+    adt_cost_report closed, nap, window;
+    CHECK(adt_plan_cost(&pp, g, &nb, &closed) == ADT_OK && adt_plan_cost(&pp, g, &r, &nap) == ADT_OK &&
+              adt_plan_cost(&pp, g, &wb, &window) == ADT_OK,
+          "%s", adt_error_message());
+    double sum = 0;
+    for (int s = 0; s < closed.n_stages; s++) sum += closed.stage_s[s];
+    double once = closed.step_s - sum, beside = sum / 2.5 * adt_cluster_share_load(&r, 1 + 3 * 0.125) + once;
+    /* each pass beside 3 napping ranks, plus at most the windows in which they yield instead */
+    double most = beside + 4 * 3 * 1.1e-3 * (adt_cluster_share_load(&r, 1 + 3 * 13.0 / 24) - 1);
+    CHECK(closed.stage_s[0] > 0.1 && nap.step_s >= beside - 1e-12 && nap.step_s <= most + 1e-12 &&
+              nap.step_s > window.step_s,
+          "long passes: %g s, beside napping ranks %g s, at most %g s, napping for nothing %g s", nap.step_s, beside,
+          most, window.step_s);
+    adt_plan_free(&pp);
+    adt_graph_free(g);
 }
 
 /* device.byte_rates: a GEMM-backed op takes its FLOPs at the class rate plus its bytes at the
@@ -1333,6 +1384,9 @@ static void test_cli(void) {
         CHECK(c.slowdown[1].relay_factor > 0 && c.slowdown[1].relay_segment_s > 1e-5 && c.slowdown[1].relay_segment_s < 1 &&
                   contains(out, "ms turns"),
               "relay: factor %g on turns of %g s", c.slowdown[1].relay_factor, c.slowdown[1].relay_segment_s);
+        /* the long relay: turns of CAL_RELAY_LONG_RUNS (10) steps, several times the short one's */
+        CHECK(c.slowdown[1].relay_long_factor > 0 && c.slowdown[1].relay_long_segment_s > 3 * c.slowdown[1].relay_segment_s,
+              "long relay: factor %g on turns of %g s", c.slowdown[1].relay_long_factor, c.slowdown[1].relay_long_segment_s);
         CHECK(c.byte_rate[ADT_OPCLASS_MATMUL] >= 0 && c.n_accumulate >= 4, "byte rate %g, %d accumulation sizes",
               c.byte_rate[ADT_OPCLASS_MATMUL], c.n_accumulate);
         /* the in-step factor makes the cost model price the probe's data-parallel step (calibrate.c's
@@ -1385,6 +1439,7 @@ int main(void) {
     RUN(test_cost_on_cores);
     RUN(test_cost_relay);
     RUN(test_cost_relay_window);
+    RUN(test_cost_relay_nap);
     RUN(test_cost_byte_rates);
     RUN(test_cost_accumulate_sizes);
     RUN(test_cost_accumulate);

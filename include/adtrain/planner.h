@@ -111,10 +111,13 @@ typedef struct adt_cluster {
      * pipeline's ranks taking turns) over its time alone: what a waiting rank still takes of the
      * cores, and its wake-ups; 0: not measured (waiting ranks count as busy);
      * relay_segment_s: the compute one rank did per turn in that measurement, alone (its waits
-     * lasted ranks - 1 turns); 0: not measured (a waiting rank's share holds all through a wait) */
+     * lasted ranks - 1 turns); 0: not measured (a waiting rank's share holds all through a wait);
+     * relay_long_factor, relay_long_segment_s: the same measured with turns about ten times
+     * longer, whose waits mostly nap: what a napping rank still takes; 0: not measured (a
+     * napping rank takes nothing) */
     struct {
         int ranks;
-        double factor, sync_s, coll_factor, relay_factor, relay_segment_s;
+        double factor, sync_s, coll_factor, relay_factor, relay_segment_s, relay_long_factor, relay_long_segment_s;
     } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     /* Gradient accumulation (a pipeline's or a microbatched step's acc += g per backward pass):
      * bytes of gradients one rank adds per second when a pass adds `bytes` of them, by size
@@ -171,11 +174,17 @@ double adt_cluster_share_active(const adt_cluster *c, int ranks, double active);
  * between rank counts; 1 rank's below 1). */
 double adt_cluster_share_load(const adt_cluster *c, double load);
 /* The share of a busy rank, at most 1, that a waiting rank of `ranks` on a node takes while it
- * still yields (the first ADT_COMM_YIELD_MIN_S or more of a wait, comm.h), where it takes none
- * once it naps: the entry's relay measurement waited ranks - 1 turns of relay_factor x
- * relay_segment_s and yielded for ADT_COMM_YIELD_MIN_S of each wait, so the constant share w of
- * adt_cluster_share_active is this share times that part. -1 without both fields. */
+ * still yields (the first ADT_COMM_YIELD_MIN_S or more of a wait, comm.h), and, at most as much,
+ * once it naps (adt_cluster_nap_share): the entry's relay measurement waited ranks - 1 turns of
+ * relay_factor x relay_segment_s and yielded for ADT_COMM_YIELD_MIN_S of each wait, so the
+ * constant share w of adt_cluster_share_active is this share for that part of the wait and the
+ * nap share for the rest. -1 without both fields. */
 double adt_cluster_yield_share(const adt_cluster *c, int ranks);
+/* The share of a busy rank that a waiting rank of `ranks` takes once its wait naps: from the
+ * long relay (relay_long_factor, relay_long_segment_s), whose waits nap but for their first
+ * ADT_COMM_YIELD_MIN_S, with the yielding part at adt_cluster_yield_share's share (the two
+ * relays solved together). 0 where the entry has no long relay. */
+double adt_cluster_nap_share(const adt_cluster *c, int ranks);
 /* The seconds one rank takes to add `bytes` of gradients into their accumulators (one backward
  * pass's share of a step's accumulation) with `busy` ranks of the node computing: the rate of
  * device.accumulate at that size (interpolated in log size, the nearest end outside), else

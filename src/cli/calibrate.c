@@ -378,18 +378,26 @@ static double sync_cost(adt_comm *w, float *x) {
  * cores a waiting rank yields and naps (comm.c), and still takes some of them: 4 stages of an
  * MLP at one microbatch ran 1.4 times one rank's step on 2 cores, neither 1 nor 2 times.
  * *segment: the median of rank 0's segment alone (device.slowdown[].relay_segment_s): how long
- * the waits were, of which a waiting rank yielded for the first millisecond. */
+ * the waits were, of which a waiting rank yielded for the first millisecond. A segment of `runs`
+ * steps: at 1 the waits mostly yield, at CAL_RELAY_LONG_RUNS they mostly nap, and the two
+ * factors tell a waiting rank's share while it yields from its share once it naps
+ * (adt_cluster_nap_share: on one 2-core VM napping ranks took nothing, on another 4 stages of
+ * GPT-S at one microbatch ran 1.24 times one rank's step, passes of 150 ms). */
 #define CAL_RELAY_ROUNDS 21 /* of 9 the median on 2 ranks moved in 1.03-1.44 across four calibrations in an hour */
 #define CAL_RELAY_TURNS 8
-static double relay_probe(adt_comm *w, double *segment) {
+#define CAL_RELAY_LONG_RUNS 10 /* steps per segment of the long relay: turns of about 15 ms */
+#define CAL_RELAY_LONG_ROUNDS 7
+#define CAL_RELAY_LONG_TURNS 3
+static double relay_probe(adt_comm *w, int runs, int rounds, int turns, double *segment) {
     adt_graph *g;
     adt_exec *ex;
     int k = adt_comm_size(w), me = adt_comm_rank(w), rc = model_exec(CAL_SYNC_MODEL, 64, 1, 0, &g, &ex), n = 0;
     double bad = rc != ADT_OK, r[CAL_RELAY_ROUNDS], seg[CAL_RELAY_ROUNDS];
     *segment = 0;
+    if (rounds > CAL_RELAY_ROUNDS) rounds = CAL_RELAY_ROUNDS;
     adt_comm_allreduce_f64(w, &bad, 1);
-    for (int i = 0; i < CAL_RELAY_ROUNDS && bad == 0 && !rc; i++) {
-        double lone = 0; /* rank 0's segments alone for about 50 ms, the others asleep for 150 */
+    for (int i = 0; i < rounds && bad == 0 && !rc; i++) {
+        double lone = 0; /* rank 0's segments alone for at least 50 ms, the others asleep */
         int segs = 0;
         adt_comm_barrier(w);
         if (me == 0) {
@@ -397,24 +405,25 @@ static double relay_probe(adt_comm *w, double *segment) {
             do {
                 adt_exec_set_lr_step(ex, 1e-4f, segs + 1);
                 rc = adt_exec_run(ex);
-            } while (!rc && ++segs < 1000 && adt_now_s() - t0 < 0.05);
-            lone = (adt_now_s() - t0) / (segs ? segs : 1);
+            } while (!rc && ++segs < 1000 && (segs < runs || adt_now_s() - t0 < 0.05));
+            lone = (adt_now_s() - t0) / (segs ? segs : 1) * runs;
         } else {
-            usleep(150000);
+            usleep(150000 + 20000 * (useconds_t)runs);
         }
         adt_comm_allreduce_f64(w, &lone, 1); /* rank 0's: the others add 0 */
         int32_t token = 0;
         adt_comm_barrier(w);
         double t0 = adt_now_s();
-        for (int t = 0; t < CAL_RELAY_TURNS && !rc; t++) {
+        for (int t = 0; t < turns && !rc; t++) {
             if (me || t) rc = adt_comm_recv(w, &token, 1, ADT_I32, (me + k - 1) % k, 7);
-            adt_exec_set_lr_step(ex, 1e-4f, t + 1);
-            if (!rc) rc = adt_exec_run(ex);
-            if (!rc && (me < k - 1 || t < CAL_RELAY_TURNS - 1))
-                rc = adt_comm_send(w, &token, 1, ADT_I32, (me + 1) % k, 7);
+            for (int j = 0; j < runs && !rc; j++) {
+                adt_exec_set_lr_step(ex, 1e-4f, t * runs + j + 1);
+                rc = adt_exec_run(ex);
+            }
+            if (!rc && (me < k - 1 || t < turns - 1)) rc = adt_comm_send(w, &token, 1, ADT_I32, (me + 1) % k, 7);
         }
         /* the last rank's clock: it runs the relay's last segment */
-        double relay = me == k - 1 ? (adt_now_s() - t0) / (CAL_RELAY_TURNS * k) : 0;
+        double relay = me == k - 1 ? (adt_now_s() - t0) / (turns * k) : 0;
         adt_comm_allreduce_f64(w, &relay, 1);
         if (lone > 0) seg[n] = lone, r[n++] = relay / lone;
     }
@@ -533,8 +542,10 @@ static int comm_worker(void) {
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
     double sync = sync_cost(w, a);
     if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
-    double segment, relay = relay_probe(w, &segment);
+    double segment, relay = relay_probe(w, 1, CAL_RELAY_ROUNDS, CAL_RELAY_TURNS, &segment);
     if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\nrelay_segment 0 %.9g\n", relay, segment);
+    relay = relay_probe(w, CAL_RELAY_LONG_RUNS, CAL_RELAY_LONG_ROUNDS, CAL_RELAY_LONG_TURNS, &segment);
+    if (adt_comm_rank(w) == 0) printf("relay_long 0 %.9g\nrelay_long_segment 0 %.9g\n", relay, segment);
     if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
@@ -606,10 +617,10 @@ static int self_path(char *buf, size_t n) {
 /* Runs the worker on k ranks: the pooled all-reduce rows into `pooled`, every kind's fit on k
  * ranks into the link's collectives. */
 /* One measurement on k ranks: the probes' results into *slowdown, *sync, *instep_s, *relay and
- * *segment (the relay's turn alone), and every collective's timings into fit[] (per kind) and, the
- * all-reduces, into pooled. */
+ * *segment (the relay's turn alone), long[0] and long[1] (the same of the long relay), and every
+ * collective's timings into fit[] (per kind) and, the all-reduces, into pooled. */
 static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync, double *instep_s,
-                         double *relay, double *segment) {
+                         double *relay, double *segment, double *relay_long) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
     snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
@@ -624,6 +635,10 @@ static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown,
         int ki = 0, got = sscanf(line, "%31s %lld %lg", kind, &s, &t) == 3;
         if (got && (!strcmp(kind, "instep") || !strcmp(kind, "relay_segment"))) {
             *(kind[0] == 'i' ? instep_s : segment) = t;
+            continue;
+        }
+        if (got && (!strcmp(kind, "relay_long") || !strcmp(kind, "relay_long_segment"))) {
+            relay_long[kind[10] == '_'] = t;
             continue;
         }
         if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
@@ -892,14 +907,14 @@ int cli_calibrate(int argc, char **argv) {
          * hour: the relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median
          * of each probe, and one fit of each collective over all its timings */
         int nk = (int)o.ranks - 1, R = (int)o.repeat;
-        enum { NP = 5 }; /* [k][r][slow, sync, instep, relay, the relay's segment] */
+        enum { NP = 7 }; /* [k][r][slow, sync, instep, relay, the relay's segment, the long relay's two] */
         double *probe = adt_calloc((size_t)nk * R * NP, sizeof *probe);
         cal_fit *fits = adt_calloc((size_t)nk * CAL_KINDS, sizeof *fits);
         for (int r = 0; r < R && !rc; r++)
             for (int k = 2; k <= o.ranks && !rc; k++) {
                 double *q = probe + ((size_t)(k - 2) * R + r) * NP;
                 q[2] = -1;
-                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4]);
+                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5]);
             }
         for (int k = 2; k <= o.ranks && !rc; k++) {
             add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);
@@ -919,12 +934,15 @@ int cli_calibrate(int argc, char **argv) {
                 c.slowdown[c.n_slowdown].ranks = k, c.slowdown[c.n_slowdown].sync_s = sync;
                 c.slowdown[c.n_slowdown].relay_factor = relay; /* 0 where the probe failed */
                 c.slowdown[c.n_slowdown].relay_segment_s = relay > 0 ? m[4] : 0;
+                c.slowdown[c.n_slowdown].relay_long_factor = relay > 0 && m[5] > 0 ? m[5] : 0;
+                c.slowdown[c.n_slowdown].relay_long_segment_s = relay > 0 && m[5] > 0 ? m[6] : 0;
                 c.slowdown[c.n_slowdown++].factor = f;
                 double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
                 c.slowdown[c.n_slowdown - 1].coll_factor = cf;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "
                         "inside a step %.0f us more; one rank while %d wait for it: %.2fx on %.2f ms turns (medians "
-                        "of %d)\n", k, f, sync * 1e6, k - 1, relay, m[4] * 1e3, R);
+                        "of %d); %.2fx on %.1f ms turns\n", k, f, sync * 1e6, k - 1, relay, m[4] * 1e3, R, m[5],
+                        m[6] * 1e3);
                 if (cf > 0)
                     fprintf(stderr, "calibrate: a data-parallel step's all-reduces on %d ranks: %.4g ms beyond compute, "
                             "their shared-memory part %.2fx its back-to-back time\n", k, instep * 1e3, cf);

@@ -151,7 +151,8 @@ static int object_array(const cJSON *a, const char *field, int max, const char *
     return ADT_OK;
 }
 
-/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s"}],
+/* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s",
+ * "relay_long_factor", "relay_long_segment_s"}],
  * compute time
  * with that many busy ranks on a node over one rank's, the seconds a rank loses at each
  * collective it blocks on, a collective's time inside a step over its back-to-back time where the
@@ -161,8 +162,10 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     memset(c->slowdown, 0, sizeof c->slowdown); /* sync_s is optional */
     int n, i = 0, rc = object_array(a, "slowdown", ADT_CLUSTER_MAX_SLOWDOWN, "{ranks, factor}", name, &n);
     if (rc || !n) return rc;
-    static const char *const fields[] = {"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s",
-                                         "comment", NULL};
+    static const char *const fields[] = {"ranks",           "factor",           "sync_s",
+                                         "coll_factor",     "relay_factor",     "relay_segment_s",
+                                         "relay_long_factor", "relay_long_segment_s", "comment",
+                                         NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -172,7 +175,9 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
             (rc = get_number(e, "sync_s", w, 0, 0, 1, name, &c->slowdown[i].sync_s)) ||
             (rc = get_number(e, "coll_factor", w, 0, 0, 1e3, name, &c->slowdown[i].coll_factor)) ||
             (rc = get_number(e, "relay_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_factor)) ||
-            (rc = get_number(e, "relay_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_segment_s)))
+            (rc = get_number(e, "relay_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_segment_s)) ||
+            (rc = get_number(e, "relay_long_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_long_factor)) ||
+            (rc = get_number(e, "relay_long_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_long_segment_s)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -391,8 +396,9 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
     for (int i = 0; i < c->n_slowdown; i++)
         if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0) ||
             !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0) ||
-            !(c->slowdown[i].relay_segment_s >= 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0, relay_factor >= 0 and relay_segment_s >= 0",
+            !(c->slowdown[i].relay_segment_s >= 0) || !(c->slowdown[i].relay_long_factor >= 0) ||
+            !(c->slowdown[i].relay_long_segment_s >= 0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0, and relay_factor, relay_segment_s, relay_long_factor and relay_long_segment_s >= 0",
                              name, i);
     if (c->n_accumulate < 0 || c->n_accumulate > ADT_CLUSTER_MAX_ACCUMULATE)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.accumulate\": %d entries, expected 0 to %d", name,
@@ -485,6 +491,10 @@ char *adt_cluster_to_json(const adt_cluster *c) {
             if (c->slowdown[i].relay_factor > 0) cJSON_AddNumberToObject(e, "relay_factor", c->slowdown[i].relay_factor);
             if (c->slowdown[i].relay_segment_s > 0)
                 cJSON_AddNumberToObject(e, "relay_segment_s", c->slowdown[i].relay_segment_s);
+            if (c->slowdown[i].relay_long_factor > 0)
+                cJSON_AddNumberToObject(e, "relay_long_factor", c->slowdown[i].relay_long_factor);
+            if (c->slowdown[i].relay_long_segment_s > 0)
+                cJSON_AddNumberToObject(e, "relay_long_segment_s", c->slowdown[i].relay_long_segment_s);
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
@@ -604,10 +614,10 @@ double adt_cluster_share_load(const adt_cluster *c, double load) {
     return share_at(c, load < 1 ? 1 : load);
 }
 
-/* The share of a busy rank a waiting one is, w in [0, 1], by entry e's relay_factor: the load
- * 1 + w (ranks - 1) at which share_at is the factor (monotone in w). */
-static double waiting_share(const adt_cluster *c, int e, int ranks) {
-    double r = c->slowdown[e].relay_factor, lo = 0, hi = 1;
+/* The share of a busy rank a waiting one is, w in [0, 1], by a relay factor r of entry e: the
+ * load 1 + w (ranks - 1) at which share_at is the factor (monotone in w). */
+static double share_of_relay(const adt_cluster *c, double r, int ranks) {
+    double lo = 0, hi = 1;
     if (ranks < 2 || share_at(c, ranks) <= r) lo = 1;
     else if (share_at(c, 1) >= r) hi = 0;
     for (int i = 0; i < 40 && hi - lo > 1e-9; i++) {
@@ -615,6 +625,39 @@ static double waiting_share(const adt_cluster *c, int e, int ranks) {
         *(share_at(c, 1 + mid * (ranks - 1)) < r ? &lo : &hi) = mid;
     }
     return (lo + hi) / 2;
+}
+
+static double waiting_share(const adt_cluster *c, int e, int ranks) {
+    return share_of_relay(c, c->slowdown[e].relay_factor, ranks);
+}
+
+/* The part of a relay's waits that yields: each waited ranks - 1 turns of factor x segment and
+ * yielded for the first ADT_COMM_YIELD_MIN_S of it. */
+static double yielding_part(int ranks, double factor, double segment) {
+    double wait = (ranks - 1) * factor * segment;
+    return wait > ADT_COMM_YIELD_MIN_S ? ADT_COMM_YIELD_MIN_S / wait : 1;
+}
+
+/* The yield and nap shares (y, f) of entry e: the short relay's constant share w_s is
+ * ys y + (1 - ys) f, the long one's w_l is yl y + (1 - yl) f (ys, yl: their yielding parts);
+ * without a long relay f = 0. Both within [0, 1], f at most y (a napping rank takes no more of
+ * the cores than a yielding one). */
+static void relay_shares(const adt_cluster *c, int e, int ranks, double *y, double *f) {
+    double ws = waiting_share(c, e, ranks), ys = yielding_part(c->slowdown[e].ranks, c->slowdown[e].relay_factor,
+                                                                c->slowdown[e].relay_segment_s);
+    *f = 0;
+    if (c->slowdown[e].relay_long_factor > 0 && c->slowdown[e].relay_long_segment_s > 0) {
+        double wl = share_of_relay(c, c->slowdown[e].relay_long_factor, ranks);
+        double yl = yielding_part(c->slowdown[e].ranks, c->slowdown[e].relay_long_factor,
+                                  c->slowdown[e].relay_long_segment_s);
+        /* ys > yl: the long relay's waits yield for a smaller part */
+        *f = ys - yl > 1e-9 ? (ys * wl - yl * ws) / (ys - yl) : wl;
+        if (*f < 0) *f = 0;
+        if (*f > ws) *f = ws; /* the short relay waits partly napping: its share bounds the nap's */
+    }
+    *y = (ws - (1 - ys) * *f) / ys;
+    if (*y > 1) *y = 1;
+    if (*y < *f) *y = *f;
 }
 
 double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
@@ -631,10 +674,17 @@ double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) 
 double adt_cluster_yield_share(const adt_cluster *c, int ranks) {
     int e = slowdown_entry(c, ranks);
     if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return -1;
-    double wait = (c->slowdown[e].ranks - 1) * c->slowdown[e].relay_factor * c->slowdown[e].relay_segment_s;
-    double yielding = wait > ADT_COMM_YIELD_MIN_S ? ADT_COMM_YIELD_MIN_S / wait : 1;
-    double y = waiting_share(c, e, ranks) / yielding;
-    return y < 1 ? y : 1;
+    double y, f;
+    relay_shares(c, e, ranks, &y, &f);
+    return y;
+}
+
+double adt_cluster_nap_share(const adt_cluster *c, int ranks) {
+    int e = slowdown_entry(c, ranks);
+    if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return 0;
+    double y, f;
+    relay_shares(c, e, ranks, &y, &f);
+    return f;
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {

@@ -458,9 +458,13 @@ static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
  * src/comm's polite wait yields and naps, and still takes some of the cores). Where the cluster
  * also measured the relay's turns (relay_segment_s), a waiting rank counts only for the window
  * in which that wait yields (comm.h: 1 ms, or its message's bytes at 1 GB/s), at the share that
- * explains the relay's own waits (adt_cluster_yield_share), and as nothing once it naps: a
- * pipeline of 100 ms passes runs them nearly alone, one of 0.3 ms passes with its waiting ranks
- * all yielding. (Re-pricing the five full accuracy runs of 2026-11-28: GPT-S's tau 0.67 -> 0.75
+ * explains the relay's own waits (adt_cluster_yield_share), and once it naps at the share the
+ * long relay measured (adt_cluster_nap_share; nothing where it was not measured): a pipeline of
+ * 100 ms passes runs them beside napping ranks, one of 0.3 ms passes with its waiting ranks all
+ * yielding. (Napping ranks took nothing on the 2-core VM the window was made on; on another,
+ * 4 stages of GPT-S at one microbatch, 150 ms passes, ran 1.24 times one rank's step, and the
+ * long relay's share re-priced a stored run from tau 0.58 / 0.74 / 0.79 / 0.76 to 0.75 / 0.89 /
+ * 0.77 / 0.90, MLP / VGG / DLRM / GPT-S; docs/BENCHMARKS.md.) (Re-pricing the five full accuracy runs of 2026-11-28: GPT-S's tau 0.67 -> 0.75
  * on the mean, the three small models' within 0.005; the median errors of DLRM 12.5 -> 9.6%,
  * GPT-S 11.3 -> 9.4%.) A stage that reads
  * the input or the labels fills them first, waiting for no stage (the trainer fills a microbatch
@@ -501,12 +505,14 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
      * yield_of[k] of a busy one for the first window[s] of its wait, none once it naps;
      * load[k]: the busy ranks of node k that counts */
     double *yield_of = adt_malloc((size_t)nodes * sizeof *yield_of), *load = adt_malloc((size_t)nodes * sizeof *load);
+    double *nap_of = adt_malloc((size_t)nodes * sizeof *nap_of); /* a napping rank's share, the long relay's */
     double *window = adt_malloc((size_t)S * sizeof *window), *wait_from = adt_calloc((size_t)S, sizeof *wait_from);
     int windowed = 1;
     for (int k = 0; k < nodes; k++) {
         yield_of[k] = adt_cluster_yield_share(c, on_node[k]);
         if (yield_of[k] < 0 && on_node[k] > 1) windowed = 0; /* not measured: the constant share */
         if (yield_of[k] < 0) yield_of[k] = 0;
+        nap_of[k] = adt_cluster_nap_share(c, on_node[k]);
     }
     for (int s = 0; s < S; s++) { /* a wait yields while its bytes could be moving (comm.h) */
         double bytes = ev[s].p2p_bytes; /* a forward waits for its input, a backward for s + 1's gradient */
@@ -538,12 +544,14 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
         if (windowed) {
             for (int k = 0; k < nodes; k++) load[k] = active[k];
             for (int s = 0; s < S; s++) {
+                if (run[s]) continue;
                 double end = wait_from[s] + window[s];
-                if (run[s] || t >= end * (1 - 1e-12)) continue; /* computing, or napping */
+                int napping = t >= end * (1 - 1e-12);
                 for (int i = 0; i < n_of[s]; i++) {
                     int k = node_of[s * p->mesh.nranks + i];
-                    load[k] += yield_of[k];
+                    load[k] += napping ? nap_of[k] : yield_of[k];
                 }
+                if (napping) continue;
                 if (end - t < dt) dt = end - t; /* its window closes: the load changes */
             }
         }
@@ -575,7 +583,7 @@ static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage
     }
     free(ranks), free(node_of), free(n_of), free(ops), free(n_ops), free(at), free(f_done), free(b_done), free(run), free(filled);
     free(left), free(rate), free(active), free(on_node), free(share_of);
-    free(yield_of), free(load), free(window), free(wait_from);
+    free(yield_of), free(load), free(window), free(wait_from), free(nap_of);
     return t;
 }
 
