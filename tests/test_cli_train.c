@@ -193,16 +193,19 @@ static void test_bad_flags(void) {
     unlink(v50);
 }
 
-/* The "profile rank R: S steps, X ms per step in the executor: compute C ms, collectives K ms"
- * line of rank r in out, with the op and collective lines after it summed; 0 when absent. */
+/* The "profile rank R: S steps, X ms per step in the executor: compute C ms, collectives K ms
+ * (...), polling between nodes P ms" line of rank r in out, with the op and collective lines after
+ * it summed; 0 when absent. */
 static int read_profile(const char *out, int r, int *steps, double *exec_ms, double *compute, double *coll,
-                        double *op_sum, double *coll_sum, int *kinds) {
+                        double *poll, double *op_sum, double *coll_sum, int *kinds) {
     char head[64];
     snprintf(head, sizeof head, "profile rank %d: ", r);
     const char *p = strstr(out, head);
     if (!p || sscanf(p + strlen(head), "%d steps, %lf ms per step in the executor: compute %lf ms, collectives %lf",
                      steps, exec_ms, compute, coll) != 4)
         return 0;
+    const char *eol = strchr(p, '\n'), *pl = strstr(p, "polling between nodes ");
+    if (!pl || (eol && pl > eol) || sscanf(pl + strlen("polling between nodes "), "%lf", poll) != 1) return 0;
     *op_sum = *coll_sum = 0, *kinds = 0;
     for (const char *q = strstr(p, head); q; q = strstr(q + 1, head)) {
         const char *rest = q + strlen(head);
@@ -226,12 +229,14 @@ static void test_profile(void) {
     int rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0, "exit %d; output:\n%s", rc, out);
     int steps, kinds;
-    double ex, comp, coll, ops, colls;
-    CHECK(read_profile(out, 0, &steps, &ex, &comp, &coll, &ops, &colls, &kinds), "no profile of rank 0 in:\n%s", out);
+    double ex, comp, coll, poll, ops, colls;
+    CHECK(read_profile(out, 0, &steps, &ex, &comp, &coll, &poll, &ops, &colls, &kinds), "no profile of rank 0 in:\n%s",
+          out);
     CHECK(steps == 6, "%d steps profiled, expected 6 (the first warms up)", steps);
     CHECK(comp > 0 && comp <= ex * 1.001 + 0.002, "compute %.3f ms, executor %.3f ms per step", comp, ex);
     CHECK(fabs(ops - comp) <= 0.002 + 0.0005 * 30, "ops sum to %.3f ms, compute %.3f ms", ops, comp);
-    CHECK(coll == 0 && kinds == 0, "one process: collectives %.3f ms over %d kinds", coll, kinds);
+    CHECK(coll == 0 && kinds == 0 && poll == 0, "one process: collectives %.3f ms over %d kinds, polling %.3f ms", coll,
+          kinds, poll);
     CHECK(contains(out, "  op matmul ") && contains(out, "  node "), "op and node lines:\n%s", out);
     if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
     snprintf(args, sizeof args, "plan --model '%s' --strategy zero --devices 2 --batch 32 -o '%s'", cfg, plan);
@@ -243,12 +248,13 @@ static void test_profile(void) {
     mpi_run_world(&wd, check_tmpdir(), 120);
     CHECK(wd.status == 0, "2 ranks: exit %d", wd.status);
     for (int r = 0; r < 2 && wd.status == 0; r++) {
-        CHECK(read_profile(wd.err, r, &steps, &ex, &comp, &coll, &ops, &colls, &kinds), "no profile of rank %d", r);
+        CHECK(read_profile(wd.err, r, &steps, &ex, &comp, &coll, &poll, &ops, &colls, &kinds), "no profile of rank %d",
+              r);
         CHECK(steps == 4 && kinds == 2 && coll > 0, "rank %d: %d steps, %d kinds of collective, %.3f ms", r, steps,
               kinds, coll);
         CHECK(fabs(colls - coll) <= 0.002 + 0.0005 * 3, "rank %d: collectives sum to %.3f ms of %.3f", r, colls, coll);
-        CHECK(comp + coll <= ex * 1.001 + 0.01, "rank %d: compute %.3f + collectives %.3f ms over the executor's %.3f",
-              r, comp, coll, ex);
+        CHECK(poll >= 0 && comp + coll + poll <= ex * 1.001 + 0.01,
+              "rank %d: compute %.3f + collectives %.3f + polling %.3f ms over the executor's %.3f", r, comp, coll, poll, ex);
     }
     if (check_cur_failed) mpi_print_tail("stderr", wd.err, 40);
     mpi_world_free(&wd);
