@@ -154,8 +154,9 @@ static void case_shared_allreduce(adt_comm *w) {
     int p = adt_comm_size(w), r = adt_comm_rank(w);
     /* shared memory wherever MPI runs 2 or more ranks of this node (every world of this test) */
     int shm = adt_comm_backend_of(w) == ADT_COMM_MPI && p >= 2;
-    /* sizes: below the 64 KiB floor (MPI), at it, uneven blocks, 4 MiB */
-    const int64_t sizes[] = {16383, 16384, 100003, (int64_t)1 << 20};
+    /* sizes: fewer elements than ranks (empty chunks), 64 KiB and one float less, uneven
+     * blocks, 4 MiB */
+    const int64_t sizes[] = {1, 3, 16383, 16384, 100003, (int64_t)1 << 20};
     int salt = 0;
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int64_t n = sizes[k];
@@ -166,7 +167,7 @@ static void case_shared_allreduce(adt_comm *w) {
         for (int64_t i = 0; i < n; i++) a[i] = rnd_val(r, i, salt);
         int64_t ops0 = adt_comm_shared_ops();
         CHECK_OK(adt_comm_allreduce_f32(w, a, n));
-        int via_shm = shm && n * 4 >= (64 << 10);
+        int via_shm = shm && n * 4 >= ADT_COMM_SHM_MIN_BYTES;
         CHECK(adt_comm_shared_ops() - ops0 == via_shm, "n=%lld: %lld shared-memory all-reduces, expected %d",
               (long long)n, (long long)(adt_comm_shared_ops() - ops0), via_shm);
         int64_t bad = check_rank_sum(a, n, p, salt, via_shm || p <= 2);

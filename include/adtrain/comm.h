@@ -186,7 +186,7 @@ int adt_comm_progress(adt_comm *c);
 /* ---------------------------------------------------------------------------------------------
  * Shared memory. A block from adt_comm_shared_alloc can be read by the other processes of this
  * node (a memfd file they map through /proc; nothing to clean up when a process dies). An f32
- * all-reduce of at least 64 KiB on an MPI communicator whose ranks all run on this node, where
+ * all-reduce on an MPI communicator whose ranks all run on this node (ADT_COMM_SHM_MIN_BYTES), where
  * every rank's buffer lies in such a block, runs through shared memory: each rank sums its chunk
  * of the ranks' buffers in place, in rank order, then copies the others' chunks (about twice
  * MPI's bandwidth for megabytes on this kind of machine; docs/BENCHMARKS.md). Where any rank's
@@ -203,9 +203,12 @@ static inline double adt_comm_yield_window_s(double bytes) {
     double s = bytes / ADT_COMM_YIELD_BYTES_PER_S;
     return s > ADT_COMM_YIELD_MIN_S ? s : ADT_COMM_YIELD_MIN_S;
 }
-/* The smallest all-reduce (bytes) that takes the shared-memory path; below it MPI's latency is
- * the lower. */
-#define ADT_COMM_SHM_MIN_BYTES ((int64_t)64 << 10)
+/* The smallest all-reduce (bytes) that takes the shared-memory path: every one. Back to back
+ * MPI's latency is a few microseconds lower below 64 KiB, but inside a training step MPI moves
+ * a message only while each rank is inside an MPI call: a DLRM's 26 gradient all-reduces of
+ * 31 KiB each took 140-150 us there on 4 ranks sharing 2 cores (the step 4.5-6.1 ms, 2.2-3.2 ms
+ * through shared memory) and 0.5 ms of polling a step on 2 ranks (docs/BENCHMARKS.md). */
+#define ADT_COMM_SHM_MIN_BYTES ((int64_t)4)
 /* Zeroed, page-aligned; private memory (adt_alloc_aligned) where the system offers no memfd.
  * Local: not collective. Free with adt_comm_shared_free (which takes either). */
 void *adt_comm_shared_alloc(size_t bytes);

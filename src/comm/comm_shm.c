@@ -49,8 +49,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Below this many bytes MPI's own all-reduce is as fast (its latency, a few microseconds, is
- * the cost of the three rounds of flags here). */
+/* Every all-reduce of shared buffers takes this path (include/adtrain/comm.h says why). */
 #define SHM_MIN_BYTES ADT_COMM_SHM_MIN_BYTES
 #define SHM_MAX_RANKS 64 /* the gather's bit mask */
 /* Blocks remembered per peer, the least recently used dropped first: a peer's executor that is
