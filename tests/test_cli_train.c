@@ -254,7 +254,8 @@ static void test_profile(void) {
               kinds, coll);
         CHECK(fabs(colls - coll) <= 0.002 + 0.0005 * 3, "rank %d: collectives sum to %.3f ms of %.3f", r, colls, coll);
         CHECK(poll >= 0 && comp + coll + poll <= ex * 1.001 + 0.01,
-              "rank %d: compute %.3f + collectives %.3f + polling %.3f ms over the executor's %.3f", r, comp, coll, poll, ex);
+              "rank %d: compute %.3f + collectives %.3f + polling %.3f ms over the executor's %.3f", r, comp, coll, poll,
+              ex);
     }
     if (check_cur_failed) mpi_print_tail("stderr", wd.err, 40);
     mpi_world_free(&wd);

@@ -1385,8 +1385,10 @@ static void test_cli(void) {
                   contains(out, "ms turns"),
               "relay: factor %g on turns of %g s", c.slowdown[1].relay_factor, c.slowdown[1].relay_segment_s);
         /* the long relay: turns of CAL_RELAY_LONG_RUNS (10) steps, several times the short one's */
-        CHECK(c.slowdown[1].relay_long_factor > 0 && c.slowdown[1].relay_long_segment_s > 3 * c.slowdown[1].relay_segment_s,
-              "long relay: factor %g on turns of %g s", c.slowdown[1].relay_long_factor, c.slowdown[1].relay_long_segment_s);
+        CHECK(c.slowdown[1].relay_long_factor > 0 &&
+                  c.slowdown[1].relay_long_segment_s > 3 * c.slowdown[1].relay_segment_s,
+              "long relay: factor %g on turns of %g s", c.slowdown[1].relay_long_factor,
+              c.slowdown[1].relay_long_segment_s);
         CHECK(c.byte_rate[ADT_OPCLASS_MATMUL] >= 0 && c.n_accumulate >= 4, "byte rate %g, %d accumulation sizes",
               c.byte_rate[ADT_OPCLASS_MATMUL], c.n_accumulate);
         /* the in-step factor makes the cost model price the probe's data-parallel step (calibrate.c's

@@ -638,7 +638,7 @@ static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown,
             continue;
         }
         if (got && (!strcmp(kind, "relay_long") || !strcmp(kind, "relay_long_segment"))) {
-            relay_long[kind[10] == '_'] = t;
+            relay_long[!strcmp(kind, "relay_long_segment")] = t;
             continue;
         }
         if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
@@ -914,7 +914,8 @@ int cli_calibrate(int argc, char **argv) {
             for (int k = 2; k <= o.ranks && !rc; k++) {
                 double *q = probe + ((size_t)(k - 2) * R + r) * NP;
                 q[2] = -1;
-                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5]);
+                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4],
+                                   &q[5]);
             }
         for (int k = 2; k <= o.ranks && !rc; k++) {
             add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);

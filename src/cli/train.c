@@ -289,7 +289,8 @@ static void print_profile(const trainer *t, long steps) {
     int r = t->rank;
     fprintf(stderr, "profile rank %d: %ld steps, %.3f ms per step in the executor: compute %.3f ms, collectives %.3f ms"
             " (blocked in waits %.3f ms; %.0f%% of their flight time hidden), polling between nodes %.3f ms\n", r, steps,
-            tot.run_s * per, compute, comm, tot.comm_wait_s * per, tot.comm_flight_s > 0 ? 100 * (1 - tot.comm_wait_s / tot.comm_flight_s) : 0, tot.comm_poll_s * per);
+            tot.run_s * per, compute, comm, tot.comm_wait_s * per,
+            tot.comm_flight_s > 0 ? 100 * (1 - tot.comm_wait_s / tot.comm_flight_s) : 0, tot.comm_poll_s * per);
     for (int op = 0; op < ADT_OP_COUNT; op++)
         if (op_ms[op] >= 0.0005) fprintf(stderr, "profile rank %d:   op %-22s %8.3f ms\n", r, adt_op_name(op), op_ms[op]);
     for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++)

@@ -671,20 +671,23 @@ double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) 
  * ADT_COMM_YIELD_MIN_S: w = the yielding share x that part of a wait. At most a busy rank: a
  * rank that yields takes no more than its core (where w says more, the rest of the relay's
  * excess is its wake-ups, which the windows of a pipeline's waits then leave out). */
-double adt_cluster_yield_share(const adt_cluster *c, int ranks) {
+/* The entry of `ranks` whose short relay was measured with its turns, its shares into *y and *f;
+ * -1 where there is none. */
+static int measured_relay_shares(const adt_cluster *c, int ranks, double *y, double *f) {
     int e = slowdown_entry(c, ranks);
     if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return -1;
+    relay_shares(c, e, ranks, y, f);
+    return e;
+}
+
+double adt_cluster_yield_share(const adt_cluster *c, int ranks) {
     double y, f;
-    relay_shares(c, e, ranks, &y, &f);
-    return y;
+    return measured_relay_shares(c, ranks, &y, &f) < 0 ? -1 : y;
 }
 
 double adt_cluster_nap_share(const adt_cluster *c, int ranks) {
-    int e = slowdown_entry(c, ranks);
-    if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return 0;
     double y, f;
-    relay_shares(c, e, ranks, &y, &f);
-    return f;
+    return measured_relay_shares(c, ranks, &y, &f) < 0 ? 0 : f;
 }
 
 double adt_cluster_share(const adt_cluster *c, int ranks) {

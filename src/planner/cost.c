@@ -464,10 +464,10 @@ static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
  * yielding. (Napping ranks took nothing on the 2-core VM the window was made on; on another,
  * 4 stages of GPT-S at one microbatch, 150 ms passes, ran 1.24 times one rank's step, and the
  * long relay's share re-priced a stored run from tau 0.58 / 0.74 / 0.79 / 0.76 to 0.75 / 0.89 /
- * 0.77 / 0.90, MLP / VGG / DLRM / GPT-S; docs/BENCHMARKS.md.) (Re-pricing the five full accuracy runs of 2026-11-28: GPT-S's tau 0.67 -> 0.75
- * on the mean, the three small models' within 0.005; the median errors of DLRM 12.5 -> 9.6%,
- * GPT-S 11.3 -> 9.4%.) A stage that reads
- * the input or the labels fills them first, waiting for no stage (the trainer fills a microbatch
+ * 0.77 / 0.90, MLP / VGG / DLRM / GPT-S; docs/BENCHMARKS.md.) (Re-pricing the five full accuracy
+ * runs of 2026-11-28 with the window: GPT-S's tau 0.67 -> 0.75 on the mean, the three small
+ * models' within 0.005; the median errors of DLRM 12.5 -> 9.6%, GPT-S 11.3 -> 9.4%.) A stage
+ * that reads the input or the labels fills them first, waiting for no stage (the trainer fills a microbatch
  * before it posts the receive): the last stage's labels are ready while the stages before run
  * their forwards (charging the fill after them priced the MLP's pipelines of one microbatch on
  * 2-4 ranks 43-53% over their measurement, against 20-38% now; DLRM's 2 stages +12%, now -1%).
