@@ -235,6 +235,44 @@ static void make_counts(int p, int kind, int64_t *counts) {
     for (int q = 0; q < p; q++) counts[q] = (q == 1) ? 0 : 2 * q + 3;
 }
 
+/* A rank waiting only on shared memory keeps MPI's own operations moving: half the ranks leave
+ * a step's reduce-scatters (MPI) for the next all-reduce (the shared-memory protocol, a private
+ * float: the loss of `adtrain train`) while the other half still wait on theirs. Before the
+ * shared-memory wait drove MPI's progress this hung (2 of 3 runs of this program: a world of 2,
+ * 3 or 4 ranks timed out at some round); a timeout of 20 s turns a hang into a failed case. */
+static void case_shm_wait_drives_mpi(adt_comm *w) {
+    int p = adt_comm_size(w), r = adt_comm_rank(w);
+    adt_comm *a = NULL;
+    CHECK_OK(adt_comm_split(w, 0, r, &a)); /* another communicator, as the executor's mesh axis */
+    if (!a) return;
+    CHECK_OK(adt_comm_set_timeout(a, 20));
+    CHECK_OK(adt_comm_set_timeout(w, 20));
+    enum { ROUNDS = 1000, OPS = 60, N = 8000 };
+    int64_t counts[64];
+    adt_comm_block_counts(N, p, counts);
+    float *send = adt_comm_shared_alloc((size_t)OPS * N * sizeof *send);
+    float *recv = adt_comm_shared_alloc((size_t)OPS * N * sizeof *recv);
+    for (int64_t i = 0; i < (int64_t)OPS * N; i++) send[i] = f_val(r, i % N);
+    int64_t start = 0, bad = -1;
+    for (int q = 0; q < r; q++) start += counts[q];
+    int ok = 1;
+    for (int round = 0; round < ROUNDS && ok && bad < 0; round++) {
+        adt_comm_req *req[OPS];
+        for (int j = 0; j < OPS && ok; j++)
+            ok = adt_comm_ireduce_scatter(a, send + (size_t)j * N, recv + (size_t)j * N, counts, ADT_F32, &req[j]) == ADT_OK;
+        if (r >= p / 2) usleep(200); /* the second half comes late to its waits */
+        for (int j = 0; j < OPS && ok; j++) ok = adt_comm_wait(&req[j]) == ADT_OK;
+        float loss = (float)r;
+        ok = ok && adt_comm_allreduce(w, &loss, 1, ADT_F32) == ADT_OK;
+        ok = ok && (double)loss == p * (p - 1) / 2.0;
+        for (int64_t j = 0; ok && bad < 0 && j < counts[r]; j++)
+            if ((double)recv[(size_t)(OPS - 1) * N + j] != f_sum(p, start + j)) bad = j;
+        CHECK(ok && bad < 0, "round %d: %s (block element %lld)", round, adt_error_message(), (long long)bad);
+    }
+    adt_comm_shared_free(send), adt_comm_shared_free(recv);
+    CHECK_OK(adt_comm_free(a));
+}
+
 static void case_reduce_scatter(adt_comm *w) {
     int p = adt_comm_size(w), r = adt_comm_rank(w);
     int64_t counts[8];
@@ -808,6 +846,7 @@ static const tcase CASES[] = {
     {"identity", case_identity},
     {"allreduce", case_allreduce},
     {"shared_allreduce", case_shared_allreduce},
+    {"shm_wait_drives_mpi", case_shm_wait_drives_mpi},
     {"reduce_scatter", case_reduce_scatter},
     {"allgather", case_allgather},
     {"alltoall", case_alltoall},
