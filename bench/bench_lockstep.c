@@ -33,6 +33,7 @@
 #include "adtrain/comm.h"
 #include "adtrain/exec.h"
 #include "adtrain/planner.h"
+#include "bench_stats.h"
 
 #define MAX_ITEMS 16
 
@@ -51,11 +52,6 @@ typedef struct opts {
     pattern pat[MAX_ITEMS];
     int n_seg, n_pat, rounds;
 } opts;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int usage(const char *why) {
     const char *rank = getenv("PMI_RANK"); /* before MPI starts: one rank says it, not all */
@@ -202,9 +198,9 @@ static int measure(adt_comm *w, const opts *o, const segment *s, const pattern *
     }
     if (!rc && adt_comm_rank(w) == 0) {
         int r = o->rounds;
-        qsort(diff, (size_t)r, sizeof *diff, cmp_double);
-        qsort(alone, (size_t)r, sizeof *alone, cmp_double);
-        qsort(b2b, (size_t)r, sizeof *b2b, cmp_double);
+        qsort(diff, (size_t)r, sizeof *diff, bench_cmp_d);
+        qsort(alone, (size_t)r, sizeof *alone, bench_cmp_d);
+        qsort(b2b, (size_t)r, sizeof *b2b, bench_cmp_d);
         double seg = alone[r / 2], d = diff[r / 2], bb = b2b[r / 2];
         printf("{\"ranks\": %d, \"mlp\": [%s], \"batch\": %d, \"pattern\": \"%d%c%ld\", \"segments_per_run\": %d, "
                "\"rounds\": %d, \"segment_ms\": %.4f, \"with_minus_without_ms\": {\"median\": %.4f, \"q1\": %.4f, "
