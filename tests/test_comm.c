@@ -235,9 +235,137 @@ static void make_counts(int p, int kind, int64_t *counts) {
     for (int q = 0; q < p; q++) counts[q] = (q == 1) ? 0 : 2 * q + 3;
 }
 
+/* Reduce-scatter and all-gather through shared memory (comm.h): a reduce-scatter's block holds
+ * the rank-order sum, the same bits the shared-memory all-reduce leaves there; an all-gather
+ * copies every rank's block into its place; where one rank's buffer is private every rank takes
+ * MPI's path (held to rounding on 3-4 ranks). Counts: blocks of n (fewer elements than ranks,
+ * uneven, 4 MiB), and irregular ones with an empty block. */
+static void case_shared_rs_ag(adt_comm *w) {
+    int p = adt_comm_size(w), r = adt_comm_rank(w);
+    int shm = adt_comm_backend_of(w) == ADT_COMM_MPI && p >= 2;
+    const int64_t sizes[] = {1, 3, 100003, (int64_t)1 << 20, -1};
+    int salt = 100;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int64_t counts[64], total = 0, start = 0;
+        if (sizes[k] > 0) adt_comm_block_counts(sizes[k], p, counts);
+        else make_counts(p, 1, counts);
+        for (int q = 0; q < p; q++) total += counts[q];
+        for (int q = 0; q < r; q++) start += counts[q];
+        salt++;
+        /* reduce-scatter: the block against the rank-order sum and the all-reduce's bits */
+        float *send = adt_comm_shared_alloc((size_t)total * sizeof *send);
+        float *recv = adt_comm_shared_alloc((size_t)(counts[r] + 1) * sizeof *recv);
+        float *all = adt_comm_shared_alloc((size_t)total * sizeof *all);
+        for (int64_t i = 0; i < total; i++) send[i] = all[i] = rnd_val(r, i, salt);
+        recv[counts[r]] = -7; /* guard: nothing past the block is written */
+        int64_t ops0 = adt_comm_shared_ops();
+        CHECK_OK(adt_comm_reduce_scatter_f32(w, send, recv, counts));
+        CHECK(adt_comm_shared_ops() - ops0 == shm, "total %lld: %lld shared-memory reduce-scatters, expected %d",
+              (long long)total, (long long)(adt_comm_shared_ops() - ops0), shm);
+        CHECK_OK(adt_comm_allreduce_f32(w, all, total));
+        int64_t bad = -1, diff = -1;
+        for (int64_t j = 0; j < counts[r]; j++) {
+            float e = rnd_val(0, start + j, salt);
+            for (int q = 1; q < p; q++) e += rnd_val(q, start + j, salt);
+            if (bad < 0 && recv[j] != e) bad = j;
+            if (diff < 0 && memcmp(&recv[j], &all[start + j], sizeof(float))) diff = j;
+        }
+        CHECK(bad < 0, "total %lld: reduce-scatter element %lld = %.9g is not the rank-order sum", (long long)total,
+              (long long)bad, bad >= 0 ? recv[bad] : 0.0);
+        CHECK(diff < 0, "total %lld: reduce-scatter element %lld differs from the all-reduce's bits", (long long)total,
+              (long long)diff);
+        CHECK(recv[counts[r]] == -7, "total %lld: the reduce-scatter wrote past the block", (long long)total);
+        /* all-gather: every block in its place */
+        float *mine = adt_comm_shared_alloc((size_t)(counts[r] ? counts[r] : 1) * sizeof *mine);
+        float *got = adt_comm_shared_alloc((size_t)(total + 1) * sizeof *got);
+        for (int64_t j = 0; j < counts[r]; j++) mine[j] = rnd_val(r, j, salt);
+        got[total] = -7;
+        ops0 = adt_comm_shared_ops();
+        CHECK_OK(adt_comm_allgather_f32(w, mine, got, counts));
+        CHECK(adt_comm_shared_ops() - ops0 == shm, "total %lld: %lld shared-memory all-gathers, expected %d",
+              (long long)total, (long long)(adt_comm_shared_ops() - ops0), shm);
+        bad = -1;
+        for (int q = 0, at = 0; q < p; at += (int)counts[q], q++)
+            for (int64_t j = 0; j < counts[q]; j++)
+                if (bad < 0 && got[at + j] != rnd_val(q, j, salt)) bad = at + j;
+        CHECK(bad < 0, "total %lld: gathered element %lld wrong", (long long)total, (long long)bad);
+        CHECK(got[total] == -7, "total %lld: the all-gather wrote past the end", (long long)total);
+        adt_comm_shared_free(send), adt_comm_shared_free(recv), adt_comm_shared_free(all);
+        adt_comm_shared_free(mine), adt_comm_shared_free(got);
+    }
+
+    /* the last rank's buffers private: MPI's path on every rank, the results still right */
+    int64_t counts[64], total = 50000, start = 0;
+    adt_comm_block_counts(total, p, counts);
+    for (int q = 0; q < r; q++) start += counts[q];
+    int priv = r == p - 1;
+    float *send = priv ? adt_alloc_aligned((size_t)total * sizeof *send) : adt_comm_shared_alloc((size_t)total * sizeof *send);
+    float *recv = priv ? adt_alloc_aligned((size_t)total * sizeof *recv) : adt_comm_shared_alloc((size_t)total * sizeof *recv);
+    salt++;
+    for (int64_t i = 0; i < total; i++) send[i] = rnd_val(r, i, salt);
+    int64_t ops0 = adt_comm_shared_ops();
+    CHECK_OK(adt_comm_reduce_scatter_f32(w, send, recv, counts));
+    int64_t bad = -1;
+    for (int64_t j = 0; j < counts[r] && bad < 0; j++) {
+        float e = rnd_val(0, start + j, salt);
+        for (int q = 1; q < p; q++) e += rnd_val(q, start + j, salt);
+        if (p <= 2 ? recv[j] != e : fabsf(recv[j] - e) > 1e-5f * (1.0f + fabsf(e))) bad = j;
+    }
+    CHECK(bad < 0, "mixed buffers: reduce-scatter element %lld wrong", (long long)bad);
+    CHECK_OK(adt_comm_allgather_f32(w, send, recv, counts));
+    CHECK(adt_comm_shared_ops() == ops0, "a private buffer on rank %d, yet shared memory was used", p - 1);
+    bad = -1;
+    for (int q = 0, at = 0; q < p; at += (int)counts[q], q++)
+        for (int64_t j = 0; j < counts[q]; j++)
+            if (bad < 0 && recv[at + j] != rnd_val(q, j, salt)) bad = at + j;
+    CHECK(bad < 0, "mixed buffers: gathered element %lld wrong", (long long)bad);
+    if (priv) adt_free_aligned(send), adt_free_aligned(recv);
+    else adt_comm_shared_free(send), adt_comm_shared_free(recv);
+
+    /* an all-reduce, a reduce-scatter and an all-gather in flight at once, waited for in reverse
+     * order, on a sub-communicator of odd and even ranks as well as the world */
+    adt_comm *half = NULL;
+    CHECK_OK(adt_comm_split(w, r % 2, r, &half));
+    adt_comm *cs[2] = {w, half};
+    for (int c = 0; c < 2; c++) {
+        if (!cs[c]) continue;
+        int cp = adt_comm_size(cs[c]), cr = adt_comm_rank(cs[c]);
+        adt_comm_block_counts(total, cp, counts);
+        start = 0;
+        for (int q = 0; q < cr; q++) start += counts[q];
+        float *b = adt_comm_shared_alloc((size_t)5 * total * sizeof *b), *ar = b, *rs_s = b + total, *rs_r = b + 2 * total,
+              *ag = b + 3 * total, *ag_s = b + 4 * total;
+        salt++;
+        for (int64_t i = 0; i < total; i++) ar[i] = rnd_val(cr, i, salt), rs_s[i] = rnd_val(cr, i, salt + 1);
+        for (int64_t j = 0; j < counts[cr]; j++) ag_s[j] = rnd_val(cr, j, salt + 2);
+        adt_comm_req *req[3];
+        CHECK_OK(adt_comm_iallreduce(cs[c], ar, total, ADT_F32, &req[0]));
+        CHECK_OK(adt_comm_ireduce_scatter_f32(cs[c], rs_s, rs_r, counts, &req[1]));
+        CHECK_OK(adt_comm_iallgather_f32(cs[c], ag_s, ag, counts, &req[2]));
+        for (int j = 2; j >= 0; j--) CHECK_OK(adt_comm_wait(&req[j]));
+        bad = check_rank_sum(ar, total, cp, salt, 1);
+        CHECK(bad < 0, "%s: all-reduce element %lld wrong", c ? "half" : "world", (long long)bad);
+        bad = -1;
+        for (int64_t j = 0; j < counts[cr] && bad < 0; j++) {
+            float e = rnd_val(0, start + j, salt + 1);
+            for (int q = 1; q < cp; q++) e += rnd_val(q, start + j, salt + 1);
+            if (rs_r[j] != e) bad = j;
+        }
+        CHECK(bad < 0, "%s: reduce-scatter element %lld wrong", c ? "half" : "world", (long long)bad);
+        bad = -1;
+        for (int q = 0, at = 0; q < cp; at += (int)counts[q], q++)
+            for (int64_t j = 0; j < counts[q]; j++)
+                if (bad < 0 && ag[at + j] != rnd_val(q, j, salt + 2)) bad = at + j;
+        CHECK(bad < 0, "%s: gathered element %lld wrong", c ? "half" : "world", (long long)bad);
+        adt_comm_shared_free(b);
+    }
+    if (half) CHECK_OK(adt_comm_free(half));
+}
+
 /* A rank waiting only on shared memory keeps MPI's own operations moving: half the ranks leave
- * a step's reduce-scatters (MPI) for the next all-reduce (the shared-memory protocol, a private
- * float: the loss of `adtrain train`) while the other half still wait on theirs. Before the
+ * a step's reduce-scatters (MPI's: of i32, which shared memory does not take) for the next
+ * all-reduce (the shared-memory protocol, a private float: the loss of `adtrain train`) while
+ * the other half still wait on theirs. Before the
  * shared-memory wait drove MPI's progress this hung (2 of 3 runs of this program: a world of 2,
  * 3 or 4 ranks timed out at some round); a timeout of 20 s turns a hang into a failed case. */
 static void case_shm_wait_drives_mpi(adt_comm *w) {
@@ -250,23 +378,26 @@ static void case_shm_wait_drives_mpi(adt_comm *w) {
     enum { ROUNDS = 1000, OPS = 60, N = 8000 };
     int64_t counts[64];
     adt_comm_block_counts(N, p, counts);
-    float *send = adt_comm_shared_alloc((size_t)OPS * N * sizeof *send);
-    float *recv = adt_comm_shared_alloc((size_t)OPS * N * sizeof *recv);
-    for (int64_t i = 0; i < (int64_t)OPS * N; i++) send[i] = f_val(r, i % N);
+    int32_t *send = adt_comm_shared_alloc((size_t)OPS * N * sizeof *send);
+    int32_t *recv = adt_comm_shared_alloc((size_t)OPS * N * sizeof *recv);
+    for (int64_t i = 0; i < (int64_t)OPS * N; i++) send[i] = i32_val(r, i % N);
     int64_t start = 0, bad = -1;
     for (int q = 0; q < r; q++) start += counts[q];
     int ok = 1;
     for (int round = 0; round < ROUNDS && ok && bad < 0; round++) {
         adt_comm_req *req[OPS];
         for (int j = 0; j < OPS && ok; j++)
-            ok = adt_comm_ireduce_scatter(a, send + (size_t)j * N, recv + (size_t)j * N, counts, ADT_F32, &req[j]) == ADT_OK;
+            ok = adt_comm_ireduce_scatter(a, send + (size_t)j * N, recv + (size_t)j * N, counts, ADT_I32, &req[j]) == ADT_OK;
         if (r >= p / 2) usleep(200); /* the second half comes late to its waits */
         for (int j = 0; j < OPS && ok; j++) ok = adt_comm_wait(&req[j]) == ADT_OK;
         float loss = (float)r;
         ok = ok && adt_comm_allreduce(w, &loss, 1, ADT_F32) == ADT_OK;
         ok = ok && (double)loss == p * (p - 1) / 2.0;
-        for (int64_t j = 0; ok && bad < 0 && j < counts[r]; j++)
-            if ((double)recv[(size_t)(OPS - 1) * N + j] != f_sum(p, start + j)) bad = j;
+        for (int64_t j = 0; ok && bad < 0 && j < counts[r]; j++) {
+            int64_t e = 0;
+            for (int q = 0; q < p; q++) e += i32_val(q, start + j);
+            if (recv[(size_t)(OPS - 1) * N + j] != e) bad = j;
+        }
         CHECK(ok && bad < 0, "round %d: %s (block element %lld)", round, adt_error_message(), (long long)bad);
     }
     adt_comm_shared_free(send), adt_comm_shared_free(recv);
@@ -846,6 +977,7 @@ static const tcase CASES[] = {
     {"identity", case_identity},
     {"allreduce", case_allreduce},
     {"shared_allreduce", case_shared_allreduce},
+    {"shared_rs_ag", case_shared_rs_ag},
     {"shm_wait_drives_mpi", case_shm_wait_drives_mpi},
     {"reduce_scatter", case_reduce_scatter},
     {"allgather", case_allgather},

@@ -189,10 +189,14 @@ int adt_comm_progress(adt_comm *c);
  * all-reduce on an MPI communicator whose ranks all run on this node (ADT_COMM_SHM_MIN_BYTES), where
  * every rank's buffer lies in such a block, runs through shared memory: each rank sums its chunk
  * of the ranks' buffers in place, in rank order, then copies the others' chunks (about twice
- * MPI's bandwidth for megabytes on this kind of machine; docs/BENCHMARKS.md). Where any rank's
- * buffer is private the operation takes MPI's path, on every rank alike. The results are the
- * same bits on every rank; for 2 ranks the same as MPI's. ADT_COMM_SHM=0 (on every rank) turns
- * it off. The executor allocates its arena here (src/exec), so gradient all-reduces use it.
+ * MPI's bandwidth for megabytes on this kind of machine; docs/BENCHMARKS.md). So do an f32
+ * reduce-scatter (each rank sums its block of the ranks' send buffers, in rank order: the bits
+ * the all-reduce leaves there) and an f32 all-gather (each rank copies the ranks' send buffers),
+ * where every rank's send and receive buffers lie in such blocks and do not overlap. Where any
+ * rank's buffer is private the operation takes MPI's path, on every rank alike. The results are
+ * the same bits on every rank; for 2 ranks the same as MPI's. ADT_COMM_SHM=0 (on every rank)
+ * turns it off. The executor allocates its arena and state here (src/exec), so the collectives
+ * of its steps use it.
  */
 /* A polite wait (ranks outnumber the cores, comm.c) yields for as long as its bytes take at
  * ADT_COMM_YIELD_BYTES_PER_S (an all-reduce's twice), at least ADT_COMM_YIELD_MIN_S, then naps:
@@ -216,7 +220,7 @@ void *adt_comm_shared_alloc(size_t bytes);
 void adt_comm_shared_free(void *p);
 /* 1 if [p, p + bytes) lies inside one block of adt_comm_shared_alloc. */
 int adt_comm_is_shared(const void *p, size_t bytes);
-/* All-reduces this process ran through shared memory so far. */
+/* All-reduces, reduce-scatters and all-gathers this process ran through shared memory so far. */
 int64_t adt_comm_shared_ops(void);
 
 /* ---------------------------------------------------------------------------------------------

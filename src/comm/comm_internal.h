@@ -104,11 +104,11 @@ int comm_mpi_init(adt_comm *w, int *oversubscribed, char *why);
 /* MPI_Finalize if adt_comm_init started MPI (under the watchdog). */
 int comm_mpi_finalize(double timeout_s, char *why);
 
-/* At finalize: frees what the shared-memory all-reduce (comm_shm.c) kept for communicators
+/* At finalize: frees what the shared-memory collectives (comm_shm.c) kept for communicators
  * whose operations timed out; MPI calls only if mpi_usable. */
 void comm_shm_release_all(int mpi_usable);
 
-/* Steps the shared-memory all-reduce has taken in this process (a flag set, a peer's step
+/* Steps the shared-memory collectives have taken in this process (a flag set, a peer's step
  * seen): a polite wait naps only after a stretch in which nothing moved (comm.c). */
 unsigned long comm_shm_moves(void);
 

@@ -27,7 +27,7 @@ typedef struct mpi_req {
 /* A communicator's handle (adt_comm.bs). */
 typedef struct mpi_handle {
     MPI_Comm comm;
-    comm_shm *shm; /* NULL: no shared-memory all-reduce on it */
+    comm_shm *shm; /* NULL: no shared-memory collectives on it */
 } mpi_handle;
 
 static int g_started; /* adt_comm_init called MPI_Init, so adt_comm_finalize ends it */
@@ -132,7 +132,7 @@ int comm_mpi_finalize(double timeout_s, char *why) {
 
 static size_t mpi_req_size(const adt_comm *c, const comm_op *op) {
     int p = c->size;
-    int nints = op->kind == OP_REDUCE_SCATTER ? p
+    int nints = op->kind == OP_REDUCE_SCATTER ? 2 * p /* the offsets for the shared-memory path */
               : op->kind == OP_ALLGATHER      ? 2 * p
               : op->kind == OP_ALLTOALL       ? 4 * p
                                               : 0;
@@ -147,13 +147,15 @@ static int mpi_start(adt_comm *c, adt_comm_req *r, char *why) {
     mpi_req *q = r->be;
     q->mr = MPI_REQUEST_NULL;
     q->shm = NULL;
-    if (comm_shm_eligible(shm_of(c), op)) { /* the state behind the request (mpi_req_size) */
-        q->shm = (shm_op *)((char *)q + req_head(0)); /* an all-reduce has no ints */
-        comm_shm_start(shm_of(c), q->shm, op->recv, op->n);
-        return ADT_OK;
-    }
     /* The front end checked that every count and every running sum fits an int. */
     int *cnt = q->ints, *dsp = q->ints + p, e = MPI_SUCCESS;
+    if (comm_shm_eligible(shm_of(c), op)) { /* the state behind the request's ints (mpi_req_size) */
+        int v = op->kind != OP_ALLREDUCE;
+        for (int i = 0, off = 0; v && i < p; off += cnt[i], i++) cnt[i] = (int)op->counts[i], dsp[i] = off;
+        q->shm = (shm_op *)((char *)q + req_head(v ? 2 * p : 0));
+        comm_shm_start(shm_of(c), q->shm, op, v ? cnt : NULL, v ? dsp : NULL);
+        return ADT_OK;
+    }
     const char *call = "?";
     switch (op->kind) {
     case OP_ALLREDUCE:

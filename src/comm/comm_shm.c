@@ -1,15 +1,20 @@
 /*
- * comm_shm.c - all-reduce through shared memory, for the MPI backend: when every rank of a
- * communicator runs on this node and every rank's buffer lies in memory from
- * adt_comm_shared_alloc, the ranks read each other's buffers directly.
+ * comm_shm.c - all-reduce, reduce-scatter and all-gather through shared memory, for the MPI
+ * backend: when every rank of a communicator runs on this node and every rank's buffer lies in
+ * memory from adt_comm_shared_alloc, the ranks read each other's buffers directly.
  *
  * Why: MPICH moves a message between two processes of one node with at least one copy (UCX's
  * CMA reads the peer's pages into a receive buffer; the reduction then reads that buffer again),
  * plus its protocol: a 7.4 MB f32 all-reduce on 2 ranks took 1.4-2.0 ms here. Reading the peer's
  * buffer in place, each rank summing its own chunk and then copying the others' sums, took
  * 0.55-0.77 ms for the same bytes: each rank reads n and writes n (p - 1) / p... in total, half
- * the traffic, and no message at all. The executor allocates its arena (where gradients live)
- * with adt_comm_shared_alloc, so data-parallel gradient all-reduces take this path.
+ * the traffic, and no message at all. The executor allocates its arena (where gradients and
+ * activations live) and its state (parameters) with adt_comm_shared_alloc, so data-parallel
+ * gradient all-reduces take this path, and so do the reduce-scatters and all-gathers of tensor
+ * parallelism and ZeRO: inside a step MPI moves a message only while both ranks are in an MPI
+ * call, and its rendezvous protocol takes several such turns, so on 3 ranks sharing 2 cores a
+ * DLRM's tensor-parallel reduce-scatters waited 0.45-0.95 ms each, and its all-reduces through
+ * MPI (ADT_COMM_SHM=0) 2-3 times as long as through shared memory (docs/BENCHMARKS.md).
  *
  * Shared blocks are memfd files: no name in the file system, so nothing leaks when a process is
  * killed; a peer maps one through /proc/<pid>/fd/<fd> the first time an all-reduce names it.
@@ -20,17 +25,24 @@
  * One operation, number s on its communicator (each rank counts the same operations, in MPI's
  * order of collectives):
  *   publish  wait until every peer read the descriptor of operation s - 1 (its done >= s - 1);
- *            write the descriptor (block, offset, n; or "not shared"); arrive = s
+ *            write the descriptor of the buffer the peers read (block, offset, n; or "not
+ *            shared"): the all-reduce's own, the reduce-scatter's and all-gather's send; arrive = s
  *   decide   once every arrive >= s: if every rank's buffer is shared, go on; if not, every rank
- *            sees the same descriptors and starts MPI_Iallreduce instead (done = s), on a copy
+ *            sees the same descriptors and starts MPI's operation instead (done = s), on a copy
  *            of the communicator that carries nothing else
- *   reduce   my chunk (the block distribution of n over p): the sum over ranks 0..p-1, in that
- *            order, written into my own buffer; reduced = s
- *   gather   every peer's chunk, once its reduced >= s, copied from its buffer into mine; done = s
+ *   reduce   all-reduce: my chunk (the block distribution of n over p), the sum over ranks
+ *            0..p-1, in that order, written into my own buffer; reduced = s.
+ *            reduce-scatter: my block of the counts, the same sum of the ranks' sends, written
+ *            into my receive buffer; done = s. all-gather: every rank's send copied into its
+ *            place in my receive buffer; done = s
+ *   gather   all-reduce: every peer's chunk, once its reduced >= s, copied from its buffer into
+ *            mine; done = s
  *   finish   when every done >= s: no peer reads my buffer any more, it is the caller's again
  * Every element's sum is computed once, by one rank, in rank order, so all ranks hold the same
- * bits (for 2 ranks the same as MPI's a + b). A rank writes only its own buffer and page; it
- * reads a peer's buffer only in ranges the peer does not write in that phase.
+ * bits (for 2 ranks the same as MPI's a + b), and a reduce-scatter's block the same bits as the
+ * all-reduce's. A rank writes only its own buffers and page; it reads a peer's buffer only in
+ * ranges the peer does not write in that phase (a receive buffer that overlaps the buffer the
+ * peers read makes the operation MPI's).
  *
  * Operations on one communicator run one at a time in start order (a later one waits for the
  * earlier to finish); any test of any of them advances the oldest. A peer that never arrives
@@ -163,8 +175,11 @@ enum { ST_PUBLISH, ST_DECIDE, ST_REDUCE, ST_GATHER, ST_FINISH, ST_MPI, ST_DONE }
 struct shm_op {
     comm_shm *s;
     long long seq;
-    float *buf;
-    int64_t n;
+    comm_kind kind;        /* OP_ALLREDUCE, OP_REDUCE_SCATTER or OP_ALLGATHER */
+    float *buf;            /* the result: the all-reduce's buffer (in place), else the receive buffer */
+    const float *send;     /* reduce-scatter, all-gather: what the peers read */
+    int64_t n;             /* all-reduce: elements; the others: the sum of the counts */
+    const int *cnt, *dsp;  /* reduce-scatter, all-gather: each rank's count and offset (the request's) */
     int state, status;
     char why[COMM_WHY];
     uint64_t copied;       /* peers whose chunk is in my buffer */
@@ -174,7 +189,7 @@ struct shm_op {
 };
 
 static comm_shm *g_ctxs; /* the MPI backend runs on one thread (MPI_THREAD_FUNNELED) */
-static int64_t g_shm_ops; /* all-reduces that went through shared memory */
+static int64_t g_shm_ops; /* operations that went through shared memory */
 
 int64_t adt_comm_shared_ops(void) { return g_shm_ops; }
 
@@ -283,7 +298,28 @@ void comm_shm_setup(MPI_Comm comm, comm_shm **out) {
 }
 
 int comm_shm_eligible(const comm_shm *s, const comm_op *op) {
-    return s && op->kind == OP_ALLREDUCE && op->elem == CE_F32 && op->n * (int64_t)sizeof(float) >= SHM_MIN_BYTES;
+    return s && (op->kind == OP_ALLREDUCE || op->kind == OP_REDUCE_SCATTER || op->kind == OP_ALLGATHER) &&
+           op->elem == CE_F32 && op->n * (int64_t)sizeof(float) >= SHM_MIN_BYTES;
+}
+
+static const char *kind_name(comm_kind k) {
+    return k == OP_ALLREDUCE ? "all-reduce" : k == OP_REDUCE_SCATTER ? "reduce-scatter" : "all-gather";
+}
+
+/* The buffer the peers read, and its elements: the all-reduce's own, the others' send. */
+static const float *published(const shm_op *o, int64_t *n) {
+    *n = o->kind == OP_ALLGATHER ? o->cnt[o->s->me] : o->n;
+    return o->kind == OP_ALLREDUCE ? o->buf : o->send;
+}
+
+/* Elements rank q publishes for o. */
+static int64_t published_n(const shm_op *o, int q) { return o->kind == OP_ALLGATHER ? o->cnt[q] : o->n; }
+
+/* The elements this rank writes of o's result (all of buf but a reduce-scatter's block). */
+static int64_t result_n(const shm_op *o) { return o->kind == OP_REDUCE_SCATTER ? o->cnt[o->s->me] : o->n; }
+
+static int overlap(const void *a, size_t an, const void *b, size_t bn) {
+    return an && bn && (const char *)a < (const char *)b + bn && (const char *)b < (const char *)a + an;
 }
 
 /* ---- one operation ---------------------------------------------------------------------------- */
@@ -366,10 +402,15 @@ static int op_advance(shm_op *o) {
     int p = s->p, me = s->me;
     if (o->state == ST_PUBLISH) {
         if (!all_at_least(s, DONE, o->seq - 1)) return 0;
-        shm_desc d = {.n = o->n, .pid = (int32_t)getpid()};
+        int64_t pn;
+        const float *pub = published(o, &pn);
+        shm_desc d = {.n = pn, .pid = (int32_t)getpid()};
         pthread_mutex_lock(&g_blocks_lock);
-        const shm_block *b = block_of(o->buf, (size_t)o->n * sizeof(float));
-        if (b) d.block = b->id, d.off = (char *)o->buf - b->base, d.fd = b->fd;
+        const shm_block *b = block_of(pub, (size_t)pn * sizeof(float));
+        /* a receive buffer the peers' reads could see half written: MPI's path */
+        if (o->kind != OP_ALLREDUCE && overlap(pub, (size_t)pn * sizeof(float), o->buf, (size_t)result_n(o) * sizeof(float)))
+            b = NULL;
+        if (b) d.block = b->id, d.off = (const char *)pub - b->base, d.fd = b->fd;
         pthread_mutex_unlock(&g_blocks_lock);
         s->ctl[me]->desc = d;
         set_flag(s, ARRIVE, o->seq);
@@ -380,25 +421,36 @@ static int op_advance(shm_op *o) {
         int shared = 1;
         for (int q = 0; q < p; q++) {
             const shm_desc *d = &s->ctl[q]->desc;
-            if (d->n != o->n) {
-                snprintf(o->why, sizeof o->why, "rank %d all-reduces %lld elements, this rank %lld", q, (long long)d->n,
-                         (long long)o->n);
+            if (d->n != published_n(o, q)) {
+                snprintf(o->why, sizeof o->why, "rank %d publishes %lld elements, this rank expected %lld", q,
+                         (long long)d->n, (long long)published_n(o, q));
                 return op_fail(o, ADT_ERR_COMM);
             }
             shared &= d->block != 0;
         }
         if (!shared) {
             set_flag(s, DONE, o->seq); /* the descriptors are read; MPI does the rest */
-            int e = MPI_Iallreduce(MPI_IN_PLACE, o->buf, (int)o->n, MPI_FLOAT, MPI_SUM, s->fallback, &o->mr);
+            int e;
+            const char *call;
+            if (o->kind == OP_ALLREDUCE) {
+                call = "MPI_Iallreduce";
+                e = MPI_Iallreduce(MPI_IN_PLACE, o->buf, (int)o->n, MPI_FLOAT, MPI_SUM, s->fallback, &o->mr);
+            } else if (o->kind == OP_REDUCE_SCATTER) {
+                call = "MPI_Ireduce_scatter";
+                e = MPI_Ireduce_scatter(o->send, o->buf, o->cnt, MPI_FLOAT, MPI_SUM, s->fallback, &o->mr);
+            } else {
+                call = "MPI_Iallgatherv";
+                e = MPI_Iallgatherv(o->send, o->cnt[me], MPI_FLOAT, o->buf, o->cnt, o->dsp, MPI_FLOAT, s->fallback, &o->mr);
+            }
             if (e != MPI_SUCCESS) {
-                snprintf(o->why, sizeof o->why, "MPI_Iallreduce failed (MPI error %d)", e);
+                snprintf(o->why, sizeof o->why, "%s failed (MPI error %d)", call, e);
                 return op_fail(o, ADT_ERR_COMM);
             }
             o->state = ST_MPI;
         } else {
             for (int q = 0; q < p; q++) {
                 const shm_desc *d = &s->ctl[q]->desc;
-                o->src[q] = q == me ? o->buf : peer_buffer(s, q, d, o->seq);
+                o->src[q] = q == me ? published(o, &(int64_t){0}) : peer_buffer(s, q, d, o->seq);
                 if (!o->src[q]) {
                     snprintf(o->why, sizeof o->why,
                              "cannot map rank %d's shared buffer (/proc/%d/fd/%d): %s; set ADT_COMM_SHM=0 on every rank", q,
@@ -422,6 +474,17 @@ static int op_advance(shm_op *o) {
         if (!flag) return 0;
         o->state = ST_DONE;
         return 1;
+    }
+    if (o->state == ST_REDUCE && o->kind != OP_ALLREDUCE) {
+        if (o->kind == OP_REDUCE_SCATTER) {
+            const float *src[SHM_MAX_RANKS];
+            for (int q = 0; q < p; q++) src[q] = o->src[q] + o->dsp[me];
+            sum_ranks(o->buf, src, p, o->cnt[me]); /* p >= 2: comm_shm_setup */
+        } else {
+            for (int q = 0; q < p; q++) memcpy(o->buf + o->dsp[q], o->src[q], (size_t)o->cnt[q] * sizeof(float));
+        }
+        set_flag(s, DONE, o->seq);
+        o->state = ST_FINISH;
     }
     if (o->state == ST_REDUCE) {
         int64_t lo, hi;
@@ -469,12 +532,15 @@ void comm_shm_progress(void) {
 
 size_t comm_shm_op_size(const comm_shm *s) { return sizeof(shm_op) + (size_t)s->p * sizeof(float *); }
 
-void comm_shm_start(comm_shm *s, shm_op *o, float *buf, int64_t n) {
+void comm_shm_start(comm_shm *s, shm_op *o, const comm_op *op, const int *cnt, const int *dsp) {
     memset(o, 0, sizeof *o);
     o->s = s;
     o->seq = ++s->seq;
-    o->buf = buf;
-    o->n = n;
+    o->kind = op->kind;
+    o->buf = op->recv;
+    o->send = op->send;
+    o->n = op->n;
+    o->cnt = cnt, o->dsp = dsp;
     o->mr = MPI_REQUEST_NULL;
     o->src = (const float **)(o + 1);
     if (s->tail) s->tail->next = o;
@@ -486,6 +552,6 @@ void comm_shm_start(comm_shm *s, shm_op *o, float *buf, int64_t n) {
 int comm_shm_test(shm_op *o, int *done, char *why) {
     if (o->state != ST_DONE) comm_shm_progress();
     *done = o->state == ST_DONE;
-    if (*done && o->status) snprintf(why, COMM_WHY, "shared-memory all-reduce: %.400s", o->why);
+    if (*done && o->status) snprintf(why, COMM_WHY, "shared-memory %s: %.400s", kind_name(o->kind), o->why);
     return *done ? o->status : ADT_OK;
 }

@@ -36,7 +36,7 @@ struct adt_exec {
     adt_exec_opts o;
     adt_memplan mp;
     char *arena, *state;
-    int arena_shared;   /* the arena is adt_comm_shared_alloc's (the graph communicates)    */
+    int arena_shared;   /* arena and state are adt_comm_shared_alloc's (the graph communicates) */
     float *scratch;
     void **ptr; /* [n_values] */
     double *node_s;
@@ -542,13 +542,14 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
         ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
     }
-    /* Where the graph communicates, the arena (gradients included) is memory the other ranks
-     * of this node can read: their all-reduces then sum the buffers in place (comm.h, "Shared
-     * memory"). Its pages are not transparent huge pages (the kernel's default for shared
-     * memory); that measured no slower for the MLP and GPT-S steps here. */
+    /* Where the graph communicates, the arena (gradients and activations) and the state
+     * (parameters: ZeRO gathers their shards) are memory the other ranks of this node can read:
+     * their all-reduces, reduce-scatters and all-gathers then read the buffers in place (comm.h,
+     * "Shared memory"). Its pages are not transparent huge pages (the kernel's default for
+     * shared memory); that measured no slower for the MLP and GPT-S steps here. */
     ex->arena_shared = any_comm_node(g);
     ex->arena = ex->arena_shared ? adt_comm_shared_alloc((size_t)ex->mp.arena_bytes) : exec_block((size_t)ex->mp.arena_bytes);
-    ex->state = exec_block((size_t)ex->mp.state_bytes);
+    ex->state = ex->arena_shared ? adt_comm_shared_alloc((size_t)ex->mp.state_bytes) : exec_block((size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);
     ex->ptr = adt_calloc((size_t)g->n_values, sizeof *ex->ptr);
     ex->node_s = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->node_s);
@@ -570,9 +571,8 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
 void adt_exec_free(adt_exec *ex) {
     if (!ex) return;
     adt_memplan_free(&ex->mp);
-    if (ex->arena_shared) adt_comm_shared_free(ex->arena);
-    else free(ex->arena); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
-    free(ex->state);
+    if (ex->arena_shared) adt_comm_shared_free(ex->arena), adt_comm_shared_free(ex->state);
+    else free(ex->arena), free(ex->state); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
     adt_free_aligned(ex->scratch);
     free(ex->ptr);
     free(ex->node_s);
