@@ -65,8 +65,10 @@
 #define SHM_MIN_BYTES ADT_COMM_SHM_MIN_BYTES
 #define SHM_MAX_RANKS 64 /* the gather's bit mask */
 /* Blocks remembered per peer, the least recently used dropped first: a peer's executor that is
- * made again (a new arena) leaves its old block mapped here, and alive, until it is dropped. */
-#define SHM_PEER_MAPS 4
+ * made again (a new arena) leaves its old block mapped here, and alive, until it is dropped.
+ * An executor shares its arena, its state and a staging buffer per boxing step that packs parts
+ * (src/exec/mesh_comm.c): a tensor-parallel step uses a handful, each mapped once. */
+#define SHM_PEER_MAPS 32
 
 /* ---- shared blocks (process-wide) ------------------------------------------------------------ */
 

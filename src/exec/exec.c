@@ -62,6 +62,7 @@ struct adt_exec {
     void **upd_ptr;     /* [n_values] slot 0's, with accumulated gradients in place       */
     char **slot_arena, **slot_fed; /* [n_slots] (slot 0's arena is `arena`)              */
     float **acc;        /* [n_values] per root: the accumulator of a gradient the update reads */
+    char *acc_block;    /* the accumulators' one allocation (shared where the arena is)       */
     int n_acc;          /* backward passes accumulated since the last update             */
     int microbatch;     /* adt_exec_set_microbatch                                        */
 };
@@ -894,9 +895,12 @@ static void slots_create(adt_exec *ex) {
     ex->slot_ptr = adt_calloc((size_t)K, sizeof *ex->slot_ptr);
     ex->slot_arena = adt_calloc((size_t)K, sizeof *ex->slot_arena);
     ex->slot_fed = adt_calloc((size_t)K, sizeof *ex->slot_fed);
+    /* shared where slot 0's arena is: a pipeline stage's all-reduces and gathers read them in
+     * place (comm.h); private ones sent them through MPI */
+    void *(*block)(size_t) = ex->arena_shared ? adt_comm_shared_alloc : exec_block;
     for (int k = 0; k < K; k++) {
-        ex->slot_arena[k] = k ? exec_block((size_t)mp->arena_bytes) : NULL;
-        ex->slot_fed[k] = k ? exec_block((size_t)fed_bytes) : NULL;
+        ex->slot_arena[k] = k ? block((size_t)mp->arena_bytes) : NULL;
+        ex->slot_fed[k] = k ? block((size_t)fed_bytes) : NULL;
         void **p = ex->slot_ptr[k] = adt_calloc((size_t)nv + 1, sizeof *p);
         for (int v = 0; v < nv; v++) {
             int r = mp->root[v];
@@ -910,8 +914,13 @@ static void slots_create(adt_exec *ex) {
     ex->upd_ptr = adt_malloc((size_t)(nv + 1) * sizeof *ex->upd_ptr);
     char *acc = adt_malloc((size_t)nv + 1);
     accumulated(g, mp, acc);
+    int64_t acc_bytes = 0; /* one block for all: a peer maps each shared block it reads */
     for (int r = 0; r < nv; r++)
-        if (acc[r]) ex->acc[r] = adt_alloc_aligned((size_t)adt_value_bytes(g, r));
+        if (acc[r]) acc_bytes += (adt_value_bytes(g, r) + 63) & ~(int64_t)63;
+    ex->acc_block = ex->arena_shared ? adt_comm_shared_alloc((size_t)acc_bytes) : adt_alloc_aligned((size_t)(acc_bytes ? acc_bytes : 1));
+    int64_t at = 0;
+    for (int r = 0; r < nv; r++)
+        if (acc[r]) ex->acc[r] = (float *)(ex->acc_block + at), at += (adt_value_bytes(g, r) + 63) & ~(int64_t)63;
     free(acc);
     for (int v = 0; v < nv; v++) {
         int r = mp->root[v];
@@ -922,10 +931,11 @@ static void slots_create(adt_exec *ex) {
 static void slots_free(adt_exec *ex) {
     for (int k = 0; k < ex->n_slots; k++) {
         free(ex->slot_ptr[k]);
-        free(ex->slot_arena[k]); /* exec_block */
-        free(ex->slot_fed[k]);
+        if (ex->arena_shared) adt_comm_shared_free(ex->slot_arena[k]), adt_comm_shared_free(ex->slot_fed[k]);
+        else free(ex->slot_arena[k]), free(ex->slot_fed[k]); /* exec_block */
     }
-    for (int v = 0; ex->acc && v < ex->g->n_values; v++) adt_free_aligned(ex->acc[v]);
+    if (ex->arena_shared) adt_comm_shared_free(ex->acc_block);
+    else adt_free_aligned(ex->acc_block);
     free(ex->acc);
     free(ex->upd_ptr);
     free(ex->slot_ptr);

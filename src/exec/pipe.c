@@ -144,7 +144,8 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
     pp->req = adt_calloc((size_t)(nl * M + 1), sizeof *pp->req);
     for (int j = 0; j < nl; j++)
         if (pp->st.links[j].from == pp->st.stage)
-            for (int m = 0; m < M; m++) pp->stage_buf[j * M + m] = adt_malloc((size_t)link_bytes(pp, j));
+            /* shared: summing a partial value over the stage's mesh reads it in place (comm.h) */
+            for (int m = 0; m < M; m++) pp->stage_buf[j * M + m] = adt_comm_shared_alloc((size_t)link_bytes(pp, j));
     pp->sum = adt_calloc((size_t)nl + 1, sizeof *pp->sum);
     int64_t tmp = 0;
     for (int j = 0; j < nl && !rc; j++) {
@@ -156,7 +157,7 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
         rc = adt_boxing_plan(&pp->mesh, val->shape, val->dtype, made, &sent, &p->cost, &pp->sum[j]);
         if (link_bytes(pp, j) > tmp) tmp = link_bytes(pp, j);
     }
-    pp->sum_tmp = adt_malloc((size_t)tmp + 1);
+    pp->sum_tmp = adt_comm_shared_alloc((size_t)tmp + 1);
     if (rc) { /* every rank plans the same programs: they fail alike */
         adt_pipe_free(pp);
         return rc;
@@ -175,11 +176,11 @@ void adt_pipe_free(adt_pipe *pp) {
     for (int k = 0; pp->tied_comm && k < pp->st.n_tied; k++) adt_comm_free(pp->tied_comm[k]);
     free(pp->tied_comm);
     adt_comm_free(pp->stage_comm);
-    for (int i = 0; pp->stage_buf && i < pp->st.n_links * pp->M; i++) free(pp->stage_buf[i]);
+    for (int i = 0; pp->stage_buf && i < pp->st.n_links * pp->M; i++) adt_comm_shared_free(pp->stage_buf[i]);
     free(pp->stage_buf);
     free(pp->req);
     free(pp->sum);
-    free(pp->sum_tmp);
+    adt_comm_shared_free(pp->sum_tmp);
     free(pp->peer);
     free(pp->ops);
     free(pp->mb_loss);
