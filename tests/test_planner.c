@@ -302,6 +302,27 @@ static void test_cluster_calibrated(void) {
     CHECK(adt_cluster_sync_s(&c, 4) == 1e-3 && adt_cluster_sync_s(&c, 5) == 1e-3 && adt_cluster_sync_s(&c, 3) == 0 &&
               adt_cluster_sync_s(&c, 1) == 0,
           "sync_s: %g %g %g", adt_cluster_sync_s(&c, 4), adt_cluster_sync_s(&c, 3), adt_cluster_sync_s(&c, 1));
+    /* the loss of a blocked wait after some compute: without a curve sync_s over the first ms;
+     * with one the line through (0, 0) and its points, held beyond the last */
+    CHECK_CLOSE(adt_cluster_sync_loss(&c, 4, 5e-4, 0), 5e-4, 1e-15, 0);
+    CHECK_CLOSE(adt_cluster_sync_loss(&c, 4, 5e-3, 0), 1e-3, 1e-15, 0);
+    CHECK(adt_cluster_sync_loss(&c, 4, 0, 0) == 0 && adt_cluster_sync_loss(&c, 3, 1e-3, 0) == 0, "no compute, no entry: 0");
+    adt_cluster cv = c;
+    cv.slowdown[2].n_sync = 2;
+    cv.slowdown[2].sync_curve[0][0] = 1e-3, cv.slowdown[2].sync_curve[0][1] = 2e-4;
+    cv.slowdown[2].sync_curve[1][0] = 1e-2, cv.slowdown[2].sync_curve[1][1] = 3e-3;
+    CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 5e-4, 0), 1e-4, 1e-15, 0);
+    CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 5.5e-3, 0), 2e-4 + 2.8e-3 * 0.5, 1e-15, 0);
+    CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 2e-2, 0), 3e-3, 1e-15, 0);
+    CHECK_CLOSE(adt_cluster_sync_loss(&cv, 5, 1e-3, 0), 2e-4, 1e-15, 0);
+    CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 5e-4, 1), 5e-4, 1e-15, 0); /* MPI's: the ramp */
+    char *cvs = adt_cluster_to_json(&cv);
+    adt_cluster cvr;
+    CHECK(adt_cluster_parse(&cvr, cvs, "curve round trip") == ADT_OK, "%s", adt_error_message());
+    CHECK(cvr.slowdown[2].n_sync == 2 && !memcmp(cvr.slowdown[2].sync_curve, cv.slowdown[2].sync_curve,
+                                                 sizeof cv.slowdown[2].sync_curve),
+          "sync_curve round trip");
+    free(cvs);
     /* without measurements, cores: 4 busy ranks on 2 cores run at half speed, 2 or 1 at full */
     adt_cluster nm = c;
     nm.n_slowdown = 0;
@@ -358,6 +379,13 @@ static void test_cluster_calibrated(void) {
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_segment_s\":-1e-3", "device.slowdown[2].relay_segment_s"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_long_factor\":-1", "device.slowdown[2].relay_long_factor"},
         {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"relay_long_segment_s\":11", "device.slowdown[2].relay_long_segment_s"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":[[1e-3,1e-4],[5e-4,2e-4]]", "device.slowdown[2].sync_curve[1]"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":[[1e-3,-1e-4]]", "device.slowdown[2].sync_curve[0]"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":[[1e-3]]", "device.slowdown[2].sync_curve[0]"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":[]", "device.slowdown[2].sync_curve"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":{\"a\":1}", "device.slowdown[2].sync_curve"},
+        {"\"sync_s\":1e-3", "\"sync_s\":1e-3,\"sync_curve\":[[1,0],[2,0],[3,0],[4,0],[5,0],[6,0],[7,0]]",
+         "device.slowdown[2].sync_curve"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmull\":[0,0,0,0,0,0,0,1]}",
          "device.op_factors.matmull"},
         {"\"launch_s\":1e-6", "\"launch_s\":1e-6,\"op_factors\":{\"matmul\":[1,2]}", "device.op_factors.matmul"},
@@ -457,6 +485,23 @@ static void test_cost_sync(void) {
     }
     CHECK(r[0][0].sync_s >= 1e-3 - 1e-12 && r[0][0].sync_s < 2e-3, "dp blocks about once: %g s", r[0][0].sync_s);
     CHECK(r[1][0].sync_s >= 4e-3 - 1e-12, "tp blocks at every layer: %g s", r[1][0].sync_s);
+    /* a measured curve: dp's one wait after seconds of compute loses the curve's last point, 4x
+     * sync_s here, where the ramp held sync_s */
+    adt_cluster curve = slow;
+    curve.slowdown[2].n_sync = 2;
+    curve.slowdown[2].sync_curve[0][0] = 1e-3, curve.slowdown[2].sync_curve[0][1] = 1e-3;
+    curve.slowdown[2].sync_curve[1][0] = 1e-2, curve.slowdown[2].sync_curve[1][1] = 4e-3;
+    {
+        adt_graph *g = NULL;
+        adt_plan p;
+        adt_cost_report rc4;
+        CHECK(expert(&m, "dp", 4, 32, &g, &p) == ADT_OK, "%s", adt_error_message());
+        CHECK(adt_plan_cost(&p, g, &curve, &rc4) == ADT_OK, "%s", adt_error_message());
+        CHECK(rc4.sync_s >= 4e-3 - 1e-12 && rc4.sync_s < 8e-3, "dp with the curve: %g s", rc4.sync_s);
+        CHECK_CLOSE(rc4.step_s - r[0][0].step_s, rc4.sync_s - r[0][0].sync_s, 1e-9, 0);
+        adt_plan_free(&p);
+        adt_graph_free(g);
+    }
     /* fast compute: the waits come soon after each other and pay less */
     CHECK(r[1][2].sync_s > 0 && r[1][2].sync_s < r[1][0].sync_s, "tp, fast compute: %g s against %g s",
           r[1][2].sync_s, r[1][0].sync_s);
@@ -515,7 +560,8 @@ static void test_cost_op_factors(void) {
 
 /* device.slowdown[].coll_factor: the cores move the data, so a data-parallel step is its compute,
  * its all-reduces and its blocked waits one after another (closed form), and the shared-memory
- * all-reduces (>= 64 KiB) take coll_factor times the fit, the others the fit. */
+ * all-reduces (>= ADT_COMM_SHM_MIN_BYTES) take their fit's latency and coll_factor times its
+ * bytes' part, the others the fit. */
 static void test_cost_on_cores(void) {
     adt_cluster c;
     CHECK(adt_cluster_parse(&c, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
@@ -532,8 +578,8 @@ static void test_cost_on_cores(void) {
     double want = 0, big = 0;
     for (int v = 0; v < g->n_values; v++) {
         if (g->values[v].role != ADT_ROLE_PARAM) continue;
-        double b = (double)adt_value_bytes(g, v), t = 6 * fit->alpha + 1.5 * b * fit->beta;
-        want += b >= (double)ADT_COMM_SHM_MIN_BYTES ? 3.0 * t : t;
+        double b = (double)adt_value_bytes(g, v), bytes_part = 1.5 * b * fit->beta;
+        want += 6 * fit->alpha + (b >= (double)ADT_COMM_SHM_MIN_BYTES ? 3.0 : 1.0) * bytes_part;
         big += b >= (double)ADT_COMM_SHM_MIN_BYTES;
     }
     CHECK(big >= 1, "a shared-memory-sized gradient");
@@ -1389,6 +1435,14 @@ static void test_cli(void) {
                   c.slowdown[1].relay_long_segment_s > 3 * c.slowdown[1].relay_segment_s,
               "long relay: factor %g on turns of %g s", c.slowdown[1].relay_long_factor,
               c.slowdown[1].relay_long_segment_s);
+        /* the loss of a blocked wait after segments of about 0.05 to 30 ms, ascending; sync_s is
+         * the loss of the one after the probe's 1 ms step */
+        int ns = c.slowdown[1].n_sync, has_sync = 0;
+        const double(*cu)[2] = c.slowdown[1].sync_curve;
+        for (int k = 0; k < ns; k++) has_sync |= cu[k][1] == c.slowdown[1].sync_s;
+        CHECK(ns >= 4 && cu[0][0] < 1e-3 && cu[ns - 1][0] > 5e-3 && has_sync && contains(out, "ms of compute"),
+              "sync curve: %d points from %g to %g s, sync_s %g among them: %d", ns, ns ? cu[0][0] : 0,
+              ns ? cu[ns - 1][0] : 0, c.slowdown[1].sync_s, has_sync);
         CHECK(c.byte_rate[ADT_OPCLASS_MATMUL] >= 0 && c.n_accumulate >= 4, "byte rate %g, %d accumulation sizes",
               c.byte_rate[ADT_OPCLASS_MATMUL], c.n_accumulate);
         /* the in-step factor makes the cost model price the probe's data-parallel step (calibrate.c's

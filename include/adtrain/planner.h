@@ -38,6 +38,7 @@ extern "C" {
 #define ADT_CLUSTER_MAX_LINKS 4
 #define ADT_CLUSTER_NAME_LEN 128
 #define ADT_CLUSTER_MAX_SLOWDOWN 64
+#define ADT_SYNC_POINTS 6 /* device.slowdown[].sync_curve: at most this many points */
 #define ADT_CLUSTER_MAX_ACCUMULATE 16
 /* op_factor's decades of FLOPs: below 1e4, 1e4..1e5, ..., 1e10 and above */
 #define ADT_OP_FACTOR_BUCKETS 8
@@ -105,8 +106,8 @@ typedef struct adt_cluster {
      * collective inside a step (its peers' arrival spread and wake-up), 0: nothing;
      * coll_factor: the ranks' own cores move the collectives' data (shared memory, no engine
      * of its own), so collectives are work of the compute clock, and a shared-memory all-reduce
-     * (at least ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its calibrated back-to-back
-     * time inside a step; 0: collectives overlap compute;
+     * (at least ADT_COMM_SHM_MIN_BYTES) takes its calibrated back-to-back latency plus
+     * coll_factor times the fit's bytes part inside a step; 0: collectives overlap compute;
      * relay_factor: one rank's compute time while the other ranks - 1 wait for its messages (a
      * pipeline's ranks taking turns) over its time alone: what a waiting rank still takes of the
      * cores, and its wake-ups; 0: not measured (waiting ranks count as busy);
@@ -114,10 +115,16 @@ typedef struct adt_cluster {
      * lasted ranks - 1 turns); 0: not measured (a waiting rank's share holds all through a wait);
      * relay_long_factor, relay_long_segment_s: the same measured with turns about ten times
      * longer, whose waits mostly nap: what a napping rank still takes; 0: not measured (a
-     * napping rank takes nothing) */
+     * napping rank takes nothing);
+     * sync_curve: the loss of a blocked wait (seconds) measured after segments of compute (the
+     * ranks computing at once, as the cost model's clock runs), n_sync points by ascending
+     * segment; a wait after s seconds of compute since the last one loses the line through
+     * (0, 0) and the points, held beyond the last (adt_cluster_sync_loss); none: sync_s,
+     * reached after 1 ms of compute */
     struct {
-        int ranks;
+        int ranks, n_sync;
         double factor, sync_s, coll_factor, relay_factor, relay_segment_s, relay_long_factor, relay_long_segment_s;
+        double sync_curve[ADT_SYNC_POINTS][2]; /* [segment_s, loss_s] */
     } slowdown[ADT_CLUSTER_MAX_SLOWDOWN];
     /* Gradient accumulation (a pipeline's or a microbatched step's acc += g per backward pass):
      * bytes of gradients one rank adds per second when a pass adds `bytes` of them, by size
@@ -161,6 +168,13 @@ double adt_cluster_share(const adt_cluster *c, int ranks);
 /* What a rank loses when it blocks on a collective inside a step with `ranks` devices of one node
  * busy: sync_s of the same slowdown entry adt_cluster_share picks, else 0. */
 double adt_cluster_sync_s(const adt_cluster *c, int ranks);
+/* What a rank loses when it blocks on a collective inside a step after `compute_s` seconds of
+ * compute since its last blocked wait, with `ranks` devices of one node busy: the peers' arrival
+ * spread grows with the compute between two waits (bench/bench_lockstep.c). The entry's
+ * sync_curve, the line through (0, 0) and its points, held beyond the last; without one, or
+ * where `mpi` (the wait is for one of MPI's collectives, not the shared-memory all-reduce the
+ * curve was measured with), sync_s x min(1, compute_s / 1 ms). */
+double adt_cluster_sync_loss(const adt_cluster *c, int ranks, double compute_s, int mpi);
 /* coll_factor of that entry: > 0 when collectives are work of the ranks' cores, 0 when they
  * overlap compute. */
 double adt_cluster_coll_factor(const adt_cluster *c, int ranks);

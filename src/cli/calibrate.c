@@ -16,8 +16,9 @@
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
  *             time on each of k ranks over its time on one rank alone right after, the median
  *             of 5 such pairs; the median of --repeat such measurements), into device.slowdown, with what a collective that follows
- *             compute costs beyond its back-to-back time (sync_s) and what a data-parallel
- *             step's shared-memory all-reduces cost inside it over their back-to-back time
+ *             compute costs beyond its back-to-back time (sync_s after about 1 ms of compute,
+ *             sync_curve after 0.05 to 30 ms) and what a data-parallel step's shared-memory
+ *             all-reduces cost inside it over their back-to-back time
  *             (coll_factor: the ranks' cores move the data, between their kernels; fitted through
  *             the cost model, which then prices the probe's step as measured);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker
@@ -331,42 +332,80 @@ static int run_collective(adt_comm *w, int kind, float *a, float *b, int64_t n, 
     }
 }
 
-/* What a rank loses when it blocks on a collective inside a step (device.slowdown[].sync_s):
- * every rank runs segments of compute (a step of a small MLP, about 1 ms on one core) with and
- * without a small all-reduce after each; the difference per segment, the ranks' mean, the
- * median of CAL_SYNC_ROUNDS (with and without in turn first: a difference of 2-10% of the
- * segment, which five rounds put anywhere in 0.03-0.12 ms on 2 ranks). Back to back,
- * collectives find every rank waiting; after compute, the peers arrive spread out and a rank
- * that blocked is woken late, most of all when ranks time-share the cores. */
-#define CAL_SYNC_MODEL "{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}"
+/* What a rank loses when it blocks on a collective inside a step (device.slowdown[].sync_s and
+ * sync_curve): every rank runs segments of compute (a training step of a small MLP) with and
+ * without a small all-reduce after each; the difference per segment less the all-reduce's own
+ * back-to-back time, the ranks' mean, the median of CAL_SYNC_ROUNDS (with and without in turn
+ * first: a difference of 2-10% of the segment, which five rounds put anywhere in 0.03-0.12 ms on
+ * 2 ranks). Back to back, collectives find every rank waiting; after compute, the peers arrive
+ * spread out and a rank that blocked is woken late, most of all when ranks time-share the cores,
+ * and the more the longer the compute (bench/bench_lockstep.c: on 3 ranks sharing 2 cores about
+ * half of it from 0.05 to 14 ms, then held). So the loss is measured after segments of 0.05 to
+ * 30 ms (CAL_SYNC_SEGMENTS), each with the segment itself (the ranks computing at once, the cost
+ * model's clock); the third, a step of about 1 ms on one core, is sync_s, and the fifth is the
+ * in-step probe's own step (instep_probe), so that the loss its waits take is measured, not
+ * left to its in-step factor. */
 #define CAL_SYNC_ROUNDS 11
-static double sync_cost(adt_comm *w, float *x) {
+#define CAL_SYNC_POINTS 6
+#define CAL_SYNC_PROBE 2 /* the point that is sync_s */
+static const struct {
+    const char *model;
+    int batch;
+} CAL_SYNC_SEGMENTS[CAL_SYNC_POINTS] = {
+    {"{\"type\":\"mlp\",\"sizes\":[64,128,64,10],\"activation\":\"relu\"}", 32},
+    {"{\"type\":\"mlp\",\"sizes\":[64,128,64,10],\"activation\":\"relu\"}", 128},
+    {"{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}", 64},
+    {"{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}", 256},
+    {"{\"type\":\"mlp\",\"sizes\":[512,1024,1024,10],\"activation\":\"relu\"}", 64}, /* CAL_PROBE's step */
+    {"{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}", 1024},
+};
+#define CAL_SYNC_MODEL "{\"type\":\"mlp\",\"sizes\":[256,512,256,10],\"activation\":\"relu\"}" /* the relay's too */
+
+/* The ranks' mean of x. */
+static double ranks_mean(adt_comm *w, double x) {
+    adt_comm_allreduce_f64(w, &x, 1);
+    return x / adt_comm_size(w);
+}
+
+/* The loss after segments of point i (0 where it failed), *segment the segment. */
+static double sync_cost(adt_comm *w, float *x, int i, double *segment) {
     adt_graph *g;
     adt_exec *ex;
-    double r[CAL_SYNC_ROUNDS], k = adt_comm_size(w);
-    int rc = model_exec(CAL_SYNC_MODEL, 64, 1, 0, &g, &ex), ok = rc == ADT_OK, segs = 40;
+    double r[CAL_SYNC_ROUNDS], seg[CAL_SYNC_ROUNDS];
+    int rc = model_exec(CAL_SYNC_SEGMENTS[i].model, CAL_SYNC_SEGMENTS[i].batch, 1, 0, &g, &ex), ok = rc == ADT_OK;
     double bad = !ok; /* every rank built its executor, or none times */
     adt_comm_allreduce_f64(w, &bad, 1);
     ok = bad == 0;
-    for (int i = 0; i < CAL_SYNC_ROUNDS; i++) {
+    *segment = 0;
+    /* segments per timed run: about 40 ms of them (at least 4), from a first estimate */
+    double t0 = adt_now_s();
+    for (int q = 0; q < 3 && ok; q++) ok = adt_exec_run(ex) == ADT_OK;
+    double est = ranks_mean(w, (adt_now_s() - t0) / 3);
+    int segs = est > 0 ? (int)(0.04 / est) : 4;
+    segs = segs < 4 ? 4 : segs > 400 ? 400 : segs;
+    for (int i_r = 0; i_r < CAL_SYNC_ROUNDS; i_r++) {
         double t[2] = {0, 0};
         for (int o = 0; o < 2; o++) {
-            int with = o ^ (i & 1); /* the order alternates: a drift in speed falls on both alike */
+            int with = o ^ (i_r & 1); /* the order alternates: a drift in speed falls on both alike */
             adt_comm_barrier(w);
-            double t0 = adt_now_s();
+            double s0 = adt_now_s();
             for (int q = 0; q < segs && ok; q++) {
                 adt_exec_set_lr_step(ex, 1e-4f, q + 1);
                 ok = adt_exec_run(ex) == ADT_OK && (!with || adt_comm_allreduce(w, x, 256, ADT_F32) == ADT_OK);
             }
-            t[with] = (adt_now_s() - t0) / segs;
+            t[with] = (adt_now_s() - s0) / segs;
         }
-        r[i] = t[1] - t[0];
-        adt_comm_allreduce_f64(w, &r[i], 1);
-        r[i] /= k;
+        adt_comm_barrier(w);
+        double s0 = adt_now_s();
+        for (int q = 0; q < 8 && ok; q++) ok = adt_comm_allreduce(w, x, 256, ADT_F32) == ADT_OK;
+        r[i_r] = ranks_mean(w, t[1] - t[0] - (adt_now_s() - s0) / 8);
+        seg[i_r] = ranks_mean(w, t[0]);
     }
     adt_exec_free(ex);
     adt_graph_free(g);
     qsort(r, CAL_SYNC_ROUNDS, sizeof r[0], cmp_double);
+    qsort(seg, CAL_SYNC_ROUNDS, sizeof seg[0], cmp_double);
+    *segment = ok ? seg[CAL_SYNC_ROUNDS / 2] : 0;
     return ok && r[CAL_SYNC_ROUNDS / 2] > 0 ? r[CAL_SYNC_ROUNDS / 2] : 0;
 }
 
@@ -540,8 +579,10 @@ static int comm_worker(void) {
     memset(a, 0, cap), memset(b, 0, cap);
     double slow = slowdown_probe(w);
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
-    double sync = sync_cost(w, a);
-    if (adt_comm_rank(w) == 0) printf("sync 0 %.9g\n", sync);
+    for (int i = 0; i < CAL_SYNC_POINTS; i++) {
+        double segment, sync = sync_cost(w, a, i, &segment);
+        if (adt_comm_rank(w) == 0) printf("sync_loss %d %.9g\nsync_segment %d %.9g\n", i, sync, i, segment);
+    }
     double segment, relay = relay_probe(w, 1, CAL_RELAY_ROUNDS, CAL_RELAY_TURNS, &segment);
     if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\nrelay_segment 0 %.9g\n", relay, segment);
     relay = relay_probe(w, CAL_RELAY_LONG_RUNS, CAL_RELAY_LONG_ROUNDS, CAL_RELAY_LONG_TURNS, &segment);
@@ -620,7 +661,7 @@ static int self_path(char *buf, size_t n) {
  * *segment (the relay's turn alone), long[0] and long[1] (the same of the long relay), and every
  * collective's timings into fit[] (per kind) and, the all-reduces, into pooled. */
 static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync, double *instep_s,
-                         double *relay, double *segment, double *relay_long) {
+                         double *relay, double *segment, double *relay_long, double *curve) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
     snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
@@ -637,12 +678,17 @@ static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown,
             *(kind[0] == 'i' ? instep_s : segment) = t;
             continue;
         }
+        if (got && (!strcmp(kind, "sync_loss") || !strcmp(kind, "sync_segment")) && s >= 0 && s < CAL_SYNC_POINTS) {
+            curve[2 * s + !strcmp(kind, "sync_loss")] = t; /* [segment, loss] pairs */
+            if (s == CAL_SYNC_PROBE && !strcmp(kind, "sync_loss")) *sync = t;
+            continue;
+        }
         if (got && (!strcmp(kind, "relay_long") || !strcmp(kind, "relay_long_segment"))) {
             relay_long[!strcmp(kind, "relay_long_segment")] = t;
             continue;
         }
-        if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "sync") || !strcmp(kind, "relay"))) {
-            *(kind[0] == 'r' ? relay : kind[1] == 'l' ? slowdown : sync) = t;
+        if (got && (!strcmp(kind, "slowdown") || !strcmp(kind, "relay"))) {
+            *(kind[0] == 'r' ? relay : slowdown) = t;
             continue;
         }
         if (got)
@@ -707,12 +753,12 @@ static double probe_step_s(const adt_cluster *c, int k, int per_rank) {
 
 /* device.slowdown[].coll_factor of k ranks: the factor at which the cost model prices the in-step
  * probe's data-parallel step `instep` seconds over the same k ranks computing alone, as measured.
- * Fitted through the cost model itself, so that its own charges (a sync_s at each blocked wait,
- * the small gradients' MPI all-reduces) are what the factor leaves out: a hand count of one wait
- * left the model pricing the probe 2 ms (35%) over its measurement on 4 ranks, the model charging
- * three. The price is linear in the factor (the shared-memory all-reduces run on the compute
- * clock at coll_factor times their fit): two pricings find it. 0 where the probe cannot be
- * priced. */
+ * Fitted through the cost model itself, so that its own charges (the loss of each blocked wait
+ * by the sync curve, measured after the probe's own step too) are what the factor leaves out: a
+ * hand count of one wait left the model pricing the probe 2 ms (35%) over its measurement on 4
+ * ranks, the model charging three. The price is linear in the factor (the shared-memory
+ * all-reduces run on the compute clock, their bytes at coll_factor times the fit's): two
+ * pricings find it. 0 where the probe cannot be priced. */
 static double instep_coll_factor(const adt_cluster *c, int k, double instep) {
     adt_cluster *x = adt_malloc(sizeof *x);
     *x = *c;
@@ -876,7 +922,7 @@ int cli_calibrate(int argc, char **argv) {
             double busy = acc->secs[sc][k] - acc->ops[sc][k] * c.launch_s; /* without the fixed costs */
             if (busy < 0.5 * acc->secs[sc][k]) busy = 0.5 * acc->secs[sc][k];
             double r = acc->flops[sc][k] / busy, br = 0;
-            if ((k == ADT_OPCLASS_MATMUL || k == ADT_OPCLASS_CONV) && !getenv("XNOBYTE")) fit_byte_rate(acc, k, sc, c.launch_s, &r, &br);
+            if (k == ADT_OPCLASS_MATMUL || k == ADT_OPCLASS_CONV) fit_byte_rate(acc, k, sc, c.launch_s, &r, &br);
             fprintf(stderr, "calibrate: %-9s %s ops: %.3g GFLOP/s", adt_op_class_name(k), sc ? "large" : "small", r * 1e-9);
             if (br > 0) fprintf(stderr, " and %.3g GB/s", br * 1e-9);
             fprintf(stderr, "\n");
@@ -907,7 +953,9 @@ int cli_calibrate(int argc, char **argv) {
          * hour: the relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median
          * of each probe, and one fit of each collective over all its timings */
         int nk = (int)o.ranks - 1, R = (int)o.repeat;
-        enum { NP = 7 }; /* [k][r][slow, sync, instep, relay, the relay's segment, the long relay's two] */
+        /* [k][r][slow, sync, instep, relay, the relay's segment, the long relay's two, then the
+         * sync curve's CAL_SYNC_POINTS [segment, loss] pairs] */
+        enum { NP = 7 + 2 * CAL_SYNC_POINTS };
         double *probe = adt_calloc((size_t)nk * R * NP, sizeof *probe);
         cal_fit *fits = adt_calloc((size_t)nk * CAL_KINDS, sizeof *fits);
         for (int r = 0; r < R && !rc; r++)
@@ -915,7 +963,7 @@ int cli_calibrate(int argc, char **argv) {
                 double *q = probe + ((size_t)(k - 2) * R + r) * NP;
                 q[2] = -1;
                 rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4],
-                                   &q[5]);
+                                   &q[5], &q[7]);
             }
         for (int k = 2; k <= o.ranks && !rc; k++) {
             add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);
@@ -924,8 +972,10 @@ int cli_calibrate(int argc, char **argv) {
                 int n = 0;
                 for (int r = 0; r < R; r++) {
                     double v = probe[((size_t)(k - 2) * R + r) * NP + j];
-                    /* a failed slowdown or relay probe gives 0, a missing in-step one -1 */
-                    if (j == 0 || j >= 3 ? v > 0 : v >= 0) col[n++] = v;
+                    /* a failed slowdown, relay or sync probe gives 0 (a loss of 0 counts), a
+                     * missing in-step one -1 */
+                    int loss = j >= 7 && (j - 7) % 2 == 1;
+                    if ((j == 0 || j >= 3) && !loss ? v > 0 : v >= 0) col[n++] = v;
                 }
                 m[j] = n ? median_of(col, n) : j == 2 ? -1 : 0;
             }
@@ -937,6 +987,15 @@ int cli_calibrate(int argc, char **argv) {
                 c.slowdown[c.n_slowdown].relay_segment_s = relay > 0 ? m[4] : 0;
                 c.slowdown[c.n_slowdown].relay_long_factor = relay > 0 && m[5] > 0 ? m[5] : 0;
                 c.slowdown[c.n_slowdown].relay_long_segment_s = relay > 0 && m[5] > 0 ? m[6] : 0;
+                int ns = 0; /* the points whose segment was measured, ascending */
+                for (int i = 0; i < CAL_SYNC_POINTS && ns < ADT_SYNC_POINTS; i++) {
+                    double seg = m[7 + 2 * i], loss = m[8 + 2 * i];
+                    if (!(seg > (ns ? c.slowdown[c.n_slowdown].sync_curve[ns - 1][0] : 0))) continue;
+                    c.slowdown[c.n_slowdown].sync_curve[ns][0] = seg, c.slowdown[c.n_slowdown].sync_curve[ns++][1] = loss;
+                    fprintf(stderr, "calibrate: %d ranks: a blocked collective after %.3f ms of compute: %.0f us more\n", k,
+                            seg * 1e3, loss * 1e6);
+                }
+                c.slowdown[c.n_slowdown].n_sync = ns;
                 c.slowdown[c.n_slowdown++].factor = f;
                 double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
                 c.slowdown[c.n_slowdown - 1].coll_factor = cf;

@@ -151,8 +151,33 @@ static int object_array(const cJSON *a, const char *field, int max, const char *
     return ADT_OK;
 }
 
+/* device.slowdown[i].sync_curve: up to ADT_SYNC_POINTS [segment_s, loss_s] pairs, segments
+ * ascending above 0 (at most 100 s), losses in [0, 10] s. */
+static int parse_sync_curve(adt_cluster *c, int i, const cJSON *a, const char *w, const char *name) {
+    if (!a) return ADT_OK;
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+    if (n < 1 || n > ADT_SYNC_POINTS)
+        return adt_error(ADT_ERR_ARG, "%s: field \"%ssync_curve\" is %s, expected an array of 1 to %d [segment_s, "
+                         "loss_s] pairs", name, w, n < 0 ? adt_cfg_json_kind(a) : "an array of another length",
+                         ADT_SYNC_POINTS);
+    int k = 0;
+    for (const cJSON *e = a->child; e; e = e->next, k++) {
+        const cJSON *s0 = cJSON_GetArrayItem(e, 0), *l0 = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(s0) || !cJSON_IsNumber(l0))
+            return adt_error(ADT_ERR_ARG, "%s: field \"%ssync_curve[%d]\": expected [segment_s, loss_s], two numbers",
+                             name, w, k);
+        double seg = s0->valuedouble, loss = l0->valuedouble, prev = k ? c->slowdown[i].sync_curve[k - 1][0] : 0;
+        if (!(seg > prev && seg <= 100) || !(loss >= 0 && loss <= 10))
+            return adt_error(ADT_ERR_ARG, "%s: field \"%ssync_curve[%d]\" is [%g, %g], expected a segment in (%g, 100] "
+                             "seconds (ascending) and a loss in [0, 10] seconds", name, w, k, seg, loss, prev);
+        c->slowdown[i].sync_curve[k][0] = seg, c->slowdown[i].sync_curve[k][1] = loss;
+    }
+    c->slowdown[i].n_sync = n;
+    return ADT_OK;
+}
+
 /* device.slowdown: [{"ranks", "factor", "sync_s", "coll_factor", "relay_factor", "relay_segment_s",
- * "relay_long_factor", "relay_long_segment_s"}],
+ * "relay_long_factor", "relay_long_segment_s", "sync_curve"}],
  * compute time
  * with that many busy ranks on a node over one rank's, the seconds a rank loses at each
  * collective it blocks on, a collective's time inside a step over its back-to-back time where the
@@ -164,8 +189,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
     if (rc || !n) return rc;
     static const char *const fields[] = {"ranks",           "factor",           "sync_s",
                                          "coll_factor",     "relay_factor",     "relay_segment_s",
-                                         "relay_long_factor", "relay_long_segment_s", "comment",
-                                         NULL};
+                                         "relay_long_factor", "relay_long_segment_s", "sync_curve",
+                                         "comment",         NULL};
     for (const cJSON *e = a->child; e; e = e->next, i++) {
         char w[48];
         snprintf(w, sizeof w, "device.slowdown[%d].", i);
@@ -177,7 +202,8 @@ static int parse_slowdown(adt_cluster *c, const cJSON *a, const char *name) {
             (rc = get_number(e, "relay_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_factor)) ||
             (rc = get_number(e, "relay_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_segment_s)) ||
             (rc = get_number(e, "relay_long_factor", w, 0, 0, 1e3, name, &c->slowdown[i].relay_long_factor)) ||
-            (rc = get_number(e, "relay_long_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_long_segment_s)))
+            (rc = get_number(e, "relay_long_segment_s", w, 0, 0, 10, name, &c->slowdown[i].relay_long_segment_s)) ||
+            (rc = parse_sync_curve(c, i, cJSON_GetObjectItemCaseSensitive(e, "sync_curve"), w, name)))
             return rc;
         for (int j = 0; j < i; j++)
             if (c->slowdown[j].ranks == c->slowdown[i].ranks)
@@ -397,9 +423,16 @@ int adt_cluster_validate(const adt_cluster *c, const char *name) {
         if (c->slowdown[i].ranks < 1 || !(c->slowdown[i].factor > 0) || !(c->slowdown[i].sync_s >= 0) ||
             !(c->slowdown[i].coll_factor >= 0) || !(c->slowdown[i].relay_factor >= 0) ||
             !(c->slowdown[i].relay_segment_s >= 0) || !(c->slowdown[i].relay_long_factor >= 0) ||
-            !(c->slowdown[i].relay_long_segment_s >= 0))
-            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0, and relay_factor, relay_segment_s, relay_long_factor and relay_long_segment_s >= 0",
-                             name, i);
+            !(c->slowdown[i].relay_long_segment_s >= 0) || c->slowdown[i].n_sync < 0 ||
+            c->slowdown[i].n_sync > ADT_SYNC_POINTS)
+            return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d]\": expected ranks >= 1, a positive factor, sync_s >= 0, coll_factor >= 0, relay_factor, relay_segment_s, relay_long_factor and relay_long_segment_s >= 0, and 0 to %d sync_curve points",
+                             name, i, ADT_SYNC_POINTS);
+        else
+            for (int k = 0; k < c->slowdown[i].n_sync; k++)
+                if (!(c->slowdown[i].sync_curve[k][0] > (k ? c->slowdown[i].sync_curve[k - 1][0] : 0)) ||
+                    !(c->slowdown[i].sync_curve[k][1] >= 0))
+                    return adt_error(ADT_ERR_ARG, "%s: field \"device.slowdown[%d].sync_curve[%d]\": expected segments "
+                                     "ascending above 0 and losses >= 0", name, i, k);
     if (c->n_accumulate < 0 || c->n_accumulate > ADT_CLUSTER_MAX_ACCUMULATE)
         return adt_error(ADT_ERR_ARG, "%s: field \"device.accumulate\": %d entries, expected 0 to %d", name,
                          c->n_accumulate, ADT_CLUSTER_MAX_ACCUMULATE);
@@ -495,6 +528,12 @@ char *adt_cluster_to_json(const adt_cluster *c) {
                 cJSON_AddNumberToObject(e, "relay_long_factor", c->slowdown[i].relay_long_factor);
             if (c->slowdown[i].relay_long_segment_s > 0)
                 cJSON_AddNumberToObject(e, "relay_long_segment_s", c->slowdown[i].relay_long_segment_s);
+            if (c->slowdown[i].n_sync > 0) {
+                cJSON *curve = cJSON_CreateArray();
+                for (int k = 0; k < c->slowdown[i].n_sync; k++)
+                    cJSON_AddItemToArray(curve, cJSON_CreateDoubleArray(c->slowdown[i].sync_curve[k], 2));
+                cJSON_AddItemToObject(e, "sync_curve", curve);
+            }
             cJSON_AddItemToArray(a, e);
         }
         cJSON_AddItemToObject(dev, "slowdown", a);
@@ -595,6 +634,26 @@ static int slowdown_entry(const adt_cluster *c, int ranks) {
 double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
     int e = slowdown_entry(c, ranks);
     return e >= 0 ? c->slowdown[e].sync_s : 0;
+}
+
+/* The compute after a blocked wait over which the next one's loss grows to sync_s where the
+ * entry has no sync_curve, or the wait is for one of MPI's collectives (an all-to-all): about the
+ * sync probe's 1 ms of compute on one core. The curve is measured with the shared-memory
+ * all-reduce; MPI's collectives inside a step cost more than it says (MPI moves a message only
+ * while both ranks are in an MPI call: a DLRM's reduce-scatters through MPI on 3 ranks waited
+ * 0.4-0.8 ms each after 0.3 ms of compute, where the curve says 0.15). */
+#define SYNC_RAMP_S 1e-3
+
+double adt_cluster_sync_loss(const adt_cluster *c, int ranks, double compute_s, int mpi) {
+    int e = slowdown_entry(c, ranks);
+    if (e < 0 || !(compute_s > 0)) return 0;
+    int n = mpi ? 0 : c->slowdown[e].n_sync;
+    if (n < 1) return c->slowdown[e].sync_s * fmin(1.0, compute_s / SYNC_RAMP_S);
+    const double(*p)[2] = c->slowdown[e].sync_curve;
+    double s0 = 0, l0 = 0;
+    for (int k = 0; k < n; s0 = p[k][0], l0 = p[k][1], k++)
+        if (compute_s <= p[k][0]) return l0 + (p[k][1] - l0) * (compute_s - s0) / (p[k][0] - s0);
+    return p[n - 1][1];
 }
 
 double adt_cluster_coll_factor(const adt_cluster *c, int ranks) {

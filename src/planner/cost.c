@@ -32,19 +32,27 @@
  * Compute runs slower by the cluster's measured slowdown of the plan's busy ranks per node
  * (adt_cluster_share); boxing steps and stage-boundary messages are priced with the cluster's
  * calibrated collectives of their kind and group size where it has them. A node that has to
- * wait for a collective waits sync_s more (adt_cluster_sync_s): the calibrated collectives are
- * timed back to back, where every rank arrives at once, while inside a step the peers arrive
- * spread out by their compute and a rank that blocked is woken late (a scheduler slice when
- * ranks outnumber the cores). Counted at every blocked node: a tensor-parallel plan pays it at
- * every layer, data parallelism about once per step; a wait soon after the last one pays less,
- * and a stage-boundary message none (ranked DLRM's pipelines better: tau +0.06..+0.17).
+ * wait for a collective loses more (adt_cluster_sync_loss): the calibrated collectives are timed
+ * back to back, where every rank arrives at once, while inside a step the peers arrive spread out
+ * by their compute and a rank that blocked is woken late (a scheduler slice when ranks outnumber
+ * the cores), the more the longer the compute since the last blocked wait: a wait soon after the
+ * last finds the ranks nearly together (a DLRM's 26 table updates of 10 us each, each after its
+ * own all-reduce, wait about once, not 26 times), one after 14 ms of compute on 3 ranks sharing
+ * 2 cores loses about 7 ms (bench/bench_lockstep.c). The cluster's measured curve of that loss
+ * (device.slowdown[].sync_curve) prices waits on the shared-memory collectives; a wait that
+ * includes one of MPI's (an all-to-all) keeps sync_s over the first ms of compute. Counted at
+ * every blocked node: a tensor-parallel plan pays it at every layer, data parallelism about once
+ * per step; a stage-boundary message none (ranked DLRM's pipelines better: tau +0.06..+0.17).
  *
  * On a CPU node (device.slowdown[].coll_factor > 0) no copy engine moves a collective's data: the
  * ranks' own cores do, in the executor's polls between kernels and in its waits. There every
  * collective runs on the compute clock, after the compute before its reader, and the shared-
- * memory all-reduce (>= ADT_COMM_SHM_MIN_BYTES) takes coll_factor times its back-to-back fit,
- * what `calibrate` measured inside data-parallel steps (the fit put the MLP's 2-rank dp plans
- * 30-50% under their measurement, its gradient all-reduces all hidden behind the backward pass).
+ * memory collectives (all-reduce, reduce-scatter, all-gather of >= ADT_COMM_SHM_MIN_BYTES: the
+ * executor's buffers are shared) take their back-to-back fit's latency and coll_factor times its
+ * bytes part, what `calibrate` measured inside data-parallel steps beyond their waits' loss (the
+ * fit put the MLP's 2-rank dp plans 30-50% under their measurement, its gradient all-reduces all
+ * hidden behind the backward pass; the factor on the whole fit priced DLRM's 34 small
+ * all-reduces of a step at twice their cost on 3-4 ranks).
  * An op's time is its FLOPs at its class's rate plus its bytes at the class's byte rate where the
  * cluster has one (matrix products and convolutions: OpenBLAS packs the operands and writes the
  * product whatever the inner size), else the slower of the rate and the memory bandwidth; plus
@@ -67,7 +75,7 @@
 #include <string.h>
 
 #include "adtrain/base.h"
-#include "adtrain/comm.h" /* ADT_COMM_SHM_MIN_BYTES: the all-reduces the in-step factor prices */
+#include "adtrain/comm.h" /* ADT_COMM_SHM_MIN_BYTES: the collectives the in-step factor prices */
 #include "adtrain/exec.h" /* adt_exec_plan_memory: the memory plan a rank's executor will make */
 #include "adtrain/ops.h"
 #include "adtrain/planner.h"
@@ -155,6 +163,11 @@ static int calibrated_links(const adt_cluster *c) {
     return 0;
 }
 
+/* The collectives the executor's shared buffers run through shared memory (comm.h). */
+static int shm_kind(int kind) {
+    return kind == ADT_BOXING_ALL_REDUCE || kind == ADT_BOXING_REDUCE_SCATTER || kind == ADT_BOXING_ALL_GATHER;
+}
+
 /* The boxing program the partitioner inserts (chosen with the plan's link prices), its steps
  * priced with the cluster's calibrated collectives: per kind, group size and link level of the
  * step's mesh axis; local steps as the program prices them. kind[] gets the steps' times. */
@@ -165,13 +178,18 @@ static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_
     double t = 0, cf = adt_cluster_coll_factor(c, busy);
     for (int i = 0; i < prog.n_steps; i++) {
         const adt_boxing_step *st = &prog.step[i];
-        double ts = st->time;
-        if (st->kind <= ADT_BOXING_ALL_TO_ALL)
-            ts = adt_cluster_coll_time(c, adt_cluster_axis_level(c, m, st->mesh_axis), st->kind, st->group_size,
-                                       st->group_bytes, busy);
-        /* the shared-memory all-reduce inside a step: the in-step rate `calibrate` measured */
-        if (cf > 0 && st->kind == ADT_BOXING_ALL_REDUCE && st->group_size > 1 && st->group_bytes >= ADT_COMM_SHM_MIN_BYTES)
-            ts *= cf;
+        double ts = st->time, t0 = 0; /* t0: the fit's latency part */
+        if (st->kind <= ADT_BOXING_ALL_TO_ALL) {
+            int level = adt_cluster_axis_level(c, m, st->mesh_axis);
+            ts = adt_cluster_coll_time(c, level, st->kind, st->group_size, st->group_bytes, busy);
+            t0 = adt_cluster_coll_time(c, level, st->kind, st->group_size, 0, busy);
+        }
+        /* a shared-memory collective inside a step: its bytes at the in-step rate `calibrate`
+         * measured (the cores that copy them share the memory with the peers' compute), its
+         * latency as back to back (a small all-reduce right after a wait costs its fit:
+         * bench/bench_lockstep.c, 34 of 40 KB) */
+        if (cf > 0 && shm_kind(st->kind) && st->group_size > 1 && st->group_bytes >= ADT_COMM_SHM_MIN_BYTES)
+            ts = t0 + cf * (ts - t0);
         kind[st->kind] += ts;
         t += ts;
     }
@@ -190,16 +208,6 @@ typedef struct stage_eval {
     double time, fb, f, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, input, state, act_peak, saved;
     double p2p_bytes; /* received from the stages before, per microbatch */
 } stage_eval;
-
-/* The compute after a blocked wait over which the next one's sync cost grows from nothing to
- * the cluster's sync_s: the segment `calibrate` times it after, about 1 ms of compute. The ranks'
- * lateness builds up with the compute between two waits, and a wait soon after the last finds
- * them nearly together: a DLRM's 26 table updates of 10 us each, each after its own all-reduce,
- * wait once, not 26 times. (At 0.1 ms, the ramp set when collectives ran beside compute and
- * few nodes blocked, the stored accuracy runs' median errors were 2-14 points higher.) Measured
- * here, a 1 KiB all-reduce after 6 us / 47 us / 1.6 ms of compute cost 6 / 13 / 222 us on 2
- * ranks, and after 65 us 104 us on 3 ranks (sync_s 1.59 ms): about linear up to the ramp. */
-#define SYNC_RAMP_S 1e-3
 
 /* Samples of one (micro)batch the busiest rank of a stage reads: of the fed values the stage
  * reads (last[v] >= 0), the largest block along the batch axis (the trainer reads the union of
@@ -227,7 +235,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                       const adt_ndsbp *held, adt_boxing_cache *bc, stage_eval *ev) {
     /* ranks time-sharing the cores compute slower, and collectives use the fits at that load */
     int busy = busy_per_node(p, c), reprice = calibrated_links(c);
-    double share = adt_cluster_share(c, busy), sync = adt_cluster_sync_s(c, busy);
+    double share = adt_cluster_share(c, busy);
     double on_cores = adt_cluster_coll_factor(c, busy); /* > 0: collectives run on the compute clock */
     memset(ev, 0, sizeof *ev);
     int lo = p->stage_first[s], hi = p->stage_last[s];
@@ -276,6 +284,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
         if (n->is_optimizer && !opt_started) opt_started = 1, ev->fb = tc;
         double start = tc, boxed_at = tc; /* when the inputs are in, and the boxed ones */
         double blocked = -1;              /* when the cores started this node's collectives */
+        int mpi_wait = 0;                 /* one of them is MPI's (not through shared memory) */
         for (int j = 0; j < n->n_in; j++) {
             int v = n->in[j];
             const adt_value *val = &g->values[v];
@@ -323,7 +332,10 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
                         bt = reprice_boxing(p, c, m, val, lay[v], &sig->in[j], busy, kt);
                     }
                     double coll_t = 0; /* the program's collectives (its local steps aside) */
-                    for (int q = 0; q <= ADT_BOXING_ALL_TO_ALL; q++) coll_t += kt[q];
+                    for (int q = 0; q <= ADT_BOXING_ALL_TO_ALL; q++) {
+                        coll_t += kt[q];
+                        if (kt[q] > 0 && !shm_kind(q)) mpi_wait = 1;
+                    }
                     if (on_cores > 0 && coll_t > 0) { /* the cores move the data: no overlap */
                         if (t0 < tc) t0 = tc;
                         if (blocked < 0) blocked = t0;
@@ -345,7 +357,7 @@ static int eval_stage(const adt_plan *p, const adt_graph *g, const adt_cluster *
          * less so right after the last blocked wait, which left the ranks together. Not on a
          * stage boundary: one peer, whose lateness the pipeline's schedule already is. */
         if (boxed_at > tc || blocked >= 0) {
-            double pen = sync * fmin(1.0, ((blocked >= 0 ? blocked : tc) - t_sync) / SYNC_RAMP_S);
+            double pen = adt_cluster_sync_loss(c, busy, (blocked >= 0 ? blocked : tc) - t_sync, mpi_wait);
             start += pen, ev->sync += pen, t_sync = start;
         }
         double t = share * adt_node_sig_time(g, i, sig, m, c);
