@@ -525,9 +525,7 @@ static int instep_probe(adt_comm *w) {
             adt_comm_barrier(w); /* the slowest rank's dp step ends the round for all */
         }
         if (rc) break;
-        double d = t[0] - t[1];
-        adt_comm_allreduce_f64(w, &d, 1);
-        r[n++] = d / k;
+        r[n++] = ranks_mean(w, t[0] - t[1]);
     }
     if (!rc && n && adt_comm_rank(w) == 0) {
         qsort(r, (size_t)n, sizeof r[0], cmp_double);
@@ -552,9 +550,7 @@ static double slowdown_probe(adt_comm *w) {
     double ratio[CAL_PAIRS];
     for (int i = 0; i < CAL_PAIRS; i++) {
         adt_comm_barrier(w);
-        double all = compute_probe(1);
-        adt_comm_allreduce_f64(w, &all, 1);
-        all /= adt_comm_size(w);
+        double all = ranks_mean(w, compute_probe(1));
         adt_comm_barrier(w);
         double one = 0;
         if (adt_comm_rank(w) == 0) one = compute_probe(1);
@@ -601,9 +597,8 @@ static int comm_worker(void) {
                 adt_comm_barrier(w);
                 double t0 = adt_now_s();
                 for (int q = 0; q < CAL_BURST && !rc; q++) rc = run_collective(w, cal_kind[ki], a, b, n, cnt);
-                double dt = (adt_now_s() - t0) / CAL_BURST;
-                adt_comm_allreduce_f64(w, &dt, 1); /* the ranks' mean */
-                if (r >= 1) mean += dt / adt_comm_size(w) / CAL_ROUNDS;
+                double dt = ranks_mean(w, (adt_now_s() - t0) / CAL_BURST);
+                if (r >= 1) mean += dt / CAL_ROUNDS;
             }
             if (!rc && adt_comm_rank(w) == 0) printf("%s %lld %.9g\n", adt_coll_kind_name(cal_kind[ki]), (long long)bytes, mean);
         }

@@ -308,13 +308,9 @@ static const char *kind_name(comm_kind k) {
     return k == OP_ALLREDUCE ? "all-reduce" : k == OP_REDUCE_SCATTER ? "reduce-scatter" : "all-gather";
 }
 
-/* The buffer the peers read, and its elements: the all-reduce's own, the others' send. */
-static const float *published(const shm_op *o, int64_t *n) {
-    *n = o->kind == OP_ALLGATHER ? o->cnt[o->s->me] : o->n;
-    return o->kind == OP_ALLREDUCE ? o->buf : o->send;
-}
-
-/* Elements rank q publishes for o. */
+/* The buffer the peers read: the all-reduce's own, the others' send; rank q's has
+ * published_n(o, q) elements. */
+static const float *published(const shm_op *o) { return o->kind == OP_ALLREDUCE ? o->buf : o->send; }
 static int64_t published_n(const shm_op *o, int q) { return o->kind == OP_ALLGATHER ? o->cnt[q] : o->n; }
 
 /* The elements this rank writes of o's result (all of buf but a reduce-scatter's block). */
@@ -404,8 +400,8 @@ static int op_advance(shm_op *o) {
     int p = s->p, me = s->me;
     if (o->state == ST_PUBLISH) {
         if (!all_at_least(s, DONE, o->seq - 1)) return 0;
-        int64_t pn;
-        const float *pub = published(o, &pn);
+        int64_t pn = published_n(o, me);
+        const float *pub = published(o);
         shm_desc d = {.n = pn, .pid = (int32_t)getpid()};
         pthread_mutex_lock(&g_blocks_lock);
         const shm_block *b = block_of(pub, (size_t)pn * sizeof(float));
@@ -452,7 +448,7 @@ static int op_advance(shm_op *o) {
         } else {
             for (int q = 0; q < p; q++) {
                 const shm_desc *d = &s->ctl[q]->desc;
-                o->src[q] = q == me ? published(o, &(int64_t){0}) : peer_buffer(s, q, d, o->seq);
+                o->src[q] = q == me ? published(o) : peer_buffer(s, q, d, o->seq);
                 if (!o->src[q]) {
                     snprintf(o->why, sizeof o->why,
                              "cannot map rank %d's shared buffer (/proc/%d/fd/%d): %s; set ADT_COMM_SHM=0 on every rank", q,

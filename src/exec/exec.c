@@ -36,7 +36,7 @@ struct adt_exec {
     adt_exec_opts o;
     adt_memplan mp;
     char *arena, *state;
-    int arena_shared;   /* arena and state are adt_comm_shared_alloc's (the graph communicates) */
+    int shared;         /* the graph communicates: its buffers are exec_buffer's shared ones */
     float *scratch;
     void **ptr; /* [n_values] */
     double *node_s;
@@ -62,7 +62,7 @@ struct adt_exec {
     void **upd_ptr;     /* [n_values] slot 0's, with accumulated gradients in place       */
     char **slot_arena, **slot_fed; /* [n_slots] (slot 0's arena is `arena`)              */
     float **acc;        /* [n_values] per root: the accumulator of a gradient the update reads */
-    char *acc_block;    /* the accumulators' one allocation (shared where the arena is)       */
+    char *acc_block;    /* the accumulators' one allocation (exec_buffer's)                   */
     int n_acc;          /* backward passes accumulated since the last update             */
     int microbatch;     /* adt_exec_set_microbatch                                        */
 };
@@ -90,6 +90,19 @@ static void *exec_block(size_t n) {
     }
 #endif
     return adt_alloc_aligned(n);
+}
+
+/* A block of the executor's own (arena, state, slots, accumulators): where the graph
+ * communicates, memory the other ranks of this node can read, so that its all-reduces,
+ * reduce-scatters and all-gathers read the buffers in place (comm.h, "Shared memory"), else
+ * exec_block's. */
+static void *exec_buffer(const adt_exec *ex, size_t n) {
+    return ex->shared ? adt_comm_shared_alloc(n) : exec_block(n);
+}
+
+static void exec_buffer_free(const adt_exec *ex, void *p) {
+    if (ex->shared) adt_comm_shared_free(p);
+    else free(p); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
 }
 
 /* The run order: the graph's, except that each optimizer node runs as soon as every earlier
@@ -543,14 +556,12 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         ex->t_start = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_start);
         ex->t_done = adt_calloc((size_t)g->n_nodes, sizeof *ex->t_done);
     }
-    /* Where the graph communicates, the arena (gradients and activations) and the state
-     * (parameters: ZeRO gathers their shards) are memory the other ranks of this node can read:
-     * their all-reduces, reduce-scatters and all-gathers then read the buffers in place (comm.h,
-     * "Shared memory"). Its pages are not transparent huge pages (the kernel's default for
-     * shared memory); that measured no slower for the MLP and GPT-S steps here. */
-    ex->arena_shared = any_comm_node(g);
-    ex->arena = ex->arena_shared ? adt_comm_shared_alloc((size_t)ex->mp.arena_bytes) : exec_block((size_t)ex->mp.arena_bytes);
-    ex->state = ex->arena_shared ? adt_comm_shared_alloc((size_t)ex->mp.state_bytes) : exec_block((size_t)ex->mp.state_bytes);
+    /* shared where the graph communicates (exec_buffer): the state too, whose shards ZeRO
+     * gathers. Shared pages are not transparent huge pages (the kernel's default for shared
+     * memory); that measured no slower for the MLP and GPT-S steps here. */
+    ex->shared = any_comm_node(g);
+    ex->arena = exec_buffer(ex, (size_t)ex->mp.arena_bytes);
+    ex->state = exec_buffer(ex, (size_t)ex->mp.state_bytes);
     ex->scratch = adt_alloc_aligned((size_t)ex->mp.scratch_bytes);
     ex->ptr = adt_calloc((size_t)g->n_values, sizeof *ex->ptr);
     ex->node_s = adt_calloc((size_t)(g->n_nodes + 1), sizeof *ex->node_s);
@@ -572,8 +583,8 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
 void adt_exec_free(adt_exec *ex) {
     if (!ex) return;
     adt_memplan_free(&ex->mp);
-    if (ex->arena_shared) adt_comm_shared_free(ex->arena), adt_comm_shared_free(ex->state);
-    else free(ex->arena), free(ex->state); /* exec_block: posix_memalign or adt_alloc_aligned, both free() */
+    exec_buffer_free(ex, ex->arena);
+    exec_buffer_free(ex, ex->state);
     adt_free_aligned(ex->scratch);
     free(ex->ptr);
     free(ex->node_s);
@@ -895,12 +906,11 @@ static void slots_create(adt_exec *ex) {
     ex->slot_ptr = adt_calloc((size_t)K, sizeof *ex->slot_ptr);
     ex->slot_arena = adt_calloc((size_t)K, sizeof *ex->slot_arena);
     ex->slot_fed = adt_calloc((size_t)K, sizeof *ex->slot_fed);
-    /* shared where slot 0's arena is: a pipeline stage's all-reduces and gathers read them in
-     * place (comm.h); private ones sent them through MPI */
-    void *(*block)(size_t) = ex->arena_shared ? adt_comm_shared_alloc : exec_block;
+    /* exec_buffer's, as slot 0's arena: private ones sent a pipeline stage's collectives
+     * through MPI */
     for (int k = 0; k < K; k++) {
-        ex->slot_arena[k] = k ? block((size_t)mp->arena_bytes) : NULL;
-        ex->slot_fed[k] = k ? block((size_t)fed_bytes) : NULL;
+        ex->slot_arena[k] = k ? exec_buffer(ex, (size_t)mp->arena_bytes) : NULL;
+        ex->slot_fed[k] = k ? exec_buffer(ex, (size_t)fed_bytes) : NULL;
         void **p = ex->slot_ptr[k] = adt_calloc((size_t)nv + 1, sizeof *p);
         for (int v = 0; v < nv; v++) {
             int r = mp->root[v];
@@ -917,7 +927,7 @@ static void slots_create(adt_exec *ex) {
     int64_t acc_bytes = 0; /* one block for all: a peer maps each shared block it reads */
     for (int r = 0; r < nv; r++)
         if (acc[r]) acc_bytes += (adt_value_bytes(g, r) + 63) & ~(int64_t)63;
-    ex->acc_block = ex->arena_shared ? adt_comm_shared_alloc((size_t)acc_bytes) : adt_alloc_aligned((size_t)(acc_bytes ? acc_bytes : 1));
+    ex->acc_block = exec_buffer(ex, (size_t)(acc_bytes ? acc_bytes : 1));
     int64_t at = 0;
     for (int r = 0; r < nv; r++)
         if (acc[r]) ex->acc[r] = (float *)(ex->acc_block + at), at += (adt_value_bytes(g, r) + 63) & ~(int64_t)63;
@@ -931,11 +941,10 @@ static void slots_create(adt_exec *ex) {
 static void slots_free(adt_exec *ex) {
     for (int k = 0; k < ex->n_slots; k++) {
         free(ex->slot_ptr[k]);
-        if (ex->arena_shared) adt_comm_shared_free(ex->slot_arena[k]), adt_comm_shared_free(ex->slot_fed[k]);
-        else free(ex->slot_arena[k]), free(ex->slot_fed[k]); /* exec_block */
+        exec_buffer_free(ex, ex->slot_arena[k]);
+        exec_buffer_free(ex, ex->slot_fed[k]);
     }
-    if (ex->arena_shared) adt_comm_shared_free(ex->acc_block);
-    else adt_free_aligned(ex->acc_block);
+    exec_buffer_free(ex, ex->acc_block);
     free(ex->acc);
     free(ex->upd_ptr);
     free(ex->slot_ptr);
