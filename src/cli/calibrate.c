@@ -4,8 +4,8 @@
  *
  *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT, a DLRM,
  *             each at two batch sizes, and each --model at B, B/2 and B/4) run by the executor
- *             with per-node timing, in --procs processes one after another, each node's median
- *             time kept; launch_s = the median time of tiny ops; FLOP/s per op class and size
+ *             with per-node timing, in --procs processes one after another (with --ranks, spread
+ *             between the rank measurements), each node's median time kept; launch_s = the median time of tiny ops; FLOP/s per op class and size
  *             class (below / above small_flops per op) = the FLOPs over the seconds less the ops'
  *             fixed costs, for matrix products and convolutions fitted with a byte rate beside
  *             it (device.byte_rates); per op kind and decade of FLOPs, the nodes' time over what
@@ -44,7 +44,7 @@
 #define cal_fail(...) cli_fail("calibrate", __VA_ARGS__)
 
 #define CAL_MAX_USER_MODELS 8
-#define CAL_COMPUTE_PROCS 5 /* --procs: see time_compute */
+#define CAL_COMPUTE_PROCS 5 /* --procs: see cal_workers */
 #define CAL_MAX_PROCS 9
 #define CAL_REPEAT 3 /* --repeat: see cli_calibrate's rank probes */
 #define CAL_MAX_REPEAT 9
@@ -71,8 +71,9 @@ static void cal_usage(FILE *f) {
                "                (default --batch), half and a quarter of it: the op factors then fit its\n"
                "                shapes on 1, 2 and 4 data-parallel ranks\n"
                "  --batch B     the --model's default global batch (default 32)\n"
-               "  --procs P     processes that time the kernels, one after another; each node's median\n"
-               "                time is kept (default 5, at most 9: one process runs up to 25%% off)\n"
+               "  --procs P     processes that time the kernels, one after another (with --ranks, spread\n"
+               "                between the rank measurements); each node's median time is kept\n"
+               "                (default 5, at most 9: one process runs up to 25%% off)\n"
                "  --repeat R    with --ranks: measure every rank count R times, in turn, and keep the\n"
                "                median of each probe and one fit over every collective timed (default 3,\n"
                "                at most 9: one measurement's probes move by tens of percent)\n"
@@ -813,48 +814,72 @@ static int time_user_model(const cal_opts *o, int i, cal_compute *acc) {
  * each time every node once; each node's median time goes into acc. A process's kernels run up
  * to 25% faster or slower than the next one's here, whatever its steps (VGG's step in six
  * processes: 5.0-6.3 ms), so one process's timings would price every plan by its luck. The
- * workers run one after another: none shares the cores with another. */
-static int time_compute(int procs, int argc, char **argv, cal_compute *acc) {
-    char self[1024], cmd[8192];
+ * workers run one after another: none shares the cores with another. With --ranks they run
+ * spread over the rank probes (cli_calibrate): this machine's speed also drifts over minutes,
+ * and nine workers back to back (15 s) caught one moment of it: four calibrations within an
+ * hour read the VGG's convolutions at 47 to 61 GFLOP/s while its one-rank step measured the same
+ * in the rounds after each. */
+typedef struct cal_workers {
+    char cmd[8192];
+    int procs, ran, count; /* workers asked for, run so far; node timings per worker */
+    double secs[CAL_MAX_PROCS][CAL_MAX_NODES];
+    struct { int op; double flops, bytes; } first[CAL_MAX_NODES];
+} cal_workers;
+
+static int workers_init(cal_workers *cw, int procs, int argc, char **argv) {
+    char self[1024];
     if (self_path(self, sizeof self)) return cal_fail(1, "cannot find this program's path to start the compute workers");
-    int len = snprintf(cmd, sizeof cmd, "'%s' calibrate --compute-worker", self);
+    int len = snprintf(cw->cmd, sizeof cw->cmd, "'%s' calibrate --compute-worker", self);
     for (int i = 1; i < argc; i++) { /* the same flags, quoted; -o and --ranks do not matter there */
-        if (strchr(argv[i], '\'') || len >= (int)sizeof cmd - 8)
+        if (strchr(argv[i], '\'') || len >= (int)sizeof cw->cmd - 8)
             return cal_fail(2, "flag '%s': a quote in a flag is not supported", argv[i]);
-        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " '%s'", argv[i]);
+        len += snprintf(cw->cmd + len, sizeof cw->cmd - (size_t)len, " '%s'", argv[i]);
     }
-    snprintf(cmd + len, sizeof cmd - (size_t)len, " 2>&1");
-    static double secs[CAL_MAX_PROCS][CAL_MAX_NODES];
-    static struct { int op; double flops, bytes; } first[CAL_MAX_NODES];
-    int count = -1;
-    for (int w = 0; w < procs; w++) {
-        FILE *p = popen(cmd, "r");
-        if (!p) return cal_fail(1, "cannot start '%s'", cmd);
-        char line[512];
-        int k = 0, op;
-        double f, b, t;
-        while (fgets(line, sizeof line, p)) {
-            if (sscanf(line, "node %d %lg %lg %lg", &op, &f, &b, &t) != 4 || k >= CAL_MAX_NODES) {
-                fprintf(stderr, "calibrate: compute worker: %s", line);
-                continue;
-            }
-            if (w == 0) first[k].op = op, first[k].flops = f, first[k].bytes = b;
-            else if (first[k].op != op || first[k].flops != f) k = CAL_MAX_NODES; /* out of step: refused below */
-            if (k < CAL_MAX_NODES) secs[w][k++] = t;
-        }
-        int st = pclose(p);
-        if (st || k == 0 || (count >= 0 && k != count))
-            return cal_fail(1, "compute worker %d of %d ('%s') failed (status %d, %d node timings)", w + 1, procs,
-                            cmd, st, k);
-        count = k;
-    }
-    for (int i = 0; i < count; i++) {
-        double v[CAL_MAX_PROCS];
-        for (int w = 0; w < procs; w++) v[w] = secs[w][i];
-        qsort(v, (size_t)procs, sizeof v[0], cmp_double);
-        acc_add(acc, first[i].op, first[i].flops, first[i].bytes, v[procs / 2]);
-    }
+    snprintf(cw->cmd + len, sizeof cw->cmd - (size_t)len, " 2>&1");
+    cw->procs = procs, cw->ran = 0, cw->count = -1;
     return 0;
+}
+
+/* The next worker's node timings into cw. */
+static int worker_run(cal_workers *cw) {
+    int w = cw->ran;
+    FILE *p = popen(cw->cmd, "r");
+    if (!p) return cal_fail(1, "cannot start '%s'", cw->cmd);
+    char line[512];
+    int k = 0, op;
+    double f, b, t;
+    while (fgets(line, sizeof line, p)) {
+        if (sscanf(line, "node %d %lg %lg %lg", &op, &f, &b, &t) != 4 || k >= CAL_MAX_NODES) {
+            fprintf(stderr, "calibrate: compute worker: %s", line);
+            continue;
+        }
+        if (w == 0) cw->first[k].op = op, cw->first[k].flops = f, cw->first[k].bytes = b;
+        else if (cw->first[k].op != op || cw->first[k].flops != f) k = CAL_MAX_NODES; /* out of step: refused below */
+        if (k < CAL_MAX_NODES) cw->secs[w][k++] = t;
+    }
+    int st = pclose(p);
+    if (st || k == 0 || (cw->count >= 0 && k != cw->count))
+        return cal_fail(1, "compute worker %d of %d ('%s') failed (status %d, %d node timings)", w + 1, cw->procs,
+                        cw->cmd, st, k);
+    cw->count = k, cw->ran++;
+    return 0;
+}
+
+/* Workers until `upto` of them have run. */
+static int workers_run_upto(cal_workers *cw, int upto) {
+    int rc = 0;
+    while (!rc && cw->ran < upto && cw->ran < cw->procs) rc = worker_run(cw);
+    return rc;
+}
+
+/* Each node's median over the workers into acc. */
+static void workers_finish(const cal_workers *cw, cal_compute *acc) {
+    for (int i = 0; i < cw->count; i++) {
+        double v[CAL_MAX_PROCS];
+        for (int w = 0; w < cw->ran; w++) v[w] = cw->secs[w][i];
+        qsort(v, (size_t)cw->ran, sizeof v[0], cmp_double);
+        acc_add(acc, cw->first[i].op, cw->first[i].flops, cw->first[i].bytes, v[cw->ran / 2]);
+    }
 }
 
 int cli_calibrate(int argc, char **argv) {
@@ -891,8 +916,33 @@ int cli_calibrate(int argc, char **argv) {
         rc = user_model_arg(&o, i, path, sizeof path, &batch, &text);
         free(text);
     }
-    if (rc || (rc = time_compute((int)o.procs, argc, argv, acc))) {
-        free(acc);
+    /* R measurements of every rank count, the counts in turn (2, 3, .., N, 2, 3, ..): this VM's
+     * speed drifts over minutes, and one measurement's probes move with it (within an hour: the
+     * relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median of each probe,
+     * and one fit of each collective over all its timings. The compute workers run spread
+     * between them (cal_workers). */
+    int nk = o.ranks >= 2 ? (int)o.ranks - 1 : 0, R = (int)o.repeat, slots = nk * R;
+    /* [k][r][slow, sync, instep, relay, the relay's segment, the long relay's two, then the sync
+     * curve's CAL_SYNC_POINTS [segment, loss] pairs] */
+    enum { NP = 7 + 2 * CAL_SYNC_POINTS };
+    double *probe = adt_calloc((size_t)(slots ? slots : 1) * NP, sizeof *probe);
+    cal_fit *fits = adt_calloc((size_t)(nk ? nk : 1) * CAL_KINDS, sizeof *fits), pooled;
+    memset(&pooled, 0, sizeof pooled);
+    cal_workers *cw = adt_calloc(1, sizeof *cw);
+    if (!rc) rc = workers_init(cw, (int)o.procs, argc, argv);
+    for (int j = 0; j <= slots && !rc; j++) { /* before measurement j: worker ceil((j+1) P / (slots+1)) */
+        rc = workers_run_upto(cw, (int)(((long)(j + 1) * cw->procs + slots) / (slots + 1)));
+        if (rc || j == slots) continue;
+        int r = j / nk, k = 2 + j % nk;
+        double *q = probe + ((size_t)(k - 2) * R + r) * NP;
+        q[2] = -1;
+        rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5],
+                           &q[7]);
+    }
+    if (!rc) workers_finish(cw, acc);
+    free(cw);
+    if (rc) {
+        free(acc), free(probe), free(fits);
         return rc;
     }
     adt_cluster c;
@@ -939,28 +989,9 @@ int cli_calibrate(int argc, char **argv) {
     c.link[0].span = (int)o.ranks;
     c.link[0].bandwidth = c.memory_bw / 2, c.link[0].latency = 1e-6; /* without --ranks: a guess */
     if (o.ranks >= 2) {
-        cal_fit pooled;
-        memset(&pooled, 0, sizeof pooled);
         /* compute with k busy ranks against one: the slowdown the cost model applies */
         c.slowdown[c.n_slowdown].ranks = 1, c.slowdown[c.n_slowdown++].factor = 1.0;
-        /* R measurements of every rank count, the counts in turn (2, 3, .., N, 2, 3, ..): this
-         * VM's speed drifts over minutes, and one measurement's probes move with it (within an
-         * hour: the relay factor of 2 ranks 1.03-1.44, the slowdown of 3 1.45-1.72); the median
-         * of each probe, and one fit of each collective over all its timings */
-        int nk = (int)o.ranks - 1, R = (int)o.repeat;
-        /* [k][r][slow, sync, instep, relay, the relay's segment, the long relay's two, then the
-         * sync curve's CAL_SYNC_POINTS [segment, loss] pairs] */
-        enum { NP = 7 + 2 * CAL_SYNC_POINTS };
-        double *probe = adt_calloc((size_t)nk * R * NP, sizeof *probe);
-        cal_fit *fits = adt_calloc((size_t)nk * CAL_KINDS, sizeof *fits);
-        for (int r = 0; r < R && !rc; r++)
-            for (int k = 2; k <= o.ranks && !rc; k++) {
-                double *q = probe + ((size_t)(k - 2) * R + r) * NP;
-                q[2] = -1;
-                rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4],
-                                   &q[5], &q[7]);
-            }
-        for (int k = 2; k <= o.ranks && !rc; k++) {
+        for (int k = 2; k <= o.ranks; k++) {
             add_fits(k, fits + (size_t)(k - 2) * CAL_KINDS, &c.link[0]);
             double m[NP], col[CAL_MAX_REPEAT];
             for (int j = 0; j < NP; j++) {
@@ -1003,14 +1034,16 @@ int cli_calibrate(int argc, char **argv) {
                             "their shared-memory part %.2fx its back-to-back time\n", k, instep * 1e3, cf);
             }
         }
-        free(probe), free(fits);
-        if (rc) return rc;
         double a, b;
-        if (!fit_solve(&pooled, &a, &b)) return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
+        if (!fit_solve(&pooled, &a, &b)) {
+            free(probe), free(fits);
+            return cal_fail(1, "--ranks: the all-reduce times do not fit alpha + S beta");
+        }
         c.link[0].latency = a, c.link[0].bandwidth = 1.0 / b;
         fprintf(stderr, "calibrate: link (all-reduce, every rank count) alpha %.3g us, beta %.3g GB/s\n", a * 1e6,
                 1e-9 / b);
     }
+    free(probe), free(fits);
     if (adt_cluster_validate(&c, "calibrated cluster")) return cal_fail(1, "%s", adt_error_message());
     char *json = adt_cluster_to_json(&c);
     if (!o.out_path) printf("%s\n", json);
