@@ -64,13 +64,21 @@ def candidates(n):
     return c
 
 
+INPUT_PROCS = 7
+
+
 def input_price(cfg, data, batch):
-    """Seconds per sample of the model's data, timed once by `adtrain plan` (the median of 5
-    fills): every plan of the model is then priced with this one figure (--input-s), since a
-    timing moves by 20% from one process to the next here and would reorder near plans."""
-    r = subprocess.run([ADT, "plan", "--strategy", "dp", "--devices", "1", "--model", cfg, "--batch", str(batch),
-                        "--cluster", CLUSTER, "--data", data, "--json"], capture_output=True, text=True, check=True)
-    return json.loads(r.stdout)["input_per_sample_s"]
+    """Seconds per sample of the model's data: the median of INPUT_PROCS `adtrain plan` processes'
+    timings (each the median of its fills): every plan of the model is then priced with this one
+    figure (--input-s), since a timing moves by 20% from one process to the next here and would
+    reorder near plans (one process priced a DLRM's samples at 0.85 us in one run and 1.32 in the
+    run before; its tensor-parallel plans read the whole batch on every rank)."""
+    t = []
+    for _ in range(INPUT_PROCS):
+        r = subprocess.run([ADT, "plan", "--strategy", "dp", "--devices", "1", "--model", cfg, "--batch", str(batch),
+                            "--cluster", CLUSTER, "--data", data, "--json"], capture_output=True, text=True, check=True)
+        t.append(json.loads(r.stdout)["input_per_sample_s"])
+    return statistics.median(t)
 
 
 def price_plan(cfg, data, batch, s, n, m, path, input_s):
