@@ -1206,16 +1206,17 @@ static void test_crc32c(void) {
         }
 }
 
-/* adt_box_transfer against an element-by-element copy, for random boxes of random tensors. */
+/* adt_box_transfer against an element-by-element copy (or sum), for random boxes of random
+ * tensors: small axes (runs of a few elements) and long ones (runs merged over whole axes). */
 static void test_box_transfer(void) {
     int cases = 0;
     for (int it = 0; it < 400; it++) {
         adt_box a, b;
         memset(&a, 0, sizeof a);
-        int nd = irand(1, 4);
+        int nd = irand(1, 4), add = it % 3 == 2, longest = it % 2 ? 6 : nd <= 2 ? 40 : 12;
         a.global.ndim = a.shape.ndim = nd;
         for (int d = 0; d < nd; d++) {
-            a.global.dim[d] = irand(1, 6);
+            a.global.dim[d] = irand(1, longest);
             a.offset[d] = irand(0, (int)a.global.dim[d] - 1);
             a.shape.dim[d] = irand(1, (int)(a.global.dim[d] - a.offset[d]));
         }
@@ -1224,6 +1225,8 @@ static void test_box_transfer(void) {
             b.offset[d] = irand(0, (int)a.global.dim[d] - 1);
             b.shape.dim[d] = irand(1, (int)(a.global.dim[d] - b.offset[d]));
         }
+        for (int d = nd - 1; it % 5 == 0 && d >= 1 && d >= nd - 2; d--) /* trailing axes whole in both */
+            a.offset[d] = b.offset[d] = 0, a.shape.dim[d] = b.shape.dim[d] = a.global.dim[d];
         int64_t na = adt_shape_numel(&a.shape), nb = adt_shape_numel(&b.shape), ng = adt_shape_numel(&a.global);
         float *ga = malloc((size_t)ng * 4), *src = malloc((size_t)nb * 4), *dst = malloc((size_t)na * 4),
               *want = malloc((size_t)na * 4);
@@ -1239,10 +1242,10 @@ static void test_box_transfer(void) {
                 r /= a.global.dim[d];
                 in &= c >= b.offset[d] && c < b.offset[d] + b.shape.dim[d];
             }
-            if (in) want[i] = ga[gi], overlap++;
+            if (in) want[i] = add ? want[i] + ga[gi] : ga[gi], overlap++;
         }
-        adt_box_transfer(dst, &a, src, &b, 4, 0);
-        CHECK(!memcmp(dst, want, (size_t)na * 4), "case %d: the copied overlap differs", it);
+        adt_box_transfer(dst, &a, src, &b, 4, add);
+        CHECK(!memcmp(dst, want, (size_t)na * 4), "case %d: the %s overlap differs", it, add ? "added" : "copied");
         CHECK(adt_box_overlap(&a, &b, NULL) == overlap, "case %d: overlap %lld, counted %lld", it,
               (long long)adt_box_overlap(&a, &b, NULL), (long long)overlap);
         cases += overlap > 0;
