@@ -20,9 +20,12 @@
  * A segment is "SIZES:BATCH" (an MLP's layer sizes and its batch; by default [64,128,64,10] at
  * 8, 32 and 128 and [256,512,256,10] at 16 to 1024: about 0.03 to 30 ms with 3 ranks on 2 cores);
  * a pattern "NxE" (N all-reduces of E floats, in shared memory as the executor's arena, one after
- * another) or "NmE" (the same in private memory: MPI's all-reduce). Rank 0 prints one JSON line
+ * another), "NmE" (the same in private memory: MPI's all-reduce) or "NpE" (the same in shared
+ * memory on pairs of ranks, the two pairings of a 2x2 mesh in turn, as a hybrid plan's collectives
+ * along its dp and tp axes: every rank count a multiple of 4; a pair whose peer is off the cores
+ * waits for it where ranks outnumber the cores). Rank 0 prints one JSON line
  * per segment and pattern: "segment_ms" (the free-running segment: the compute clock the cost
- * model prices), "with_minus_without_ms" (median and quartiles over rounds), "back_to_back_ms"
+ * model prices), "with_minus_without_ms" (median, quartiles and mean over rounds), "back_to_back_ms"
  * (median), "loss_ms" (the difference of the medians) and "loss_per_segment".
  */
 #include <stdio.h>
@@ -44,8 +47,11 @@ typedef struct segment {
 
 typedef struct pattern {
     int n, mpi; /* mpi: private buffers, so MPI's path (comm.h), not the shared-memory one */
+    int pairs;  /* on pairs: the two pairings of a 2x2 mesh in turn */
     long elems;
 } pattern;
+
+static adt_comm *g_pair[2]; /* this rank's pair of each pairing (NULL unless the ranks are 4k) */
 
 typedef struct opts {
     segment seg[MAX_ITEMS];
@@ -62,7 +68,8 @@ static int usage(const char *why) {
             "                                   [--rounds R]\n"
             "  SIZES: an MLP's layer sizes, comma-separated (e.g. 256,512,256,10); BATCH >= 1\n"
             "  NxE: N all-reduces (1..64) of E floats (1..4194304) after every segment, in shared\n"
-            "  memory; NmE: the same through MPI's all-reduce; R: 3..99\n",
+            "  memory; NmE: the same through MPI's all-reduce; NpE: in shared memory on pairs of\n"
+            "  ranks, two pairings in turn (K a multiple of 4); R: 3..99\n",
             why);
     return 2;
 }
@@ -92,11 +99,11 @@ static int parse_patterns(const char *v, opts *o) {
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *end;
         long n = strtol(t, &end, 10);
-        if ((*end != 'x' && *end != 'm') || n < 1 || n > 64 || o->n_pat == MAX_ITEMS) return -1;
-        int mpi = *end == 'm';
+        if ((*end != 'x' && *end != 'm' && *end != 'p') || n < 1 || n > 64 || o->n_pat == MAX_ITEMS) return -1;
+        int mpi = *end == 'm', pairs = *end == 'p';
         long e = strtol(end + 1, &end, 10);
         if (*end || e < 1 || e > (4L << 20)) return -1;
-        o->pat[o->n_pat++] = (pattern){(int)n, mpi, e};
+        o->pat[o->n_pat++] = (pattern){(int)n, mpi, pairs, e};
     }
     return o->n_pat ? 0 : -1;
 }
@@ -147,7 +154,8 @@ static int segment_exec(const segment *s, adt_graph **g, adt_exec **ex) {
 static int run_pattern(adt_comm *w, float *shared, float *private_buf, const pattern *p) {
     int rc = ADT_OK;
     float *buf = p->mpi ? private_buf : shared;
-    for (int j = 0; j < p->n && !rc; j++) rc = adt_comm_allreduce(w, buf + (size_t)j * p->elems, p->elems, ADT_F32);
+    for (int j = 0; j < p->n && !rc; j++)
+        rc = adt_comm_allreduce(p->pairs ? g_pair[j & 1] : w, buf + (size_t)j * p->elems, p->elems, ADT_F32);
     return rc;
 }
 
@@ -201,12 +209,13 @@ static int measure(adt_comm *w, const opts *o, const segment *s, const pattern *
         qsort(diff, (size_t)r, sizeof *diff, bench_cmp_d);
         qsort(alone, (size_t)r, sizeof *alone, bench_cmp_d);
         qsort(b2b, (size_t)r, sizeof *b2b, bench_cmp_d);
-        double seg = alone[r / 2], d = diff[r / 2], bb = b2b[r / 2];
+        double seg = alone[r / 2], d = diff[r / 2], bb = b2b[r / 2], mean = 0;
+        for (int i = 0; i < r; i++) mean += diff[i] / r;
         printf("{\"ranks\": %d, \"mlp\": [%s], \"batch\": %d, \"pattern\": \"%d%c%ld\", \"segments_per_run\": %d, "
                "\"rounds\": %d, \"segment_ms\": %.4f, \"with_minus_without_ms\": {\"median\": %.4f, \"q1\": %.4f, "
-               "\"q3\": %.4f}, \"back_to_back_ms\": %.4f, \"loss_ms\": %.4f, \"loss_per_segment\": %.3f}\n",
-               adt_comm_size(w), s->sizes, s->batch, p->n, p->mpi ? 'm' : 'x', p->elems, segs, r, seg * 1e3, d * 1e3, diff[r / 4] * 1e3,
-               diff[(3 * r) / 4] * 1e3, bb * 1e3, (d - bb) * 1e3, seg > 0 ? (d - bb) / seg : 0);
+               "\"q3\": %.4f, \"mean\": %.4f}, \"back_to_back_ms\": %.4f, \"loss_ms\": %.4f, \"loss_per_segment\": %.3f}\n",
+               adt_comm_size(w), s->sizes, s->batch, p->n, p->mpi ? 'm' : p->pairs ? 'p' : 'x', p->elems, segs, r, seg * 1e3, d * 1e3, diff[r / 4] * 1e3,
+               diff[(3 * r) / 4] * 1e3, mean * 1e3, bb * 1e3, (d - bb) * 1e3, seg > 0 ? (d - bb) / seg : 0);
         fflush(stdout);
     }
     free(diff), free(alone), free(b2b);
@@ -225,6 +234,20 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t most = 0;
+    int want_pairs = 0;
+    for (int i = 0; i < o.n_pat; i++) want_pairs |= o.pat[i].pairs;
+    if (want_pairs) { /* ranks 4q..4q+3 a 2x2 mesh: pairs {4q, 4q+1}, {4q+2, 4q+3} and {4q, 4q+2}, {4q+1, 4q+3} */
+        int r = adt_comm_rank(w);
+        if (adt_comm_size(w) % 4) rc = usage("--patterns: NpE needs a multiple of 4 ranks");
+        if (!rc && (adt_comm_split(w, r / 2, r, &g_pair[0]) || adt_comm_split(w, (r / 4) * 2 + r % 2 + 1000, r, &g_pair[1]))) {
+            fprintf(stderr, "bench_lockstep: %s\n", adt_error_message());
+            rc = 1;
+        }
+        if (rc) {
+            adt_comm_finalize(w);
+            return rc;
+        }
+    }
     for (int i = 0; i < o.n_pat; i++)
         if ((size_t)o.pat[i].n * (size_t)o.pat[i].elems > most) most = (size_t)o.pat[i].n * (size_t)o.pat[i].elems;
     /* shared memory, as the executor's arena: its all-reduces take that path (comm.h) */
@@ -240,6 +263,8 @@ int main(int argc, char **argv) {
     if (rc) fprintf(stderr, "bench_lockstep: %s\n", adt_error_message());
     adt_comm_shared_free(buf);
     free(priv);
+    for (int k = 0; k < 2; k++)
+        if (g_pair[k]) adt_comm_free(g_pair[k]);
     adt_comm_finalize(w);
     return rc ? 1 : 0;
 }
