@@ -115,15 +115,8 @@ int64_t adt_box_overlap(const adt_box *a, const adt_box *b, adt_box *out) {
     return n;
 }
 
-/* One run of n elements: copied, or (add) f32 elements added. A short run of 4-byte elements is
- * copied element by element (fixed-size copies the compiler inlines): a tensor-parallel DLRM
- * step packs [256, 27, 4] blocks of [256, 27, 8] tensors, 16-byte runs, where a call to memcpy
- * per run cost more than the bytes (the two parts: 85 us through memcpy, 47 us so). */
+/* One run of n elements: copied, or (add) f32 elements added. */
 static void run_copy(char *d, const char *s, int64_t n, size_t es, int add) {
-    if (!add && es == 4 && n <= 16) {
-        for (int64_t j = 0; j < n; j++) memcpy(d + 4 * j, s + 4 * j, 4);
-        return;
-    }
     if (!add) {
         memcpy(d, s, (size_t)n * es);
         return;
@@ -133,9 +126,31 @@ static void run_copy(char *d, const char *s, int64_t n, size_t es, int add) {
     for (int64_t j = 0; j < n; j++) out[j] += in[j];
 }
 
-/* Row by row with an odometer over the outer axes, axes that both blocks hold whole merged into
- * the run: a walk that found each row's offsets anew, a division per axis, took 180 us to pack
- * the two parts above. */
+/* n runs of `bytes` bytes, the i-th at s + i * sstep and d + i * dstep: copies of a size known
+ * here for short runs (the compiler makes each one or two vector moves; a call to memcpy per run
+ * cost more than its 16 bytes). */
+#define ROWS_FIXED(B)                                                                                       \
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * dstep, s + i * sstep, B);                                 \
+    return
+static void rows_copy(char *d, const char *s, int64_t n, int64_t dstep, int64_t sstep, int64_t run, size_t es,
+                      int add) {
+    if (!add) switch ((size_t)run * es) {
+        case 4: ROWS_FIXED(4);
+        case 8: ROWS_FIXED(8);
+        case 12: ROWS_FIXED(12);
+        case 16: ROWS_FIXED(16);
+        case 32: ROWS_FIXED(32);
+        case 64: ROWS_FIXED(64);
+        default: break;
+        }
+    for (int64_t i = 0; i < n; i++) run_copy(d + i * dstep, s + i * sstep, run, es, add);
+}
+#undef ROWS_FIXED
+
+/* Row by row, the innermost row axis a tight loop and an odometer over the axes outside it, axes
+ * that both blocks hold whole merged into the run: a walk that found each row's offsets anew, a
+ * division per axis, and called memcpy per run took 180 us to pack the two last-axis parts of a
+ * DLRM tensor-parallel reduce-scatter's [256, 27, 8] (runs of 16 bytes), this one 20 us. */
 void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_box *sb, size_t es, int add) {
     adt_box o;
     if (adt_box_overlap(db, sb, &o) == 0) return;
@@ -159,11 +174,14 @@ void adt_box_transfer(void *dst, const adt_box *db, const void *src, const adt_b
     int64_t run = o.shape.dim[nd - 1];
     while (inner > 0 && o.shape.dim[inner] == sb->shape.dim[inner] && o.shape.dim[inner] == db->shape.dim[inner])
         run *= o.shape.dim[--inner];
-    int64_t rows = 1, idx[ADT_MAX_DIMS] = {0};
-    for (int d = 0; d < inner; d++) rows *= o.shape.dim[d];
-    for (int64_t r = 0; r < rows; r++) {
-        run_copy((char *)dst + (size_t)doff * es, (const char *)src + (size_t)so * es, run, es, add);
-        for (int d = inner - 1; d >= 0; d--) { /* the next row: an odometer over the outer axes */
+    /* rows: axis inner - 1 in the tight loop, the axes before it on the odometer */
+    int t = inner - 1;
+    int64_t n = t >= 0 ? o.shape.dim[t] : 1, sstep = t >= 0 ? ss[t] * (int64_t)es : 0;
+    int64_t dstep = t >= 0 ? ds[t] * (int64_t)es : 0, outer = 1, idx[ADT_MAX_DIMS] = {0};
+    for (int d = 0; d < t; d++) outer *= o.shape.dim[d];
+    for (int64_t r = 0; r < outer; r++) {
+        rows_copy((char *)dst + (size_t)doff * es, (const char *)src + (size_t)so * es, n, dstep, sstep, run, es, add);
+        for (int d = t - 1; d >= 0; d--) { /* the next rows: an odometer over the outer axes */
             so += ss[d], doff += ds[d];
             if (++idx[d] < o.shape.dim[d]) break;
             so -= ss[d] * o.shape.dim[d], doff -= ds[d] * o.shape.dim[d], idx[d] = 0;
