@@ -2,23 +2,24 @@
  * calibrate.c - `adtrain calibrate`: measures this machine and writes a cluster file
  * (docs/formats.md "Cluster files") the planner prices plans with.
  *
- *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT, a DLRM,
- *             each at two batch sizes, and each --model at B, B/2 and B/4) run by the executor
- *             with per-node timing, in --procs processes one after another (with --ranks, spread
- *             between the rank measurements), each node's median time kept; launch_s = the median time of tiny ops; FLOP/s per op class and size
- *             class (below / above small_flops per op) = the FLOPs over the seconds less the ops'
- *             fixed costs, for matrix products and convolutions fitted with a byte rate beside
- *             it (device.byte_rates); per op kind and decade of FLOPs, the nodes' time over what
- *             those rates price them at (device.op_factors);
+ *   compute   the real kernels: training steps of small models (an MLP, a VGG, a GPT, a DLRM, each
+ *             at two batch sizes, and each --model at B, B/2 and B/4) run by the executor with
+ *             per-node timing, in --procs processes one after another (with --ranks, spread between
+ *             the rank measurements), each node's median time kept; launch_s = the median time of tiny
+ *             ops; FLOP/s per op class and size class (below / above small_flops per op) = the
+ *             FLOPs over the seconds less the ops' fixed costs, for matrix products and
+ *             convolutions fitted with a byte rate beside it (device.byte_rates); per op kind and
+ *             decade of FLOPs, the nodes' time over what those rates price them at
+ *             (device.op_factors);
  *   memory    the bandwidth of a 64 MiB copy; the executor's gradient accumulation at 64 KiB ..
  *             64 MiB (device.accumulate);
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
- *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's
- *             time on each of k ranks over its time on one rank alone right after, the median
- *             of 5 such pairs; the median of --repeat such measurements), into device.slowdown, with what a collective that follows
- *             compute costs beyond its back-to-back time (sync_s after about 1 ms of compute,
- *             sync_curve after 0.05 to 30 ms) and what a data-parallel step's shared-memory
- *             all-reduces cost inside it over their back-to-back time
+ *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's time
+ *             on each of k ranks over its time on one rank alone right after, the median of 5 such
+ *             pairs; the median of --repeat such measurements), into device.slowdown, with what a
+ *             collective that follows compute costs beyond its back-to-back time (sync_s after
+ *             about 1 ms of compute, sync_curve after 0.05 to 30 ms) and what a data-parallel
+ *             step's shared-memory all-reduces cost inside it over their back-to-back time
  *             (coll_factor: the ranks' cores move the data, between their kernels; fitted through
  *             the cost model, which then prices the probe's step as measured);
  *   links     with --ranks N >= 2: for k = 2..N ranks `mpiexec -n k` runs this binary as a worker

@@ -129,18 +129,17 @@ static void run_copy(char *d, const char *s, int64_t n, size_t es, int add) {
 /* n runs of `bytes` bytes, the i-th at s + i * sstep and d + i * dstep: copies of a size known
  * here for short runs (the compiler makes each one or two vector moves; a call to memcpy per run
  * cost more than its 16 bytes). */
-#define ROWS_FIXED(B)                                                                                       \
-    for (int64_t i = 0; i < n; i++) memcpy(d + i * dstep, s + i * sstep, B);                                 \
-    return
+#define ROWS_FIXED(B)                                                                               \
+    for (int64_t i = 0; i < n; i++) memcpy(d + i * dstep, s + i * sstep, B)
 static void rows_copy(char *d, const char *s, int64_t n, int64_t dstep, int64_t sstep, int64_t run, size_t es,
                       int add) {
     if (!add) switch ((size_t)run * es) {
-        case 4: ROWS_FIXED(4);
-        case 8: ROWS_FIXED(8);
-        case 12: ROWS_FIXED(12);
-        case 16: ROWS_FIXED(16);
-        case 32: ROWS_FIXED(32);
-        case 64: ROWS_FIXED(64);
+        case 4: ROWS_FIXED(4); return;
+        case 8: ROWS_FIXED(8); return;
+        case 12: ROWS_FIXED(12); return;
+        case 16: ROWS_FIXED(16); return;
+        case 32: ROWS_FIXED(32); return;
+        case 64: ROWS_FIXED(64); return;
         default: break;
         }
     for (int64_t i = 0; i < n; i++) run_copy(d + i * dstep, s + i * sstep, run, es, add);
