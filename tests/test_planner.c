@@ -519,6 +519,37 @@ static void test_cost_sync(void) {
     adt_graph_free(g);
 }
 
+/* A shared-memory collective of a pair among 4 busy ranks on 2 cores waits as long as one of all
+ * 4 (cost.c, shm_group_waits_for_node): its latency is the 4-rank fit's 2 (4 - 1) alpha, not the
+ * pair's 2 alpha. With the 2- and 4-rank fits alike and the bytes priced at almost nothing, a
+ * dp=2,tp=2 plan's all-reduces (every one on a pair) cost 3x what they cost where the 4 ranks
+ * have 4 cores; dp over all 4 ranks costs the same on both. */
+static void test_cost_pair_groups(void) {
+    adt_cluster two;
+    CHECK(adt_cluster_parse(&two, CAL_CLUSTER, "cal.json") == ADT_OK, "%s", adt_error_message());
+    for (int i = 0; i < 2; i++) two.link[0].coll[i].alpha = 3e-4, two.link[0].coll[i].beta = 1e-18;
+    adt_cluster four = two;
+    four.cores_per_node = 4;
+    adt_model_cfg m = mlp_cfg(64, 256, 10);
+    static const char *const strategies[] = {"dp=2,tp=2", "dp"};
+    for (int k = 0; k < 2; k++) {
+        adt_graph *g = NULL;
+        adt_plan p;
+        adt_cost_report r2, r4;
+        CHECK(expert(&m, strategies[k], 4, 32, &g, &p) == ADT_OK, "%s", adt_error_message());
+        CHECK(adt_plan_cost(&p, g, &two, &r2) == ADT_OK, "%s", adt_error_message());
+        CHECK(adt_plan_cost(&p, g, &four, &r4) == ADT_OK, "%s", adt_error_message());
+        double ar2 = r2.comm_s[ADT_BOXING_ALL_REDUCE], ar4 = r4.comm_s[ADT_BOXING_ALL_REDUCE];
+        CHECK(ar4 > 0, "%s: all-reduces priced", strategies[k]);
+        CHECK_CLOSE(ar2, ar4 * (k == 0 ? 3.0 : 1.0), 1e-9, 0);
+        /* a whole number of latencies: pairs at 6 alpha on 2 cores, 2 alpha on 4 */
+        double lat = k == 0 ? 2 * 3e-4 : 6 * 3e-4, steps = ar4 / lat;
+        CHECK(steps >= 1 && fabs(steps - round(steps)) < 1e-6, "%s: %g latencies", strategies[k], steps);
+        adt_plan_free(&p);
+        adt_graph_free(g);
+    }
+}
+
 /* device.op_factors: a kind's time scales by its decade's factor, else the nearest measured
  * decade's; other kinds keep theirs. */
 static void test_cost_op_factors(void) {
@@ -1491,6 +1522,7 @@ int main(void) {
     RUN(test_cluster_calibrated);
     RUN(test_cost_calibrated);
     RUN(test_cost_sync);
+    RUN(test_cost_pair_groups);
     RUN(test_cost_op_factors);
     RUN(test_cost_on_cores);
     RUN(test_cost_relay);

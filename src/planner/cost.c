@@ -52,7 +52,9 @@
  * bytes part, what `calibrate` measured inside data-parallel steps beyond their waits' loss (the
  * fit put the MLP's 2-rank dp plans 30-50% under their measurement, its gradient all-reduces all
  * hidden behind the backward pass; the factor on the whole fit priced DLRM's 34 small
- * all-reduces of a step at twice their cost on 3-4 ranks).
+ * all-reduces of a step at twice their cost on 3-4 ranks). Where the node's busy ranks
+ * outnumber its cores, one of a group smaller than them (a 2x2 mesh's pairs) takes the latency
+ * of a collective of all of them (shm_group_waits_for_node).
  * An op's time is its FLOPs at its class's rate plus its bytes at the class's byte rate where the
  * cluster has one (matrix products and convolutions: OpenBLAS packs the operands and writes the
  * product whatever the inner size), else the slower of the rate and the memory bandwidth; plus
@@ -168,6 +170,21 @@ static int shm_kind(int kind) {
     return kind == ADT_BOXING_ALL_REDUCE || kind == ADT_BOXING_REDUCE_SCATTER || kind == ADT_BOXING_ALL_GATHER;
 }
 
+/* A shared-memory collective of a group smaller than the node's busy ranks, where those
+ * outnumber the cores, waits as long as one of all of them: its latency is the busy ranks' fit
+ * for that many ranks. Each phase of it (comm_shm.c: arrive, reduced, done) waits until every
+ * member has been on a core since, and the members take the cores in the same rotation as the
+ * ranks outside the group; the group's own latency terms price a group that holds the cores.
+ * On a 2x2 mesh of 4 ranks sharing 2 cores, a DLRM's pair all-reduces took 24 us each inside
+ * the step (37 a step) and its pair reduce-scatters 25 us, where the 4-rank fit's latency is 26
+ * and 13 us and the pair's 8.5 and 4.4 (docs/BENCHMARKS.md, "Pair collectives wait for the
+ * whole node"). MPI's all-to-all keeps the pair's: an eager message lands in the peer's queue
+ * while the peer is off the cores (priced at the 4-rank world's instead, the stored runs ranked
+ * worse). */
+static int shm_group_waits_for_node(const adt_cluster *c, int group, int busy) {
+    return c->cores_per_node > 0 && busy > c->cores_per_node && group > 1 && group < busy;
+}
+
 /* The boxing program the partitioner inserts (chosen with the plan's link prices), its steps
  * priced with the cluster's calibrated collectives: per kind, group size and link level of the
  * step's mesh axis; local steps as the program prices them. kind[] gets the steps' times. */
@@ -183,6 +200,10 @@ static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_
             int level = adt_cluster_axis_level(c, m, st->mesh_axis);
             ts = adt_cluster_coll_time(c, level, st->kind, st->group_size, st->group_bytes, busy);
             t0 = adt_cluster_coll_time(c, level, st->kind, st->group_size, 0, busy);
+            if (shm_kind(st->kind) && shm_group_waits_for_node(c, st->group_size, busy)) {
+                double t0_node = adt_cluster_coll_time(c, level, st->kind, busy, 0, busy);
+                ts += t0_node - t0, t0 = t0_node;
+            }
         }
         /* a shared-memory collective inside a step: its bytes at the in-step rate `calibrate`
          * measured (the cores that copy them share the memory with the peers' compute), its
