@@ -6,12 +6,16 @@
         today's binary's predictions, on the run's own cluster (its meta line): each model's input
         priced once now (its "input_s" where the run stored it), or on CLUSTER.json; auto rows are left out, since
         today's auto plan may not be the plan that was measured; a run calibrated model by model is
-        repriced on each model's own cluster
+        repriced on each model's own cluster; REPRICE_CLUSTER=after prices each model on the
+        calibration made after its rounds (CALIBRATE_AFTER=1), =mean on the element-wise mean of
+        the two
 
 With "calibrate" for CLUSTER.json, each model is priced on a cluster file that `adtrain calibrate
 --ranks RANKS --procs 9 --model CFG:B` wrote just before its plans were measured (a "calibration"
 line before the model's rows keeps it): this machine's speed drifts by a third over tens of
 minutes, and a calibration half an hour before a model's rounds prices them at the speed of then.
+CALIBRATE_AFTER=1 calibrates once more after the model's rounds (a "calibration_after" line):
+how far the cost model's figures move with the calibration alone, on the same measurements.
 
 Makes and prices every plan (adtrain plan --cluster --json), trains each ROUNDS times interleaved,
 writes one JSON line per plan to OUT.jsonl and prints the per-model summary. A run times
@@ -87,17 +91,20 @@ def price_plan(cfg, data, batch, s, n, m, path, input_s):
                            "--input-s", repr(input_s)], capture_output=True, text=True)
 
 
-def calibrate(model, cfg, batch, out, t0):
-    """The cluster file this model's plans are priced on, measured now (module docstring)."""
+def calibrate(model, cfg, batch, out, t0, key="calibration"):
+    """The cluster file this model's plans are priced on, measured now (module docstring); with
+    key "calibration_after" only recorded."""
     global CLUSTER
-    CLUSTER = f"{WORK}/cluster-{model}.json"
+    path = f"{WORK}/cluster-{model}.json" if key == "calibration" else f"{WORK}/cluster-{model}-after.json"
+    if key == "calibration":
+        CLUSTER = path
     t = time.time()
     r = subprocess.run([ADT, "calibrate", "--ranks", str(RANKS), "--procs", "9", "--model", f"{cfg}:{batch}", "-o",
-                        CLUSTER], capture_output=True, text=True)
+                        path], capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"calibrate for {model} failed:\n{r.stderr}")
-    out.write(json.dumps({"calibration": {"model": model, "at_s": round(t - t0, 2), "seconds": round(time.time() - t, 1),
-                                          "cluster": json.load(open(CLUSTER))}}) + "\n")
+    out.write(json.dumps({key: {"model": model, "at_s": round(t - t0, 2), "seconds": round(time.time() - t, 1),
+                                "cluster": json.load(open(path))}}) + "\n")
     out.flush()
     print(f"  {model}: calibrated in {time.time() - t:.0f} s, load {loadavg()}", file=sys.stderr)
 
@@ -213,6 +220,8 @@ def main():
                     p["mem"] = memory(mem)
             print(f"  {model}: round {rnd + 1}/{ROUNDS} done, load {loadavg()}, {time.time() - t0:.0f} s",
                   file=sys.stderr)
+        if CALIBRATE_EACH and os.environ.get("CALIBRATE_AFTER") == "1":
+            calibrate(model, cfg, batch, out, t0, "calibration_after")
         for p in plans:
             row = {"model": model, "ranks": p["ranks"], "plan": p["plan"], "microbatches": p["microbatches"],
                    "predicted_ms": p["pred"]["predicted_step_s"] * 1e3, "measured_ms": plan_time(p["runs"]),
@@ -308,12 +317,34 @@ def summarize(rows, models):
               f"{r['predicted_mem_bytes'] / 2**20:.2f} | {mm / 2**20 if mm else float('nan'):.2f} |")
 
 
+def mean_cluster(a, b):
+    """The element-wise mean of two calibrations of one machine: numbers averaged, lists of one
+    length and objects of the same keys entered, anything else (names, a point missing) from a."""
+    if a == b or isinstance(a, bool) or isinstance(b, bool):
+        return a
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return (a + b) / 2
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [mean_cluster(x, y) for x, y in zip(a, b)]
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return {k: mean_cluster(a[k], b[k]) for k in a}
+    return a
+
+
 def reprice(path):
     """The stored measurements against this binary's predictions (module docstring)."""
     global CLUSTER
     lines = [json.loads(line) for line in open(path)]
     work = tempfile.mkdtemp()
     own = {c["calibration"]["model"]: c["calibration"]["cluster"] for c in lines if "calibration" in c}
+    which = os.environ.get("REPRICE_CLUSTER", "before")
+    if which not in ("before", "after", "mean"):
+        raise SystemExit(f"REPRICE_CLUSTER: '{which}': expected before, after or mean")
+    if which != "before":
+        after = {c["calibration_after"]["model"]: c["calibration_after"]["cluster"] for c in lines if "calibration_after" in c}
+        if set(after) != set(own):
+            raise SystemExit(f"REPRICE_CLUSTER={which}: {path} has no calibration after the rounds of every model")
+        own = {m: after[m] if which == "after" else mean_cluster(own[m], after[m]) for m in own}
     stored = [r for r in lines if "model" in r and not r["plan"].startswith("auto")]
     models = list(dict.fromkeys(r["model"] for r in stored))
     rows = []

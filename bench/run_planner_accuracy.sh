@@ -33,12 +33,15 @@
 #
 # Environment: RANKS=4 ROUNDS=16 STEPS=4 TIME_S=0.5 WARMUP=2 MODELS="mlp-mnist vgg-mnist dlrm-small gpt-s"
 #              CLUSTER=FILE (skip calibration, use this cluster file)
+#              CALIBRATE_AFTER=1 (calibrate once more after each model's rounds: a "calibration_after"
+#              line, for `planner_accuracy.py --reprice` with REPRICE_CLUSTER=after or mean)
 set -eu
 cd "$(dirname "$0")/.."
 RANKS=${RANKS:-4} ROUNDS=${ROUNDS:-16} STEPS=${STEPS:-4} TIME_S=${TIME_S:-0.5} WARMUP=${WARMUP:-2}
 MODELS=${MODELS:-mlp-mnist vgg-mnist dlrm-small gpt-s}
 PYTHON=${PYTHON:-/usr/bin/python3}
-export RANKS ROUNDS STEPS TIME_S WARMUP MODELS OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+CALIBRATE_AFTER=${CALIBRATE_AFTER:-0}
+export RANKS ROUNDS STEPS TIME_S WARMUP MODELS CALIBRATE_AFTER OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 make -j2 build/adtrain >/dev/null
 mkdir -p bench/results
 out=bench/results/planner-accuracy-$(date -u +%Y%m%dT%H%M%SZ).jsonl
