@@ -95,8 +95,9 @@ def calibrate(model, cfg, batch, out, t0, key="calibration"):
     """The cluster file this model's plans are priced on, measured now (module docstring); with
     key "calibration_after" only recorded."""
     global CLUSTER
-    path = f"{WORK}/cluster-{model}.json" if key == "calibration" else f"{WORK}/cluster-{model}-after.json"
-    if key == "calibration":
+    priced = key == "calibration"
+    path = f"{WORK}/cluster-{model}{'' if priced else '-after'}.json"
+    if priced:
         CLUSTER = path
     t = time.time()
     r = subprocess.run([ADT, "calibrate", "--ranks", str(RANKS), "--procs", "9", "--model", f"{cfg}:{batch}", "-o",
