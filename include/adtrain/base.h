@@ -31,6 +31,7 @@ typedef enum adt_status {
     ADT_ERR_COMM = -7,     /* a collective failed or timed out                    */
     ADT_ERR_UNSUPPORTED = -8,
     ADT_ERR_STALE = -9,    /* fenced: a request of an ended generation or a revoked lease */
+    ADT_ERR_RUNTIME = -10, /* a failure while running (a step, a write, a peer that failed) */
 } adt_status;
 
 /* Sets the calling thread's error message (printf-style) and returns `code`, so that
@@ -40,6 +41,8 @@ int adt_error(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int adt_error_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *adt_error_message(void);
 void adt_error_clear(void);
+/* 1 if the calling thread's error slot holds a message (adt_error_clear empties it). */
+int adt_error_pending(void);
 const char *adt_status_name(int code);
 
 /* Always-on internal invariant check: prints file:line and the condition, then aborts.

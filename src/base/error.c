@@ -9,11 +9,14 @@
 
 static _Thread_local char tl_msg[2048];
 
+/* Formatted aside first: the arguments may include adt_error_message() itself. */
 int adt_error(int code, const char *fmt, ...) {
+    char msg[sizeof tl_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(tl_msg, msg, sizeof tl_msg);
     return code;
 }
 
@@ -30,6 +33,7 @@ int adt_error_prefix(int code, const char *fmt, ...) {
 
 const char *adt_error_message(void) { return tl_msg[0] ? tl_msg : "no error message"; }
 void adt_error_clear(void) { tl_msg[0] = 0; }
+int adt_error_pending(void) { return tl_msg[0] != 0; }
 
 const char *adt_status_name(int code) {
     switch (code) {
@@ -43,6 +47,7 @@ const char *adt_status_name(int code) {
     case ADT_ERR_COMM: return "communication error";
     case ADT_ERR_UNSUPPORTED: return "unsupported";
     case ADT_ERR_STALE: return "stale request";
+    case ADT_ERR_RUNTIME: return "runtime failure";
     default: return "unknown error";
     }
 }

@@ -38,21 +38,6 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
 int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label);
 int cli_calibrate(int argc, char **argv);
 
-/* The data of a model (data_cfg.c). */
-#define CLI_DEFAULT_TEXT "../shared/data/tinyshakespeare/input.txt"
-/* The shape dataset `spec` must fit for model m (builtin_model, or a text: spec: a GPT's vocabulary
- * is not checked by the loader; text is compared as a whole after, with a clearer message). */
-void cli_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec, adt_data_shape *s);
-/* What the model family reads, and its name with the --data kinds that hold it. */
-adt_data_layout cli_data_layout(const adt_model_cfg *m);
-const char *cli_data_layout_name(adt_data_layout l);
-/* The --data a run of m reads when none is given: text:CLI_DEFAULT_TEXT for a GPT where that
- * file exists, else the family's synthetic kind; announce: say so on stderr ("adtrain CMD: "). */
-const char *cli_default_data(const adt_model_cfg *m, const char *command, int announce);
-/* Seconds one rank takes to produce one sample of `spec` for model m (a fill of up to
- * min(batch, 256) samples and the copy into the fed values, median of 5): the cost model's
- * adt_cluster.input_s. -1 with the error set when the data does not open or does not fit m. */
-int cli_measure_input(const adt_model_cfg *m, int builtin_model, const char *spec, int batch, double *s_per_sample);
 /* The flag loop of a subcommand: "--flag value" or "--flag=value", each handed to apply(opts,
  * flag, value); -h/--help prints usage to stdout. Returns 0 to go on, -1 after --help, else the
  * exit code (2 for a bad or unknown flag, with the message printed). */

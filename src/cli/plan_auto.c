@@ -11,6 +11,7 @@
 
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
+#include "adtrain/train.h"
 #include "cli.h"
 
 #define auto_fail(...) cli_fail("plan", __VA_ARGS__)
@@ -97,8 +98,8 @@ static int load_cluster(const cli_plan_auto_opts *o, const adt_model_cfg *m, lon
         cl->input_s = o->input_s;
         return 0;
     }
-    const char *spec = o->data ? o->data : cli_default_data(m, "plan", 0);
-    if (cli_measure_input(m, o->builtin_model, spec, (int)batch, &cl->input_s))
+    const char *spec = o->data ? o->data : adt_train_default_data(m, NULL);
+    if (adt_train_measure_input(m, o->builtin_model, spec, (int)batch, &cl->input_s))
         return auto_fail(2, "--data %s: %s", spec, adt_error_message());
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
- * train_dist.c - `adtrain train` on several processes: started by mpiexec, every rank runs its
- * part of a partitioned training graph, and the run logs what one process would log.
+ * collective.c - the runners of a plan: started by mpiexec (or alone), every rank runs its part of
+ * a partitioned training graph, or its pipeline stage, and the run logs what one process would.
  *
  * Every rank parses the same flags, opens the same data and builds the same global graph; the
  * plan (--plan's file, else the data-parallel expert plan) is partitioned for the rank's mesh
@@ -9,7 +9,7 @@
  * samples of its block of every fed input, so the samples and their order never depend on the
  * number of ranks. The loss printed and logged is the global one (the partial sums of the loss's
  * P mesh axes added up, each replica once). Only rank 0 prints and writes the log; --save writes a
- * distributed checkpoint, each rank its own blocks (train_ckpt.c).
+ * distributed checkpoint, each rank its own blocks (ckpt.c).
  *
  * Failures: setup is checked on every rank and the ranks agree (an all-reduce of each rank's
  * status) before anything collective starts, so a bad file or flag seen by one rank ends them
@@ -22,7 +22,7 @@
 #include <sys/resource.h>
 
 #include "adtrain/base.h"
-#include "train.h"
+#include "train_internal.h"
 
 int train_world_init(trainer *t) {
     t->rank = 0;
@@ -37,29 +37,35 @@ int train_world_init(trainer *t) {
         adt_comm_finalize(t->world);
         t->world = NULL;
     }
-    cli_set_rank(t->rank, t->nranks);
     return 0;
 }
 
-/* Setup results of all ranks: codes[r] is rank r's (0 fine, -1 --help, else an exit status). The
- * lowest failing rank's message is printed, by that rank alone; every rank returns its code. */
+/* Which rank reports the failure the ranks agreed on (adt_trainer_error_is_mine). */
+static _Thread_local int g_error_mine = 1;
+/* The last failure was agreed on by every rank: none waits in a collective, none need abort. */
+static _Thread_local int g_error_agreed;
+int adt_trainer_error_is_mine(void) { return g_error_mine; }
+void train_error_mine(int mine) { g_error_mine = mine; }
+void train_error_reset(void) { g_error_mine = 1, g_error_agreed = 0; }
+
+/* Setup results of all ranks: codes[r] is rank r's (0 fine, else a negative status). The lowest
+ * failing rank keeps its message and reports it; every rank returns its code. */
 int train_world_agree(trainer *t, int rc) {
     if (!t->world) return rc;
     int32_t *codes = adt_calloc((size_t)t->nranks, sizeof *codes);
     codes[t->rank] = rc;
     if (adt_comm_allreduce_i32(t->world, codes, t->nranks)) {
         free(codes);
-        cli_defer_errors(0);
-        cli_print_deferred();
-        train_fail(EXIT_RUNTIME, "agreeing on the setup: %s", adt_error_message());
-        adt_comm_abort(t->world, EXIT_RUNTIME);
+        train_error_mine(1);
+        return train_fail(EXIT_RUNTIME, "agreeing on the setup: %s", adt_error_message());
     }
     int first = 0;
     while (first < t->nranks && !codes[first]) first++;
     int common = first < t->nranks ? codes[first] : 0;
     free(codes);
-    if (first == t->rank) cli_print_deferred();
-    cli_defer_errors(0);
+    train_error_mine(first == t->rank || !common);
+    g_error_agreed = common != 0;
+    if (common && first != t->rank) adt_error(common, "rank %d failed", first);
     return common;
 }
 
@@ -82,7 +88,7 @@ void train_world_end(trainer *t) {
 }
 
 void train_world_fatal(trainer *t, int rc) {
-    if (t->world) adt_comm_abort(t->world, rc);
+    if (t->world && !g_error_agreed) adt_comm_abort(t->world, rc);
 }
 
 /* ---- plan and local graph ----------------------------------------------------------------------- */
@@ -95,13 +101,13 @@ void train_world_fatal(trainer *t, int rc) {
 static int make_plan(trainer *t) {
     char mb[32];
     /* a plan given: --plan's file, or the text the elastic master made for this world */
-    int given = t->o.plan_path || t->o.plan_text;
+    int given = t->o.plan_path || t->plan_text;
     const char *flag = t->o.plan_path ? "--plan" : given ? "the master's plan" : "the default plan";
     if (t->o.plan_path) {
         if (adt_plan_load(&t->xplan, t->o.plan_path)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
         snprintf(t->plan_label, sizeof t->plan_label, "%s (%s)", t->o.plan_path, t->xplan.strategy);
     } else if (given) {
-        if (adt_plan_parse(&t->xplan, t->o.plan_text, "the master's plan"))
+        if (adt_plan_parse(&t->xplan, t->plan_text, "the master's plan"))
             return train_fail(EXIT_USAGE, "%s", adt_error_message());
         snprintf(t->plan_label, sizeof t->plan_label, "the master's plan (%s)", t->xplan.strategy);
     } else {
@@ -344,3 +350,80 @@ int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *los
     }
     return 0;
 }
+
+/* ---- the runners ------------------------------------------------------------------------------ */
+
+/* The global training graph (model, backward, optimizer), the plan the feed names or the
+ * default one, and the rank's part of the graph. A plan with stages or microbatches hands the
+ * run to the pipeline runner. */
+static int plan_build(trainer *t) {
+    t->g = adt_graph_create();
+    if (adt_model_build(t->g, &t->model, (int)t->o.batch, &t->io))
+        return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
+    t->oc = t->o.optimizer == ADT_OPTIM_SGD ? adt_optim_sgd((float)t->o.momentum, (float)t->o.weight_decay)
+                                            : adt_optim_adamw(0.9f, 0.95f, 1e-8f, (float)t->o.weight_decay);
+    adt_graph_backward(t->g, t->io.loss);
+    adt_graph_optimizer(t->g, &t->oc);
+    if (adt_graph_error(t->g))
+        return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
+    /* Accuracy and AUC read the logits after a forward run. */
+    if (t->model.type != ADT_MODEL_GPT) adt_graph_mark_output(t->g, t->io.logits);
+    int rc = t->feed->plan ? t->feed->plan(t) : 0;
+    if (!rc) rc = train_dist_partition(t);
+    if (!rc && t->pg) t->run = &train_runner_pipe;
+    return rc ? rc : train_check_memory(t);
+}
+
+static int plan_executor(trainer *t, const adt_exec_opts *eo) {
+    if (!t->world) {
+        if (adt_exec_create(&t->ex, t->g, eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
+        return 0;
+    }
+    train_dist_mem_report(t, "before_executor");
+    return train_dist_executor(t, eo);
+}
+
+static int plan_step(trainer *t, long step, int64_t *idx, double *loss) {
+    if (train_fill(t, &t->train, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+    if (adt_exec_run(t->ex) || train_read_loss(t, loss))
+        return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    return 0;
+}
+
+static int plan_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {
+    if (train_fill(t, s, idx)) return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
+    if (adt_exec_run_forward(t->ex) || train_read_loss(t, loss))
+        return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
+    return 0;
+}
+
+static void plan_banner(const trainer *t, FILE *f) {
+    if (!t->world) return;
+    char mb[32];
+    fprintf(f, "dist   %d rank%s (%s), plan %s on mesh %s; %d collectives per step on rank 0, %s; --threads %d per rank\n",
+            t->nranks, t->nranks == 1 ? "" : "s", t->nranks == 1 ? "this process" : "MPI", t->plan_label,
+            adt_mesh_str(&t->plan.mesh, mb, sizeof mb), t->pipe ? adt_pipe_local(t->pipe)->n_boxing : t->loc.n_boxing,
+            adt_exec_overlaps(t->ex) ? "overlapped with computation" : "blocking", t->o.threads);
+    if (t->pipe)
+        fprintf(f, "pipe   %d stages x %d microbatches of %ld samples, 1F1B; rank 0 runs stage 0 (the collectives "
+                "above: its, per microbatch)\n", t->xplan.n_stages, t->xplan.microbatches,
+                t->o.batch / t->xplan.microbatches);
+}
+
+static void plan_free(trainer *t) {
+    if (!t->pipe) adt_exec_free(t->ex); /* else the pipe's, freed with it */
+    t->ex = NULL;
+}
+
+static int pipe_step(trainer *t, long step, int64_t *idx, double *loss) {
+    if (train_pipe_step(t, &t->train, idx, loss)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    return 0;
+}
+
+static int pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {
+    if (train_pipe_eval(t, s, idx, loss)) return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
+    return 0;
+}
+
+const train_runner train_runner_plan = {"plan", plan_build, plan_executor, plan_step, plan_eval, plan_banner, plan_free};
+const train_runner train_runner_pipe = {"pipeline", plan_build, plan_executor, pipe_step, pipe_eval, plan_banner, plan_free};

@@ -1,9 +1,10 @@
 /*
- * train.h - what the pieces of `adtrain train` share: the options, the data sources and the
- * trainer (model, data, graph, executor, log) that train.c sets up and runs.
+ * train_internal.h - what the parts of the trainer share: the data sources, the trainer object
+ * (model, data, graph, plan, executor, log), and the two interfaces a step runs through: a runner
+ * (how the graph runs) and a feed (where the samples come from, what follows a step).
  */
-#ifndef ADTRAIN_CLI_TRAIN_H
-#define ADTRAIN_CLI_TRAIN_H
+#ifndef ADTRAIN_TRAIN_INTERNAL_H
+#define ADTRAIN_TRAIN_INTERNAL_H
 
 #include <stdint.h>
 #include <stdio.h>
@@ -15,49 +16,15 @@
 #include "adtrain/exec.h"
 #include "adtrain/graph.h"
 #include "adtrain/models.h"
-#include "cli.h"
+#include "adtrain/train.h"
 
-#define EXIT_RUNTIME 1
-#define EXIT_USAGE 2
-#define train_fail(...) cli_fail("train", __VA_ARGS__)
+/* Failure classes: ADT_ERR_ARG is the user's input, found before the first step (exit 2 in the
+ * CLI); TRAIN_ERR_RUN a failure while running (exit 1). The message goes to the error slot. */
+#define EXIT_USAGE ADT_ERR_ARG
+#define EXIT_RUNTIME ADT_ERR_RUNTIME
+#define train_fail(code, ...) adt_error((code), __VA_ARGS__)
 
-typedef struct train_opts {
-    const char *model_path; /* NULL: the built-in tiny GPT */
-    const char *data, *val; /* KIND:PATH; data NULL until defaulted */
-    long steps, batch, warmup, eval_every, eval_batches;
-    adt_optim_kind optimizer;
-    double lr, momentum, weight_decay;
-    int lr_given, momentum_given;
-    int cosine, shuffle, threads;
-    int profile; /* --profile on: per-rank time by op and collective at the end (train.c) */
-    uint64_t seed;
-    const char *log_path;
-    const char *init_path, *resume_path, *save_path;
-    long save_every;
-    const char *plan_path; /* --plan PLAN.json (train_dist.c) */
-    char *plan_text;       /* the elastic master's plan for this world (train_elastic.c), or NULL */
-    /* balanced data parallelism (train_balance.c): --straggler-policy, --straggler-config,
-     * --split, --micro-batch, --inject-slowdown; `on` once any of them is given */
-    struct train_balance_opts {
-        int on;
-        int policy; /* adt_straggler_policy */
-        const char *config, *split;
-        const char *master; /* --straggler-master HOST:PORT: the master decides */
-        long micro_batch;
-        int slow_rank;     /* --inject-slowdown RANK:FACTOR|+SECONDS[@FIRST-LAST]; -1: none */
-        double slow_factor, slow_add_s;
-        long slow_first, slow_last;
-    } bal;
-    /* elastic runs (train_elastic.c) */
-    const char *elastic_dir;
-    long commit_every;
-    double lease_timeout;
-    int flash;
-} train_opts;
-
-/* Parses argv into o (defaults first) and checks flags against each other. Returns 0 to go on,
- * -1 after --help, else an exit code (the message is printed). */
-int train_parse_opts(train_opts *o, int argc, char **argv);
+typedef adt_train_opts train_opts;
 
 /* ---- data sources (train_data.c): a range of sample ids of one dataset ---------------------- */
 typedef struct train_source {
@@ -67,7 +34,12 @@ typedef struct train_source {
     int64_t first, count; /* sample ids [first, first+count) of ds */
 } train_source;
 
-typedef struct trainer {
+typedef struct train_runner train_runner;
+typedef struct train_feed train_feed;
+
+struct adt_trainer {
+    const train_runner *run; /* how a step runs                                             */
+    const train_feed *feed;  /* where its samples come from, what follows it                */
     train_opts o;
     adt_model_cfg model;
     char model_label[320];
@@ -106,7 +78,48 @@ typedef struct trainer {
     char *ckpt_elsewhere; /* [pg's n_values] the stage's checkpoint view: what an earlier stage writes */
     struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
     struct train_elastic *el; /* NULL unless started by an elastic agent */
-} trainer;
+    char *plan_text;          /* the elastic master's plan for this world, or NULL             */
+    long next_step;           /* the step adt_trainer_step runs next                           */
+    int finished;             /* no step left: the run is complete or stopped                  */
+    int saved_at_end;         /* adt_trainer_finish has nothing left to save                   */
+    double first_loss, loop_t0, total_s;
+    long profiled_from;       /* the first step the profile counts                            */
+};
+typedef struct adt_trainer trainer;
+
+/* How a step runs. build makes the graphs and plan (no communication), executor the executors
+ * (collective), step one training step on the global batch idx, eval the forward pass of one
+ * evaluation batch (NULL: the runner cannot evaluate). */
+struct train_runner {
+    const char *name;
+    int (*build)(trainer *t);
+    int (*executor)(trainer *t, const adt_exec_opts *eo);
+    int (*step)(trainer *t, long step, int64_t *idx, double *loss);
+    int (*eval)(trainer *t, const train_source *s, int64_t *idx, double *loss);
+    void (*banner)(const trainer *t, FILE *f);
+    void (*free)(trainer *t);
+};
+extern const train_runner train_runner_plan;    /* the partitioned graph of a plan (collective.c) */
+extern const train_runner train_runner_pipe;    /* a plan with stages or microbatches (collective.c) */
+extern const train_runner train_runner_balance; /* per-rank local batches (balance.c)           */
+
+/* Where a step's samples come from and what follows it. plan: before the graph is partitioned,
+ * the plan to run (NULL: --plan or data parallel); start: after the executor and checkpoints
+ * (1: no step left); batch: the step's global batch of sample indices; done: after the step
+ * (*stop: leave the loop). */
+struct train_feed {
+    const char *name;
+    int (*plan)(trainer *t);
+    int (*start)(trainer *t);
+    int (*batch)(trainer *t, long step, int64_t *idx);
+    int (*done)(trainer *t, long step, int *stop);
+    void (*free)(trainer *t);
+};
+extern const train_feed train_feed_sampler; /* the seeded sampler (trainer.c)                  */
+extern const train_feed train_feed_elastic; /* an elastic job's leases (elastic.c)             */
+
+/* A note for the caller (rank 0 only): formats and hands the line to opts.note. */
+void train_note(const trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* train_data.c: the model config, then the training and validation data that fit it. */
 int train_load_model(trainer *t);
@@ -123,11 +136,19 @@ void train_metric_format(trainer *t, char *json, size_t nj, char *text, size_t n
 
 /* train_dist.c: the run over MPI ranks, and what both kinds of run read and write through. */
 int train_world_init(trainer *t);            /* MPI when launched by mpiexec; sets rank, nranks */
-int train_world_agree(trainer *t, int rc);   /* every rank's setup result -> the common one     */
+/* Every rank's result -> the common one (the lowest failing rank's, whose message it keeps; the
+ * others say which rank failed). */
+int train_world_agree(trainer *t, int rc);
 void train_world_end(trainer *t);
-void train_world_fatal(trainer *t, int rc);  /* a failure while training: ends every rank      */
+/* A failure while training: ends every rank, unless every rank agreed on it already. */
+void train_world_fatal(trainer *t, int rc);
+void train_error_mine(int mine);             /* this rank reports the failure (or not)          */
+void train_error_reset(void);                /* before a step: no agreed failure yet            */
 void train_dist_mem_report(trainer *t, const char *when); /* ADT_MEM_REPORT: peak RSS, memory plan */
 int train_dist_partition(trainer *t);        /* plan and local graph (no communication)        */
+/* The executor allocates everything up front and aborts when memory runs out: a model or batch
+ * too big for the machine is refused with its size before that (ADT_ERR_ARG). */
+int train_check_memory(const trainer *t);
 int train_dist_executor(trainer *t, const adt_exec_opts *eo); /* collective: comms, executor  */
 const adt_graph *train_run_graph(const trainer *t); /* the graph the executor runs             */
 void *train_value(trainer *t, int v);        /* this rank's storage of global value v          */
@@ -144,6 +165,10 @@ int train_read_loss(trainer *t, double *loss); /* the global mean loss; collecti
 int train_pipe_step(trainer *t, const train_source *s, int64_t *idx, double *loss);
 int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss);
 
+/* This rank's share of the next step's global batch: its local batch under balanced data
+ * parallelism (the split in force), else an equal share (the block S(0) split gives it). */
+int64_t train_local_batch(const trainer *t);
+
 /* train_balance.c: data parallelism with per-rank local batches (DD), the straggler monitor and
  * controller, and injected slowdowns. Used instead of the partitioned graph when o.bal.on. */
 int train_balance_flag(train_opts *o, const char *flag, const char *v); /* one of its flags */
@@ -153,7 +178,7 @@ int train_balance_executor(trainer *t, const adt_exec_opts *eo); /* t->ex: the u
 /* The step's forward and backward passes on this rank's samples of idx[0..batch), the weighted
  * gradient sum over ranks, the update (lr and step already set on t->ex), the controller. */
 int train_balance_step(trainer *t, long step, int64_t *idx, double *loss);
-void train_balance_banner(const trainer *t);
+void train_balance_banner(const trainer *t, FILE *f);
 void train_balance_free(trainer *t);
 
 /* train_ckpt.c: --init, --resume and --save. */

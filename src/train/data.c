@@ -1,5 +1,5 @@
 /*
- * train_data.c - the model and data of `adtrain train`: the config, the training and validation
+ * data.c - the trainer's model and data: the config, the training and validation
  * datasets that fit it (with the 10% holdout when no --val is given), batches written into the
  * graph's fed values, and the evaluation metrics each model family reports.
  */
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "adtrain/base.h"
-#include "train.h"
+#include "train_internal.h"
 
 int train_load_model(trainer *t) {
     if (!t->o.model_path) {
@@ -31,16 +31,16 @@ static int open_source(trainer *t, train_source *s, const char *flag, const char
     memset(s, 0, sizeof *s);
     s->spec = spec;
     adt_data_shape shape;
-    cli_data_shape(&t->model, t->builtin_model, spec, &shape);
+    adt_train_data_shape(&t->model, t->builtin_model, spec, &shape);
     if (t->model.type == ADT_MODEL_DLRM && t->model.dlrm.n_tables > ADT_DATA_MAX_TABLES)
         return train_fail(EXIT_USAGE, "--model %s: %d embedding tables; the data loaders take at most %d",
                           t->model_label, t->model.dlrm.n_tables, ADT_DATA_MAX_TABLES);
     if (adt_dataset_open(&s->ds, spec, &shape, vocab, is_val)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
-    adt_data_layout want = cli_data_layout(&t->model);
+    adt_data_layout want = adt_train_data_layout(&t->model);
     if (adt_dataset_layout(s->ds) != want)
         return train_fail(EXIT_USAGE, "%s %s holds %s, but --model %s (%s) trains on %s", flag, spec,
-                          cli_data_layout_name(adt_dataset_layout(s->ds)), t->model_label,
-                          adt_model_type_name(t->model.type), cli_data_layout_name(want));
+                          adt_train_data_layout_name(adt_dataset_layout(s->ds)), t->model_label,
+                          adt_model_type_name(t->model.type), adt_train_data_layout_name(want));
     s->count = adt_dataset_samples(s->ds);
     if (s->count < 1)
         return train_fail(EXIT_USAGE, "%s %s: no complete sample%s", flag, spec,
@@ -67,7 +67,11 @@ static int match_vocab(trainer *t) {
 
 /* Without --val, the last 10% of the training samples are held out (the nanoGPT split). */
 int train_open_data(trainer *t) {
-    if (!t->o.data) t->o.data = cli_default_data(&t->model, "train", !cli_quiet);
+    if (!t->o.data) {
+        const char *why;
+        t->o.data = adt_train_default_data(&t->model, &why);
+        train_note(t, "%s", why);
+    }
     int rc = open_source(t, &t->train, "--data", t->o.data, NULL, 0);
     if (rc) return rc;
     if ((rc = match_vocab(t))) return rc;
@@ -114,7 +118,7 @@ void train_metric_reset(trainer *t) {
 int train_metric_add(trainer *t, int B) {
     if (t->model.type == ADT_MODEL_GPT) return 0;
     const void *lp, *yp;
-    if (train_read(t, t->io.logits, 0, &lp) || train_read(t, t->io.label, 1, &yp)) return -1;
+    if (train_read(t, t->io.logits, 0, &lp) || train_read(t, t->io.label, 1, &yp)) return EXIT_RUNTIME;
     const float *logits = lp;
     if (t->model.type == ADT_MODEL_MLP || t->model.type == ADT_MODEL_VGG) {
         const int32_t *y = yp;

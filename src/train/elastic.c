@@ -52,15 +52,15 @@
 #include "adtrain/base.h"
 #include "adtrain/ckpt.h"
 #include "adtrain/elastic.h"
-#include "train.h"
+#include "train_internal.h"
 
-#define EXIT_STALE 3
 #define MAX_RANGES 64
 
 typedef struct train_elastic {
     adt_elastic *c;      /* the main thread's client; its leases and reports go through `pipe` */
     adt_elastic_pipe *pipe; /* c's lease and report calls on a thread: off the step's path */
     adt_elastic *commit; /* rank 0's persister's client (a handle is one thread's)            */
+    char dir[4096];      /* the checkpoint directory when --elastic-dir is not given           */
     adt_ledger_job job;
     int64_t *perm, perm_epoch;
     adt_ledger_lease cur; /* the lease being consumed */
@@ -97,8 +97,7 @@ static void on_term(int sig) {
 
 static int el_fail(int code, const char *what) {
     if (code == ADT_ERR_STALE) {
-        fprintf(stderr, "adtrain train: %s refused: this world generation ended (%s)\n", what, adt_error_message());
-        exit(EXIT_STALE);
+        return adt_error(ADT_ERR_STALE, "%s refused: this world generation ended (%s)", what, adt_error_message());
     }
     return train_fail(EXIT_RUNTIME, "elastic %s: %s", what, adt_error_message());
 }
@@ -276,7 +275,7 @@ static int open_flash(trainer *t, train_elastic *e) {
         char where[400];
         int n = snprintf(where, sizeof where, "%s|%d|%d|", t->plan_label, t->rank, t->nranks);
         uint32_t c = adt_crc32c(0, where, (size_t)n);
-        if (t->o.plan_text) c = adt_crc32c(c, t->o.plan_text, strlen(t->o.plan_text));
+        if (t->plan_text) c = adt_crc32c(c, t->plan_text, strlen(t->plan_text));
         layout ^= (uint64_t)c << 16;
     }
     if (adt_flash_open(&e->flash, e->flash_path, e->state_bytes ? e->state_bytes : 1, layout))
@@ -294,7 +293,7 @@ static int restore(trainer *t, train_elastic *e, int64_t step, const char *name)
     if (e->flash && adt_flash_find(e->flash, step, &fv) == ADT_OK && fv.bytes == e->state_bytes) {
         copy_state(t, e, (uint8_t *)fv.data, 0);
         t->start_step = (long)step;
-        if (!cli_quiet) fprintf(stderr, "elastic: restored step %lld from %s\n", (long long)step, e->flash_path);
+        train_note(t, "elastic: restored step %lld from %s", (long long)step, e->flash_path);
         return 0;
     }
     char path[4400];
@@ -317,7 +316,7 @@ int train_elastic_plan(trainer *t) {
         char *reply = NULL;
         int rc = adt_master_call(master, getenv("ADT_JOB_TOKEN"), "GET", path, NULL, 10, &status, &reply);
         if (rc == ADT_OK && status == 200) {
-            t->o.plan_text = reply;
+            t->plan_text = reply;
             return 0;
         }
         if (rc == ADT_OK && status == 404) { /* this world has no plan: data parallel */
@@ -326,8 +325,7 @@ int train_elastic_plan(trainer *t) {
         }
         if (rc == ADT_OK && status == 409) {
             free(reply);
-            fprintf(stderr, "adtrain train: the plan of generation %s refused: this world generation ended\n", gen);
-            exit(EXIT_STALE);
+            return adt_error(ADT_ERR_STALE, "the plan of generation %s refused: this world generation ended", gen);
         }
         if ((rc == ADT_OK && status < 500) || adt_now_s() > deadline) {
             int r = train_fail(EXIT_RUNTIME, "elastic plan: GET %s from %s: %s%.200s", path, master,
@@ -348,9 +346,6 @@ int train_elastic_start(trainer *t) {
     if (t->o.plan_path)
         return train_fail(EXIT_USAGE, "--plan: an elastic run takes the plan the master makes for each world "
                           "(adtrain master --model CFG.json [--strategy S]); expected no --plan under adtrain agent");
-    if (t->o.bal.on)
-        return train_fail(EXIT_USAGE, "--straggler-policy/--split/--micro-batch/--inject-slowdown: balanced data "
-                          "parallelism does not run under adtrain agent yet; expected none of them in an elastic run");
     train_elastic *e = t->el = adt_calloc(1, sizeof *e);
     e->perm_epoch = -1;
     e->last_commit = -1;
@@ -377,6 +372,14 @@ int train_elastic_start(trainer *t) {
             snprintf(at.name, sizeof at.name, "%s", info.checkpoint);
         }
         if (!rc && (st = adt_elastic_open(&e->commit, &cfg))) rc = el_fail(st, "client");
+    }
+    if (!t->o.elastic_dir) { /* the job's directory, where the agent says it is */
+        const char *jd = getenv("ADT_JOB_DIR");
+        if (jd && *jd) snprintf(e->dir, sizeof e->dir, "%s/checkpoints", jd);
+        else snprintf(e->dir, sizeof e->dir, "adtrain-elastic");
+        t->o.elastic_dir = e->dir;
+    }
+    if (t->rank == 0) {
         if (!rc && mkdir(t->o.elastic_dir, 0755) && errno != EEXIST)
             rc = train_fail(EXIT_USAGE, "--elastic-dir %s: cannot create it: %s", t->o.elastic_dir, strerror(errno));
     }
@@ -386,9 +389,8 @@ int train_elastic_start(trainer *t) {
     e->last_commit = at.step;
     snprintf(e->last_name, sizeof e->last_name, "%s", at.name);
     if (at.step >= t->o.steps) { /* a world started after the last commit: nothing is left to do */
-        if (!cli_quiet) fprintf(stderr, "elastic: step %lld of %ld is committed: the run is complete\n",
-                                (long long)at.step, t->o.steps);
-        return -1;
+        train_note(t, "elastic: step %lld of %ld is committed: the run is complete", (long long)at.step, t->o.steps);
+        return 1;
     }
     if (t->o.flash) rc = open_flash(t, e);
     if (!rc) rc = restore(t, e, at.step, at.name);
@@ -398,10 +400,9 @@ int train_elastic_start(trainer *t) {
     e->gathered = adt_malloc((size_t)t->nranks * (1 + 3 * MAX_RANGES) * sizeof *e->gathered);
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
-    if (!cli_quiet)
-        fprintf(stderr, "elastic generation %lld: %d replicas, master %s; from step %lld (%s)\n",
-                (long long)adt_elastic_generation(e->c), t->nranks, getenv("ADT_MASTER"), (long long)at.step,
-                at.step ? at.name : "the start");
+    train_note(t, "elastic generation %lld: %d replicas, master %s; from step %lld (%s)",
+               (long long)adt_elastic_generation(e->c), t->nranks, getenv("ADT_MASTER"), (long long)at.step,
+               at.step ? at.name : "the start");
     return 0;
 }
 
@@ -409,7 +410,7 @@ int train_elastic_start(trainer *t) {
 
 /* This rank's share of step `step`'s samples, leased into e->mine. */
 static int lease_share(trainer *t, train_elastic *e, int64_t *got) {
-    int64_t need = t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
+    int64_t need = train_local_batch(t);
     e->n_mine = 0;
     *got = 0;
     double waited_until = 0;
@@ -474,8 +475,7 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
      * sampler's order. Not beyond the run or a known stop: that lease would go unused. */
     int64_t stop_at = adt_elastic_pipe_stop_at(e->pipe);
     if (step < t->o.steps && (stop_at <= 0 || step < stop_at)) {
-        int64_t need = t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
-        int st = adt_elastic_pipe_prefetch(e->pipe, need);
+        int st = adt_elastic_pipe_prefetch(e->pipe, train_local_batch(t));
         if (st) return el_fail(st, "lease");
     }
     e->step_el_s += adt_now_s() - e->step_t0;
@@ -591,14 +591,15 @@ static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     if (rc || !(planned || ctl[0] || last)) return rc;
     if ((rc = commit_wait(t, e, step))) return rc;
     *stop = 1;
-    if (!cli_quiet)
-        fprintf(stderr, "elastic: step %ld committed; %s\n", step,
-                ctl[0] ? "stopping (SIGTERM)" : planned ? "stopping as the master asked" : "the run is complete");
+    train_note(t, "elastic: step %ld committed; %s", step,
+               ctl[0] ? "stopping (SIGTERM)" : planned ? "stopping as the master asked" : "the run is complete");
     e->finished = last && !planned && !ctl[0];
-    if (!cli_quiet && e->n_flash)
-        fprintf(stderr, "elastic: %ld checkpoints blocked training %.3f ms each on average (%.3f ms at most)\n",
-                e->n_flash, e->blocked_s * 1e3 / (double)e->n_flash, e->blocked_max_s * 1e3);
-    return ctl[0] && !planned && !last ? EXIT_RUNTIME : 0;
+    if (e->n_flash)
+        train_note(t, "elastic: %ld checkpoints blocked training %.3f ms each on average (%.3f ms at most)", e->n_flash,
+                   e->blocked_s * 1e3 / (double)e->n_flash, e->blocked_max_s * 1e3);
+    if (ctl[0] && !planned && !last)
+        return train_fail(EXIT_RUNTIME, "stopped by SIGTERM after committing step %ld", step);
+    return 0;
 }
 
 int train_elastic_step_done(trainer *t, long step, int *stop) {
@@ -607,8 +608,8 @@ int train_elastic_step_done(trainer *t, long step, int *stop) {
     int rc = step_done(t, e, step, stop);
     e->step_el_s += adt_now_s() - t0;
     account_step(t, e, step);
-    if (*stop && !cli_quiet && e->el_steps)
-        fprintf(stderr, "elastic: %.3f ms/step of elastic work in %.3f ms/step (%.2f%% of the step; %ld steps)\n",
+    if (*stop && e->el_steps)
+        train_note(t, "elastic: %.3f ms/step of elastic work in %.3f ms/step (%.2f%% of the step; %ld steps)",
                 e->el_s * 1e3 / (double)e->el_steps, e->wall_s * 1e3 / (double)e->el_steps,
                 e->wall_s > 0 ? 100 * e->el_s / e->wall_s : 0.0, e->el_steps);
     return rc;
@@ -651,3 +652,6 @@ void train_elastic_free(trainer *t) {
     free(e);
     t->el = NULL;
 }
+
+const train_feed train_feed_elastic = {"elastic leases", train_elastic_plan, train_elastic_start, train_elastic_batch,
+                                       train_elastic_step_done, train_elastic_free};

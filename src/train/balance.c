@@ -1,5 +1,5 @@
 /*
- * train_balance.c - balanced data parallelism for `adtrain train` (AntDT-DD): every rank takes
+ * balance.c - the balanced data-parallel runner (AntDT-DD): every rank takes
  * its own number of the global batch's samples, in proportion to its measured speed, and the
  * update is still the one computed on all the samples at once.
  *
@@ -49,7 +49,7 @@
 #include "adtrain/base.h"
 #include "adtrain/elastic.h"
 #include "adtrain/straggler.h"
-#include "train.h"
+#include "train_internal.h"
 
 #define BAL_CACHE 4
 
@@ -107,7 +107,7 @@ typedef struct train_bal {
 /* ---- flags ------------------------------------------------------------------------------------- */
 
 static int parse_slowdown(train_opts *o, const char *v) {
-    struct train_balance_opts *b = &o->bal;
+    adt_train_balance_opts *b = &o->bal;
     char *end;
     errno = 0;
     long r = strtol(v, &end, 10);
@@ -136,13 +136,13 @@ bad:
 }
 
 int train_balance_flag(train_opts *o, const char *f, const char *v) {
-    struct train_balance_opts *b = &o->bal;
+    adt_train_balance_opts *b = &o->bal;
     b->on = 1;
     if (!strcmp(f, "--straggler-policy")) {
         adt_straggler_policy p;
         if (adt_straggler_policy_parse(v, &p)) return train_fail(EXIT_USAGE, "--straggler-policy: expected off, dd "
                                                                  "or nd, got '%s'", v);
-        b->policy = (int)p;
+        b->policy = p;
     } else if (!strcmp(f, "--straggler-config")) {
         adt_straggler_cfg c = adt_straggler_defaults(ADT_STRAGGLER_OFF);
         if (adt_straggler_cfg_parse(&c, v)) return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
@@ -152,7 +152,12 @@ int train_balance_flag(train_opts *o, const char *f, const char *v) {
     } else if (!strcmp(f, "--split")) {
         b->split = v;
     } else if (!strcmp(f, "--micro-batch")) {
-        return cli_parse_long("train", f, v, 1, 1 << 20, &b->micro_batch) ? EXIT_USAGE : 0;
+        char *end;
+        errno = 0;
+        long long m = strtoll(v, &end, 10);
+        if (!*v || *end || errno || m < 1 || m > (1 << 20))
+            return train_fail(EXIT_USAGE, "--micro-batch: expected an integer in [1, %d], got '%s'", 1 << 20, v);
+        b->micro_batch = (long)m;
     } else {
         return parse_slowdown(o, v);
     }
@@ -415,29 +420,31 @@ int train_balance_executor(trainer *t, const adt_exec_opts *eo) {
     return 0;
 }
 
-void train_balance_banner(const trainer *t) {
+void train_balance_banner(const trainer *t, FILE *f) {
     const train_bal *b = t->bal;
-    const struct train_balance_opts *o = &t->o.bal;
-    fprintf(stderr, "dist   %d rank%s, balanced data parallel (straggler policy %s), split", t->nranks,
-            t->nranks == 1 ? "" : "s", adt_straggler_policy_name(b->cfg.policy));
-    for (int i = 0; i < t->nranks; i++) fprintf(stderr, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
-    if (o->micro_batch) fprintf(stderr, ", passes of at most %ld samples", o->micro_batch);
+    const adt_train_balance_opts *o = &t->o.bal;
+    fprintf(f, "dist   %d rank%s, balanced data parallel (straggler policy %s%s), split", t->nranks,
+            t->nranks == 1 ? "" : "s", adt_straggler_policy_name(o->master ? o->policy : b->cfg.policy),
+            o->master ? ", decided by the master" : "");
+    for (int i = 0; i < t->nranks; i++) fprintf(f, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
+    if (o->micro_batch) fprintf(f, ", passes of at most %ld samples", o->micro_batch);
     if (o->slow_rank >= 0) {
-        if (o->slow_add_s > 0) fprintf(stderr, "; rank %d pauses %g s", o->slow_rank, o->slow_add_s);
-        else fprintf(stderr, "; rank %d slowed %gx", o->slow_rank, o->slow_factor);
-        if (o->slow_last < INT32_MAX) fprintf(stderr, " on steps %ld-%ld", o->slow_first, o->slow_last);
+        if (o->slow_add_s > 0) fprintf(f, "; rank %d pauses %g s", o->slow_rank, o->slow_add_s);
+        else fprintf(f, "; rank %d slowed %gx", o->slow_rank, o->slow_factor);
+        if (o->slow_last < INT32_MAX) fprintf(f, " on steps %ld-%ld", o->slow_first, o->slow_last);
     }
-    fprintf(stderr, "\n");
+    fprintf(f, "\n");
 }
 
-/* Prints " r0 C0 r1 C1 ..." (samples per compute second of each rank) and returns their sum over
- * the global batch: the steps/s of the ideal. */
-static double print_capacities(const trainer *t, const double *compute, const int64_t *samples) {
+/* Appends " r0 C0 r1 C1 ..." (samples per compute second of each rank) to buf and returns their
+ * sum over the global batch: the steps/s of the ideal. */
+static double format_capacities(const trainer *t, const double *compute, const int64_t *samples, char *buf, size_t n) {
     double cap = 0;
+    size_t k = strlen(buf);
     for (int i = 0; i < t->nranks; i++) {
         double c = compute[i] > 0 ? (double)samples[i] / compute[i] : 0;
         cap += c;
-        fprintf(stderr, " r%d %.1f", i, c);
+        if (k < n) k += (size_t)snprintf(buf + k, n - k, " r%d %.1f", i, c);
     }
     return cap / (double)t->o.batch;
 }
@@ -445,19 +452,20 @@ static double print_capacities(const trainer *t, const double *compute, const in
 void train_balance_free(trainer *t) {
     train_bal *b = t->bal;
     if (!b) return;
-    if (!cli_quiet && t->rank == 0 && b->steps > 0) {
+    if (t->rank == 0 && b->steps > 0) {
         /* measured capacities over the judged steps, and what they add up to */
-        fprintf(stderr, "straggler: capacity (samples/s of compute)");
-        double ideal = print_capacities(t, b->rank_compute, b->rank_samples);
-        fprintf(stderr, "; ideal %.3f steps/s; %lld actions; %.1f ms per step besides the slowest rank's compute\n",
-                ideal, (long long)adt_straggler_actions(b->mon), 1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
+        char line[4096] = "straggler: capacity (samples/s of compute)";
+        double ideal = format_capacities(t, b->rank_compute, b->rank_samples, line, sizeof line);
+        train_note(t, "%s; ideal %.3f steps/s; %lld actions; %.1f ms per step besides the slowest rank's compute", line,
+                   ideal, (long long)adt_straggler_actions(b->mon), 1e3 * (b->step_s - b->slowest_s) / (double)b->steps);
         /* the same at the split the run ends with (each rank's samples/s at its final local batch) */
         if (b->fin_steps > 0) {
-            fprintf(stderr, "straggler: capacity at the final split");
-            for (int i = 0; i < t->nranks; i++) fprintf(stderr, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
-            fprintf(stderr, " (%ld steps)", b->fin_steps);
-            ideal = print_capacities(t, b->fin_compute, b->fin_samples);
-            fprintf(stderr, "; ideal %.3f steps/s\n", ideal);
+            size_t k = (size_t)snprintf(line, sizeof line, "straggler: capacity at the final split");
+            for (int i = 0; i < t->nranks && k < sizeof line; i++)
+                k += (size_t)snprintf(line + k, sizeof line - k, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
+            if (k < sizeof line) snprintf(line + k, sizeof line - k, " (%ld steps)", b->fin_steps);
+            ideal = format_capacities(t, b->fin_compute, b->fin_samples, line, sizeof line);
+            train_note(t, "%s; ideal %.3f steps/s", line, ideal);
         }
     }
     for (int i = 0; i < BAL_CACHE; i++) bal_exec_free(&b->cache[i]);
@@ -505,18 +513,22 @@ static int run_passes(trainer *t, long step, int64_t *idx, int64_t n) {
     return 0;
 }
 
+static void log_action_line(trainer *t, const adt_straggler_action *act, const char *by);
 static void log_action(trainer *t, const adt_straggler_action *act) {
     if (t->rank != 0) return;
     const char *kind = act->kind == ADT_ACTION_RESTART ? "restart" : "rebalance";
-    if (!cli_quiet) {
-        if (t->tty) fprintf(stderr, "\r\033[K");
-        fprintf(stderr, "straggler: step %ld: %s%s (rank %d): %s\n", act->step, kind,
-                act->kind == ADT_ACTION_RESTART && t->world ? " advised, not possible under mpiexec; rebalanced" : "",
-                act->rank, act->why);
-    }
+    train_note(t, "straggler: step %ld: %s%s (rank %d): %s", act->step, kind,
+               act->kind == ADT_ACTION_RESTART && t->world ? " advised, not possible under mpiexec; rebalanced" : "",
+               act->rank, act->why);
+    log_action_line(t, act, "ranks");
+}
+
+/* The action's JSON log line: who decided it, the split it set, every rank's state. */
+static void log_action_line(trainer *t, const adt_straggler_action *act, const char *by) {
     if (!t->log) return;
-    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,\"split\":[",
-            act->step, kind, act->rank, act->gain, adt_wall_s());
+    const char *kind = act->kind == ADT_ACTION_RESTART ? "restart" : "rebalance";
+    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"by\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,"
+            "\"split\":[", act->step, kind, by, act->rank, act->gain, adt_wall_s());
     for (int i = 0; i < t->nranks; i++) fprintf(t->log, "%s%lld", i ? "," : "", (long long)t->bal->split[i]);
     fprintf(t->log, "],\"states\":[");
     for (int i = 0; i < t->nranks; i++) {
@@ -559,17 +571,20 @@ static void ask_master(trainer *t, long step, double loss) {
     }
     if (ok && sum == t->o.batch) {
         memcpy(b->split, got, (size_t)n * sizeof *got);
-        if (cJSON_IsObject(act) && !cli_quiet) {
+        if (cJSON_IsObject(act)) {
             const cJSON *why = cJSON_GetObjectItemCaseSensitive(act, "why"), *kind = cJSON_GetObjectItemCaseSensitive(act, "kind");
-            if (t->tty) fprintf(stderr, "\r\033[K");
-            fprintf(stderr, "straggler: step %ld: the master's %s: %s\n", step,
-                    cJSON_IsString(kind) ? kind->valuestring : "action", cJSON_IsString(why) ? why->valuestring : "");
+            const cJSON *rank = cJSON_GetObjectItemCaseSensitive(act, "rank"), *gain = cJSON_GetObjectItemCaseSensitive(act, "gain");
+            const char *kname = cJSON_IsString(kind) ? kind->valuestring : "action";
+            train_note(t, "straggler: step %ld: the master's %s: %s", step, kname, cJSON_IsString(why) ? why->valuestring : "");
+            adt_straggler_action a = {.kind = !strcmp(kname, "restart") ? ADT_ACTION_RESTART : ADT_ACTION_REBALANCE,
+                                      .rank = cJSON_IsNumber(rank) ? (int)rank->valuedouble : -1,
+                                      .step = step, .gain = cJSON_IsNumber(gain) ? gain->valuedouble : 0};
+            log_action_line(t, &a, "master");
         }
     } else if (!b->master_warned) {
         b->master_warned = 1;
-        if (t->tty) fprintf(stderr, "\r\033[K");
-        fprintf(stderr, "straggler: --straggler-master %s: %s; the split stays as it is\n", t->o.bal.master,
-                rc ? adt_error_message() : reply ? reply : "no reply");
+        train_note(t, "straggler: --straggler-master %s: %s; the split stays as it is", t->o.bal.master,
+                   rc ? adt_error_message() : reply ? reply : "no reply");
     }
     cJSON_Delete(r);
     free(reply);
@@ -577,7 +592,7 @@ static void ask_master(trainer *t, long step, double loss) {
 
 int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     train_bal *b = t->bal;
-    const struct train_balance_opts *o = &t->o.bal;
+    const adt_train_balance_opts *o = &t->o.bal;
     int n = t->nranks, me = t->rank;
     int64_t first = 0;
     for (int i = 0; i < me; i++) first += b->split[i];
@@ -643,3 +658,17 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     }
     return 0;
 }
+
+int64_t train_local_batch(const trainer *t) {
+    if (t->bal) return t->bal->split[t->rank];
+    return t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
+}
+
+static void balance_free(trainer *t) {
+    train_balance_free(t);
+    adt_exec_free(t->ex);
+    t->ex = NULL;
+}
+
+const train_runner train_runner_balance = {"balanced data parallel", train_balance_build, train_balance_executor,
+                                           train_balance_step, NULL, train_balance_banner, balance_free};

@@ -1,5 +1,5 @@
 /*
- * data_cfg.c - what the commands share about a model's data: the shape a dataset must fit, what
+ * data_cfg.c - what the trainer and the planner's commands share about a model's data: the shape a dataset must fit, what
  * each model family reads, the --data a run reads when none is given, and what producing one
  * sample costs on this machine (the input term of the cost model: adt_cluster.input_s), which
  * `adtrain plan --cluster` measures on the data the run will read.
@@ -11,9 +11,9 @@
 
 #include "adtrain/base.h"
 #include "adtrain/data.h"
-#include "cli.h"
+#include "adtrain/train.h"
 
-void cli_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec, adt_data_shape *s) {
+void adt_train_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec, adt_data_shape *s) {
     memset(s, 0, sizeof *s);
     switch (m->type) {
     case ADT_MODEL_GPT:
@@ -38,7 +38,7 @@ void cli_data_shape(const adt_model_cfg *m, int builtin_model, const char *spec,
     }
 }
 
-adt_data_layout cli_data_layout(const adt_model_cfg *m) {
+adt_data_layout adt_train_data_layout(const adt_model_cfg *m) {
     switch (m->type) {
     case ADT_MODEL_GPT: return ADT_DATA_SEQ;
     case ADT_MODEL_DLRM: return ADT_DATA_CTR;
@@ -46,24 +46,30 @@ adt_data_layout cli_data_layout(const adt_model_cfg *m) {
     }
 }
 
-const char *cli_data_layout_name(adt_data_layout l) {
+const char *adt_train_data_layout_name(adt_data_layout l) {
     return l == ADT_DATA_SEQ ? "token sequences (text:, tokens:, synthetic:text)"
            : l == ADT_DATA_CLASS ? "labelled examples (mnist:, synthetic:mlp, synthetic:vgg)"
                                  : "click logs (criteo:, synthetic:dlrm)";
 }
 
-const char *cli_default_data(const adt_model_cfg *m, const char *command, int announce) {
+const char *adt_train_default_data(const adt_model_cfg *m, const char **why) {
     static const char *const syn[] = {[ADT_MODEL_GPT] = "synthetic:text", [ADT_MODEL_MLP] = "synthetic:mlp",
                                       [ADT_MODEL_VGG] = "synthetic:vgg", [ADT_MODEL_DLRM] = "synthetic:dlrm"};
-    if (m->type == ADT_MODEL_GPT && access(CLI_DEFAULT_TEXT, R_OK) == 0) {
-        if (announce) fprintf(stderr, "adtrain %s: no --data given: using text:%s\n", command, CLI_DEFAULT_TEXT);
-        return "text:" CLI_DEFAULT_TEXT;
+    const char *w;
+    const char *spec = syn[m->type];
+    if (m->type == ADT_MODEL_GPT && access(ADT_TRAIN_DEFAULT_TEXT, R_OK) == 0) {
+        w = "no --data given: using text:" ADT_TRAIN_DEFAULT_TEXT;
+        spec = "text:" ADT_TRAIN_DEFAULT_TEXT;
+    } else if (m->type == ADT_MODEL_GPT) {
+        w = "no --data given and " ADT_TRAIN_DEFAULT_TEXT " not found: using synthetic:text";
+    } else {
+        static const char *const said[] = {[ADT_MODEL_GPT] = "", [ADT_MODEL_MLP] = "no --data given: using synthetic:mlp",
+                                           [ADT_MODEL_VGG] = "no --data given: using synthetic:vgg",
+                                           [ADT_MODEL_DLRM] = "no --data given: using synthetic:dlrm"};
+        w = said[m->type];
     }
-    if (!announce) return syn[m->type];
-    if (m->type == ADT_MODEL_GPT)
-        fprintf(stderr, "adtrain %s: no --data given and %s not found: using synthetic:text\n", command, CLI_DEFAULT_TEXT);
-    else fprintf(stderr, "adtrain %s: no --data given: using %s\n", command, syn[m->type]);
-    return syn[m->type];
+    if (why) *why = w;
+    return spec;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -76,24 +82,24 @@ static int cmp_double(const void *a, const void *b) {
 #define INPUT_MAX_ROUNDS 401
 #define INPUT_MIN_S 0.05
 
-/* What the trainer does per step before the passes (src/cli/train_dist.c fill_blocks): the
+/* What the trainer does per step before the passes (collective.c fill_blocks): the
  * samples read from the source into staging buffers, then copied into the fed values. Timed on
  * up to INPUT_MAX_SAMPLES samples spread over the dataset, after one round that faults the
  * buffers in; the median of the rounds of INPUT_MIN_S (at least INPUT_MIN_ROUNDS): a DLRM's 256
  * samples fill in about 0.3 ms, and the median of 5 fills priced them at 0.85 and 1.32 us a
  * sample in two runs an hour apart, moving its tensor-parallel plans (every rank reads the whole
  * batch) by a tenth against its data-parallel ones. */
-int cli_measure_input(const adt_model_cfg *m, int builtin_model, const char *spec, int batch, double *s_per_sample) {
+int adt_train_measure_input(const adt_model_cfg *m, int builtin_model, const char *spec, int batch, double *s_per_sample) {
     *s_per_sample = 0;
     adt_data_shape shape;
-    cli_data_shape(m, builtin_model, spec, &shape);
+    adt_train_data_shape(m, builtin_model, spec, &shape);
     adt_dataset *ds = NULL;
-    if (adt_dataset_open(&ds, spec, &shape, NULL, 0)) return -1;
+    if (adt_dataset_open(&ds, spec, &shape, NULL, 0)) return ADT_ERR_ARG;
     int rc = 0;
-    if (adt_dataset_layout(ds) != cli_data_layout(m)) {
+    if (adt_dataset_layout(ds) != adt_train_data_layout(m)) {
         rc = adt_error(ADT_ERR_ARG, "%s holds %s, but the model (%s) trains on %s", spec,
-                       cli_data_layout_name(adt_dataset_layout(ds)), adt_model_type_name(m->type),
-                       cli_data_layout_name(cli_data_layout(m)));
+                       adt_train_data_layout_name(adt_dataset_layout(ds)), adt_model_type_name(m->type),
+                       adt_train_data_layout_name(adt_train_data_layout(m)));
         adt_dataset_free(ds);
         return rc;
     }

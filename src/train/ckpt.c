@@ -25,7 +25,7 @@
 
 #include "adtrain/base.h"
 #include "adtrain/ckpt.h"
-#include "train.h"
+#include "train_internal.h"
 
 #define CKPT_FORMAT "adtrain-train-state-1"
 
@@ -127,14 +127,12 @@ static int save_agree(trainer *t, int rc) {
 static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m) {
     adt_ckpt_view view = ckpt_view(t);
     char *part = NULL, **parts = NULL;
-    cli_defer_errors(1);
     int rc = 0;
     if (adt_dckpt_write_rank(dir, step, &view, 1, &part)) rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     if ((rc = save_agree(t, rc))) {
         free(part);
         return rc;
     }
-    cli_defer_errors(1);
     if (gather_parts(t, part, &parts)) rc = train_fail(EXIT_RUNTIME, "--save: gathering the manifest: %s", adt_error_message());
     if (!rc && t->rank == 0 &&
         adt_dckpt_commit(dir, step, view.g, 1, (const char *const *)parts, t->nranks, m->kv, META_PAIRS))
@@ -158,8 +156,7 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     free(m.model_json);
     if (rc) return rc;
-    if (!cli_quiet && (!t->tty || step == t->o.steps))
-        fprintf(stderr, "saved %s%s (step %ld)\n", path, dist ? " (distributed checkpoint)" : "", step);
+    train_note(t, "saved %s%s (step %ld)", path, dist ? " (distributed checkpoint)" : "", step);
     return 0;
 }
 
@@ -294,6 +291,6 @@ int train_ckpt_resume(trainer *t) {
     if (rc) return rc;
     rc = resume_from(t, &c);
     src_close(&c);
-    if (!rc && !cli_quiet) fprintf(stderr, "resume %s: continuing after step %ld\n", t->o.resume_path, t->start_step);
+    if (!rc) train_note(t, "resume %s: continuing after step %ld", t->o.resume_path, t->start_step);
     return rc;
 }
