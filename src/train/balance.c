@@ -664,6 +664,25 @@ int64_t train_local_batch(const trainer *t) {
     return t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
 }
 
+const int64_t *train_balance_split(const trainer *t) { return t->bal->split; }
+
+void train_balance_adopt_split(trainer *t, const char *text) {
+    int64_t got[ADT_STRAGGLER_MAX_RANKS], sum = 0;
+    int n = 0;
+    const char *p = text;
+    while (*p && n < ADT_STRAGGLER_MAX_RANKS) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 1) return;
+        got[n++] = v, sum += v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return;
+    }
+    if (n != t->nranks || sum != t->o.batch) return;
+    memcpy(t->bal->split, got, (size_t)n * sizeof *got);
+    train_note(t, "straggler: the split of the checkpoint, %s, restored", text);
+}
+
 static void balance_free(trainer *t) {
     train_balance_free(t);
     adt_exec_free(t->ex);

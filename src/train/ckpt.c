@@ -64,10 +64,14 @@ static void save_path_for(const char *pattern, long step, char *buf, size_t n) {
 typedef struct ckpt_meta {
     char step[32], seed[32], batch[32], samples[32], vocab[520];
     char *model_json;
-    const char *kv[22];
+    char *split;    /* "b0,b1,..." the balanced runner's split, or NULL */
+    const char *kv[24];
+    int n_pairs;
 } ckpt_meta;
 
-static void meta_make(trainer *t, long step, ckpt_meta *m) {
+/* split: the local batches of the t->nranks ranks in force at `step` (balanced data
+ * parallelism), or NULL. */
+static void meta_make(trainer *t, long step, const int64_t *split, ckpt_meta *m) {
     snprintf(m->step, sizeof m->step, "%ld", step);
     snprintf(m->seed, sizeof m->seed, "%" PRIu64, t->o.seed);
     snprintf(m->batch, sizeof m->batch, "%ld", t->o.batch);
@@ -88,9 +92,23 @@ static void meta_make(trainer *t, long step, ckpt_meta *m) {
         "adtrain.vocab", m->vocab,
     };
     memcpy(m->kv, kv, sizeof kv);
+    m->n_pairs = 11;
+    m->split = NULL;
+    if (split) {
+        size_t cap = (size_t)t->nranks * 21 + 1, k = 0;
+        m->split = adt_malloc(cap);
+        m->split[0] = 0;
+        for (int r = 0; r < t->nranks; r++) k += (size_t)snprintf(m->split + k, cap - k, "%s%lld", r ? "," : "", (long long)split[r]);
+        m->kv[2 * m->n_pairs] = "adtrain.balance_split";
+        m->kv[2 * m->n_pairs + 1] = m->split;
+        m->n_pairs++;
+    }
 }
 
-#define META_PAIRS 11
+static void meta_free(ckpt_meta *m) {
+    free(m->model_json);
+    free(m->split);
+}
 
 /* Every rank's part of the manifest, on every rank (parts are a few hundred bytes per rank). */
 static int gather_parts(trainer *t, const char *part, char ***parts_out) {
@@ -135,7 +153,7 @@ static int save_distributed(trainer *t, const char *dir, long step, ckpt_meta *m
     }
     if (gather_parts(t, part, &parts)) rc = train_fail(EXIT_RUNTIME, "--save: gathering the manifest: %s", adt_error_message());
     if (!rc && t->rank == 0 &&
-        adt_dckpt_commit(dir, step, view.g, 1, (const char *const *)parts, t->nranks, m->kv, META_PAIRS))
+        adt_dckpt_commit(dir, step, view.g, 1, (const char *const *)parts, t->nranks, m->kv, m->n_pairs))
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     for (int r = 0; parts && r < t->nranks; r++) free(parts[r]);
     free(parts);
@@ -147,24 +165,24 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     char path[4096];
     save_path_for(pattern, step, path, sizeof path);
     ckpt_meta m;
-    meta_make(t, step, &m);
+    meta_make(t, step, t->bal ? train_balance_split(t) : NULL, &m);
     int rc = 0;
     int dist = t->world && (t->loc.g || t->pipe); /* partitioned, or pipeline stages: each rank its blocks; else
                                                    * every rank holds the whole state and rank 0 writes one file */
     if (dist) rc = save_distributed(t, path, step, &m);
-    else if (t->rank == 0 && adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, META_PAIRS)) /* metadata made once */
+    else if (t->rank == 0 && adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, m.n_pairs)) /* metadata made once */
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
-    free(m.model_json);
+    meta_free(&m);
     if (rc) return rc;
     train_note(t, "saved %s%s (step %ld)", path, dist ? " (distributed checkpoint)" : "", step);
     return 0;
 }
 
-int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx) {
+int train_ckpt_write(trainer *t, const char *path, long step, const int64_t *split, adt_ckpt_data_fn data, void *ctx) {
     ckpt_meta m;
-    meta_make(t, step, &m);
-    int rc = adt_ckpt_save(path, t->g, data, ctx, 1, m.kv, META_PAIRS);
-    free(m.model_json);
+    meta_make(t, step, split, &m);
+    int rc = adt_ckpt_save(path, t->g, data, ctx, 1, m.kv, m.n_pairs);
+    meta_free(&m);
     return rc;
 }
 
@@ -176,10 +194,10 @@ int train_ckpt_write_rank(trainer *t, const char *dir, long step, adt_ckpt_data_
 
 int train_ckpt_commit_parts(trainer *t, const char *dir, long step, const char *const *parts) {
     ckpt_meta m;
-    meta_make(t, step, &m);
+    meta_make(t, step, NULL, &m);
     adt_ckpt_view view = ckpt_view(t);
-    int rc = adt_dckpt_commit(dir, step, view.g, 1, parts, t->nranks, m.kv, META_PAIRS);
-    free(m.model_json);
+    int rc = adt_dckpt_commit(dir, step, view.g, 1, parts, t->nranks, m.kv, m.n_pairs);
+    meta_free(&m);
     return rc;
 }
 
@@ -281,6 +299,8 @@ static int resume_from(trainer *t, const ckpt_src *c) {
                           "(the total for the whole run)", c->path, step);
     if ((rc = src_load(t, c, 1))) return rc;
     t->start_step = step;
+    const char *split = src_meta(c, "adtrain.balance_split");
+    if (split && t->bal) train_balance_adopt_split(t, split); /* a split of another world is left */
     return 0;
 }
 

@@ -73,6 +73,7 @@ typedef struct train_elastic {
     adt_flash *flash;
     char flash_path[1100];
     int64_t *offset; /* [state graph's n_values]: byte offset of a persistent value in a slot, -1 if none */
+    int64_t split_off; /* where the slot holds the balanced runner's split, -1 if none           */
     uint64_t state_bytes;
     int sharded;     /* the plan gives ranks different state: every rank persists its slices */
     const uint8_t *persist_data; /* the slot the persister writes (its data callback reads it) */
@@ -120,6 +121,9 @@ static void layout_state(trainer *t, train_elastic *e) {
         e->offset[v] = (int64_t)off;
         off += (uint64_t)adt_value_bytes(g, v);
     }
+    /* the balanced runner's split in force belongs to the same snapshot */
+    e->split_off = t->bal ? (int64_t)off : -1;
+    if (t->bal) off += (uint64_t)t->nranks * sizeof(int64_t);
     e->state_bytes = off;
     /* Sharded: a pipeline, or a persistent value held here in part or not at all (ZeRO, tensor
      * parallel). Then no rank can write the whole checkpoint alone. */
@@ -140,6 +144,18 @@ static void copy_state(trainer *t, train_elastic *e, uint8_t *mem, int to) {
         void *live = adt_exec_data(t->ex, v);
         if (to) memcpy(mem + e->offset[v], live, n);
         else memcpy(live, mem + e->offset[v], n);
+    }
+    if (e->split_off < 0) return;
+    size_t n = (size_t)t->nranks * sizeof(int64_t);
+    if (to) {
+        memcpy(mem + e->split_off, train_balance_split(t), n);
+    } else {
+        char text[ADT_STRAGGLER_MAX_RANKS * 21 + 1];
+        int64_t sp[ADT_STRAGGLER_MAX_RANKS];
+        memcpy(sp, mem + e->split_off, n);
+        size_t k = 0;
+        for (int r = 0; r < t->nranks; r++) k += (size_t)snprintf(text + k, sizeof text - k, "%s%lld", r ? "," : "", (long long)sp[r]);
+        train_balance_adopt_split(t, text);
     }
 }
 
@@ -247,9 +263,16 @@ static int persist(void *ctx, int64_t gen, int64_t step, const void *data, uint6
         free(part);
         if (!rc && t->rank == 0) rc = commit_parts(t, path, step, 2 * t->o.lease_timeout + 60);
         if (rc || t->rank != 0) return rc;
-    } else if ((rc = train_ckpt_write(t, path, (long)step, slot_data, t))) {
-        return rc;
+    } else {
+        int64_t *split = NULL; /* the slot's copy: its place need not be aligned for int64 */
+        if (e->split_off >= 0) {
+            split = adt_malloc((size_t)t->nranks * sizeof *split);
+            memcpy(split, (const uint8_t *)data + e->split_off, (size_t)t->nranks * sizeof *split);
+        }
+        rc = train_ckpt_write(t, path, (long)step, split, slot_data, t);
+        free(split);
     }
+    if (rc) return rc;
     if ((rc = adt_elastic_commit(e->commit, step, name))) return rc;
     /* the commit in force and the one before stay (a restore reads the former) */
     prune_ckpts(t->o.elastic_dir, step, e->last_name);

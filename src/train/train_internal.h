@@ -168,6 +168,11 @@ int train_pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *los
 /* This rank's share of the next step's global batch: its local batch under balanced data
  * parallelism (the split in force), else an equal share (the block S(0) split gives it). */
 int64_t train_local_batch(const trainer *t);
+/* The balanced runner's split in force ([nranks] local batches), saved with every checkpoint
+ * ("adtrain.balance_split"); adopting one from a checkpoint keeps it when it fits this world
+ * (as many ranks, summing to the batch) and says so, else leaves the split as it is. */
+const int64_t *train_balance_split(const trainer *t);
+void train_balance_adopt_split(trainer *t, const char *text);
 
 /* train_balance.c: data parallelism with per-rank local batches (DD), the straggler monitor and
  * controller, and injected slowdowns. Used instead of the partitioned graph when o.bal.on. */
@@ -186,9 +191,9 @@ int train_ckpt_init(trainer *t);   /* --init: weights only                      
 int train_ckpt_resume(trainer *t); /* --resume: weights, optimizer state, step; sets t->start_step */
 /* One file in one process; on several ranks a distributed checkpoint directory (collective). */
 int train_ckpt_save(trainer *t, const char *path, long step);
-/* The file --save writes, from any storage (a flash checkpoint's slot): adt_status, no message
- * printed, so that a background thread may call it. */
-int train_ckpt_write(trainer *t, const char *path, long step, adt_ckpt_data_fn data, void *ctx);
+/* The file --save writes, from any storage (a flash checkpoint's slot), with the split in force
+ * then (or NULL): adt_status, no message printed, so that a background thread may call it. */
+int train_ckpt_write(trainer *t, const char *path, long step, const int64_t *split, adt_ckpt_data_fn data, void *ctx);
 /* The two halves of a distributed checkpoint, without collectives (a background thread may call
  * them): this rank's slices into DIR, their storage given by data(ctx, v) over the ids of the
  * graph the rank's executor runs, *part its part of the manifest; then, on one rank, the
