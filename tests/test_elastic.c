@@ -1205,28 +1205,28 @@ static void test_train_scale(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
-/* Re-planning: the master plans each world for the model (--strategy zero), the trainer runs
- * the plan. Scaled 2 -> 1 -> 3: ZeRO on 2 ranks (sharded checkpoints: every rank its slices,
- * one manifest), data parallel on 1 (ZeRO needs 2 or more: the fallback is an event), ZeRO on
- * 3, each world restoring the last commit under its own plan. Every step's loss is the serial
- * run's within 1e-5 (the global batch is the same in every world), the audit is clean, nothing
- * is trained twice. */
+/* Re-planning: the master plans each world for the model (--strategy S), the trainer runs the
+ * plan, and the job is scaled 2 -> 1 -> 3, each world restoring the last commit under its own
+ * plan. Every step's loss is the serial run's within 1e-5 (the global batch is the same in every
+ * world), the audit is clean, nothing is trained twice, one replan event per world names its
+ * plan (want[g - 1]; fallback: what the world of 1's event says, or NULL), and the last commit (of
+ * the world of 3) is a distributed checkpoint. */
 static double g_replan_ms[16];
 static int g_n_replan;
 
-static void test_train_replan(void) {
-    mlp_cfg();
+static void replan_run(const char *tag, const char *cfg, const char *strategy, const char *const want[3],
+                       const char *fallback) {
     CHECK(g_cluster[0], "configs/clusters/cpu-epyc-32x2.json not found: run the test from the repository's root");
-    static const char *flags[] = {"--model", g_mlp_cfg, "--data", "synthetic:mlp", "--batch", "12", "--optimizer",
-                                  "sgd", "--lr", "0.1", "--commit-every", "20", "--lease-timeout", "10", "--steps",
-                                  "400", NULL};
+    const char *flags[] = {"--model", cfg, "--data", "synthetic:mlp", "--batch", "12", "--optimizer",
+                           "sgd", "--lr", "0.1", "--commit-every", "20", "--lease-timeout", "10", "--steps",
+                           "400", NULL};
     int steps = flags_steps(flags);
     double ref[401];
     if (reference_losses(flags, 1, ref, steps)) return;
     ejob j;
-    train_job_init(&j, "treplan", flags);
-    const char *extra[] = {"--model", g_mlp_cfg, "--strategy", "zero",     "--batch",
-                           "12",      "--optimizer", "sgd",  "--cluster", g_cluster};
+    train_job_init(&j, tag, flags);
+    const char *extra[] = {"--model", cfg, "--strategy", strategy, "--batch", "12", "--optimizer", "sgd",
+                           "--cluster", g_cluster};
     for (int i = 0; i < 10; i++)
         j.master_extra[j.n_master_extra++] = extra[i];
     scale_run(&j, 30, 5, 60);
@@ -1243,11 +1243,9 @@ static void test_train_replan(void) {
     }
     CHECK(bad == 0, "%d steps' losses differ from the serial run's by more than 1e-5 (worst %.3g)", bad, worst);
     CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
-    /* one replan event per world, each naming its plan; the world of 1 fell back and says why */
     int st;
     char *reply = NULL;
     if (adt_master_call(j.addr, j.token, "GET", "/v1/events", NULL, 3.0, &st, &reply) != ADT_OK) reply = NULL;
-    const char *want[3] = {"strategy dp=2,zero, mesh (2)", "strategy dp=1, mesh (1)", "strategy dp=3,zero, mesh (3)"};
     int seen = 0;
     double formed = 0;
     for (char *line = reply, *nl; line && *line; line = nl ? nl + 1 : NULL) { /* JSON lines */
@@ -1264,15 +1262,14 @@ static void test_train_replan(void) {
         seen++;
         CHECK(strstr(detail, want[g - 1]) && strstr(detail, "ms/step"), "generation %d: replan event '%s', "
               "expected '%s' and a predicted step time", g, detail, want[g - 1]);
-        if (g == 2)
-            CHECK(strstr(detail, "--strategy zero cannot apply to 1 ranks") && strstr(detail, "fell back to dp"),
+        if (g == 2 && fallback)
+            CHECK(strstr(detail, fallback) && strstr(detail, "fell back to dp"),
                   "the world of 1: '%s' does not say why it fell back", detail);
         if (g_n_replan < 16 && formed > 0) g_replan_ms[g_n_replan++] = (jnum(e, "t") - formed) * 1e3;
         cJSON_Delete(e);
     }
     CHECK(seen == 3, "%d replan events for 3 worlds", seen);
     free(reply);
-    /* the plan files, and the last commit (of the ZeRO world of 3) a distributed checkpoint */
     for (int g = 1; g <= 3; g++) {
         char path[800];
         snprintf(path, sizeof path, "%s/plan-g%d.json", j.jobdir, g);
@@ -1280,14 +1277,36 @@ static void test_train_replan(void) {
     }
     char man[800];
     snprintf(man, sizeof man, "%s/ckpt-%d-g3/manifest.json", j.ckdir, steps);
-    CHECK(access(man, R_OK) == 0, "%s missing: the ZeRO world's commit is not a distributed checkpoint", man);
+    CHECK(access(man, R_OK) == 0, "%s missing: the world of 3's commit is not a distributed checkpoint", man);
     cJSON *job = api(&j, "GET", "/v1/job", NULL, NULL);
     const cJSON *plan = job ? cJSON_GetObjectItemCaseSensitive(job, "plan") : NULL;
-    CHECK(cJSON_IsObject(plan) && strstr(jstr(plan, "strategy"), "zero") && jnum(plan, "generation") == 3,
+    CHECK(cJSON_IsObject(plan) && strstr(jstr(plan, "strategy"), strategy) && jnum(plan, "generation") == 3,
           "GET /v1/job: no plan of generation 3");
     cJSON_Delete(job);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
+}
+
+/* ZeRO on 2 ranks (sharded checkpoints: every rank its slices, one manifest), data parallel on 1
+ * (ZeRO needs 2 or more: the fallback is an event), ZeRO on 3. */
+static void test_train_replan(void) {
+    mlp_cfg();
+    const char *want[3] = {"strategy dp=2,zero, mesh (2)", "strategy dp=1, mesh (1)", "strategy dp=3,zero, mesh (3)"};
+    replan_run("treplan", g_mlp_cfg, "zero", want, "--strategy zero cannot apply to 1 ranks");
+}
+
+/* Pipelines: 2 stages on 2 ranks, one process on 1, 3 stages on 3 - each world's stages write
+ * their blocks of a distributed checkpoint, and the next world reads them under its own plan. */
+static char g_mlp4_cfg[700];
+static void test_train_replan_pipeline(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(g_mlp4_cfg, sizeof g_mlp4_cfg, "%s/adt_test_elastic_mlp4_%d.json", base && *base ? base : "/tmp",
+             (int)getpid());
+    FILE *f = fopen(g_mlp4_cfg, "w");
+    if (f) fputs("{\"type\": \"mlp\", \"sizes\": [32, 64, 64, 64, 10], \"activation\": \"relu\"}\n", f), fclose(f);
+    const char *want[3] = {"strategy pp=2, mesh (2,1)", "mesh (1)", "strategy pp=3, mesh (3,1)"};
+    replan_run("treplanpp", g_mlp4_cfg, "pp", want, NULL);
+    unlink(g_mlp4_cfg);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1788,6 +1807,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_sigterm);
     MAYBE(test_train_scale);
     MAYBE(test_train_replan);
+    MAYBE(test_train_replan_pipeline);
     MAYBE(test_train_trials);
     MAYBE(test_train_hosts);
     if (g_n_recovery) {
