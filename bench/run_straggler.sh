@@ -31,7 +31,11 @@
 # and the busiest other processes are recorded before and after: the machine is shared.
 #
 # Results: bench/results/straggler-<UTC date-time>.txt (every run's numbers) and the summary on
-# stdout. Needs root for the cgroup (else CONTENTION=hog). Environment (optional): ROUNDS=3, RANKS=2,
+# stdout. Needs root for the cgroup (else CONTENTION=hog). ELASTIC=1: every run is an elastic job
+# (`adtrain launch --nproc-per-node RANKS --bind-to core --straggler-policy P -- adtrain train ...`):
+# the master's controller decides the split (policy off: the trainer's fixed equal split), the
+# ranks lease their local batches, commit every 10 steps; the slowed rank is moved into the cgroup
+# once the agent has started it. Environment (optional): ROUNDS=3, RANKS=2,
 # BATCHES="512 2048" with STEPS_512=150 and STEPS_2048=60 (STEPS_<batch> for others, else STEPS=60),
 # MODEL=CFG.json (default: an MLP 256-1024-1024-10), STRAGGLER_CONFIG=K=V,... (the DD and ND runs'
 # --straggler-config), HOG_AT=2 HOG_FOR=3 (transient: inside a run
@@ -47,6 +51,7 @@ BATCHES=${BATCHES:-${BATCH:-512 2048}}
 STRAGGLER_CONFIG=${STRAGGLER_CONFIG:-}
 STEPS_512=${STEPS_512:-150}
 STEPS_2048=${STEPS_2048:-60}
+ELASTIC=${ELASTIC:-0}
 HOG_AT=${HOG_AT:-2}
 HOG_FOR=${HOG_FOR:-3}
 MAX_HOGS=${MAX_HOGS:-4}
@@ -57,7 +62,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 ${MAKE:-make} --no-print-directory "$BIN" >&2
 mkdir -p bench/results
 [ -f bench/results/.gitignore ] || printf '*\n!.gitignore\n' > bench/results/.gitignore
-OUT=bench/results/straggler-$(date -u +%Y%m%d-%H%M%S).txt
+OUT=bench/results/straggler$([ "$ELASTIC" = 1 ] && echo -elastic)-$(date -u +%Y%m%d-%H%M%S).txt
 WORK=$(mktemp -d)
 HOGS=""
 stop_hogs() {
@@ -103,10 +108,45 @@ machine() {
     ps -eo pcpu=,comm= --sort=-pcpu | head -n 6 | sed 's/^/    /'
 }
 
+# The slowed rank of the elastic job that `adtrain launch` (PID $1) runs, into the cgroup: the
+# worker whose environment says RANK=$SLOW, once the agent has started it.
+cgroup_slow_rank() {
+    i=0
+    while [ "$i" -lt 600 ] && kill -0 "$1" 2>/dev/null; do
+        for c in $(ps -o pid= --ppid "$1"); do
+            if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "RANK=$SLOW"; then
+                echo "$c" > "$CG/cgroup.procs" && return 0
+            fi
+        done
+        sleep 0.05
+        i=$((i + 1))
+    done
+    echo "run_straggler.sh: rank $SLOW of launch $1 not found" >&2
+}
+
 # run NAME POLICY EXTRA...: one training run; its log in $WORK/NAME.jsonl, stderr in NAME.err
 run() {
     name=$1 pol=$2
     shift 2
+    if [ "$ELASTIC" = 1 ]; then
+        # the policy is said once, on the master; off: the trainer's own fixed equal split
+        lpol=""
+        tpol="--straggler-policy off"
+        if [ "$pol" != off ]; then
+            lpol="--straggler-policy $pol"
+            [ -n "$STRAGGLER_CONFIG" ] && lpol="$lpol --straggler-config $STRAGGLER_CONFIG"
+            tpol=""
+        fi
+        # shellcheck disable=SC2086 # the flags split on purpose
+        "$BIN" launch --nproc-per-node "$RANKS" --bind-to core --job "$WORK/job-$name" $lpol -- \
+            "$BIN" train --model "$MODEL" --data synthetic:mlp --steps "$STEPS" --batch "$BATCH" --optimizer sgd \
+            --lr 0.05 $tpol --commit-every 10 --log "$WORK/$name.jsonl" "$@" > /dev/null 2> "$WORK/$name.err" &
+        lp=$!
+        [ "$CONTENTION" = cgroup ] && cgroup_slow_rank "$lp"
+        wait "$lp" || echo "run_straggler.sh: $name failed: $(tail -n 3 "$WORK/$name.err")" >&2
+        echo "$name $pol $(date +%s.%N)" >> "$WORK/runs"
+        return 0
+    fi
     set -- "$BIN" train --model "$MODEL" --data synthetic:mlp --steps "$STEPS" --batch "$BATCH" --optimizer sgd \
         --lr 0.05 --straggler-policy "$pol" --log "$WORK/$name.jsonl" "$@"
     if [ -n "$STRAGGLER_CONFIG" ] && [ "$pol" != off ]; then set -- "$@" --straggler-config "$STRAGGLER_CONFIG"; fi
@@ -120,10 +160,10 @@ run() {
 }
 
 # The capacities of rank 0 and of the slowed rank in a run (samples/s of compute), from its last
-# lines.
+# lines (under adtrain launch prefixed "[rank 0] ").
 capacities() {
-    sed -n 's/^straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) .* r[0-9]* \([0-9.]*\);.*/\1 \2/p;
-            s/^straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) r[0-9]* \([0-9.]*\);.*/\1 \2/p' "$WORK/$1.err"
+    sed -n 's/^\(\[rank 0\] \)\{0,1\}straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) .* r[0-9]* \([0-9.]*\);.*/\2 \3/p;
+            s/^\(\[rank 0\] \)\{0,1\}straggler: capacity (samples\/s of compute) r0 \([0-9.]*\) r[0-9]* \([0-9.]*\);.*/\2 \3/p' "$WORK/$1.err"
 }
 
 {

@@ -406,7 +406,10 @@ int train_balance_build(trainer *t) {
         adt_graph_free(sg);
         return train_fail(EXIT_USAGE, "--model %s: %s", t->model_label, adt_error_message());
     }
+    /* the banner's FLOPs of a step: the passes at the global batch, and the update */
+    t->step_flops = adt_graph_flops(sg) * (double)t->o.batch;
     rc = build_update_graph(t, sg);
+    if (!rc) t->step_flops += adt_graph_flops(t->g);
     if (!rc) order_allreduces(b, t->g, sg);
     adt_graph_free(sg);
     if (rc) return rc;

@@ -368,6 +368,7 @@ static int plan_build(trainer *t) {
         return train_fail(EXIT_RUNTIME, "building the training graph: %s", adt_graph_error_message(t->g));
     /* Accuracy and AUC read the logits after a forward run. */
     if (t->model.type != ADT_MODEL_GPT) adt_graph_mark_output(t->g, t->io.logits);
+    t->step_flops = adt_graph_flops(t->g);
     int rc = t->feed->plan ? t->feed->plan(t) : 0;
     if (!rc) rc = train_dist_partition(t);
     if (!rc && t->pg) t->run = &train_runner_pipe;

@@ -84,6 +84,7 @@ struct adt_trainer {
     int saved_at_end;         /* adt_trainer_finish has nothing left to save                   */
     double first_loss, loop_t0, total_s;
     long profiled_from;       /* the first step the profile counts                            */
+    double step_flops;        /* FLOPs of one step on the global batch (the runner's graphs)  */
 };
 typedef struct adt_trainer trainer;
 

@@ -347,7 +347,7 @@ void adt_trainer_print_banner(const adt_trainer *t, FILE *f) {
     fprintf(f, "; warmup %ld, %s\n", t->o.warmup, t->o.cosine ? "cosine to 10% of lr" : "constant");
     fprintf(f, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d; %.3g GFLOP/step; eval %s\n",
             t->o.steps, t->o.batch, t->o.shuffle ? "on" : "off", (unsigned long long)t->o.seed, t->o.threads,
-            adt_graph_flops(t->g) * 1e-9, t->o.eval_every > 0 ? "on" : "off");
+            t->step_flops * 1e-9, t->o.eval_every > 0 ? "on" : "off");
     if (t->run->banner) t->run->banner(t, f);
 }
 
