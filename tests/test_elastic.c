@@ -1310,6 +1310,142 @@ static void test_train_replan_pipeline(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * One adaptive job: 2 agents x 2 ranks of the real trainer, ranks bound to cores, the master
+ * planning every world and running the straggler policy (dd). During one run: (a) a CPU hog
+ * shares core 1 with a rank of each agent (real contention), and the master moves the split;
+ * (b) a worker is killed with SIGKILL: the next world restores the commit; (c) agent 1 leaves
+ * (SIGTERM: scale in, a planned change at a step boundary); (d) it comes back (scale out). The
+ * run finishes with the audit clean, a replan event per world, the straggler's actions in the
+ * log with their splits; its goodput is reported (MEASURE): the samples of the committed model
+ * per second of the whole run, against the ranks' measured capacities over the time not spent
+ * restarting.
+ */
+static char g_adapt_cfg[700];
+static double g_goodput[3]; /* samples/s, the ideal's, their ratio */
+
+/* The last "straggler: capacity ... r0 C0 r1 C1 ...;" line of agent 0's log: the sum of the
+ * capacities (samples/s of compute), 0 if none. */
+static double last_capacity(const ejob *j) {
+    char log[700], line[4096];
+    snprintf(log, sizeof log, "%s/agent0.log", j->dir);
+    FILE *f = fopen(log, "r");
+    double sum = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "straggler: capacity (samples/s of compute)");
+        if (!at) continue;
+        sum = 0;
+        for (const char *p = strstr(at, " r"); p && *p != ';'; p = strstr(p + 1, " r")) {
+            int r;
+            double c;
+            if (sscanf(p, " r%d %lf", &r, &c) == 2) sum += c;
+            const char *semi = strchr(p, ';');
+            if (semi && strstr(p + 1, " r") > semi) break;
+        }
+    }
+    if (f) fclose(f);
+    return sum;
+}
+
+/* Seconds between each world's end and its successor's first reported step (the master's
+ * first_step events carry them as "step S reported X s after ..."). */
+static double restart_seconds(const ejob *j) {
+    int st;
+    char *reply = NULL;
+    double sum = 0;
+    if (adt_master_call(j->addr, j->token, "GET", "/v1/events", NULL, 3.0, &st, &reply) == ADT_OK && reply)
+        for (const char *p = reply; (p = strstr(p, "reported ")); p++) {
+            double x;
+            if (sscanf(p, "reported %lf s after", &x) == 1) sum += x;
+        }
+    free(reply);
+    return sum;
+}
+
+static void test_adaptive_job(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(g_adapt_cfg, sizeof g_adapt_cfg, "%s/adt_test_elastic_adapt_%d.json", base && *base ? base : "/tmp",
+             (int)getpid());
+    FILE *f = fopen(g_adapt_cfg, "w");
+    if (f) fputs("{\"type\": \"mlp\", \"sizes\": [256, 512, 512, 10], \"activation\": \"relu\"}\n", f), fclose(f);
+    static const char *flags[] = {"--model", g_adapt_cfg, "--data", "synthetic:mlp", "--batch", "64", "--optimizer",
+                                  "sgd", "--lr", "0.05", "--commit-every", "10", "--lease-timeout", "10", "--steps",
+                                  "700", NULL};
+    flags[1] = g_adapt_cfg;
+    int steps = flags_steps(flags);
+    ejob j;
+    train_job_init(&j, "adaptive", flags);
+    j.batch = 64;
+    const char *extra[] = {"--model", g_adapt_cfg, "--strategy", "dp", "--batch", "64", "--optimizer", "sgd",
+                           "--cluster", g_cluster, "--straggler-policy", "dd"};
+    for (int i = 0; i < 12; i++)
+        j.master_extra[j.n_master_extra++] = extra[i];
+    j.agent_extra[j.n_agent_extra++] = "--bind-to";
+    j.agent_extra[j.n_agent_extra++] = "core";
+    double t0 = adt_wall_s();
+    job_start(&j, 2, 2);
+    CHECK(wait_progress(&j, 1, 20, 90), "no progress in the world of 4");
+    /* (a) real contention on core 1 until the master moves the split */
+    char hog_pid[32] = "";
+    FILE *h = popen("sh scripts/cpu_hog.sh 1 120", "r");
+    if (h && fgets(hog_pid, sizeof hog_pid, h)) hog_pid[strcspn(hog_pid, "\n")] = 0;
+    if (h) pclose(h);
+    CHECK(hog_pid[0], "scripts/cpu_hog.sh did not start");
+    int moved = 0;
+    for (double until = adt_now_s() + 60; !moved && adt_now_s() < until; sleep_s(0.5)) {
+        FILE *lf = fopen(j.logf, "r");
+        char line[2048];
+        while (lf && fgets(line, sizeof line, lf))
+            moved |= strstr(line, "\"straggler_action\"") != NULL;
+        if (lf) fclose(lf);
+    }
+    CHECK(moved, "no straggler action within 60 s of the contention");
+    /* (b) kill -9 of a worker */
+    int gen = current_gen(&j);
+    pid_t victim = worker_pid(&j, 1);
+    CHECK(victim > 0, "no pid for rank 1");
+    if (victim > 0) kill(victim, SIGKILL);
+    CHECK(wait_progress(&j, gen + 1, 1, 90), "no world after the kill");
+    /* (c) agent 1 leaves: scale in */
+    gen = current_gen(&j);
+    kill(j.agent[1]->pid, SIGTERM);
+    CHECK(proc_wait(j.agent[1], 30), "agent 1 did not leave");
+    j.agent[1] = NULL;
+    CHECK(wait_progress(&j, gen + 1, 1, 90), "no world after the agent left");
+    /* (d) it comes back: scale out */
+    gen = current_gen(&j);
+    job_start_agent(&j, 1);
+    double w[3] = {gen + 1, 4, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world_formed, w, 90), "no world of 4 after the agent came back");
+    if (hog_pid[0]) kill((pid_t)atoi(hog_pid), SIGTERM);
+    expect_done(&j, 300);
+    double wall = adt_wall_s() - t0;
+    train_audit(&j, steps);
+    /* every world planned, the straggler's decisions logged with their splits */
+    int worlds = current_gen(&j), replans = 0;
+    int st;
+    char *reply = NULL;
+    if (adt_master_call(j.addr, j.token, "GET", "/v1/events", NULL, 3.0, &st, &reply) == ADT_OK && reply)
+        for (const char *p = reply; (p = strstr(p, "\"kind\":\"replan\"")); p++)
+            replans++;
+    free(reply);
+    CHECK(worlds >= 4 && replans >= worlds, "%d worlds, %d replan events", worlds, replans);
+    int actions = 0, with_split = 0;
+    FILE *lf = fopen(j.logf, "r");
+    char line[4096];
+    while (lf && fgets(line, sizeof line, lf))
+        if (strstr(line, "\"straggler_action\"")) actions++, with_split += strstr(line, "\"split\":[") != NULL;
+    if (lf) fclose(lf);
+    CHECK(actions > 0 && with_split == actions, "%d straggler actions logged, %d with a split", actions, with_split);
+    double cap = last_capacity(&j), restart = restart_seconds(&j);
+    g_goodput[0] = (double)steps * j.batch / wall;
+    g_goodput[1] = cap > 0 && wall > restart ? cap * (wall - restart) / wall : 0;
+    g_goodput[2] = g_goodput[1] > 0 ? g_goodput[0] / g_goodput[1] : 0;
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+    unlink(g_adapt_cfg);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Several hosts on this machine: network namespaces (notes: a "switch" namespace with a bridge,
  * hosts 10.99.0.1-3 on veth pairs, each agent in its host's namespace under its own host name,
  * MPI over TCP on eth0 so that the data plane really crosses the links; the master listens on
@@ -1808,8 +1944,12 @@ int main(int argc, char **argv) {
     MAYBE(test_train_scale);
     MAYBE(test_train_replan);
     MAYBE(test_train_replan_pipeline);
+    MAYBE(test_adaptive_job);
     MAYBE(test_train_trials);
     MAYBE(test_train_hosts);
+    if (g_goodput[0] > 0)
+        printf("MEASURE adaptive_job_goodput samples_per_s=%.1f ideal=%.1f ratio=%.3f (ideal: the last world's "
+               "capacities over the time not spent restarting)\n", g_goodput[0], g_goodput[1], g_goodput[2]);
     if (g_n_recovery) {
         double lo = g_recovery[0], hi = g_recovery[0], sum = 0;
         for (int i = 0; i < g_n_recovery; i++)
