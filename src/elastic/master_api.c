@@ -686,6 +686,8 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
             if (code == 2) {
                 /* exit status 2 is a usage error (a bad flag, config or data): every restart would
                  * fail the same way, so the job fails now, with the worker's own words */
+                size_t k = strlen(why);
+                snprintf(why + k, sizeof why - k, " (exit status 2, a usage error: not restarted)");
                 m_fail_job(m, why);
             } else {
                 m_end_generation(m, why, 1, a->id);
