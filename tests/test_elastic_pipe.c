@@ -380,6 +380,13 @@ static int sim_take(sim_replica *r, int64_t need, adt_ledger_range *rg, int *n_r
 static void sim_run(adt_master *m, sim_replica *rp, adt_elastic *cc, int64_t from, int64_t to, int64_t split_at[][2],
                     int *changed, int slow) {
     for (int64_t s = from; s < to && !check_cur_failed; s++) {
+        int64_t stop = adt_elastic_stop_at(rp[0].c) > adt_elastic_stop_at(rp[1].c) ? adt_elastic_stop_at(rp[0].c)
+                                                                                     : adt_elastic_stop_at(rp[1].c);
+        if (stop > 0 && s >= stop) { /* a planned change: commit the steps so far and end */
+            CHECK(s == stop && adt_elastic_commit(cc, stop, "c-stop") == 0, "the stop at step %lld (now %lld): %s",
+                  (long long)stop, (long long)s, adt_error_message());
+            return;
+        }
         int64_t b[2];
         for (int r = 0; r < 2; r++) {
             b[r] = adt_elastic_local_batch(rp[r].c, s);
@@ -517,9 +524,112 @@ out:
     adt_master_free(m);
 }
 
+/* ND's restart elsewhere acts through world generations: a persistent straggler's node is put
+ * on the blacklist's cooldown, the generation stops at a step boundary (every step committed:
+ * nothing trained twice), and the next world forms without that node, on the spare one. */
+static int64_t register_agent(adt_master *m, const char *node) {
+    char body[200], *out = NULL;
+    snprintf(body, sizeof body, "{\"node\":\"%s\",\"host\":\"%s\",\"slots\":1,\"pid\":%d}", node, node,
+             (int)getpid());
+    int st = call(m, "POST", "/v1/agents", body, &out);
+    long id = json_num(out, "agent");
+    CHECK(st == 200 && id > 0, "register %s: %d %s", node, st, out ? out : "");
+    free(out);
+    return id;
+}
+
+static void test_nd_restart(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("nd"));
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
+                             .heartbeat_s = 60, .data = &g_job, .ledger_flags = ADT_LEDGER_NOSYNC,
+                             .nnodes_min = 2, .nnodes_max = 2, .cooldown_min_s = 300, .cooldown_max_s = 600,
+                             .straggler_policy = "nd",
+                             .straggler_config = "warmup=1,persist=2,nd_after=3,first=0,cooldown=4,restart_cost=0.001"};
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "master: %s", adt_error_message());
+        adt_master_free(m);
+        return;
+    }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    int64_t a = register_agent(m, "a"), b = register_agent(m, "b");
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, "\"generation\":1"), "generation 1: %s",
+          out ? out : "");
+    free(out);
+    int64_t c_agent = register_agent(m, "c"); /* a spare: nnodes_max 2 leaves it out */
+    sim_replica rp[2];
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client(addr, r);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+    }
+    adt_elastic *cc = client(addr, 0);
+    int64_t split_at[SPLIT_STEPS + 8][2];
+    int changed = 0;
+    adt_elastic_info info;
+    for (int r = 0; r < 2; r++) /* a worker's first call: the info, the split with it */
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0 && info.have_split, "info: %s", adt_error_message());
+    sim_run(m, rp, cc, 0, 40, split_at, &changed, 1); /* rank 1 (node b) three times slower */
+    int64_t stop = adt_elastic_stop_at(rp[0].c);
+    CHECK(stop > 0 && stop < 40, "ND asked no stop for the persistent straggler (stop_at %lld)", (long long)stop);
+    CHECK(call(m, "GET", "/v1/events", NULL, &out) == 200 && out && strstr(out, "restart elsewhere") &&
+              strstr(out, "node b left out"),
+          "events: %s", out ? out : "");
+    free(out);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    if (check_cur_failed) goto out;
+    /* the workers committed at the stop and exited 0: the agents say so */
+    int64_t ids[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, "{\"agent\":%lld,\"seq\":50,\"generation\":1,\"running\":0,\"world_ok\":1}",
+                 (long long)ids[i]);
+        CHECK(call(m, "POST", "/v1/agents/heartbeat", body, &out) == 200, "heartbeat: %s", out ? out : "");
+        free(out);
+    }
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, "\"generation\":2") &&
+              strstr(out, "\"planned_changes\":1") && strstr(out, "\"restarts\":0"),
+          "generation 2 (a planned change): %s", out ? out : "");
+    free(out);
+    CHECK(call(m, "GET", "/v1/agents", NULL, &out) == 200 && out, "agents");
+    /* the world of generation 2: agents a and c */
+    char *gen_ev = NULL;
+    char want[64];
+    snprintf(want, sizeof want, "on a:1,c:1, from step %lld", (long long)stop);
+    CHECK(call(m, "GET", "/v1/events", NULL, &gen_ev) == 200 && gen_ev && strstr(gen_ev, want),
+          "generation 2 is not on nodes a and c from step %lld", (long long)stop);
+    free(gen_ev);
+    free(out);
+    (void)c_agent;
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client_gen(addr, r, 2);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+    }
+    cc = client_gen(addr, 0, 2);
+    for (int r = 0; r < 2; r++)
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0 && info.committed_steps == stop,
+              "generation 2 resumes at %lld", (long long)info.committed_steps);
+    sim_run(m, rp, cc, stop, SPLIT_STEPS, split_at, &changed, -1);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    adt_ledger_audit au;
+    memset(&au, 0, sizeof au);
+    CHECK(audit(dir, &au) == 0, "audit: %s", adt_error_message());
+    CHECK(au.ok && au.committed_steps == SPLIT_STEPS && au.steps_bad == 0 && au.retrained == 0 && au.n_epochs == 1 &&
+              au.epoch[0].trained == (int64_t)SPLIT_STEPS * B && au.epoch[0].duplicated == 0,
+          "audit: ok %d, committed %lld, bad steps %lld, retrained %lld (a planned change loses nothing)", au.ok,
+          (long long)au.committed_steps, (long long)au.steps_bad, (long long)au.retrained);
+    adt_ledger_audit_free(&au);
+out:
+    adt_master_free(m);
+}
+
 int main(void) {
     if (check_tmpdir_make("elastic_pipe")) return 1;
     RUN(test_split);
+    RUN(test_nd_restart);
     RUN(test_order_and_commits);
     RUN(test_step_call);
     RUN(test_stale_while_queued);
