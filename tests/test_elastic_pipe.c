@@ -626,8 +626,100 @@ out:
     adt_master_free(m);
 }
 
+/* Re-planning on measured speeds: the plan_world hook of a new world gets the samples/s each
+ * device was measured at (from the compute times of the step reports), and a plan's
+ * batch_split is the split the new world starts from when the commit's split does not fit it
+ * (another number of replicas). */
+typedef struct hook_seen {
+    int calls, world;
+    double speed[8];
+    int have_speed;
+} hook_seen;
+
+static int test_plan_hook(void *ctx, const adt_world_shape *w, adt_world_plan *out) {
+    hook_seen *h = ctx;
+    h->calls++;
+    h->world = w->world;
+    h->have_speed = w->speed != NULL;
+    for (int i = 0; i < w->world && i < 8; i++) h->speed[i] = w->speed ? w->speed[i] : 0;
+    /* a plan text of our own with the split a planner would make: 3 replicas, 8 samples */
+    out->json = adt_strdup("{\"strategy\":\"dp\",\"batch_split\":[4,1,3]}");
+    snprintf(out->strategy, sizeof out->strategy, "dp");
+    snprintf(out->mesh, sizeof out->mesh, "(%d)", w->world);
+    if (w->world == 3) {
+        out->batch_split = adt_calloc(3, sizeof *out->batch_split);
+        out->batch_split[0] = 4, out->batch_split[1] = 1, out->batch_split[2] = 3;
+        out->n_split = 3;
+    }
+    return 0;
+}
+
+static void test_replan_speeds(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("speeds"));
+    hook_seen h;
+    memset(&h, 0, sizeof h);
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
+                             .heartbeat_s = 60, .data = &g_job, .ledger_flags = ADT_LEDGER_NOSYNC,
+                             .straggler_policy = "dd", .straggler_config = "warmup=1,first=2,dd_after=3,cooldown=6",
+                             .plan_world = test_plan_hook, .plan_ctx = &h};
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "master: %s", adt_error_message());
+        adt_master_free(m);
+        return;
+    }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    snprintf(body, sizeof body, "{\"node\":\"a\",\"host\":\"a\",\"slots\":2,\"pid\":%d}", (int)getpid());
+    CHECK(call(m, "POST", "/v1/agents", body, &out) == 200, "register: %s", out ? out : "");
+    long a = json_num(out, "agent");
+    free(out);
+    CHECK(h.calls == 1 && h.world == 2 && !h.have_speed, "the first world's hook: %d calls, world %d, speeds %d",
+          h.calls, h.world, h.have_speed);
+    sim_replica rp[2];
+    memset(rp, 0, sizeof rp);
+    adt_elastic_info info;
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client(addr, r);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0, "info: %s", adt_error_message());
+    }
+    adt_elastic *cc = client(addr, 0);
+    int64_t split_at[SPLIT_STEPS + 8][2];
+    int changed = 0;
+    sim_run(m, rp, cc, 0, 10, split_at, &changed, 1);
+    /* a node joins: a planned change at a step boundary, then a world of 3 */
+    register_agent(m, "c");
+    sim_run(m, rp, cc, 10, 30, split_at, &changed, 1);
+    int64_t stop = adt_elastic_stop_at(rp[0].c);
+    CHECK(stop > 10 && stop < 30, "the join asked no stop (stop_at %lld)", (long long)stop);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    if (check_cur_failed) goto out;
+    snprintf(body, sizeof body, "{\"agent\":%ld,\"seq\":50,\"generation\":1,\"running\":0,\"world_ok\":1}", a);
+    CHECK(call(m, "POST", "/v1/agents/heartbeat", body, &out) == 200, "heartbeat: %s", out ? out : "");
+    free(out);
+    CHECK(h.calls == 2 && h.world == 3 && h.have_speed, "the second world's hook: %d calls, world %d, speeds %d",
+          h.calls, h.world, h.have_speed);
+    /* rank 1 took three times as long per sample; rank 2's device was never measured */
+    double ratio = h.speed[1] > 0 ? h.speed[0] / h.speed[1] : 0;
+    CHECK(ratio > 2.7 && ratio < 3.3 && h.speed[2] == 0, "speeds passed to the hook: %g %g %g (ratio %g, expected 3)",
+          h.speed[0], h.speed[1], h.speed[2], ratio);
+    adt_elastic *c2 = client_gen(addr, 0, 2);
+    CHECK(c2 && adt_elastic_get_info(c2, &info) == 0 && info.committed_steps == stop && info.replicas == 3,
+          "generation 2: %s", adt_error_message());
+    int64_t sp[3] = {0, 0, 0};
+    CHECK(adt_elastic_split(c2, stop, sp, 3) == 3 && sp[0] == 4 && sp[1] == 1 && sp[2] == 3,
+          "generation 2 starts at the plan's batch_split [4,1,3]: [%lld,%lld,%lld]", (long long)sp[0], (long long)sp[1],
+          (long long)sp[2]);
+    adt_elastic_close(c2);
+out:
+    adt_master_free(m);
+}
+
 int main(void) {
     if (check_tmpdir_make("elastic_pipe")) return 1;
+    RUN(test_replan_speeds);
     RUN(test_split);
     RUN(test_nd_restart);
     RUN(test_order_and_commits);
