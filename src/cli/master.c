@@ -42,10 +42,12 @@ const char cli_master_flags_help[] =
     "                          restarted (default 60)\n"
     "  --ranks-per-replica R   ranks of one data-parallel replica (default 1)\n"
     "  --nosync                no fsync in the ledger (tests and benchmarks)\n"
-    "stragglers (trainers report each step to /v1/straggler/report; GET /dashboard shows the job):\n"
+    "stragglers (the workers' step reports carry their compute times; the master decides every\n"
+    "replica's local batch and sends it in the data replies; GET /dashboard shows the job):\n"
     "  --straggler-policy off|dd|nd   dd: local batches follow speed; nd: also restart a persistent\n"
-    "                          straggler's node out of the next world when that pays (default off)\n"
-    "  --straggler-config K=V,...     thresholds and cooldowns (adtrain train --help)\n";
+    "                          straggler's node out of the next world when that pays (default off;\n"
+    "                          refused where one rank has no peer: --workers 1, one rank per launch)\n"
+    "  --straggler-config K=V,...     thresholds and cooldowns (adtrain train --help); only with a policy\n";
 
 static const char *const k_value_flags[] = {"--listen",
                                             "--job",
@@ -278,7 +280,9 @@ static void master_usage(FILE *f) {
             "Serves an elastic job's master API (docs/formats.md, \"Master API\") until the job is done.\n"
             "State lives in DIR (master.db, ledger.db); started again on the same DIR it resumes.\n"
             "\n"
-            "  --job DIR               the job directory (created if missing)\n"
+            "  --job DIR               the job directory (created if missing): master.db, ledger.db, the plans,\n"
+            "                          and the workers' elastic checkpoints in DIR/checkpoints (served to them\n"
+            "                          as the job spec's checkpoint_dir)\n"
             "  --listen HOST:PORT      default 127.0.0.1:%d; off loopback a token is required: without\n"
             "                          --token one is made and written to DIR/token (mode 0600)\n"
             "  --token T, --token-file F   every request must carry 'Authorization: Bearer T'\n"
