@@ -155,8 +155,14 @@ static void test_endpoints(void) {
     adt_master_config c2 = {.job_dir = ":memory:", .straggler_policy = "fast"};
     CHECK(adt_master_create(&m, &c2) != 0 && strstr(adt_error_message(), "--straggler-policy"), "%s",
           adt_error_message());
-    adt_master_config c3 = {.job_dir = ":memory:", .straggler_config = "cooldown=x"};
+    adt_master_config c3 = {.job_dir = ":memory:", .straggler_policy = "dd", .straggler_config = "cooldown=x"};
     CHECK(adt_master_create(&m, &c3) != 0 && strstr(adt_error_message(), "cooldown"), "%s", adt_error_message());
+    /* a config that cannot act: no policy to configure */
+    adt_master_config c4 = {.job_dir = ":memory:", .straggler_config = "cooldown=40"};
+    CHECK(adt_master_create(&m, &c4) != 0 && strstr(adt_error_message(), "--straggler-config: only acts with"), "%s",
+          adt_error_message());
+    adt_master_config c5 = {.job_dir = ":memory:", .straggler_policy = "off", .straggler_config = "cooldown=40"};
+    CHECK(adt_master_create(&m, &c5) != 0, "--straggler-config with policy off");
 }
 
 static int find_chromium(char *out, size_t n) {

@@ -39,6 +39,8 @@
 #include <stdarg.h>
 #include <cJSON.h>
 #include <errno.h>
+#include <limits.h>
+#include <sqlite3.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -1858,6 +1860,115 @@ static void test_launch(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* Events of one kind in a job directory's master.db (read-only, after the master is gone);
+ * -1 when it cannot be read. The first one's detail goes to detail (cap bytes) when given. */
+static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap) {
+    char path[700], sql[200];
+    snprintf(path, sizeof path, "%s/%s", jobdir, ADT_MASTER_STATE_FILE);
+    sqlite3 *db = NULL;
+    int n = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        snprintf(sql, sizeof sql, "SELECT COUNT(*), MIN(detail) FROM events WHERE kind = '%s'", kind);
+        sqlite3_stmt *st;
+        if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+            n = sqlite3_column_int(st, 0);
+            const unsigned char *t = sqlite3_column_text(st, 1);
+            if (detail) snprintf(detail, cap, "%s", t ? (const char *)t : "");
+        }
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(db);
+    return n;
+}
+
+static size_t read_text(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = 0;
+    if (f) fclose(f);
+    return n;
+}
+
+/* A worker's usage error (exit status 2: a bad flag, config or data) fails the job at once,
+ * whatever the restart budget, and its last stderr lines reach the user from adtrain launch
+ * and in the master's job_failed event. Any other failure is restarted as before (the same
+ * command exiting 1 runs again), so the rule is the exit status's. */
+static void test_usage_error(void) {
+    ejob j;
+    if (job_init(&j, "usage")) return;
+    char log[700], text[65536], detail[4096];
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv[] = {g_adtrain, "launch", "--nproc-per-node", "2", "--no-pmi", "--max-restarts", "3", "--job",
+                          j.jobdir, "--", "/bin/sh", "-c",
+                          "echo starting >&2; echo \"worker: --frobnicate: unknown flag (rank $RANK)\" >&2; exit 2",
+                          NULL};
+    double t0 = adt_now_s();
+    int rc = run_cmd(log, argv, 60);
+    double took = adt_now_s() - t0;
+    read_text(log, text, sizeof text);
+    CHECK(rc == 1, "adtrain launch of a worker exiting 2: exit %d, expected 1 (see %s)", rc, log);
+    CHECK(strstr(text, "--frobnicate: unknown flag"), "the worker's message is not in adtrain launch's output:\n%s",
+          text);
+    int gens = db_events(j.jobdir, "generation", NULL, 0);
+    CHECK(gens == 1, "%d generations ran; a usage error must not be restarted", gens);
+    CHECK(db_events(j.jobdir, "job_failed", detail, sizeof detail) == 1 && strstr(detail, "--frobnicate") &&
+              strstr(detail, "exit"),
+          "job_failed event: %s", detail);
+    CHECK(took < 20, "the job took %.1f s to fail", took);
+    job_cleanup(&j, check_cur_failed);
+
+    /* the same worker exiting 1: a runtime failure, restarted up to --max-restarts */
+    if (job_init(&j, "usage1")) return;
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv1[] = {g_adtrain, "launch", "--nproc-per-node", "1", "--no-pmi", "--max-restarts", "1",
+                           "--blacklist-cooldown", "0.1", "--job", j.jobdir, "--", "/bin/sh", "-c", "exit 1", NULL};
+    rc = run_cmd(log, argv1, 60);
+    gens = db_events(j.jobdir, "generation", NULL, 0);
+    CHECK(rc == 1 && gens == 2, "a worker exiting 1 under --max-restarts 1: exit %d, %d generations (expected 1, 2)", rc,
+          gens);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* What the job trains is said once, on the master: GET /v1/job serves it as the spec the
+ * workers read (adt_elastic_client_job), with the master's defaults that its help states
+ * (--optimizer adamw, as adtrain train's), and nothing it was not told. */
+static void test_spec(void) {
+    ejob j;
+    if (job_init(&j, "spec")) return;
+    mlp_cfg();
+    char log[700];
+    snprintf(log, sizeof log, "%s/master.log", j.dir);
+    const char *argv[] = {g_adtrain, "master", "--job", j.jobdir, "--listen", j.addr, "--model", g_mlp_cfg, "--batch",
+                          "12", "--steps", "40", "--lr", "0.05", "--seed", "12345678901234567890", "--data",
+                          "synthetic:mlp", "--straggler-policy", "dd", NULL};
+    proc *p = spawn(log, argv);
+    adt_elastic *c = NULL;
+    adt_elastic_config cfg = {.master = j.addr, .generation = 1, .replica = 0, .timeout_s = 10};
+    adt_elastic_job_spec sp;
+    memset(&sp, 0, sizeof sp);
+    CHECK(adt_elastic_open(&c, &cfg) == 0 && adt_elastic_client_job(c, &sp) == 0, "job spec: %s", adt_error_message());
+    char abs[PATH_MAX + 16] = "";
+    if (realpath(j.jobdir, abs)) strcat(abs, "/checkpoints");
+    unsigned want = ADT_SPEC_MODEL | ADT_SPEC_BATCH | ADT_SPEC_OPTIMIZER | ADT_SPEC_LR | ADT_SPEC_STEPS | ADT_SPEC_SEED |
+                    ADT_SPEC_DATA | ADT_SPEC_STRAGGLER | ADT_SPEC_CHECKPOINT_DIR;
+    CHECK(sp.have == want, "spec fields 0x%x, expected 0x%x (momentum and weight decay were not told)", sp.have, want);
+    CHECK(!strcmp(sp.optimizer, "adamw"), "the master's default optimizer is '%s'; its help and adtrain train say adamw",
+          sp.optimizer);
+    CHECK(sp.batch == 12 && sp.steps == 40 && sp.lr == 0.05 && sp.seed == 12345678901234567890ULL &&
+              !strcmp(sp.data, "synthetic:mlp") && !strcmp(sp.model, g_mlp_cfg) && !strcmp(sp.straggler_policy, "dd"),
+          "spec: batch %lld steps %lld lr %g seed %llu data %s model %s policy %s", (long long)sp.batch,
+          (long long)sp.steps, sp.lr, (unsigned long long)sp.seed, sp.data, sp.model, sp.straggler_policy);
+    char cfgtext[65536];
+    read_text(g_mlp_cfg, cfgtext, sizeof cfgtext);
+    CHECK(sp.model_json && !strcmp(sp.model_json, cfgtext), "the spec's model_json is not the config file's text");
+    CHECK(!strcmp(sp.checkpoint_dir, abs), "checkpoint_dir '%s', expected '%s' (under the job directory)",
+          sp.checkpoint_dir, abs);
+    adt_elastic_job_spec_free(&sp);
+    adt_elastic_close(c);
+    if (p) kill(p->pid, SIGTERM), proc_wait(p, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* Flags and files the commands refuse, with exit 2. */
 static void test_cli_errors(void) {
     char log[] = "/dev/null";
@@ -1893,6 +2004,19 @@ static void test_cli_errors(void) {
     CHECK(run_cmd(log, a12, 10) == 2, "master --strategy without --model");
     const char *a13[] = {g_adtrain, "master", "--job", "/tmp/x", "--model", g_mlp_cfg, NULL};
     CHECK(run_cmd(log, a13, 10) == 2, "master --model without --batch");
+    /* flags that cannot act, and what the job trains said twice differently */
+    const char *a14[] = {g_adtrain, "master", "--job", "/tmp/x", "--straggler-config", "cooldown=40", NULL};
+    CHECK(run_cmd(log, a14, 10) == 2, "master --straggler-config without a policy");
+    const char *a15[] = {g_adtrain, "launch", "--nproc-per-node", "1", "--straggler-policy", "dd", "--", "/bin/true",
+                         NULL};
+    CHECK(run_cmd(log, a15, 10) == 2, "launch --straggler-policy on one rank");
+    const char *a16[] = {g_adtrain, "master", "--job", "/tmp/x", "--workers", "1", "--straggler-policy", "nd", NULL};
+    CHECK(run_cmd(log, a16, 10) == 2, "master --straggler-policy with --workers 1");
+    const char *a17[] = {g_adtrain, "master", "--job", "/tmp/x", "--batch", "12", "--samples", "100",
+                         "--global-batch", "16", "--epochs", "1", NULL};
+    CHECK(run_cmd(log, a17, 10) == 2, "master --batch 12 --global-batch 16");
+    const char *a18[] = {g_adtrain, "master", "--job", "/tmp/x", "--momentum", "0.9", NULL};
+    CHECK(run_cmd(log, a18, 10) == 2, "master --momentum with the default optimizer adamw");
 }
 
 int main(int argc, char **argv) {
@@ -1925,6 +2049,8 @@ int main(int argc, char **argv) {
 #define MAYBE(fn)                                                                                                      \
     if (!only || strstr(only, #fn)) RUN(fn)
     MAYBE(test_cli_errors);
+    MAYBE(test_spec);
+    MAYBE(test_usage_error);
     MAYBE(test_http_malformed);
     MAYBE(test_token);
     MAYBE(test_clean_run);

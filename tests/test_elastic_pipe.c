@@ -50,12 +50,23 @@ static adt_ledger_job g_job = {.samples = 480, .seed = 7, .shuffle = 0, .global_
 /* A master of job directory dir (600 bytes: tmp/tag) serving on a loopback port (addr, 64
  * bytes) with a world of `slots` ranks in generation 1, one replica per rank; *agent is the
  * agent's id. */
-static adt_master *master_up(const char *tag, int slots, char *dir, char *addr, long *agent) {
+static adt_master *master_up_policy(const char *tag, int slots, char *dir, char *addr, long *agent,
+                                   const char *policy, const char *config, int fresh) {
     snprintf(dir, 600, "%s", check_tmp_path(tag));
     adt_master *m = NULL;
     adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
                              .heartbeat_s = 60, .data = &g_job, .ranks_per_replica = 1,
-                             .ledger_flags = ADT_LEDGER_NOSYNC};
+                             .ledger_flags = ADT_LEDGER_NOSYNC, .straggler_policy = policy,
+                             .straggler_config = config, .max_restarts = policy ? 3 : 0 /* the split's test fails once */};
+    if (!fresh) { /* a restarted master: it resumes the state, nothing to register */
+        if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+            CHECK(0, "master restart: %s", adt_error_message());
+            adt_master_free(m);
+            return NULL;
+        }
+        snprintf(addr, 64, "127.0.0.1:%d", adt_master_port(m));
+        return m;
+    }
     if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
         CHECK(0, "master: %s", adt_error_message());
         adt_master_free(m);
@@ -73,6 +84,17 @@ static adt_master *master_up(const char *tag, int slots, char *dir, char *addr, 
     free(out);
     snprintf(addr, 64, "127.0.0.1:%d", adt_master_port(m));
     return m;
+}
+
+static adt_master *master_up(const char *tag, int slots, char *dir, char *addr, long *agent) {
+    return master_up_policy(tag, slots, dir, addr, agent, NULL, NULL, 1);
+}
+
+static adt_elastic *client_gen(const char *addr, int replica, int64_t gen) {
+    adt_elastic *c = NULL;
+    adt_elastic_config cfg = {.master = addr, .generation = gen, .replica = replica, .timeout_s = 10};
+    CHECK(adt_elastic_open(&c, &cfg) == 0, "client: %s", adt_error_message());
+    return c;
 }
 
 static adt_elastic *client(const char *addr, int replica) {
@@ -315,8 +337,391 @@ out:
     adt_master_free(m);
 }
 
+/* ---- the split the master drives -------------------------------------------------------------
+ * Two replicas, replica 1 three times slower per sample (its compute seconds say so). Under
+ * --straggler-policy dd the master moves samples to replica 0. Checked on the workers' side of
+ * the wire only: every step's local batches sum to the global batch (the replicas agree), the
+ * local batch of step s is the one known from the reply to the replica's report of step s-3
+ * (nobody switches late), each replica leases and reports exactly its local batch, the split
+ * changes mid-epoch, a commit stores the split in force, and after a failure the next
+ * generation resumes that split at the commit's step (replica 0 turns slow there, so the split
+ * turns round), and after a master restart the split its workers follow, not the generation's
+ * first. The ledger's audit then finds every sample trained once. */
+#define SPLIT_STEPS (480 / B)
+#define SPLIT_FAIL_AT 23 /* steps 20..22 are reported, then rank 1 fails: rewound to 20 */
+
+typedef struct sim_replica {
+    adt_elastic *c;
+    adt_ledger_lease held[8];
+    int n_held;
+    int64_t known[SPLIT_STEPS + 8]; /* local batch of step s as known 3 reports earlier, -1 none */
+} sim_replica;
+
+/* Leases until `need` positions are held; the ranges that consume them go to rg. */
+static int sim_take(sim_replica *r, int64_t need, adt_ledger_range *rg, int *n_rg) {
+    *n_rg = 0;
+    while (need > 0) {
+        if (!r->n_held) {
+            int grant;
+            if (adt_elastic_lease(r->c, need, &r->held[0], &grant) || grant != ADT_LEDGER_GRANTED) return -1;
+            r->n_held = 1;
+        }
+        adt_ledger_lease *l = &r->held[0];
+        int64_t k = l->end - l->cursor < need ? l->end - l->cursor : need;
+        rg[(*n_rg)++] = (adt_ledger_range){l->id, l->cursor, l->cursor + k};
+        l->cursor += k, need -= k;
+        if (l->cursor == l->end) r->n_held = 0;
+    }
+    return 0;
+}
+
+/* Runs steps [from, to) of generation gen; *changed counts steps whose split differs from the
+ * step before's; split_at[s] records step s's split. */
+static void sim_run(adt_master *m, sim_replica *rp, adt_elastic *cc, int64_t from, int64_t to, int64_t split_at[][2],
+                    int *changed, int slow) {
+    for (int64_t s = from; s < to && !check_cur_failed; s++) {
+        int64_t stop = adt_elastic_stop_at(rp[0].c) > adt_elastic_stop_at(rp[1].c) ? adt_elastic_stop_at(rp[0].c)
+                                                                                     : adt_elastic_stop_at(rp[1].c);
+        if (stop > 0 && s >= stop) { /* a planned change: commit the steps so far and end */
+            CHECK(s == stop && adt_elastic_commit(cc, stop, "c-stop") == 0, "the stop at step %lld (now %lld): %s",
+                  (long long)stop, (long long)s, adt_error_message());
+            return;
+        }
+        int64_t b[2];
+        for (int r = 0; r < 2; r++) {
+            b[r] = adt_elastic_local_batch(rp[r].c, s);
+            CHECK(b[r] > 0, "step %lld replica %d: no split in the replies", (long long)s, r);
+            if (rp[r].known[s] >= 0)
+                CHECK(b[r] == rp[r].known[s], "step %lld replica %d: local batch %lld, but %lld was known 3 reports "
+                      "earlier: it switched late", (long long)s, r, (long long)b[r], (long long)rp[r].known[s]);
+        }
+        CHECK(b[0] + b[1] == B, "step %lld: local batches %lld + %lld, expected the global batch %d", (long long)s,
+              (long long)b[0], (long long)b[1], B);
+        if (check_cur_failed) return;
+        if (s > from && (b[0] != split_at[s - 1][0])) (*changed)++;
+        split_at[s][0] = b[0], split_at[s][1] = b[1];
+        for (int r = 0; r < 2; r++) {
+            adt_ledger_range rg[8];
+            int n;
+            CHECK(sim_take(&rp[r], b[r], rg, &n) == 0, "step %lld replica %d: lease: %s", (long long)s, r,
+                  adt_error_message());
+            if (check_cur_failed) return;
+            double per_sample = r == slow ? 3e-3 : 1e-3;
+            CHECK(adt_elastic_report_compute(rp[r].c, s, rg, n, per_sample * (double)b[r]) == 0,
+                  "step %lld replica %d: report: %s", (long long)s, r, adt_error_message());
+            rp[r].known[s + 3] = adt_elastic_local_batch(rp[r].c, s + 3);
+        }
+        if ((s + 1) % 5 == 0) {
+            char name[32];
+            snprintf(name, sizeof name, "c-%lld", (long long)s + 1);
+            CHECK(adt_elastic_commit(cc, s + 1, name) == 0, "commit %lld: %s", (long long)s + 1, adt_error_message());
+        }
+    }
+    (void)m;
+}
+
+static void test_split(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    long agent;
+    adt_master *m = master_up_policy("split", 2, dir, addr, &agent, "dd", "warmup=1,first=2,dd_after=3,cooldown=6", 1);
+    if (!m) return;
+    sim_replica rp[2];
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client(addr, r);
+        for (int s = 0; s < SPLIT_STEPS + 8; s++) rp[r].known[s] = -1;
+    }
+    adt_elastic *cc = client(addr, 0);
+    int64_t split_at[SPLIT_STEPS + 8][2];
+    int changed = 0;
+    adt_elastic_info info;
+    for (int r = 0; r < 2; r++)
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0 && info.have_split && adt_elastic_local_batch(rp[r].c, 0) == B / 2,
+              "generation 1 starts even: %s", adt_error_message());
+    sim_run(m, rp, cc, 0, SPLIT_FAIL_AT, split_at, &changed, 1);
+    CHECK(changed >= 1 && split_at[SPLIT_FAIL_AT - 1][0] > split_at[0][0],
+          "the split did not move to the fast replica: %lld:%lld at step 0, %lld:%lld at step %d (%d changes)",
+          (long long)split_at[0][0], (long long)split_at[0][1], (long long)split_at[SPLIT_FAIL_AT - 1][0],
+          (long long)split_at[SPLIT_FAIL_AT - 1][1], SPLIT_FAIL_AT - 1, changed);
+    CHECK(call(m, "GET", "/v1/events", NULL, &out) == 200 && out && strstr(out, "straggler_action"),
+          "no straggler_action event: %s", out ? out : "");
+    free(out);
+    /* the controller's view of speed: replica 0 about three times replica 1 */
+    CHECK(call(m, "GET", "/v1/straggler", NULL, &out) == 200 && out && strstr(out, "\"local_batch\""),
+          "straggler view: %s", out ? out : "");
+    free(out);
+    if (check_cur_failed) goto out;
+
+    /* rank 1 fails after step 22: the next generation restores the commit of step 20 and the split
+     * stored with it, and the master is restarted in between (kill -9 keeps nothing in memory) */
+    snprintf(body, sizeof body, "{\"agent\":%ld,\"kind\":\"rank_failed\",\"generation\":1,\"rank\":1,\"msg\":\"test\"}",
+             agent);
+    CHECK(call(m, "POST", "/v1/agents/event", body, &out) == 200, "rank_failed: %s", out ? out : "");
+    free(out);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    adt_master_free(m);
+    m = master_up_policy("split", 2, dir, addr, &agent, "dd", "warmup=1,first=2,dd_after=3,cooldown=6", 0);
+    if (!m) return;
+    snprintf(body, sizeof body,
+             "{\"agent\":%ld,\"seq\":100,\"generation\":1,\"running\":0,\"world_ok\":0}", agent);
+    int st = call(m, "POST", "/v1/agents/heartbeat", body, &out);
+    free(out);
+    st = call(m, "GET", "/v1/job", NULL, &out);
+    CHECK(st == 200 && out && strstr(out, "\"generation\":2") && strstr(out, "\"state\":\"running\""),
+          "generation 2 did not form: %d %s", st, out ? out : "");
+    free(out);
+    if (check_cur_failed) return;
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client_gen(addr, r, 2);
+        for (int s = 0; s < SPLIT_STEPS + 8; s++) rp[r].known[s] = -1;
+    }
+    cc = client_gen(addr, 0, 2);
+    CHECK(adt_elastic_get_info(rp[0].c, &info) == 0 && info.committed_steps == 20, "generation 2 resumes at %lld",
+          (long long)info.committed_steps);
+    for (int r = 0; r < 2; r++) {
+        adt_elastic_get_info(rp[r].c, &info);
+        CHECK(adt_elastic_local_batch(rp[r].c, 20) == split_at[20][r],
+              "replica %d resumes step 20 at local batch %lld; the commit's split had %lld", r,
+              (long long)adt_elastic_local_batch(rp[r].c, 20), (long long)split_at[20][r]);
+    }
+    /* now replica 0 is the slow one: the split turns round */
+    sim_run(m, rp, cc, 20, 40, split_at, &changed, 0);
+    if (check_cur_failed) goto out;
+    CHECK(split_at[39][1] > split_at[39][0], "step 39: split %lld:%lld; replica 0 is the slow one since step 20",
+          (long long)split_at[39][0], (long long)split_at[39][1]);
+    /* the master restarted mid-generation serves the split its workers follow, not the first */
+    int64_t before[2] = {adt_elastic_local_batch(rp[0].c, 40), adt_elastic_local_batch(rp[1].c, 40)};
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    adt_master_free(m);
+    m = master_up_policy("split", 2, dir, addr, &agent, "dd", "warmup=1,first=2,dd_after=3,cooldown=6", 0);
+    if (!m) return;
+    for (int r = 0; r < 2; r++) rp[r].c = client_gen(addr, r, 2);
+    cc = client_gen(addr, 0, 2);
+    for (int r = 0; r < 2; r++) {
+        adt_elastic_get_info(rp[r].c, &info);
+        CHECK(adt_elastic_local_batch(rp[r].c, 40) == before[r], "replica %d: step 40's local batch %lld after a "
+              "master restart, %lld before", r, (long long)adt_elastic_local_batch(rp[r].c, 40), (long long)before[r]);
+    }
+    sim_run(m, rp, cc, 40, SPLIT_STEPS, split_at, &changed, 0);
+    if (check_cur_failed) goto out;
+    adt_ledger_audit a;
+    memset(&a, 0, sizeof a);
+    CHECK(audit(dir, &a) == 0, "audit: %s", adt_error_message());
+    CHECK(a.ok && a.committed_steps == SPLIT_STEPS && a.steps_bad == 0 && a.n_epochs == 1 &&
+              a.epoch[0].trained == (int64_t)SPLIT_STEPS * B && a.epoch[0].duplicated == 0 &&
+              a.epoch[0].missing == 0 && a.retrained == 3 * B,
+          "audit: ok %d, committed %lld, bad steps %lld, trained %lld, duplicated %lld, missing %lld, retrained %lld "
+          "(expected steps 20..22, %d samples)", a.ok, (long long)a.committed_steps, (long long)a.steps_bad,
+          a.n_epochs ? (long long)a.epoch[0].trained : -1LL, a.n_epochs ? (long long)a.epoch[0].duplicated : -1LL,
+          a.n_epochs ? (long long)a.epoch[0].missing : -1LL, (long long)a.retrained, 3 * B);
+    adt_ledger_audit_free(&a);
+out:
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    adt_master_free(m);
+}
+
+/* ND's restart elsewhere acts through world generations: a persistent straggler's node is put
+ * on the blacklist's cooldown, the generation stops at a step boundary (every step committed:
+ * nothing trained twice), and the next world forms without that node, on the spare one. */
+static int64_t register_agent(adt_master *m, const char *node) {
+    char body[200], *out = NULL;
+    snprintf(body, sizeof body, "{\"node\":\"%s\",\"host\":\"%s\",\"slots\":1,\"pid\":%d}", node, node,
+             (int)getpid());
+    int st = call(m, "POST", "/v1/agents", body, &out);
+    long id = json_num(out, "agent");
+    CHECK(st == 200 && id > 0, "register %s: %d %s", node, st, out ? out : "");
+    free(out);
+    return id;
+}
+
+static void test_nd_restart(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("nd"));
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
+                             .heartbeat_s = 60, .data = &g_job, .ledger_flags = ADT_LEDGER_NOSYNC,
+                             .nnodes_min = 2, .nnodes_max = 2, .cooldown_min_s = 300, .cooldown_max_s = 600,
+                             .straggler_policy = "nd",
+                             .straggler_config = "warmup=1,persist=2,nd_after=3,first=0,cooldown=4,restart_cost=0.001"};
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "master: %s", adt_error_message());
+        adt_master_free(m);
+        return;
+    }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    int64_t a = register_agent(m, "a"), b = register_agent(m, "b");
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, "\"generation\":1"), "generation 1: %s",
+          out ? out : "");
+    free(out);
+    int64_t c_agent = register_agent(m, "c"); /* a spare: nnodes_max 2 leaves it out */
+    sim_replica rp[2];
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client(addr, r);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+    }
+    adt_elastic *cc = client(addr, 0);
+    int64_t split_at[SPLIT_STEPS + 8][2];
+    int changed = 0;
+    adt_elastic_info info;
+    for (int r = 0; r < 2; r++) /* a worker's first call: the info, the split with it */
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0 && info.have_split, "info: %s", adt_error_message());
+    sim_run(m, rp, cc, 0, 40, split_at, &changed, 1); /* rank 1 (node b) three times slower */
+    int64_t stop = adt_elastic_stop_at(rp[0].c);
+    CHECK(stop > 0 && stop < 40, "ND asked no stop for the persistent straggler (stop_at %lld)", (long long)stop);
+    CHECK(call(m, "GET", "/v1/events", NULL, &out) == 200 && out && strstr(out, "restart elsewhere") &&
+              strstr(out, "node b left out"),
+          "events: %s", out ? out : "");
+    free(out);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    if (check_cur_failed) goto out;
+    /* the workers committed at the stop and exited 0: the agents say so */
+    int64_t ids[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        snprintf(body, sizeof body, "{\"agent\":%lld,\"seq\":50,\"generation\":1,\"running\":0,\"world_ok\":1}",
+                 (long long)ids[i]);
+        CHECK(call(m, "POST", "/v1/agents/heartbeat", body, &out) == 200, "heartbeat: %s", out ? out : "");
+        free(out);
+    }
+    CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, "\"generation\":2") &&
+              strstr(out, "\"planned_changes\":1") && strstr(out, "\"restarts\":0"),
+          "generation 2 (a planned change): %s", out ? out : "");
+    free(out);
+    CHECK(call(m, "GET", "/v1/agents", NULL, &out) == 200 && out, "agents");
+    /* the world of generation 2: agents a and c */
+    char *gen_ev = NULL;
+    char want[64];
+    snprintf(want, sizeof want, "on a:1,c:1, from step %lld", (long long)stop);
+    CHECK(call(m, "GET", "/v1/events", NULL, &gen_ev) == 200 && gen_ev && strstr(gen_ev, want),
+          "generation 2 is not on nodes a and c from step %lld", (long long)stop);
+    free(gen_ev);
+    free(out);
+    (void)c_agent;
+    memset(rp, 0, sizeof rp);
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client_gen(addr, r, 2);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+    }
+    cc = client_gen(addr, 0, 2);
+    for (int r = 0; r < 2; r++)
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0 && info.committed_steps == stop,
+              "generation 2 resumes at %lld", (long long)info.committed_steps);
+    sim_run(m, rp, cc, stop, SPLIT_STEPS, split_at, &changed, -1);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    adt_ledger_audit au;
+    memset(&au, 0, sizeof au);
+    CHECK(audit(dir, &au) == 0, "audit: %s", adt_error_message());
+    CHECK(au.ok && au.committed_steps == SPLIT_STEPS && au.steps_bad == 0 && au.retrained == 0 && au.n_epochs == 1 &&
+              au.epoch[0].trained == (int64_t)SPLIT_STEPS * B && au.epoch[0].duplicated == 0,
+          "audit: ok %d, committed %lld, bad steps %lld, retrained %lld (a planned change loses nothing)", au.ok,
+          (long long)au.committed_steps, (long long)au.steps_bad, (long long)au.retrained);
+    adt_ledger_audit_free(&au);
+out:
+    adt_master_free(m);
+}
+
+/* Re-planning on measured speeds: the plan_world hook of a new world gets the samples/s each
+ * device was measured at (from the compute times of the step reports), and a plan's
+ * batch_split is the split the new world starts from when the commit's split does not fit it
+ * (another number of replicas). */
+typedef struct hook_seen {
+    int calls, world;
+    double speed[8];
+    int have_speed;
+} hook_seen;
+
+static int test_plan_hook(void *ctx, const adt_world_shape *w, adt_world_plan *out) {
+    hook_seen *h = ctx;
+    h->calls++;
+    h->world = w->world;
+    h->have_speed = w->speed != NULL;
+    for (int i = 0; i < w->world && i < 8; i++) h->speed[i] = w->speed ? w->speed[i] : 0;
+    /* a plan text of our own with the split a planner would make: 3 replicas, 8 samples */
+    out->json = adt_strdup("{\"strategy\":\"dp\",\"batch_split\":[4,1,3]}");
+    snprintf(out->strategy, sizeof out->strategy, "dp");
+    snprintf(out->mesh, sizeof out->mesh, "(%d)", w->world);
+    if (w->world == 3) {
+        out->batch_split = adt_calloc(3, sizeof *out->batch_split);
+        out->batch_split[0] = 4, out->batch_split[1] = 1, out->batch_split[2] = 3;
+        out->n_split = 3;
+    }
+    return 0;
+}
+
+static void test_replan_speeds(void) {
+    char dir[600], addr[64], body[300], *out = NULL;
+    snprintf(dir, sizeof dir, "%s", check_tmp_path("speeds"));
+    hook_seen h;
+    memset(&h, 0, sizeof h);
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = dir, .listen = "127.0.0.1:0", .max_wait_ms = 100, .join_wait_s = -1,
+                             .heartbeat_s = 60, .data = &g_job, .ledger_flags = ADT_LEDGER_NOSYNC,
+                             .straggler_policy = "dd", .straggler_config = "warmup=1,first=2,dd_after=3,cooldown=6",
+                             .plan_world = test_plan_hook, .plan_ctx = &h};
+    if (adt_master_create(&m, &cfg) || adt_master_start(m)) {
+        CHECK(0, "master: %s", adt_error_message());
+        adt_master_free(m);
+        return;
+    }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", adt_master_port(m));
+    snprintf(body, sizeof body, "{\"node\":\"a\",\"host\":\"a\",\"slots\":2,\"pid\":%d}", (int)getpid());
+    CHECK(call(m, "POST", "/v1/agents", body, &out) == 200, "register: %s", out ? out : "");
+    long a = json_num(out, "agent");
+    free(out);
+    CHECK(h.calls == 1 && h.world == 2 && !h.have_speed, "the first world's hook: %d calls, world %d, speeds %d",
+          h.calls, h.world, h.have_speed);
+    sim_replica rp[2];
+    memset(rp, 0, sizeof rp);
+    adt_elastic_info info;
+    for (int r = 0; r < 2; r++) {
+        rp[r].c = client(addr, r);
+        for (int k = 0; k < SPLIT_STEPS + 8; k++) rp[r].known[k] = -1;
+        CHECK(adt_elastic_get_info(rp[r].c, &info) == 0, "info: %s", adt_error_message());
+    }
+    adt_elastic *cc = client(addr, 0);
+    int64_t split_at[SPLIT_STEPS + 8][2];
+    int changed = 0;
+    sim_run(m, rp, cc, 0, 10, split_at, &changed, 1);
+    /* a node joins: a planned change at a step boundary, then a world of 3 */
+    register_agent(m, "c");
+    sim_run(m, rp, cc, 10, 30, split_at, &changed, 1);
+    int64_t stop = adt_elastic_stop_at(rp[0].c);
+    CHECK(stop > 10 && stop < 30, "the join asked no stop (stop_at %lld)", (long long)stop);
+    for (int r = 0; r < 2; r++) adt_elastic_close(rp[r].c);
+    adt_elastic_close(cc);
+    if (check_cur_failed) goto out;
+    snprintf(body, sizeof body, "{\"agent\":%ld,\"seq\":50,\"generation\":1,\"running\":0,\"world_ok\":1}", a);
+    CHECK(call(m, "POST", "/v1/agents/heartbeat", body, &out) == 200, "heartbeat: %s", out ? out : "");
+    free(out);
+    CHECK(h.calls == 2 && h.world == 3 && h.have_speed, "the second world's hook: %d calls, world %d, speeds %d",
+          h.calls, h.world, h.have_speed);
+    /* rank 1 took three times as long per sample; rank 2's device was never measured */
+    double ratio = h.speed[1] > 0 ? h.speed[0] / h.speed[1] : 0;
+    CHECK(ratio > 2.7 && ratio < 3.3 && h.speed[2] == 0, "speeds passed to the hook: %g %g %g (ratio %g, expected 3)",
+          h.speed[0], h.speed[1], h.speed[2], ratio);
+    adt_elastic *c2 = client_gen(addr, 0, 2);
+    CHECK(c2 && adt_elastic_get_info(c2, &info) == 0 && info.committed_steps == stop && info.replicas == 3,
+          "generation 2: %s", adt_error_message());
+    int64_t sp[3] = {0, 0, 0};
+    CHECK(adt_elastic_split(c2, stop, sp, 3) == 3 && sp[0] == 4 && sp[1] == 1 && sp[2] == 3,
+          "generation 2 starts at the plan's batch_split [4,1,3]: [%lld,%lld,%lld]", (long long)sp[0], (long long)sp[1],
+          (long long)sp[2]);
+    adt_elastic_close(c2);
+out:
+    adt_master_free(m);
+}
+
 int main(void) {
     if (check_tmpdir_make("elastic_pipe")) return 1;
+    RUN(test_replan_speeds);
+    RUN(test_split);
+    RUN(test_nd_restart);
     RUN(test_order_and_commits);
     RUN(test_step_call);
     RUN(test_stale_while_queued);

@@ -217,6 +217,7 @@ typedef enum adt_world_event_kind {
     ADT_WORLD_EV_DONE,            /* every worker reaped; adt_world_result_of is final       */
 } adt_world_event_kind;
 
+#define ADT_WORLD_TAIL 1024
 typedef struct adt_world_event {
     adt_world_event_kind kind;
     int rank;       /* global rank, -1 for world-wide events            */
@@ -227,6 +228,9 @@ typedef struct adt_world_event {
     int signaled;   /* RANK_EXITED: code is a signal number             */
     double t;       /* adt_now_s() when it was observed                 */
     char msg[256];  /* one line, e.g. "rank 2 (pid 4711) killed by signal 9 (Killed)" */
+    /* RANK_FAILED with prefix_output: the rank's last lines on stderr (newline-separated, at
+     * most ADT_WORLD_TAIL - 1 bytes, whole lines), "" if none */
+    char tail[ADT_WORLD_TAIL];
 } adt_world_event;
 
 /* Per-rank facts, valid until adt_world_free. */

@@ -77,6 +77,55 @@ typedef enum adt_job_state {
     ADT_JOB_FAILED,      /* the restart budget is spent                         */
 } adt_job_state;
 
+/* What the job trains, said once: on `adtrain launch` / `adtrain master`, served to every worker
+ * (GET /v1/job, field "spec"; adt_elastic_client_job). Fields the master was not told are absent
+ * (their ADT_SPEC_* bit is clear): the worker keeps its own value. A worker takes the told ones
+ * as its defaults, and refuses (exit status 2) a flag of its own that disagrees with one. The
+ * optimizer is told whenever the master plans worlds (--model): plans are made for it. */
+enum {
+    ADT_SPEC_MODEL = 1u << 0,        /* model, model_json                                       */
+    ADT_SPEC_BATCH = 1u << 1,        /* batch                                                   */
+    ADT_SPEC_OPTIMIZER = 1u << 2,    /* optimizer                                               */
+    ADT_SPEC_LR = 1u << 3,           /* lr                                                      */
+    ADT_SPEC_MOMENTUM = 1u << 4,     /* momentum                                                */
+    ADT_SPEC_WEIGHT_DECAY = 1u << 5, /* weight_decay                                            */
+    ADT_SPEC_STEPS = 1u << 6,        /* steps                                                   */
+    ADT_SPEC_SEED = 1u << 7,         /* seed                                                    */
+    ADT_SPEC_DATA = 1u << 8,         /* data                                                    */
+    ADT_SPEC_STRAGGLER = 1u << 9,    /* straggler_policy, straggler_config                      */
+    ADT_SPEC_CHECKPOINT_DIR = 1u << 10, /* checkpoint_dir                                       */
+};
+
+typedef struct adt_elastic_job_spec {
+    unsigned have;               /* ADT_SPEC_* bits of the fields told                          */
+    char model[1024];            /* --model as given: a config path (or inline JSON text)       */
+    char *model_json;            /* the config's JSON text, so that a worker on another host
+                                    needs no copy of the file; malloc'd (adt_elastic_job_spec_free) */
+    int64_t batch;               /* global samples per step                                     */
+    char optimizer[16];          /* "adamw" or "sgd" (momentum says whether SGD has a state)    */
+    double lr, momentum, weight_decay;
+    int64_t steps;               /* optimizer steps of the whole run                            */
+    uint64_t seed;               /* initialisation and every epoch's sample order               */
+    char data[1024];             /* the data spec, as adtrain train --data                      */
+    char straggler_policy[8];    /* "off", "dd" or "nd"                                         */
+    char straggler_config[256];  /* "key=value,..." or ""                                       */
+    char checkpoint_dir[1024];   /* where elastic checkpoints go: DIR/checkpoints of the job
+                                    directory (absolute); absent for an in-memory master        */
+} adt_elastic_job_spec;
+
+void adt_elastic_job_spec_free(adt_elastic_job_spec *s);
+
+/* The world a re-planning hook plans for. */
+typedef struct adt_world_shape {
+    int world;            /* ranks                                                              */
+    int replicas;         /* data-parallel replicas the data job has (world / ranks per replica) */
+    int64_t batch;        /* the global batch, 0 if unknown                                     */
+    /* [world] samples/s of compute (no collective waits) each rank's device was measured at in
+     * an earlier world of this job (the workers' step reports), 0 where never measured; NULL
+     * when none was. */
+    const double *speed;
+} adt_world_shape;
+
 /* The plan of one world, as a re-planning hook (adt_master_config.plan_world) makes it. */
 typedef struct adt_world_plan {
     char *json;              /* the plan file's text (malloc'd; the master frees it); NULL: none,
@@ -85,6 +134,10 @@ typedef struct adt_world_plan {
     char mesh[64];           /* "(2)", "(2,2)"                                                  */
     double predicted_step_s; /* the cost model's step time; 0: not priced (no cluster)         */
     char note[256];          /* why a requested strategy fell back, or "" */
+    /* The local batch of each data-parallel replica (summing to the global batch), as the plan
+     * text's "batch_split" field says; n_split 0: an even split. malloc'd; the master frees it. */
+    int64_t *batch_split;
+    int n_split;
 } adt_world_plan;
 
 typedef struct adt_master_config {
@@ -119,17 +172,23 @@ typedef struct adt_master_config {
                                 hold one (the fuzzer)                                          */
     const char *run_id;      /* the job's id (TORCHELASTIC_RUN_ID); default: kept in the state,
                                 or made up                                                     */
-    /* The straggler controller (adtrain/straggler.h) that trainers reporting to
-     * /v1/straggler/report consult: "off" (default), "dd" or "nd", and its "key=value,..."
-     * config (NULL: the defaults). */
+    /* The straggler controller (adtrain/straggler.h): "off" (default), "dd" or "nd", and its
+     * "key=value,..." config (NULL: the defaults; refused without a policy). With dd or nd the
+     * master drives every world's split from the compute times the workers send with their step
+     * reports (adt_elastic_report_compute): the data calls' replies carry the split and the step
+     * it applies from, the same for every replica; commits store it. Trainers outside the
+     * agents may still report to /v1/straggler/report. */
     const char *straggler_policy, *straggler_config;
+    /* What the job trains (served as GET /v1/job's "spec"); NULL: nothing told. Copied. The
+     * master adds checkpoint_dir (DIR/checkpoints) and the straggler policy itself. */
+    const adt_elastic_job_spec *spec;
     /* Re-planning. When set, called (under the master's lock) each time a world of `world`
      * ranks forms, before its agents learn of it: the plan for that world into *out (zeroed
      * first). The master writes out->json to DIR/plan-g<G>.json (an atomic rename), records a
      * "replan" event (strategy, mesh, predicted step time, the note, how long planning took) and
      * serves the text to the workers (GET /v1/plan). A non-zero return leaves the world without
      * a plan (data parallel), the message in the event. NULL: every world is data parallel. */
-    int (*plan_world)(void *ctx, int world, adt_world_plan *out);
+    int (*plan_world)(void *ctx, const adt_world_shape *shape, adt_world_plan *out);
     void *plan_ctx;
 } adt_master_config;
 
@@ -218,6 +277,7 @@ typedef struct adt_elastic_info {
     int64_t committed_steps; /* the commit in force: restore this checkpoint                 */
     char checkpoint[256];    /* its id ("" if none)                                          */
     int64_t stop_at;         /* > 0: stop after this many steps (a planned change)           */
+    int have_split;          /* the master drives the split (below)                            */
 } adt_elastic_info;
 
 /* cfg may be NULL (everything from the environment). */
@@ -248,6 +308,33 @@ int adt_elastic_commit(adt_elastic *c, int64_t steps, const char *checkpoint);
  * reply); 0: no stop requested. */
 int64_t adt_elastic_stop_at(const adt_elastic *c);
 
+/* What the job trains, as the master was told it (GET /v1/job, "spec"); free with
+ * adt_elastic_job_spec_free. */
+int adt_elastic_client_job(adt_elastic *c, adt_elastic_job_spec *out);
+
+/* Reports as adt_elastic_report / adt_elastic_report_lease, with this replica's compute seconds
+ * of the step (its forward and backward passes, not the time blocked in collectives; < 0: not
+ * measured). The master's straggler controller (dd, nd) judges speeds from them and decides the
+ * split; the samples are the reported ranges' sizes. */
+int adt_elastic_report_compute(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n, double compute_s);
+int adt_elastic_report_lease_compute(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n,
+                                     double compute_s, int64_t max_samples, adt_ledger_lease *out, int *grant);
+
+/* The split: with a straggler policy (or a plan with a "batch_split") the master decides every
+ * replica's local batch. Every data reply (info, init, lease, report, step, commit) carries
+ *   "split": [b_0, ..., b_{R-1}], "from_step": F, "split_before": [...]
+ * the same for every replica: steps >= F run `split`, steps < F `split_before`. The master
+ * picks F at least 4 steps above every step reported when it decides, and makes no new decision
+ * until F was reached, so a worker that has the reply to its report of step t-3 before it leases
+ * for step t (adt_elastic_pipe does: a step's end has the reply to the step before) knows
+ * step t's local batch, and every replica switches at the same step. A commit stores the
+ * split in force at its step; a new world of as many replicas resumes it.
+ * Returns this replica's local batch at `step`, or 0 when the master sends no split (the
+ * worker's own even division applies). */
+int64_t adt_elastic_local_batch(const adt_elastic *c, int64_t step);
+/* The whole split at `step` into split[0..n) (n >= replicas); returns the replicas, 0 if none. */
+int adt_elastic_split(const adt_elastic *c, int64_t step, int64_t *split, int n);
+
 /* The lease and report calls off the training step: a thread of the pipe makes client c's calls
  * in the order asked (c is the thread's until adt_elastic_pipe_free; the caller frees c after).
  * adt_elastic_pipe_prefetch asks for a lease ahead (nothing if one is asked already); the next
@@ -264,6 +351,11 @@ int adt_elastic_pipe_start(adt_elastic_pipe **out, adt_elastic *c);
 int adt_elastic_pipe_prefetch(adt_elastic_pipe *p, int64_t max_samples);
 int adt_elastic_pipe_lease(adt_elastic_pipe *p, int64_t max_samples, adt_ledger_lease *out, int *grant);
 int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n);
+/* The same with the step's compute seconds (adt_elastic_report_compute). */
+int adt_elastic_pipe_report_compute(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
+                                    double compute_s);
+/* adt_elastic_local_batch as of the last reply the pipe's thread received. */
+int64_t adt_elastic_pipe_local_batch(adt_elastic_pipe *p, int64_t step);
 int adt_elastic_pipe_drain(adt_elastic_pipe *p);
 int adt_elastic_pipe_status(adt_elastic_pipe *p);
 int64_t adt_elastic_pipe_stop_at(adt_elastic_pipe *p);

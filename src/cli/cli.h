@@ -80,7 +80,7 @@ int cli_replan_flag(const char *command, cli_replan_opts *r, const char *name, c
  * (ctx r, which must outlive the master). -1 after printing the problem. */
 int cli_replan_finish(const char *command, cli_replan_opts *r, adt_master_config *cfg, long global_batch);
 /* The hook: the plan of the model for `world` devices (adt_master_config.plan_world). */
-int cli_replan_world(void *ctx, int world, adt_world_plan *out);
+int cli_replan_world(void *ctx, const adt_world_shape *shape, adt_world_plan *out);
 /* The training graph the plans are made for (*out is set even on failure; free it). */
 int cli_replan_graph(const cli_replan_opts *r, adt_graph **out);
 extern const char cli_replan_flags_help[];
@@ -89,6 +89,7 @@ extern const char cli_replan_flags_help[];
 typedef struct cli_master_opts {
     adt_master_config cfg;
     cli_replan_opts rp;
+    adt_elastic_job_spec spec; /* what the job trains, said here once (--model, --batch, ...) */
     adt_ledger_job job; /* the data flags (--samples ...), if any */
     int data_flags;
     char token[300];

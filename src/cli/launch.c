@@ -29,7 +29,10 @@ static void launch_usage(FILE *f) {
             "(run the same command on every node): the node where HOST:PORT is local and no master\n"
             "answers yet starts the master there; every node runs an agent.\n"
             "\n"
-            "  --job DIR               the job directory (default: a new $TMPDIR/adtrain-job-XXXXXX)\n"
+            "  --job DIR               the job directory: the master's state, the ledger, the plans, and the\n"
+            "                          workers' elastic checkpoints (DIR/checkpoints, the job spec's\n"
+            "                          checkpoint_dir, the workers' default); default: a new\n"
+            "                          $TMPDIR/adtrain-job-XXXXXX, never the directory a run starts from\n"
             "  --rdzv-id ID            the job's id (TORCHELASTIC_RUN_ID)\n"
             "  --token T               the job token (required when HOST is not loopback)\n"
             "agent:\n%s"
@@ -92,6 +95,10 @@ int cli_launch(int argc, char **argv) {
     int standalone = lo.standalone;
     if (i >= argc) return cli_fail("launch", 2, "no worker command: give it after '--'");
     if (standalone && endpoint) return cli_fail("launch", 2, "--standalone and --rdzv-endpoint exclude each other");
+    if (mo.cfg.straggler_policy && strcmp(mo.cfg.straggler_policy, "off") && !endpoint && ao.cfg.nproc == 1)
+        return cli_fail("launch", 2, "--straggler-policy %s with --nproc-per-node 1 on one node: one rank has no peer "
+                        "to balance against; expected --nproc-per-node 2 or more, or no policy",
+                        mo.cfg.straggler_policy);
     if (cli_master_finish("launch", &mo)) return 2;
     ao.cfg.argv = (const char *const *)argv + i;
     ao.cfg.stop_fd = cli_stop_fd();
@@ -134,5 +141,6 @@ int cli_launch(int argc, char **argv) {
         if (endpoint) usleep((useconds_t)(mo.linger_s * 1e6));
         adt_master_free(m);
     }
+    adt_elastic_job_spec_free(&mo.spec);
     return code;
 }

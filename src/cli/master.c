@@ -42,10 +42,12 @@ const char cli_master_flags_help[] =
     "                          restarted (default 60)\n"
     "  --ranks-per-replica R   ranks of one data-parallel replica (default 1)\n"
     "  --nosync                no fsync in the ledger (tests and benchmarks)\n"
-    "stragglers (trainers report each step to /v1/straggler/report; GET /dashboard shows the job):\n"
+    "stragglers (the workers' step reports carry their compute times; the master decides every\n"
+    "replica's local batch and sends it in the data replies; GET /dashboard shows the job):\n"
     "  --straggler-policy off|dd|nd   dd: local batches follow speed; nd: also restart a persistent\n"
-    "                          straggler's node out of the next world when that pays (default off)\n"
-    "  --straggler-config K=V,...     thresholds and cooldowns (adtrain train --help)\n";
+    "                          straggler's node out of the next world when that pays (default off;\n"
+    "                          refused where one rank has no peer: --workers 1, one rank per launch)\n"
+    "  --straggler-config K=V,...     thresholds and cooldowns (adtrain train --help); only with a policy\n";
 
 static const char *const k_value_flags[] = {"--listen",
                                             "--job",
@@ -80,6 +82,11 @@ static const char *const k_value_flags[] = {"--listen",
                                             "--strategy",
                                             "--batch",
                                             "--optimizer",
+                                            "--lr",
+                                            "--momentum",
+                                            "--weight-decay",
+                                            "--steps",
+                                            "--data",
                                             NULL};
 
 int cli_master_has_value(const char *name) { return cli_in_list(name, k_value_flags); }
@@ -88,7 +95,34 @@ void cli_master_defaults(cli_master_opts *o) {
     memset(o, 0, sizeof *o);
     o->cfg.max_restarts = -1;
     o->job.shuffle = 1;
+    o->rp.optim = ADT_OPTIM_ADAMW; /* the help's default and the trainer's (zero would be sgd) */
     o->linger_s = 3;
+}
+
+/* The flags of what the job trains that only the spec holds (--model, --batch and --optimizer
+ * are the re-planning's, --seed the data job's too). */
+static int spec_flag(const char *cmd, cli_master_opts *o, const char *f, const char *v) {
+    adt_elastic_job_spec *sp = &o->spec;
+    long x;
+    if (!strcmp(f, "--lr")) {
+        if (cli_double(cmd, f, v, 1e-12, 1e3, &sp->lr)) return -1;
+        sp->have |= ADT_SPEC_LR;
+    } else if (!strcmp(f, "--momentum")) {
+        if (cli_double(cmd, f, v, 0, 0.999999, &sp->momentum)) return -1;
+        sp->have |= ADT_SPEC_MOMENTUM;
+    } else if (!strcmp(f, "--weight-decay")) {
+        if (cli_double(cmd, f, v, 0, 1e3, &sp->weight_decay)) return -1;
+        sp->have |= ADT_SPEC_WEIGHT_DECAY;
+    } else if (!strcmp(f, "--steps")) {
+        if (cli_long(cmd, f, v, 1, INT32_MAX, &x)) return -1;
+        sp->steps = x, sp->have |= ADT_SPEC_STEPS;
+    } else if (!strcmp(f, "--data")) {
+        if (strlen(v) >= sizeof sp->data) return cli_fail(cmd, -1, "--data: longer than %zu bytes", sizeof sp->data - 1);
+        snprintf(sp->data, sizeof sp->data, "%s", v);
+        sp->have |= ADT_SPEC_DATA;
+    } else
+        return 0;
+    return 1;
 }
 
 int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const char *v) {
@@ -96,6 +130,7 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     long x, y;
     double d;
     int k = cli_replan_flag(cmd, &o->rp, f, v);
+    if (!k) k = spec_flag(cmd, o, f, v);
     if (k) return k;
     if (!strcmp(f, "--listen"))
         c->listen = v;
@@ -158,7 +193,8 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
         unsigned long long s = strtoull(v, &end, 10);
         if (!*v || *end || errno || *v == '-')
             return cli_fail(cmd, -1, "--seed: expected an unsigned integer, got '%s'", v);
-        o->job.seed = s, o->data_flags |= 8;
+        o->job.seed = s, o->data_flags |= 16; /* also the spec's: alone, no data job */
+        o->spec.seed = s, o->spec.have |= ADT_SPEC_SEED;
     } else if (!strcmp(f, "--shuffle")) {
         if (strcmp(v, "on") && strcmp(v, "off")) return cli_fail(cmd, -1, "--shuffle: expected on or off, got '%s'", v);
         o->job.shuffle = !strcmp(v, "on"), o->data_flags |= 8;
@@ -183,10 +219,50 @@ int cli_master_flag(const char *cmd, cli_master_opts *o, const char *f, const ch
     return 1;
 }
 
+/* The spec from the flags, checked across them; -1 after printing the problem. */
+static int spec_finish(const char *cmd, cli_master_opts *o) {
+    adt_elastic_job_spec *sp = &o->spec;
+    cli_replan_opts *r = &o->rp;
+    if (r->batch && (o->data_flags & 2) && r->batch != (long)o->job.global_batch)
+        return cli_fail(cmd, -1, "--batch %ld and --global-batch %lld: the same global batch said twice, differently; "
+                        "expected one of them", r->batch, (long long)o->job.global_batch);
+    if (r->batch || (o->data_flags & 2)) sp->batch = r->batch ? r->batch : o->job.global_batch, sp->have |= ADT_SPEC_BATCH;
+    if ((sp->have & ADT_SPEC_MOMENTUM) && r->optim != ADT_OPTIM_SGD)
+        return cli_fail(cmd, -1, "--momentum: only applies to --optimizer sgd (adamw, the default, uses betas 0.9, "
+                        "0.95)");
+    if ((sp->have & ADT_SPEC_MOMENTUM) && r->momentum && sp->momentum == 0)
+        return cli_fail(cmd, -1, "--optimizer sgd-momentum with --momentum 0: expected --optimizer sgd, or a momentum "
+                        "above 0");
+    if (sp->have & ADT_SPEC_MOMENTUM) r->momentum = sp->momentum > 0; /* plans: SGD with a state or not */
+    /* plans are made for an optimizer: whenever the master plans, the workers are told which */
+    if (r->optim_given || r->model_path) {
+        snprintf(sp->optimizer, sizeof sp->optimizer, "%s", r->optim == ADT_OPTIM_SGD ? "sgd" : "adamw");
+        sp->have |= ADT_SPEC_OPTIMIZER;
+    }
+    if (r->model_path) {
+        if (strlen(r->model_path) >= sizeof sp->model)
+            return cli_fail(cmd, -1, "--model: a path longer than %zu bytes", sizeof sp->model - 1);
+        snprintf(sp->model, sizeof sp->model, "%s", r->model_path);
+        size_t n;
+        if (adt_file_read(r->model_path, 16u << 20, "--model", &sp->model_json, &n))
+            return cli_fail(cmd, -1, "%s", adt_error_message());
+        sp->have |= ADT_SPEC_MODEL;
+    }
+    if (sp->have) o->cfg.spec = sp;
+    return 0;
+}
+
 int cli_master_finish(const char *cmd, cli_master_opts *o) {
-    if (o->data_flags && (o->data_flags & 7) != 7)
+    if ((o->data_flags & ~16) && (o->data_flags & 7) != 7)
         return cli_fail(cmd, -1, "the data job needs --samples, --global-batch and --epochs together");
-    if (o->data_flags) {
+    if (o->cfg.straggler_config && (!o->cfg.straggler_policy || !strcmp(o->cfg.straggler_policy, "off")))
+        return cli_fail(cmd, -1, "--straggler-config: only acts with --straggler-policy dd or nd; expected one of them, "
+                        "or no --straggler-config");
+    if (o->cfg.straggler_policy && strcmp(o->cfg.straggler_policy, "off") && o->cfg.max_workers == 1)
+        return cli_fail(cmd, -1, "--straggler-policy %s with --workers 1: one rank has no peer to balance against; "
+                        "expected more workers, or no policy", o->cfg.straggler_policy);
+    if (spec_finish(cmd, o)) return -1;
+    if (o->data_flags & 7) {
         if (o->job.global_batch > o->job.samples)
             return cli_fail(cmd, -1, "--global-batch %lld exceeds --samples %lld", (long long)o->job.global_batch,
                             (long long)o->job.samples);
@@ -194,7 +270,7 @@ int cli_master_finish(const char *cmd, cli_master_opts *o) {
         o->job.replicas = 1;
         o->cfg.data = &o->job;
     }
-    return cli_replan_finish(cmd, &o->rp, &o->cfg, o->data_flags ? (long)o->job.global_batch : 0);
+    return cli_replan_finish(cmd, &o->rp, &o->cfg, (o->data_flags & 2) ? (long)o->job.global_batch : 0);
 }
 
 static void master_usage(FILE *f) {
@@ -204,7 +280,9 @@ static void master_usage(FILE *f) {
             "Serves an elastic job's master API (docs/formats.md, \"Master API\") until the job is done.\n"
             "State lives in DIR (master.db, ledger.db); started again on the same DIR it resumes.\n"
             "\n"
-            "  --job DIR               the job directory (created if missing)\n"
+            "  --job DIR               the job directory (created if missing): master.db, ledger.db, the plans,\n"
+            "                          and the workers' elastic checkpoints in DIR/checkpoints (served to them\n"
+            "                          as the job spec's checkpoint_dir)\n"
             "  --listen HOST:PORT      default 127.0.0.1:%d; off loopback a token is required: without\n"
             "                          --token one is made and written to DIR/token (mode 0600)\n"
             "  --token T, --token-file F   every request must carry 'Authorization: Bearer T'\n"
@@ -287,6 +365,7 @@ int cli_master(int argc, char **argv) {
         if (poll(&p, 1, 100) > 0) break;
     }
     adt_master_free(m);
+    adt_elastic_job_spec_free(&o.spec);
     printf("adtrain master: job %s\n", s == ADT_JOB_DONE ? "done" : "failed");
     return s == ADT_JOB_DONE ? 0 : 1;
 }

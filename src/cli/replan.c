@@ -13,19 +13,26 @@
  * plan's note and so in the master's "replan" event; auto falls back the same way when the
  * search fails.
  */
+#include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "adtrain/base.h"
 #include "adtrain/planner.h"
+#include "adtrain/straggler.h"
 #include "cli.h"
 
 const char cli_replan_flags_help[] =
-    "re-planning (each new world gets a plan for its size; without --model every world is data parallel):\n"
+    "what the job trains (said once: served to the workers, GET /v1/job \"spec\"; a worker takes these as\n"
+    "its defaults and refuses a flag of its own that disagrees; with --model each new world also gets a\n"
+    "plan for its size, else every world is data parallel):\n"
     "  --model CFG.json        the model the workers train (the same config as adtrain train --model)\n"
     "  --batch B               its global batch (default: --global-batch)\n"
-    "  --optimizer K           adamw, sgd or sgd-momentum, as the workers' (default adamw)\n"
+    "  --optimizer K           adamw, sgd or sgd-momentum (default adamw, as adtrain train's)\n"
+    "  --lr X, --momentum M, --weight-decay W   the optimizer's hyperparameters\n"
+    "  --steps N               optimizer steps of the run\n"
+    "  --data KIND:PATH        the training data, as adtrain train --data\n"
     "  --strategy S            auto (the planner; needs --cluster), or an expert strategy: dp, zero, tp,\n"
     "                          dp=2,tp=2, ... (default: auto with --cluster, else dp). One that cannot\n"
     "                          apply to a world falls back to dp, and the replan event says why\n"
@@ -64,9 +71,8 @@ static int strategy_known(const char *s) {
 
 int cli_replan_finish(const char *cmd, cli_replan_opts *r, adt_master_config *cfg, long global_batch) {
     if (!r->model_path) {
-        if (r->cluster_path || r->strategy || r->batch || r->optim_given)
-            return cli_fail(cmd, -1, "--cluster, --strategy, --batch and --optimizer plan a model: expected --model "
-                            "CFG.json with them");
+        if (r->cluster_path || r->strategy)
+            return cli_fail(cmd, -1, "--cluster and --strategy plan a model: expected --model CFG.json with them");
         return 0;
     }
     if (cli_load_model(cmd, r->model_path, &r->model, r->label, sizeof r->label)) return -1;
@@ -111,16 +117,66 @@ int cli_replan_graph(const cli_replan_opts *r, adt_graph **out) {
     return 0;
 }
 
-/* The cluster with at least `world` devices (whole nodes added). */
-static adt_cluster cluster_for(const cli_replan_opts *r, int world) {
+/* The devices' compute at the speeds the job measured: the cluster file describes a device
+ * running as the fastest one measured; each device ran at speed_i of it, and a step whose
+ * local batches follow speed (the plan's batch_split) computes at their mean, so every compute
+ * and memory rate is scaled by mean(speed) / max(speed). A device never measured counts as the
+ * fastest. The cluster object prices one kind of device, so this is the one number it can take. */
+static double speed_scale(const adt_world_shape *w) {
+    if (!w || !w->speed || w->world < 1) return 1;
+    double mx = 0, sum = 0;
+    for (int i = 0; i < w->world; i++)
+        if (w->speed[i] > mx) mx = w->speed[i];
+    if (mx <= 0) return 1;
+    for (int i = 0; i < w->world; i++) sum += w->speed[i] > 0 ? w->speed[i] : mx;
+    return sum / w->world / mx;
+}
+
+/* The cluster with at least `world` devices (whole nodes added), at the measured speeds. */
+static adt_cluster cluster_for(const cli_replan_opts *r, const adt_world_shape *w) {
     adt_cluster c = r->cluster;
     int have = adt_cluster_devices(&c);
-    if (have < world) adt_cluster_add_nodes(&c, (world - have + c.devices_per_node - 1) / c.devices_per_node);
+    if (have < w->world) adt_cluster_add_nodes(&c, (w->world - have + c.devices_per_node - 1) / c.devices_per_node);
+    double f = speed_scale(w);
+    if (f != 1) {
+        for (int i = 0; i < ADT_DTYPE_COUNT; i++) c.peak_flops[i] *= f;
+        for (int i = 0; i < ADT_OPCLASS_COUNT; i++) {
+            c.rate[i] *= f, c.rate_small[i] *= f;
+            c.byte_rate[i] *= f, c.byte_rate_small[i] *= f;
+        }
+        c.memory_bw *= f;
+    }
     return c;
 }
 
+/* A plan whose mesh is one axis over every rank (dp, zero) runs one data-parallel replica per
+ * rank: with measured speeds, its local batches follow them ("batch_split" in the plan text,
+ * the field plan files carry a per-replica split in). */
+static void add_batch_split(const cli_replan_opts *r, const adt_world_shape *w, adt_world_plan *out) {
+    if (!w->speed || !out->json || w->replicas != w->world || w->world < 2 || strchr(out->mesh, ',')) return;
+    double *speed = adt_calloc((size_t)w->world, sizeof *speed), mx = 0;
+    for (int i = 0; i < w->world; i++)
+        if (w->speed[i] > mx) mx = w->speed[i];
+    for (int i = 0; i < w->world; i++) speed[i] = w->speed[i] > 0 ? w->speed[i] : mx;
+    int64_t *split = adt_calloc((size_t)w->world, sizeof *split);
+    cJSON *o = cJSON_Parse(out->json);
+    if (o && r->batch >= w->world && !adt_straggler_split(r->batch, w->world, speed, 1, split)) {
+        cJSON *a = cJSON_AddArrayToObject(o, "batch_split");
+        for (int i = 0; i < w->world; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)split[i]));
+        char *txt = cJSON_Print(o);
+        free(out->json);
+        out->json = txt;
+        out->batch_split = split, out->n_split = w->world;
+        split = NULL;
+    }
+    cJSON_Delete(o);
+    free(split);
+    free(speed);
+}
+
 /* The expert plan of `strategy` for `world` devices into out (text, mesh, price). */
-static int expert(const cli_replan_opts *r, const char *strategy, int world, adt_world_plan *out) {
+static int expert(const cli_replan_opts *r, const char *strategy, const adt_world_shape *w, adt_world_plan *out) {
+    int world = w->world;
     adt_graph *g = NULL;
     adt_plan p;
     memset(&p, 0, sizeof p);
@@ -128,7 +184,7 @@ static int expert(const cli_replan_opts *r, const char *strategy, int world, adt
     adt_expert_opts eo = {.strategy = strategy, .devices = world, .batch = (int)r->batch};
     if (!rc) rc = adt_expert_plan(g, &r->model, &eo, &p);
     if (!rc && r->have_cluster) {
-        adt_cluster c = cluster_for(r, world);
+        adt_cluster c = cluster_for(r, w);
         adt_cost_report cr;
         if (adt_plan_cost(&p, g, &c, &cr) == ADT_OK) out->predicted_step_s = cr.step_s;
     }
@@ -142,8 +198,9 @@ static int expert(const cli_replan_opts *r, const char *strategy, int world, adt
     return rc;
 }
 
-static int search(const cli_replan_opts *r, int world, adt_world_plan *out) {
-    adt_cluster c = cluster_for(r, world);
+static int search(const cli_replan_opts *r, const adt_world_shape *w, adt_world_plan *out) {
+    int world = w->world;
+    adt_cluster c = cluster_for(r, w);
     adt_planner_opts po = {.devices = world, .batch = (int)r->batch, .optim = r->optim, .momentum = r->momentum,
                            .max_pp = 1};
     adt_planner_result res;
@@ -159,17 +216,21 @@ static int search(const cli_replan_opts *r, int world, adt_world_plan *out) {
     return 0;
 }
 
-int cli_replan_world(void *ctx, int world, adt_world_plan *out) {
+int cli_replan_world(void *ctx, const adt_world_shape *w, adt_world_plan *out) {
     const cli_replan_opts *r = ctx;
-    int rc = !strcmp(r->strategy, "auto") ? search(r, world, out) : expert(r, r->strategy, world, out);
-    if (!rc) return 0;
+    int rc = !strcmp(r->strategy, "auto") ? search(r, w, out) : expert(r, r->strategy, w, out);
+    if (!rc) {
+        add_batch_split(r, w, out);
+        return 0;
+    }
     /* the requested strategy does not apply to this world: data parallel, and why */
     char why[200];
     snprintf(why, sizeof why, "%s", adt_error_message());
     free(out->json);
     memset(out, 0, sizeof *out);
-    if (expert(r, "dp", world, out)) return -1;
+    if (expert(r, "dp", w, out)) return -1;
+    add_batch_split(r, w, out);
     snprintf(out->note, sizeof out->note, "--strategy %s cannot apply to %d ranks (%s): fell back to dp", r->strategy,
-             world, why);
+             w->world, why);
     return 0;
 }

@@ -59,7 +59,7 @@ typedef struct agent {
     /* the plan, as last received */
     int64_t version;
     int64_t plan_gen;
-    char plan_state[16], job_state[16], reason[200];
+    char plan_state[16], job_state[16], reason[1100];
     int assigned;
     assignment as;
     double hb_s;
@@ -100,7 +100,10 @@ static void add_world_state(agent *a, cJSON *b) {
     }
 }
 
-static void queue_event(agent *a, const char *kind, int64_t gen, int rank, int ok, const char *msg) {
+/* ev: a rank's failure, whose exit code and last stderr lines go with it (the master fails the
+ * job at once on exit status 2, a usage error, and shows the worker's words); else NULL. */
+static void queue_event(agent *a, const char *kind, int64_t gen, int rank, int ok, const char *msg,
+                        const adt_world_event *ev) {
     cJSON *b = cJSON_CreateObject();
     add_world_state(a, b);
     cJSON_ReplaceItemInObject(b, "generation", cJSON_CreateNumber((double)gen));
@@ -108,6 +111,8 @@ static void queue_event(agent *a, const char *kind, int64_t gen, int rank, int o
     if (rank >= 0) cJSON_AddNumberToObject(b, "rank", rank);
     cJSON_AddNumberToObject(b, "ok", ok);
     if (msg) cJSON_AddStringToObject(b, "msg", msg);
+    if (ev && ev->reason == ADT_FAIL_EXIT) cJSON_AddNumberToObject(b, "exit_code", ev->code);
+    if (ev && ev->tail[0]) cJSON_AddStringToObject(b, "stderr", ev->tail);
     cJSON_AddNumberToObject(b, "t", adt_wall_s());
     a->evq = adt_realloc(a->evq, (size_t)(a->evq_n + 1) * sizeof *a->evq);
     a->evq[a->evq_n++] = cJSON_PrintUnformatted(b);
@@ -188,7 +193,7 @@ static void read_plan(agent *a, const cJSON *r) {
     if (wj_str(r, "state", 15, 0, &s) == ADT_OK) snprintf(a->plan_state, sizeof a->plan_state, "%s", s);
     if (wj_str(r, "job_state", 15, 0, &s) == ADT_OK) snprintf(a->job_state, sizeof a->job_state, "%s", s);
     if (wj_num(r, "heartbeat_s", 0.05, 60, 0, 1, &hb) == ADT_OK) a->hb_s = hb;
-    if (wj_str(r, "reason", 1000, 0, &s) == ADT_OK) snprintf(a->reason, sizeof a->reason, "%s", s);
+    if (wj_str(r, "reason", 1099, 0, &s) == ADT_OK) snprintf(a->reason, sizeof a->reason, "%s", s);
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(r, "assignment");
     a->assigned = 0;
     if (cJSON_IsObject(as)) {
@@ -268,7 +273,7 @@ static void start_world(agent *a) {
         adt_log(ADT_LOG_ERROR, "agent: %s", msg);
         a->w = NULL;
         a->w_gen = gen;
-        queue_event(a, "world_done", gen, -1, 0, msg);
+        queue_event(a, "world_done", gen, -1, 0, msg, NULL);
         return;
     }
     a->w_gen = gen;
@@ -276,7 +281,7 @@ static void start_world(agent *a) {
     a->kvs_pending = 0;
     adt_log(ADT_LOG_INFO, "agent: generation %lld: ranks %d..%d of %d", (long long)gen, as->rank_offset,
             as->rank_offset + as->local_size - 1, as->world_size);
-    queue_event(a, "started", gen, -1, 1, NULL);
+    queue_event(a, "started", gen, -1, 1, NULL, NULL);
 }
 
 static void stop_world(agent *a, const char *why) {
@@ -391,7 +396,7 @@ static void world_events(agent *a) {
         if (ev.kind == ADT_WORLD_EV_RANK_FAILED) {
             adt_log(ADT_LOG_WARN, "agent: generation %lld: %s", (long long)a->w_gen, ev.msg);
             a->seq++;
-            if (!a->w_stopping) queue_event(a, "rank_failed", a->w_gen, ev.rank, 0, ev.msg);
+            if (!a->w_stopping) queue_event(a, "rank_failed", a->w_gen, ev.rank, 0, ev.msg, &ev);
         } else if (ev.kind == ADT_WORLD_EV_DONE) {
             int ok = adt_world_result_of(a->w) == ADT_WORLD_SUCCEEDED;
             int64_t gen = a->w_gen;
@@ -403,7 +408,7 @@ static void world_events(agent *a) {
             a->seq++;
             adt_log(ADT_LOG_INFO, "agent: generation %lld: workers ended (%s)", (long long)gen,
                     ok ? "all exited 0" : "failed or stopped");
-            queue_event(a, "world_done", gen, -1, ok, ok ? "every rank exited 0" : "failed or stopped");
+            queue_event(a, "world_done", gen, -1, ok, ok ? "every rank exited 0" : "failed or stopped", NULL);
         }
     }
 }

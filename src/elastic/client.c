@@ -31,6 +31,7 @@ struct adt_elastic {
     int64_t held[HELD_MAX]; /* leases granted to this client, not yet reported to their end */
     int64_t held_end[HELD_MAX];
     int n_held;
+    wj_split split; /* as the last reply that carried one said */
 };
 
 static const char *env_or(const char *name, const char *def) {
@@ -131,6 +132,27 @@ static cJSON *data_body(adt_elastic *c, int with_replica) {
 static void take_control(adt_elastic *c, const cJSON *reply) {
     int64_t s;
     if (wj_int(reply, "stop_at", 0, INT64_MAX, 1, 0, &s) == ADT_OK) c->stop_at = s;
+    wj_split_from_json(reply, &c->split); /* a malformed one clears it: the even division */
+}
+
+const wj_split *wj_client_split(const adt_elastic *c) { return &c->split; }
+
+int64_t adt_elastic_local_batch(const adt_elastic *c, int64_t step) { return wj_split_at(&c->split, c->replica, step); }
+
+int adt_elastic_split(const adt_elastic *c, int64_t step, int64_t *split, int n) {
+    if (c->split.n < 1 || n < c->split.n) return 0;
+    for (int r = 0; r < c->split.n; r++) split[r] = wj_split_at(&c->split, r, step);
+    return c->split.n;
+}
+
+int adt_elastic_client_job(adt_elastic *c, adt_elastic_job_spec *out) {
+    memset(out, 0, sizeof *out);
+    cJSON *r;
+    int rc = call(c, "GET", "/v1/job", NULL, &r, "job");
+    if (rc) return rc;
+    rc = wj_spec_from_json(cJSON_GetObjectItemCaseSensitive(r, "spec"), out);
+    cJSON_Delete(r);
+    return rc ? adt_error_prefix(rc, "job reply: ") : ADT_OK;
 }
 
 /* The replica index, once: from RANK and the master's ranks per replica. */
@@ -175,7 +197,11 @@ int adt_elastic_get_info(adt_elastic *c, adt_elastic_info *out) {
     snprintf(out->checkpoint, sizeof out->checkpoint, "%s", ckpt);
     const cJSON *job = cJSON_GetObjectItemCaseSensitive(r, "job");
     if (cJSON_IsObject(job) && wj_job_from_json(job, &out->job) == ADT_OK) out->have_job = 1;
-    if (out->generation == c->generation) c->stop_at = out->stop_at;
+    if (out->generation == c->generation) {
+        c->stop_at = out->stop_at;
+        wj_split_from_json(r, &c->split);
+        out->have_split = c->split.n > 0;
+    }
     cJSON_Delete(r);
     return ADT_OK;
 }
@@ -219,8 +245,9 @@ static int take_grant(adt_elastic *c, const cJSON *r, adt_ledger_lease *out, int
     return ADT_OK;
 }
 
-static void add_report_fields(cJSON *b, int64_t step, const adt_ledger_range *rg, int n) {
+static void add_report_fields(cJSON *b, int64_t step, const adt_ledger_range *rg, int n, double compute_s) {
     cJSON_AddNumberToObject(b, "step", (double)step);
+    if (compute_s >= 0) cJSON_AddNumberToObject(b, "compute_s", compute_s);
     cJSON *arr = cJSON_AddArrayToObject(b, "ranges");
     for (int i = 0; i < n; i++) {
         cJSON *x = cJSON_CreateArray();
@@ -257,10 +284,14 @@ int adt_elastic_lease(adt_elastic *c, int64_t max_samples, adt_ledger_lease *out
 }
 
 int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n) {
+    return adt_elastic_report_compute(c, step, rg, n, -1);
+}
+
+int adt_elastic_report_compute(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n, double compute_s) {
     int rc = ensure_replica(c);
     if (rc) return rc;
     cJSON *b = data_body(c, 1), *r;
-    add_report_fields(b, step, rg, n);
+    add_report_fields(b, step, rg, n, compute_s);
     if ((rc = call(c, "POST", "/v1/data/report", b, &r, "report"))) return rc;
     take_control(c, r);
     cJSON_Delete(r);
@@ -270,12 +301,17 @@ int adt_elastic_report(adt_elastic *c, int64_t step, const adt_ledger_range *rg,
 
 int adt_elastic_report_lease(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n, int64_t max_samples,
                              adt_ledger_lease *out, int *grant) {
+    return adt_elastic_report_lease_compute(c, step, rg, n, -1, max_samples, out, grant);
+}
+
+int adt_elastic_report_lease_compute(adt_elastic *c, int64_t step, const adt_ledger_range *rg, int n,
+                                     double compute_s, int64_t max_samples, adt_ledger_lease *out, int *grant) {
     memset(out, 0, sizeof *out);
     *grant = ADT_LEDGER_WAIT;
     int rc = ensure_replica(c);
     if (rc) return rc;
     cJSON *b = data_body(c, 1), *r;
-    add_report_fields(b, step, rg, n);
+    add_report_fields(b, step, rg, n, compute_s);
     if ((rc = add_lease_fields(c, b, max_samples)) ||
         (rc = call(c, "POST", "/v1/data/step", b, &r, "report and lease")))
         return rc;

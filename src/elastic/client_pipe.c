@@ -31,6 +31,7 @@
 
 #include "adtrain/base.h"
 #include "adtrain/elastic.h"
+#include "elastic/wire_internal.h"
 
 #define PIPE_QUEUE 8
 
@@ -39,6 +40,7 @@ enum { PQ_LEASE, PQ_REPORT };
 typedef struct pipe_req {
     int kind;
     int64_t step, max_samples;
+    double compute_s;         /* a report's compute seconds, < 0: none */
     adt_ledger_range *ranges; /* a report's, malloc'd */
     int n;
     double queued_s; /* adt_now_s() when queued */
@@ -60,12 +62,23 @@ struct adt_elastic_pipe {
     int err; /* the first failure; its message in err_msg              */
     char *err_msg;
     int64_t stop_at;
+    wj_split split; /* the client's, as of its last reply */
+    int replica;
     int flush; /* somebody waits for every report's reply: send a held one now */
     int quit;
 };
 
 /* A report alone at the queue's head waits this long for a lease to share its call with. */
 #define HOLD_S 0.05
+
+/* The client's split into the pipe's copy (p->mu held; the client is the thread's). */
+static void copy_split(adt_elastic_pipe *p) {
+    p->replica = adt_elastic_replica(p->c);
+    const wj_split *s = wj_client_split(p->c);
+    p->split.n = s->n, p->split.from = s->from;
+    memcpy(p->split.cur, s->cur, (size_t)s->n * sizeof *s->cur);
+    memcpy(p->split.before, s->before, (size_t)s->n * sizeof *s->before);
+}
 
 /* Sends r (and lease l when given: one call for both) with p->mu released; records the outcome. */
 static void pipe_send(adt_elastic_pipe *p, pipe_req *r, pipe_req *l) {
@@ -74,14 +87,17 @@ static void pipe_send(adt_elastic_pipe *p, pipe_req *r, pipe_req *l) {
     if (!rc) { /* after a refusal nothing more is sent */
         pthread_mutex_unlock(&p->mu);
         if (r->kind == PQ_LEASE) rc = adt_elastic_lease(p->c, r->max_samples, &ls, &grant);
-        else if (l) rc = adt_elastic_report_lease(p->c, r->step, r->ranges, r->n, l->max_samples, &ls, &grant);
-        else rc = adt_elastic_report(p->c, r->step, r->ranges, r->n);
+        else if (l)
+            rc = adt_elastic_report_lease_compute(p->c, r->step, r->ranges, r->n, r->compute_s, l->max_samples, &ls,
+                                                  &grant);
+        else rc = adt_elastic_report_compute(p->c, r->step, r->ranges, r->n, r->compute_s);
         pthread_mutex_lock(&p->mu);
         if (rc && !p->err) {
             p->err = rc;
             p->err_msg = adt_strdup(adt_error_message());
         }
         p->stop_at = adt_elastic_stop_at(p->c);
+        copy_split(p);
     }
     if (r->kind == PQ_LEASE || l) {
         p->lease = ls;
@@ -131,6 +147,7 @@ int adt_elastic_pipe_start(adt_elastic_pipe **out, adt_elastic *c) {
     adt_elastic_pipe *p = adt_calloc(1, sizeof *p);
     p->c = c;
     p->stop_at = adt_elastic_stop_at(c);
+    copy_split(p);
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -200,7 +217,7 @@ int adt_elastic_pipe_prefetch(adt_elastic_pipe *p, int64_t max_samples) {
     if (p->err) rc = kept_error(p);
     else if (p->lease_state == LEASE_NONE) {
         p->lease_state = LEASE_ASKED;
-        enqueue(p, (pipe_req){.kind = PQ_LEASE, .max_samples = max_samples});
+        enqueue(p, (pipe_req){.kind = PQ_LEASE, .max_samples = max_samples, .compute_s = -1});
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -212,7 +229,7 @@ int adt_elastic_pipe_lease(adt_elastic_pipe *p, int64_t max_samples, adt_ledger_
     pthread_mutex_lock(&p->mu);
     if (!p->err && p->lease_state == LEASE_NONE) {
         p->lease_state = LEASE_ASKED;
-        enqueue(p, (pipe_req){.kind = PQ_LEASE, .max_samples = max_samples});
+        enqueue(p, (pipe_req){.kind = PQ_LEASE, .max_samples = max_samples, .compute_s = -1});
     }
     while (!p->err && p->lease_state != LEASE_READY) pthread_cond_wait(&p->cv, &p->mu);
     int rc = ADT_OK;
@@ -227,6 +244,11 @@ int adt_elastic_pipe_lease(adt_elastic_pipe *p, int64_t max_samples, adt_ledger_
 }
 
 int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n) {
+    return adt_elastic_pipe_report_compute(p, step, r, n, -1);
+}
+
+int adt_elastic_pipe_report_compute(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
+                                    double compute_s) {
     if (n < 1) return adt_error(ADT_ERR_ARG, "report of step %lld: no ranges", (long long)step);
     pthread_mutex_lock(&p->mu);
     /* the previous report's reply first: the stop step it may carry is known when the step ends */
@@ -236,7 +258,7 @@ int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_
     else {
         adt_ledger_range *copy = adt_malloc((size_t)n * sizeof *copy);
         memcpy(copy, r, (size_t)n * sizeof *copy);
-        enqueue(p, (pipe_req){.kind = PQ_REPORT, .step = step, .ranges = copy, .n = n});
+        enqueue(p, (pipe_req){.kind = PQ_REPORT, .step = step, .ranges = copy, .n = n, .compute_s = compute_s});
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -262,4 +284,11 @@ int64_t adt_elastic_pipe_stop_at(adt_elastic_pipe *p) {
     int64_t s = p->stop_at;
     pthread_mutex_unlock(&p->mu);
     return s;
+}
+
+int64_t adt_elastic_pipe_local_batch(adt_elastic_pipe *p, int64_t step) {
+    pthread_mutex_lock(&p->mu);
+    int64_t b = wj_split_at(&p->split, p->replica, step);
+    pthread_mutex_unlock(&p->mu);
+    return b;
 }

@@ -10,6 +10,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -53,10 +54,36 @@ static int check_config(const adt_master_config *c) {
         return adt_error(ADT_ERR_ARG, "ranks_per_replica %d, expected >= 1", c->ranks_per_replica);
     if (c->token && strlen(c->token) > 256) return adt_error(ADT_ERR_ARG, "--token: longer than 256 bytes");
     if (c->run_id && strlen(c->run_id) >= 64) return adt_error(ADT_ERR_ARG, "run id: longer than 63 bytes");
+    if (c->straggler_config && (!c->straggler_policy || !strcmp(c->straggler_policy, "off")))
+        return adt_error(ADT_ERR_ARG, "--straggler-config: only acts with --straggler-policy dd or nd; expected one "
+                                      "of them, or no --straggler-config");
+    if (c->straggler_config && strlen(c->straggler_config) >= 256)
+        return adt_error(ADT_ERR_ARG, "--straggler-config: longer than 255 bytes");
     for (const char *p = c->token; p && *p; p++)
         if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 127)
             return adt_error(ADT_ERR_ARG, "--token: only printable ASCII without spaces");
     return ADT_OK;
+}
+
+/* What the job trains, as told, plus what the master adds: the straggler policy it runs and
+ * where checkpoints go (the job directory, absolute: workers may start elsewhere). */
+static void spec_init(adt_master *m, const adt_master_config *c) {
+    if (c->spec) {
+        m->spec = *c->spec;
+        m->spec.model_json = c->spec->model_json ? adt_strdup(c->spec->model_json) : NULL;
+    }
+    if (c->straggler_policy) {
+        snprintf(m->spec.straggler_policy, sizeof m->spec.straggler_policy, "%s", c->straggler_policy);
+        snprintf(m->spec.straggler_config, sizeof m->spec.straggler_config, "%s",
+                 c->straggler_config ? c->straggler_config : "");
+        m->spec.have |= ADT_SPEC_STRAGGLER;
+    }
+    char abs[PATH_MAX];
+    if (!m->in_memory && realpath(m->job_dir, abs) && strlen(abs) + 13 < sizeof m->spec.checkpoint_dir) {
+        memcpy(m->spec.checkpoint_dir, abs, strlen(abs));
+        memcpy(m->spec.checkpoint_dir + strlen(abs), "/checkpoints", 13);
+        m->spec.have |= ADT_SPEC_CHECKPOINT_DIR;
+    }
 }
 
 int adt_master_create(adt_master **out, const adt_master_config *c) {
@@ -105,6 +132,7 @@ int adt_master_create(adt_master **out, const adt_master_config *c) {
         adt_master_free(m);
         return rc;
     }
+    spec_init(m, c);
     if (!m->run_id[0]) {
         uint64_t r = adt_rng_mix64((uint64_t)(adt_wall_s() * 1e6) ^ ((uint64_t)getpid() << 32));
         snprintf(m->run_id, sizeof m->run_id, "adt-%012llx", (unsigned long long)(r & 0xffffffffffffULL));
@@ -345,7 +373,7 @@ void adt_master_free(adt_master *m) {
     if (m->L) adt_ledger_close(m->L);
     ms_close(m);
     for (int i = 0; i < m->n_agents; i++)
-        free(m->agents[i].pids);
+        free(m->agents[i].pids), free(m->agents[i].speed);
     for (int i = 0; i < m->n_kvs; i++)
         cJSON_Delete(m->kvs[i].entries);
     free(m->kvs);
@@ -353,6 +381,8 @@ void adt_master_free(adt_master *m) {
     free(m->slots);
     free(m->fail_t);
     free(m->plan.json);
+    free(m->plan.batch_split);
+    adt_elastic_job_spec_free(&m->spec);
     m_dash_free(m);
     free(m->job_dir);
     free(m->listen);

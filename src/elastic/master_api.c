@@ -170,6 +170,7 @@ static cJSON *job_json(adt_master *m) {
     if (m->last_recovery_s >= 0) cJSON_AddNumberToObject(o, "last_recovery_s", m->last_recovery_s);
     cJSON_AddNumberToObject(o, "uptime_s", adt_wall_s() - m->started_wall);
     cJSON_AddItemToObject(o, "data", m->have_job ? wj_job_to_json(&m->job) : cJSON_CreateNull());
+    cJSON_AddItemToObject(o, "spec", wj_spec_to_json(&m->spec));
     if (m->cfg.plan_world && m->plan_gen == m->gen && m->gen > 0) {
         cJSON *p = cJSON_AddObjectToObject(o, "plan");
         cJSON_AddNumberToObject(p, "generation", (double)m->plan_gen);
@@ -652,12 +653,13 @@ static void worlds_maybe_done(adt_master *m) {
 static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     m_agent *a = body_agent(m, b, rp);
     if (!a) return;
-    const char *kind, *msg;
-    int64_t gen, rank, ok;
+    const char *kind, *msg, *tail;
+    int64_t gen, rank, ok, code;
     double t;
     if (bad_field(rp, wj_str(b, "kind", 32, 0, &kind) || wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
                           wj_int(b, "rank", -1, INT32_MAX, 1, -1, &rank) || wj_int(b, "ok", 0, 1, 1, 0, &ok) ||
-                          wj_str(b, "msg", 400, 1, &msg) || wj_num(b, "t", 0, 1e12, 1, 0, &t)))
+                          wj_str(b, "msg", 400, 1, &msg) || wj_num(b, "t", 0, 1e12, 1, 0, &t) ||
+                          wj_int(b, "exit_code", -1, 255, 1, -1, &code) || wj_str(b, "stderr", 2048, 1, &tail)))
         return;
     int is_start = !strcmp(kind, "started"), is_fail = !strcmp(kind, "rank_failed"),
         is_done = !strcmp(kind, "world_done");
@@ -678,9 +680,18 @@ static void ep_agent_event(adt_master *m, const cJSON *b, adt_http_reply *rp) {
             if (m->L && rank >= 0)
                 adt_ledger_revoke_replica(m->L, m_ledger_gen(m), (int)(rank / m->rpr), msg ? msg : "rank failed", NULL);
             if (m->fail_wall <= 0) m->fail_wall = t > 0 ? t : adt_wall_s();
-            char why[500];
-            snprintf(why, sizeof why, "rank %lld on node %s failed: %s", (long long)rank, a->node, msg ? msg : "");
-            m_end_generation(m, why, 1, a->id);
+            char why[2600];
+            snprintf(why, sizeof why, "rank %lld on node %s failed: %s%s%s", (long long)rank, a->node, msg ? msg : "",
+                     tail && *tail ? "; its last output: " : "", tail ? tail : "");
+            if (code == 2) {
+                /* exit status 2 is a usage error (a bad flag, config or data): every restart would
+                 * fail the same way, so the job fails now, with the worker's own words */
+                size_t k = strlen(why);
+                snprintf(why + k, sizeof why - k, " (exit status 2, a usage error: not restarted)");
+                m_fail_job(m, why);
+            } else {
+                m_end_generation(m, why, 1, a->id);
+            }
         }
     } else {
         ms_event(m, "world_done", gen, a->id, -1, "%s", ok ? "every rank exited 0" : "failed");
@@ -822,6 +833,7 @@ static int data_gate(adt_master *m, const cJSON *b, int64_t *gen, int64_t *repli
 static void add_control(adt_master *m, cJSON *o) {
     cJSON_AddNumberToObject(o, "generation", (double)m->gen);
     cJSON_AddNumberToObject(o, "stop_at", m->gstate == G_STOPPING ? (double)m->stop_at : 0);
+    if (m->gstate == G_RUNNING || m->gstate == G_STOPPING) m_split_reply(m, o);
 }
 
 static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
@@ -895,6 +907,7 @@ static void ep_data_info(adt_master *m, adt_http_reply *rp) {
         cJSON_AddNumberToObject(o, "committed_steps", 0);
         cJSON_AddStringToObject(o, "checkpoint", "");
     }
+    if (m->gstate == G_RUNNING || m->gstate == G_STOPPING) m_split_reply(m, o);
     reply_json(rp, 200, o);
 }
 
@@ -955,7 +968,10 @@ static int already_reported(adt_master *m, int replica, int64_t step, const adt_
 /* The report part of a request (fields step, ranges) into o; 0 with rp set when refused. */
 static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o, adt_http_reply *rp) {
     int64_t step;
-    if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step))) return 0;
+    double compute_s;
+    if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step) ||
+                          wj_num(b, "compute_s", 0, 1e6, 1, -1, &compute_s)))
+        return 0;
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(b, "ranges");
     int n = cJSON_GetArraySize(ranges);
     if (!cJSON_IsArray(ranges) || n < 1 || n > 1024) {
@@ -986,6 +1002,8 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     }
     int rc = adt_ledger_report(m->L, m_ledger_gen(m), (int)replica, step, r, n);
     int dup = rc == ADT_ERR_ARG && already_reported(m, (int)replica, step, r, n);
+    int64_t samples = 0;
+    for (int i = 0; i < n; i++) samples += r[i].b - r[i].a;
     free(r);
     if (rc && !dup) {
         reply_status(rp, rc);
@@ -993,6 +1011,7 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     }
     if (step > m->max_reported) m->max_reported = step;
     m->last_report_mono = adt_now_s();
+    if (!dup) m_split_step(m, (int)replica, step, compute_s, samples);
     if (m->fail_wall > 0) {
         m->last_recovery_s = adt_wall_s() - m->fail_wall;
         m->fail_wall = 0;
@@ -1030,7 +1049,13 @@ static void ep_commit(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     if (!data_gate(m, b, &gen, NULL, rp)) return;
     if (bad_field(rp, wj_int(b, "steps", 1, INT64_C(1) << 52, 0, 0, &steps) || wj_str(b, "checkpoint", 255, 1, &ckpt)))
         return;
-    int rc = adt_ledger_commit(m->L, m_ledger_gen(m), steps, ckpt);
+    /* the split in force at `steps` first: a commit the ledger keeps always has its split */
+    int rc = m_split_commit(m, steps);
+    if (rc) {
+        reply_status(rp, rc);
+        return;
+    }
+    rc = adt_ledger_commit(m->L, m_ledger_gen(m), steps, ckpt);
     int dup = 0;
     if (rc == ADT_ERR_ARG) { /* asked again after a lost reply? */
         char msg[512];

@@ -26,10 +26,12 @@
 #include <string.h>
 
 #include "adtrain/straggler.h"
+#include "elastic/wire_internal.h"
 #include "master_internal.h"
 
 #define LOSS_MAX 2048 /* points kept of the loss curve: halved (every other) when full */
 #define ACT_MAX 64
+#define RING 8 /* steps whose compute reports are being gathered at once */
 
 typedef struct dash_action {
     int64_t generation;
@@ -50,6 +52,18 @@ struct m_strag {
     int n_loss, loss_stride;
     dash_action act[ACT_MAX];
     int64_t n_act; /* all time; the last ACT_MAX kept */
+
+    /* The split of the elastic world of generation sp_gen (0: not made yet). */
+    int64_t sp_gen;
+    wj_split sp;           /* n = 0: the master drives none                              */
+    int64_t sp_observed;   /* the last step given to the monitor                         */
+    int64_t idle_gen;      /* the generation whose reports without compute times were logged */
+    /* compute reports being gathered: RING steps x sp.n replicas */
+    int64_t ring_step[RING];
+    int ring_count[RING];
+    double *ring_c;
+    int64_t *ring_n;
+    unsigned char *ring_got;
 };
 
 int m_dash_init(adt_master *m, const adt_master_config *c) {
@@ -84,6 +98,7 @@ void m_dash_free(adt_master *m) {
     if (!s) return;
     adt_straggler_free(s->mon);
     free(s->split), free(s->samples), free(s->compute_s);
+    free(s->ring_c), free(s->ring_n), free(s->ring_got);
     free(s);
     m->strag = NULL;
 }
@@ -107,9 +122,12 @@ static int restart_elsewhere(adt_master *m, const adt_straggler_action *a) {
         if (a->rank < sl->rank_offset || a->rank >= sl->rank_offset + sl->local_size) continue;
         m_agent *ag = m_agent_find(m, sl->agent);
         if (!ag) return 0;
-        double cool = m->cfg.cooldown_min_s > 0 ? m->cfg.cooldown_min_s : 10;
+        /* the blacklist's cooldown for the node's failures so far (no failure is counted) */
+        double cool = m->cfg.cooldown_min_s * pow(2.0, ag->failures > 0 ? ag->failures - 1 : 0);
+        if (cool > m->cfg.cooldown_max_s) cool = m->cfg.cooldown_max_s;
         ag->cooldown_until = adt_wall_s() + cool;
         ms_event(m, "straggler", m->gen, ag->id, a->rank, "node %s left out for %.0f s: %s", ag->node, cool, a->why);
+        ms_save(m);
         m_request_stop(m, "straggler restart");
         return 1;
     }
@@ -339,4 +357,218 @@ int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp)
         return 1;
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The split of an elastic world: the controller on the compute times the replicas send with
+ * their step reports. One decision reaches every replica in the replies of the data calls, with
+ * the step it applies from: F = the highest step reported + 4 when it is taken (a worker knows
+ * step t's split from the reply to its report of step t-3, adtrain/elastic.h). Steps below F
+ * run the split before; no step below F is given to the monitor after a change, so no second
+ * decision comes before every replica switched.
+ */
+static int64_t sum64(const int64_t *v, int n) {
+    int64_t t = 0;
+    for (int i = 0; i < n; i++) t += v[i];
+    return t;
+}
+
+static void split_text(const int64_t *v, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o + 24 < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? "," : "", (long long)v[i]);
+}
+
+double *m_split_speeds(adt_master *m) {
+    if (m->world_size < 1) return NULL;
+    double *v = adt_calloc((size_t)m->world_size, sizeof *v);
+    int any = 0;
+    for (int i = 0; i < m->n_slots; i++) {
+        const m_slot *sl = &m->slots[i];
+        const m_agent *a = m_agent_find(m, sl->agent);
+        for (int l = 0; a && l < sl->local_size && l < a->n_speed; l++)
+            if (sl->rank_offset + l < m->world_size && a->speed[l] > 0) v[sl->rank_offset + l] = a->speed[l], any = 1;
+    }
+    if (!any) free(v), v = NULL;
+    return v;
+}
+
+/* The device of world rank `rank` ran at `speed` samples/s of compute. */
+static void note_speed(adt_master *m, int rank, double speed) {
+    for (int i = 0; i < m->n_slots; i++) {
+        const m_slot *sl = &m->slots[i];
+        if (rank < sl->rank_offset || rank >= sl->rank_offset + sl->local_size) continue;
+        m_agent *a = m_agent_find(m, sl->agent);
+        if (!a) return;
+        int l = rank - sl->rank_offset;
+        if (l >= a->n_speed) {
+            a->speed = adt_realloc(a->speed, (size_t)(l + 1) * sizeof *a->speed);
+            for (int k = a->n_speed; k <= l; k++) a->speed[k] = 0;
+            a->n_speed = l + 1;
+        }
+        a->speed[l] = speed;
+        return;
+    }
+}
+
+static void split_save(adt_master *m) {
+    cJSON *o = cJSON_CreateObject();
+    wj_split_to_json(o, &m->strag->sp);
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    ms_split_state_save(m, m->gen, txt);
+    free(txt);
+}
+
+/* The first split of the current generation: the one committed with the step it resumes from
+ * (as many replicas), else the plan's batch_split, else one in proportion to the speeds
+ * measured on its devices (even where none was). None without a policy or a plan's split. */
+static void split_begin(adt_master *m) {
+    m_strag *s = m->strag;
+    if (s->sp_gen == m->gen || !m->have_job || m->replicas < 1) return;
+    int n = m->replicas;
+    int64_t B = m->job.global_batch;
+    s->sp_gen = m->gen;
+    s->sp.n = 0;
+    s->sp_observed = -1;
+    for (int i = 0; i < RING; i++) s->ring_step[i] = -1, s->ring_count[i] = 0;
+    if (m->cfg.plan_world) m_plan_text(m); /* a restarted master reads the plan file back */
+    int planned = m->plan_gen == m->gen && m->plan.n_split == n && sum64(m->plan.batch_split, n) == B;
+    if ((s->cfg.policy == ADT_STRAGGLER_OFF && !planned) || n > WJ_SPLIT_MAX || n > ADT_STRAGGLER_MAX_RANKS || B < n)
+        return;
+    int64_t *v = s->sp.cur;
+    const char *from = "committed with step";
+    char *saved = ms_split_state_load(m, m->gen); /* a restarted master: the one in force */
+    cJSON *so = saved ? cJSON_Parse(saved) : NULL;
+    free(saved);
+    wj_split prev;
+    int resumed = so && wj_split_from_json(so, &prev) == 1 && prev.n == n && sum64(prev.cur, n) == B;
+    cJSON_Delete(so);
+    if (resumed) {
+        s->sp = prev;
+        s->sp_observed = prev.from - 1;
+        from = "resumed";
+    } else if (!(m->gen_first_step > 0 && ms_split_load(m, m->gen_first_step, v, n) == n && sum64(v, n) == B)) {
+        if (planned) {
+            memcpy(v, m->plan.batch_split, (size_t)n * sizeof *v);
+            from = "the plan's batch_split";
+        } else {
+            double *rank_speed = m_split_speeds(m), speed[ADT_STRAGGLER_MAX_RANKS], known = 0;
+            int n_known = 0;
+            for (int r = 0; r < n; r++) {
+                speed[r] = rank_speed ? rank_speed[r * m->rpr] : 0;
+                if (speed[r] > 0) known += speed[r], n_known++;
+            }
+            for (int r = 0; r < n; r++)
+                if (speed[r] <= 0) speed[r] = n_known ? known / n_known : 1;
+            from = n_known ? "measured speeds" : "even";
+            free(rank_speed);
+            int64_t lo = s->cfg.min_local > 0 ? s->cfg.min_local : 1;
+            if (adt_straggler_split(B, n, speed, (int64_t)n * lo <= B ? lo : 1, v)) return;
+        }
+    }
+    if (!resumed) {
+        memcpy(s->sp.before, v, (size_t)n * sizeof *v);
+        s->sp.from = m->gen_first_step;
+        s->sp.n = n;
+        split_save(m);
+    }
+    s->ring_c = adt_realloc(s->ring_c, (size_t)RING * (size_t)n * sizeof *s->ring_c);
+    s->ring_n = adt_realloc(s->ring_n, (size_t)RING * (size_t)n * sizeof *s->ring_n);
+    s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)n);
+    reset_world(s, n, m->gen);
+    memcpy(s->split, v, (size_t)n * sizeof *v);
+    char txt[512];
+    split_text(v, n, txt, sizeof txt);
+    ms_event(m, "split", m->gen, -1, -1, "[%s] from step %lld (%s)", txt, (long long)s->sp.from, from);
+}
+
+void m_split_reply(adt_master *m, cJSON *o) {
+    split_begin(m);
+    if (m->strag->sp_gen == m->gen) wj_split_to_json(o, &m->strag->sp);
+}
+
+int m_split_commit(adt_master *m, int64_t steps) {
+    split_begin(m);
+    m_strag *s = m->strag;
+    if (s->sp_gen != m->gen || s->sp.n < 1) return ADT_OK;
+    int64_t v[WJ_SPLIT_MAX];
+    for (int r = 0; r < s->sp.n; r++) v[r] = wj_split_at(&s->sp, r, steps);
+    return ms_split_save(m, steps, v, s->sp.n);
+}
+
+/* Every replica reported step `step` (its slot k of the ring): the monitor and controller. */
+static void split_observe(adt_master *m, int k, int64_t step) {
+    m_strag *s = m->strag;
+    int n = s->sp.n;
+    const double *c = s->ring_c + (size_t)k * (size_t)n;
+    const int64_t *smp = s->ring_n + (size_t)k * (size_t)n;
+    int64_t split[WJ_SPLIT_MAX];
+    memcpy(split, s->sp.cur, (size_t)n * sizeof *split);
+    for (int r = 0; r < n; r++) s->compute_s[r] = c[r], s->samples[r] = smp[r], s->split[r] = split[r];
+    s->step = (long)step;
+    int64_t total = adt_ledger_job_steps(&m->job);
+    adt_straggler_action a;
+    if (adt_straggler_observe(s->mon, (long)step, ADT_PHASE_TRAIN, c, smp, split, (long)(total - step - 1), &a)) {
+        ms_event(m, "straggler", m->gen, -1, -1, "step %lld: the monitor refused the reports: %s", (long long)step,
+                 adt_error_message());
+        return;
+    }
+    s->sp_observed = step;
+    for (int r = 0; r < n; r++) {
+        const adt_straggler_rank *ri = adt_straggler_rank_info(s->mon, r);
+        if (ri && ri->ewma_s > 0)
+            for (int q = 0; q < m->rpr; q++) note_speed(m, r * m->rpr + q, 1.0 / ri->ewma_s);
+    }
+    if (a.kind == ADT_ACTION_NONE) return;
+    dash_action *d = &s->act[s->n_act++ % ACT_MAX];
+    *d = (dash_action){.generation = m->gen, .a = a, .wall = adt_wall_s()};
+    char txt[512];
+    if (a.kind == ADT_ACTION_REBALANCE && memcmp(split, s->sp.cur, (size_t)n * sizeof *split)) {
+        memcpy(s->sp.before, s->sp.cur, (size_t)n * sizeof *split);
+        memcpy(s->sp.cur, split, (size_t)n * sizeof *split);
+        s->sp.from = (m->max_reported > step ? m->max_reported : step) + 4;
+        d->applied = 1;
+        split_save(m);
+        split_text(split, n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, a.rank, "rebalance: split [%s] from step %lld (decided at step %lld): %s",
+                 txt, (long long)s->sp.from, (long long)step, a.why);
+    } else if (a.kind == ADT_ACTION_RESTART) {
+        adt_straggler_action wa = a;
+        wa.rank = a.rank * m->rpr; /* the replica's first rank */
+        split_text(s->sp.cur, n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, a.rank, "restart elsewhere at step %lld (split [%s]): %s",
+                 (long long)step, txt, a.why);
+        d->applied = restart_elsewhere(m, &wa);
+    }
+}
+
+void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples) {
+    split_begin(m);
+    m_strag *s = m->strag;
+    if (s->cfg.policy == ADT_STRAGGLER_OFF || s->sp_gen != m->gen || s->sp.n < 1) return;
+    if (compute_s < 0) {
+        if (s->idle_gen != m->gen) { /* the policy was asked for: say once why it cannot act */
+            s->idle_gen = m->gen;
+            ms_event(m, "straggler_idle", m->gen, -1, replica,
+                     "straggler policy %s: replica %d reports step %lld without compute_s; the policy cannot act on "
+                     "this world's speeds",
+                     adt_straggler_policy_name(s->cfg.policy), replica, (long long)step);
+        }
+        return;
+    }
+    if (replica < 0 || replica >= s->sp.n || step < s->sp.from || step <= s->sp_observed) return;
+    int k = (int)(step % RING), n = s->sp.n;
+    if (s->ring_step[k] != step) {
+        s->ring_step[k] = step, s->ring_count[k] = 0;
+        memset(s->ring_got + (size_t)k * (size_t)n, 0, (size_t)n);
+    }
+    unsigned char *got = s->ring_got + (size_t)k * (size_t)n;
+    if (got[replica]) return; /* a retried report */
+    got[replica] = 1;
+    s->ring_c[(size_t)k * (size_t)n + (size_t)replica] = compute_s;
+    s->ring_n[(size_t)k * (size_t)n + (size_t)replica] = samples;
+    if (++s->ring_count[k] < n) return;
+    s->ring_step[k] = -1;
+    split_observe(m, k, step);
 }

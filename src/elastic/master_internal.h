@@ -53,6 +53,8 @@ typedef struct m_agent {
     double cooldown_until;  /* wall: not placed in a world before this (if others can run) */
     int n_pids;
     int *pids;              /* [rank_offset + i] -> pid of its live world, n_pids of them    */
+    int n_speed;
+    double *speed;          /* [local rank]: samples/s of compute measured there, 0 unknown   */
 } m_agent;
 
 /* One agent's part of a world. */
@@ -98,7 +100,7 @@ struct adt_master {
     /* the generation */
     int64_t gen;
     m_gstate gstate;
-    char greason[160];
+    char greason[1024];
     double gstate_mono;      /* when it entered gstate                                    */
     m_slot *slots;
     int n_slots, world_size, replicas;
@@ -142,6 +144,7 @@ struct adt_master {
     int ticker_on, stopping;
 
     m_strag *strag;          /* the straggler monitor and controller (master_dash.c)       */
+    adt_elastic_job_spec spec; /* what the job trains (cfg.spec, plus the master's own)       */
 
     /* re-planning (cfg.plan_world): the plan of world `plan_gen`, its text served to workers */
     adt_world_plan plan;     /* plan.json: the text, or NULL (data parallel)                 */
@@ -160,6 +163,13 @@ void ms_event(adt_master *m, const char *kind, int64_t generation, int64_t agent
     __attribute__((format(printf, 6, 7)));
 /* Events with seq > after (at most max, 0 = all) as a JSON array of objects; *last = last seq. */
 cJSON *ms_events(adt_master *m, int64_t after, int64_t max, int64_t *last);
+/* The split in force at a commit of `steps` steps, saved before the ledger commits; load
+ * returns its replicas (0: none stored). */
+int ms_split_save(adt_master *m, int64_t steps, const int64_t *split, int n);
+int ms_split_load(adt_master *m, int64_t steps, int64_t *split, int max);
+/* The split of generation gen as JSON text (m_split_reply's fields); load: NULL if none (malloc'd). */
+int ms_split_state_save(adt_master *m, int64_t gen, const char *json);
+char *ms_split_state_load(adt_master *m, int64_t gen);
 
 /* ---- master_plan.c ------------------------------------------------------------------------ */
 const char *m_gstate_name(m_gstate s);
@@ -177,6 +187,8 @@ void m_end_generation(adt_master *m, const char *reason, int failure, int64_t ag
 int m_ledger_ready(adt_master *m);
 /* The ledger's generation for the current one. */
 int64_t m_ledger_gen(const adt_master *m);
+/* The job fails now, whatever the restart budget (a worker's usage error). */
+void m_fail_job(adt_master *m, const char *reason);
 /* Asks the running world to stop at a step boundary (a planned change). */
 void m_request_stop(adt_master *m, const char *reason);
 /* The plan of the current generation (JSON text), reading DIR/plan-g<G>.json after a restart;
@@ -192,5 +204,15 @@ int m_dash_init(adt_master *m, const adt_master_config *c); /* checks the stragg
 void m_dash_free(adt_master *m);
 /* Serves /dashboard, /v1/straggler and /v1/straggler/report; 0 for any other path. */
 int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp);
+/* The split of the current generation (adt_elastic_local_batch): the reply fields of a data
+ * call; one replica's step report with its compute seconds (fed to the controller once every
+ * replica reported the step); the split in force at a commit of `steps`, saved before the
+ * ledger commits (ADT_OK when there is none to save). */
+void m_split_reply(adt_master *m, cJSON *o);
+void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples);
+int m_split_commit(adt_master *m, int64_t steps);
+/* The speeds measured on the devices of the current world's slots, [world] (0: unknown), or
+ * NULL when none was measured; malloc'd. */
+double *m_split_speeds(adt_master *m);
 
 #endif

@@ -190,6 +190,12 @@ void m_end_generation(adt_master *m, const char *reason, int failure, int64_t ag
     m_changed(m);
 }
 
+void m_fail_job(adt_master *m, const char *reason) {
+    if (m->gstate == G_DONE || m->gstate == G_FAILED) return;
+    ms_event(m, "ended", m->gen, -1, -1, "failure: %s", reason);
+    job_finished(m, G_FAILED, reason);
+}
+
 void m_request_stop(adt_master *m, const char *reason) {
     if (m->gstate != G_RUNNING) return;
     if (!m->L) { /* workers that report nothing cannot stop at a step boundary */
@@ -293,13 +299,35 @@ static void plan_path(const adt_master *m, int64_t gen, char *buf, size_t n) {
 /* The new world's plan (cfg.plan_world), written next to the state and recorded as an event.
  * Planning runs before the agents can learn of the world (the lock is held), so every worker
  * of the generation finds its plan. A failure leaves the world data parallel, and says why. */
-static void replan(adt_master *m) {
+static void plan_clear(adt_master *m) {
     free(m->plan.json);
+    free(m->plan.batch_split);
     memset(&m->plan, 0, sizeof m->plan);
+}
+
+/* The plan text's "batch_split" (a restarted master reads the plan file back). */
+static void plan_split_from_text(adt_master *m) {
+    cJSON *o = cJSON_Parse(m->plan.json);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "batch_split"), *x;
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    if (n > 0) {
+        m->plan.batch_split = adt_calloc((size_t)n, sizeof *m->plan.batch_split);
+        cJSON_ArrayForEach(x, a) m->plan.batch_split[m->plan.n_split++] = cJSON_IsNumber(x) ? (int64_t)x->valuedouble : 0;
+    }
+    cJSON_Delete(o);
+}
+
+static void replan(adt_master *m) {
+    plan_clear(m);
     m->plan_gen = m->gen;
     if (!m->cfg.plan_world) return;
     double t0 = adt_now_s();
-    int rc = m->cfg.plan_world(m->cfg.plan_ctx, m->world_size, &m->plan);
+    /* the devices of the new world at the speeds the job measured them (straggler reports) */
+    double *speed = m_split_speeds(m);
+    adt_world_shape shape = {.world = m->world_size, .replicas = m->replicas,
+                             .batch = m->have_job ? m->job.global_batch : 0, .speed = speed};
+    int rc = m->cfg.plan_world(m->cfg.plan_ctx, &shape, &m->plan);
+    free(speed);
     if (!rc && m->plan.json && !m->in_memory) {
         char path[4096];
         plan_path(m, m->gen, path, sizeof path);
@@ -307,8 +335,7 @@ static void replan(adt_master *m) {
     }
     m->plan_s = adt_now_s() - t0;
     if (rc) {
-        free(m->plan.json);
-        m->plan.json = NULL;
+        plan_clear(m);
         ms_event(m, "replan", m->gen, -1, -1, "world %d: no plan, data parallel (%s); %.1f ms", m->world_size,
                  adt_error_message(), m->plan_s * 1e3);
         return;
@@ -316,16 +343,19 @@ static void replan(adt_master *m) {
     char pred[64] = "not priced (no --cluster)";
     if (m->plan.predicted_step_s > 0)
         snprintf(pred, sizeof pred, "predicted %.4f ms/step", m->plan.predicted_step_s * 1e3);
-    ms_event(m, "replan", m->gen, -1, -1, "world %d: strategy %s, mesh %s, %s%s%s; planned in %.1f ms", m->world_size,
+    char split[256] = "";
+    for (int i = 0, o = 0; i < m->plan.n_split && o < (int)sizeof split - 24; i++)
+        o += snprintf(split + o, sizeof split - (size_t)o, "%s%lld", i ? "," : "; batch_split ",
+                      (long long)m->plan.batch_split[i]);
+    ms_event(m, "replan", m->gen, -1, -1, "world %d: strategy %s, mesh %s, %s%s%s%s; planned in %.1f ms", m->world_size,
              m->plan.json ? m->plan.strategy : "dp (no plan file)", m->plan.mesh, pred, m->plan.note[0] ? "; " : "",
-             m->plan.note, m->plan_s * 1e3);
+             m->plan.note, split, m->plan_s * 1e3);
 }
 
 const char *m_plan_text(adt_master *m) {
     if (m->plan_gen == m->gen) return m->plan.json;
     /* a restarted master: the plan its predecessor wrote for this generation, if any */
-    free(m->plan.json);
-    memset(&m->plan, 0, sizeof m->plan);
+    plan_clear(m);
     m->plan_gen = m->gen;
     if (m->in_memory || m->gen < 1) return NULL;
     char path[4096];
@@ -333,6 +363,7 @@ const char *m_plan_text(adt_master *m) {
     size_t n;
     if (access(path, R_OK) || adt_file_read(path, 64u << 20, "plan", &m->plan.json, &n)) m->plan.json = NULL;
     if (m->plan.json) snprintf(m->plan.strategy, sizeof m->plan.strategy, "plan-g%lld.json", (long long)m->gen);
+    if (m->plan.json) plan_split_from_text(m);
     return m->plan.json;
 }
 

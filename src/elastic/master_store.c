@@ -31,7 +31,8 @@ static const char *k_schema =
     " rank_offset INTEGER NOT NULL, local_size INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS failures(t REAL NOT NULL);"
     "CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, kind TEXT NOT NULL,"
-    " generation INTEGER, agent INTEGER, rank INTEGER, detail TEXT);";
+    " generation INTEGER, agent INTEGER, rank INTEGER, detail TEXT);"
+    "CREATE TABLE IF NOT EXISTS commit_split(steps INTEGER PRIMARY KEY, split TEXT NOT NULL);";
 
 static int db_err(adt_master *m, const char *what) {
     return adt_error(ADT_ERR_IO, "master state %s/%s: %s: %s", m->in_memory ? "" : m->job_dir, ADT_MASTER_STATE_FILE,
@@ -174,6 +175,67 @@ int ms_save(adt_master *m) {
         exec_sql(m, "ROLLBACK");
     if (rc) adt_log(ADT_LOG_ERROR, "master: saving the state failed: %s", adt_error_message());
     return rc;
+}
+
+/* ---- the split stored with each commit ------------------------------------------------------ */
+/* Written (durably: the ledger's commit that follows is fsync'd, and must never survive a power
+ * loss that this row did not) before the ledger commits `steps`. A row is only ever read for
+ * the ledger's commit in force, which was made after its row; a later attempt at the same step
+ * count replaces the row only after a rewind rolled that commit back. */
+int ms_split_save(adt_master *m, int64_t steps, const int64_t *split, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)split[i]));
+    char *txt = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+    sqlite3_stmt *s;
+    int rc = exec_sql(m, "PRAGMA synchronous = FULL");
+    if (!rc && sqlite3_prepare_v2(m->db, "INSERT OR REPLACE INTO commit_split(steps, split) VALUES (?1, ?2)", -1, &s,
+                                  NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(s, 1, steps);
+        sqlite3_bind_text(s, 2, txt, -1, SQLITE_TRANSIENT);
+        rc = sqlite3_step(s) == SQLITE_DONE ? ADT_OK : db_err(m, "saving the split");
+        sqlite3_finalize(s);
+    } else if (!rc) {
+        rc = db_err(m, "prepare");
+    }
+    exec_sql(m, "PRAGMA synchronous = NORMAL");
+    free(txt);
+    return rc;
+}
+
+int ms_split_load(adt_master *m, int64_t steps, int64_t *split, int max) {
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(m->db, "SELECT split FROM commit_split WHERE steps = ?1", -1, &s, NULL)) return -1;
+    sqlite3_bind_int64(s, 1, steps);
+    int n = 0;
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        cJSON *a = cJSON_Parse((const char *)sqlite3_column_text(s, 0));
+        const cJSON *x;
+        cJSON_ArrayForEach(x, a) {
+            if (n == max || !cJSON_IsNumber(x)) {
+                n = 0;
+                break;
+            }
+            split[n++] = (int64_t)x->valuedouble;
+        }
+        cJSON_Delete(a);
+    }
+    sqlite3_finalize(s);
+    return n;
+}
+
+/* The split of the running generation, so that a restarted master goes on serving the one its
+ * workers follow (not the generation's first). */
+int ms_split_state_save(adt_master *m, int64_t gen, const char *json) {
+    return meta_put(m, "split_state", 0, 0, 0, json) ? ADT_ERR_IO : meta_put(m, "split_gen", gen, 0, 0, NULL);
+}
+
+char *ms_split_state_load(adt_master *m, int64_t gen) {
+    int64_t g = 0;
+    char buf[65536];
+    if (meta_get(m, "split_gen", &g, NULL, NULL, 0) != 1 || g != gen) return NULL;
+    if (meta_get(m, "split_state", NULL, NULL, buf, sizeof buf) != 1) return NULL;
+    return adt_strdup(buf);
 }
 
 /* ---- loading -------------------------------------------------------------------------------- */

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,4 +174,142 @@ int wj_grant_parse(const char *s) {
     if (s && !strcmp(s, "done")) return ADT_LEDGER_DONE;
     if (s && !strcmp(s, "wait")) return ADT_LEDGER_WAIT;
     return -1;
+}
+
+/* ---- the split ------------------------------------------------------------------------------ */
+static cJSON *i64_array(const int64_t *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
+void wj_split_to_json(cJSON *o, const wj_split *s) {
+    if (s->n < 1) return;
+    cJSON_AddItemToObject(o, "split", i64_array(s->cur, s->n));
+    cJSON_AddNumberToObject(o, "from_step", (double)s->from);
+    cJSON_AddItemToObject(o, "split_before", i64_array(s->before, s->n));
+}
+
+static int i64_array_from(const cJSON *a, int64_t *v, int max) {
+    int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+    if (n < 1 || n > max) return -1;
+    int i = 0;
+    for (const cJSON *x = a->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 4503599627370496.0 ||
+            x->valuedouble != (double)(int64_t)x->valuedouble)
+            return -1;
+        v[i] = (int64_t)x->valuedouble;
+    }
+    return n;
+}
+
+int wj_split_from_json(const cJSON *o, wj_split *s) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "split");
+    if (!a) return 0;
+    int64_t from;
+    int n = i64_array_from(a, s->cur, WJ_SPLIT_MAX);
+    if (n < 1 || wj_int(o, "from_step", 0, INT64_C(1) << 52, 0, 0, &from) ||
+        i64_array_from(cJSON_GetObjectItemCaseSensitive(o, "split_before"), s->before, WJ_SPLIT_MAX) != n) {
+        s->n = 0;
+        return -1;
+    }
+    s->n = n, s->from = from;
+    return 1;
+}
+
+int64_t wj_split_at(const wj_split *s, int r, int64_t step) {
+    if (r < 0 || r >= s->n) return 0;
+    return step >= s->from ? s->cur[r] : s->before[r];
+}
+
+/* ---- the job spec --------------------------------------------------------------------------- */
+cJSON *wj_spec_to_json(const adt_elastic_job_spec *s) {
+    cJSON *o = cJSON_CreateObject();
+    if (s->have & ADT_SPEC_MODEL) {
+        cJSON_AddStringToObject(o, "model", s->model);
+        if (s->model_json) cJSON_AddStringToObject(o, "model_json", s->model_json);
+    }
+    if (s->have & ADT_SPEC_BATCH) cJSON_AddNumberToObject(o, "batch", (double)s->batch);
+    if (s->have & ADT_SPEC_OPTIMIZER) cJSON_AddStringToObject(o, "optimizer", s->optimizer);
+    if (s->have & ADT_SPEC_LR) cJSON_AddNumberToObject(o, "lr", s->lr);
+    if (s->have & ADT_SPEC_MOMENTUM) cJSON_AddNumberToObject(o, "momentum", s->momentum);
+    if (s->have & ADT_SPEC_WEIGHT_DECAY) cJSON_AddNumberToObject(o, "weight_decay", s->weight_decay);
+    if (s->have & ADT_SPEC_STEPS) cJSON_AddNumberToObject(o, "steps", (double)s->steps);
+    if (s->have & ADT_SPEC_SEED) {
+        char b[24];
+        snprintf(b, sizeof b, "%llu", (unsigned long long)s->seed);
+        cJSON_AddStringToObject(o, "seed", b); /* a string: above 2^53 a number would round */
+    }
+    if (s->have & ADT_SPEC_DATA) cJSON_AddStringToObject(o, "data", s->data);
+    if (s->have & ADT_SPEC_STRAGGLER) {
+        cJSON_AddStringToObject(o, "straggler_policy", s->straggler_policy);
+        cJSON_AddStringToObject(o, "straggler_config", s->straggler_config);
+    }
+    if (s->have & ADT_SPEC_CHECKPOINT_DIR) cJSON_AddStringToObject(o, "checkpoint_dir", s->checkpoint_dir);
+    return o;
+}
+
+/* A string field into a fixed buffer; *have gets `bit` when present. */
+static int spec_str(const cJSON *o, const char *name, char *dst, size_t cap, unsigned bit, unsigned *have) {
+    const char *v = NULL;
+    int rc = wj_str(o, name, cap - 1, 1, &v);
+    if (!rc && v) snprintf(dst, cap, "%s", v), *have |= bit;
+    return rc;
+}
+
+int wj_spec_from_json(const cJSON *o, adt_elastic_job_spec *s) {
+    memset(s, 0, sizeof *s);
+    if (!cJSON_IsObject(o)) return adt_error(ADT_ERR_FORMAT, "field 'spec': expected an object");
+    const char *mj = NULL, *seed = NULL;
+    int64_t v;
+    int rc;
+    if ((rc = spec_str(o, "model", s->model, sizeof s->model, ADT_SPEC_MODEL, &s->have)) ||
+        (rc = wj_str(o, "model_json", 64u << 20, 1, &mj)) ||
+        (rc = spec_str(o, "optimizer", s->optimizer, sizeof s->optimizer, ADT_SPEC_OPTIMIZER, &s->have)) ||
+        (rc = spec_str(o, "data", s->data, sizeof s->data, ADT_SPEC_DATA, &s->have)) ||
+        (rc = spec_str(o, "straggler_policy", s->straggler_policy, sizeof s->straggler_policy, ADT_SPEC_STRAGGLER,
+                       &s->have)) ||
+        (rc = spec_str(o, "straggler_config", s->straggler_config, sizeof s->straggler_config, ADT_SPEC_STRAGGLER,
+                       &s->have)) ||
+        (rc = spec_str(o, "checkpoint_dir", s->checkpoint_dir, sizeof s->checkpoint_dir, ADT_SPEC_CHECKPOINT_DIR,
+                       &s->have)) ||
+        (rc = wj_str(o, "seed", 24, 1, &seed)))
+        return adt_error_prefix(rc, "spec: ");
+    if (mj) s->model_json = adt_strdup(mj);
+    static const struct { const char *name; unsigned bit; } nums[] = {
+        {"lr", ADT_SPEC_LR}, {"momentum", ADT_SPEC_MOMENTUM}, {"weight_decay", ADT_SPEC_WEIGHT_DECAY}};
+    double *dst[] = {&s->lr, &s->momentum, &s->weight_decay};
+    for (int i = 0; i < 3; i++) {
+        if (!cJSON_GetObjectItemCaseSensitive(o, nums[i].name)) continue;
+        if ((rc = wj_num(o, nums[i].name, 0, 1e6, 0, 0, dst[i]))) goto bad;
+        s->have |= nums[i].bit;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(o, "batch")) {
+        if ((rc = wj_int(o, "batch", 1, INT64_C(1) << 40, 0, 0, &v))) goto bad;
+        s->batch = v, s->have |= ADT_SPEC_BATCH;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(o, "steps")) {
+        if ((rc = wj_int(o, "steps", 1, INT64_C(1) << 52, 0, 0, &v))) goto bad;
+        s->steps = v, s->have |= ADT_SPEC_STEPS;
+    }
+    if (seed) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(seed, &end, 10);
+        if (!*seed || *end || errno || *seed == '-') {
+            rc = adt_error(ADT_ERR_FORMAT, "field 'seed': expected an unsigned integer as a string, got '%s'", seed);
+            goto bad;
+        }
+        s->seed = x, s->have |= ADT_SPEC_SEED;
+    }
+    return ADT_OK;
+bad:
+    adt_elastic_job_spec_free(s);
+    return adt_error_prefix(rc, "spec: ");
+}
+
+void adt_elastic_job_spec_free(adt_elastic_job_spec *s) {
+    if (!s) return;
+    free(s->model_json);
+    s->model_json = NULL;
 }

@@ -9,6 +9,7 @@
 #include <cJSON.h>
 #include <stdint.h>
 
+#include "adtrain/elastic.h"
 #include "adtrain/ledger.h"
 
 /* Integer field `name` of object o in [lo, hi]. Missing: *out = def and ADT_OK if `optional`,
@@ -28,6 +29,26 @@ int wj_job_equal(const adt_ledger_job *a, const adt_ledger_job *b);
 
 cJSON *wj_lease_to_json(const adt_ledger_lease *l);
 int wj_lease_from_json(const cJSON *o, adt_ledger_lease *l);
+
+/* The split of the data calls' replies (adtrain/elastic.h, adt_elastic_local_batch):
+ * "split": [...], "from_step": F, "split_before": [...]. n = 0: none. */
+#define WJ_SPLIT_MAX 1024
+typedef struct wj_split {
+    int n;
+    int64_t from;
+    int64_t cur[WJ_SPLIT_MAX], before[WJ_SPLIT_MAX];
+} wj_split;
+void wj_split_to_json(cJSON *o, const wj_split *s);
+/* 1 when o carries a well-formed split (into *s), 0 when it carries none, -1 malformed. */
+int wj_split_from_json(const cJSON *o, wj_split *s);
+/* Replica r's local batch at `step`; 0 without a split. */
+int64_t wj_split_at(const wj_split *s, int r, int64_t step);
+/* The split a worker client holds (client.c), for its pipe. */
+const wj_split *wj_client_split(const adt_elastic *c);
+
+/* The job spec (adt_elastic_job_spec) as GET /v1/job's "spec" object: told fields only. */
+cJSON *wj_spec_to_json(const adt_elastic_job_spec *s);
+int wj_spec_from_json(const cJSON *o, adt_elastic_job_spec *s);
 
 const char *wj_grant_name(int grant);
 int wj_grant_parse(const char *s);

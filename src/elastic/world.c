@@ -38,6 +38,8 @@
 typedef struct linebuf {
     char buf[LINE_CAP];
     size_t len;
+    char tail[ADT_WORLD_TAIL]; /* stderr: its last lines, oldest cut first ("a\nb") */
+    size_t tail_len;
 } linebuf;
 
 typedef struct wslot {
@@ -155,6 +157,7 @@ static void rank_failed(adt_world *w, int l, adt_rank_failure why, int code, con
     adt_world_event *ev = push_event(w, ADT_WORLD_EV_RANK_FAILED, l);
     ev->reason = why;
     ev->code = code;
+    if (s->lb[1]) snprintf(ev->tail, sizeof ev->tail, "%s", s->lb[1]->tail);
     va_list ap;
     va_start(ap, fmt);
     int n = snprintf(ev->msg, sizeof ev->msg, "rank %d (pid %d) ", s->info.rank, (int)s->info.pid);
@@ -203,7 +206,26 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
+/* Keeps the line at the end of the stderr tail, dropping whole lines from its front. */
+static void keep_tail(linebuf *b, const char *p, size_t n) {
+    size_t cap = sizeof b->tail - 1;
+    if (n > cap / 2) p += n - cap / 2, n = cap / 2; /* a long line: its end says most */
+    size_t need = b->tail_len + (b->tail_len ? 1 : 0) + n;
+    if (need > cap) {
+        size_t cut = need - cap;
+        const char *nl = memchr(b->tail + cut, '\n', b->tail_len - cut);
+        cut = nl ? (size_t)(nl - b->tail) + 1 : b->tail_len;
+        memmove(b->tail, b->tail + cut, b->tail_len - cut);
+        b->tail_len -= cut;
+    }
+    if (b->tail_len) b->tail[b->tail_len++] = '\n';
+    memcpy(b->tail + b->tail_len, p, n);
+    b->tail_len += n;
+    b->tail[b->tail_len] = 0;
+}
+
 static void emit_line(adt_world *w, int l, int which, const char *p, size_t n) {
+    if (which) keep_tail(w->r[l].lb[1], p, n);
     char buf[LINE_CAP + 64];
     int h = snprintf(buf, sizeof buf, "[rank %d] ", w->r[l].info.rank);
     memcpy(buf + h, p, n);
