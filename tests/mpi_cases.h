@@ -34,6 +34,14 @@ static inline int mpi_child_cases(adt_comm *world, const mpi_case *cases, int n)
     return rc ? 1 : 0;
 }
 
+/* A child's main: joins the world (its rank and size into *rank, *size), then every case. */
+static inline int mpi_child_main(const mpi_case *cases, int n, adt_comm **world, int *rank, int *size) {
+    if (!(*world = mpi_child_world())) return 1;
+    *rank = adt_comm_rank(*world);
+    *size = adt_comm_size(*world);
+    return mpi_child_cases(*world, cases, n);
+}
+
 /* The parent: one world per size in [lo, hi]; a case passes when every rank reported it ok. */
 static inline void mpi_test_worlds(const mpi_case *cases, int n_cases, int lo, int hi, double limit) {
     CHECK(mpi_find_mpiexec(), "no mpiexec on PATH (install mpich, or set ADT_MPIEXEC)");

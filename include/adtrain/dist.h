@@ -8,7 +8,9 @@
  *   - A mesh has 1..ADT_MAX_MESH_DIMS axes, coordinates row-major, axis 0 outermost.
  *   - An nd-SBP holds one SBP per mesh axis. Splits nest left to right: when mesh axes a < b
  *     both split tensor axis k, axis a cuts k into blocks first and axis b cuts each of those.
- *     Every cut is the block distribution of adt_block_range (sizes differ by at most one).
+ *     Every cut is the block distribution of adt_block_range (sizes differ by at most one), except
+ *     on a mesh with a batch split (tensor.h, adt_mesh_cut): there the data-parallel axis cuts
+ *     batch-derived lengths into the split's parts.
  *   - P on a set of mesh axes: the ranks that differ only in those coordinates hold full-size
  *     blocks whose elementwise sum is the logical block.
  *   - An n-D signature of a node is one 1-D signature (ops.h) per mesh axis: the Cartesian
@@ -45,6 +47,10 @@ void adt_mesh_coord(const adt_mesh *m, int index, int *coord);
 int adt_mesh_rank(const adt_mesh *m, const int *coord);
 /* "(2,3)" */
 char *adt_mesh_str(const adt_mesh *m, char *buf, size_t n);
+/* The part [start, start + len) of a length n that coordinate i of mesh axis `axis` holds: the
+ * parts of the mesh's batch split (tensor.h) for a length the batch divides on its split axis,
+ * else adt_block_range. Every block of an nd-SBP is cut with it. */
+void adt_mesh_cut(const adt_mesh *m, int axis, int64_t n, int i, int64_t *start, int64_t *len);
 
 /* ---- nd-SBP -------------------------------------------------------------------------------- */
 
@@ -339,6 +345,10 @@ typedef struct adt_dist_local {
 int adt_dist_partition(const adt_graph *g, const adt_dist_plan *p, const int *coord, adt_dist_local *out);
 void adt_dist_local_free(adt_dist_local *l);
 
+/* The layout leaf v is held in under plan p: its entry in p->leaf_sbp, else that of its in-place
+ * updater, else its first reader's with P read as B (see adt_dist_plan). */
+adt_ndsbp adt_dist_leaf_layout(const adt_graph *g, const adt_dist_plan *p, int v);
+
 /* The step a BOXING node of a local graph performs (mesh axis sizes from m); what a
  * communicator's run() starts from. */
 int adt_boxing_node_step(const adt_graph *lg, const adt_node *n, const adt_mesh *m, adt_boxing_step *st);
@@ -419,6 +429,14 @@ typedef struct adt_plan {
     adt_ndsbp *leaf_sbp;  /* [n_values]; ndim 0: the partitioner's default                      */
     adt_comm_cost cost;   /* link prices the plan was made with                                  */
     char *pending;        /* parsed, not yet bound layouts (JSON text)                          */
+    /* Balanced data parallelism: the local batch of each data-parallel replica (coordinate of
+     * the data axis), summing to batch, or NULL: the even block split. Set by the file's
+     * "batch_split" or adt_plan_set_batch_split; owned by the plan. */
+    int *batch_split;
+    int n_batch_split;
+    int split_axis;       /* the stage-mesh axis it runs along (adt_plan_data_axis), -1: none   */
+    int *split_parts;     /* batch_split / microbatches: the stage meshes' split of the graph's
+                             batch (each microbatch cuts every replica's share alike)           */
 } adt_plan;
 
 void adt_plan_free(adt_plan *p);
@@ -450,6 +468,25 @@ int adt_plan_check(const adt_plan *p);
  * every signature registered and usable on the stage mesh, every leaf layout B or S with
  * non-empty blocks, and every in-place update reading its state as held. */
 int adt_plan_validate(const adt_plan *p, const adt_graph *g);
+
+/* The stage-mesh axis along which the plan splits the batch: the one mesh axis on which the fed
+ * inputs (data and labels: fed leaves other than lr and step whose axis 0 is the graph's batch)
+ * are held split on axis 0 (S(0)), in their leaf layouts or, where a plan leaves a leaf's layout
+ * open, as their first reader reads them. g is the plan's graph. ADT_OK with *axis, or
+ * ADT_ERR_ARG naming the input: none split on the batch (no data-parallel axis), or split on
+ * more than one axis, or on different axes. */
+int adt_plan_data_axis(const adt_plan *p, const adt_graph *g, int *axis);
+/* Balanced data parallelism as an uneven S(0) split: replica c of the data axis takes sizes[c]
+ * samples of each global batch (sizes NULL or n 0: back to the even split). Checks, naming the
+ * field "batch_split": the plan is bound to g (its graph), it has a data axis, n is that axis'
+ * size, every size is >= 1 and a multiple of the microbatches (each microbatch gives replica c
+ * sizes[c] / microbatches samples), the sizes sum to the batch; then that every signature still
+ * fits every block (adt_plan_validate). On an error the plan keeps its split. Every block split
+ * over the data axis whose length the graph's batch divides follows the split (adt_mesh_cut):
+ * inputs, labels, activations and their gradients, and also a parameter or optimizer state held
+ * split over that axis (ZeRO) whose split axis the batch divides. Meshes made by
+ * adt_plan_stage_mesh / adt_plan_dist point into the plan: make them again after a change. */
+int adt_plan_set_batch_split(adt_plan *p, const adt_graph *g, const int *sizes, int n);
 
 /* Plan files. parse: the JSON text of a plan (name_for_errors starts every message); load: the
  * same from a file; bind: resolves the layouts of a parsed plan against the graph (which must be

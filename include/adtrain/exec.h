@@ -267,6 +267,32 @@ const adt_pipe_stage *adt_pipe_stage_info(const adt_pipe *pp);
  * (adt_pipe_stage_info(pp)->local_of maps global values to those). */
 const adt_dist_local *adt_pipe_local(const adt_pipe *pp);
 adt_mesh_comm *adt_pipe_mesh_comm(adt_pipe *pp);
+/* After adt_plan_set_batch_split changed the plan's split (between steps): makes the stage's
+ * partition, communicators and executor again for it (the options given at creation) and carries
+ * the persistent state over (adt_dist_move_state); *pp is then the new pipe, the old one freed.
+ * On an error *pp is unchanged. Collective over the world. */
+int adt_pipe_rebuild(adt_pipe **pp);
+
+/* ---- a new batch split between steps (balanced data parallelism) ------------------------------
+ * A batch split (adt_plan_set_batch_split) fixes the local shapes of every batch-split value, so
+ * changing it remakes a rank's local graph and executor; the persistent state goes along.
+ *
+ * adt_dist_move_state: every persistent value (parameters, optimizer state) of global graph g
+ * held by both local graphs, from from_ex (local graph `from`, partitioned on from_mc's mesh) to
+ * to_ex (local graph `to`, partitioned on to_mesh: the same mesh and layouts, another batch
+ * split): copied when no coordinate's block changes, else gathered whole over from_mc and cut
+ * for to_mesh. Collective over from_mc's mesh (every rank calls it with the same graphs).
+ *
+ * adt_dist_rebuild: for a plan run without stages or microbatches, as a trainer holds it (its
+ * local graph *loc, communicators *mc and executor *ex, made from an earlier adt_plan_dist of
+ * the same plan): partitions g for p (the plan's new adt_plan_dist) at *mc's coordinate, makes
+ * new communicators and an executor (opts, with its comm hook replaced), moves the state, then
+ * frees the old three and puts the new ones in their place. On an error the old ones are kept.
+ * Fed inputs, lr and step are not carried: the caller feeds them every step, as before. */
+int adt_dist_move_state(const adt_graph *g, adt_mesh_comm *from_mc, const adt_dist_local *from, adt_exec *from_ex,
+                        const adt_mesh *to_mesh, const adt_dist_local *to, adt_exec *to_ex);
+int adt_dist_rebuild(adt_comm *world, const adt_graph *g, const adt_dist_plan *p, const adt_exec_opts *opts,
+                     adt_dist_local *loc, adt_mesh_comm **mc, adt_exec **ex);
 
 /* OpenBLAS picks its kernels when it loads, from the CPU model; on a CPU newer than the
  * library it falls back to SSE3 kernels. Call first thing in main(): if that happened, the

@@ -64,13 +64,22 @@ typedef struct adt_ndsbp {
     adt_sbp s[ADT_MAX_MESH_DIMS];
 } adt_ndsbp;
 
-/* A device mesh: shape, and the global rank at each mesh coordinate (row-major). */
+/* A device mesh: shape, and the global rank at each mesh coordinate (row-major).
+ * A batch split (balanced data parallelism) makes the blocks of one mesh axis uneven by design:
+ * when split is set, mesh axis split_axis cuts a tensor axis whose length L is a multiple of
+ * split_total (the batch: the batch axis and the axes made from it, like [B*T]) into parts
+ * proportional to split[0..dim[split_axis]) (coordinate c: split[c] * L / split_total rows,
+ * in order); other lengths, and other axes, keep the block distribution of adt_block_range.
+ * split is not owned by the mesh (NULL, the default: no batch split). */
 typedef struct adt_mesh {
     int ndim;
     int dim[ADT_MAX_MESH_DIMS];
     int intra_axis; /* the mesh axis that stays within one node, -1 if none */
     int nranks;
     int *ranks; /* [nranks] */
+    const int *split; /* [dim[split_axis]] parts summing to split_total, or NULL */
+    int split_axis;
+    int split_total;
 } adt_mesh;
 
 /* "S(1)", "B", "P"; ndsbp as "(S(0),B)" */

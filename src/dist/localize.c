@@ -157,7 +157,8 @@ static int check_coords(const adt_graph *g, int node, const adt_nd_sig *s, const
     const adt_op_def *d = adt_op_get(n->op);
     char sigs[512], mbuf[32], cbuf[32], e[64], got[64];
     int reps[ADT_MAX_MESH_DIMS][MAX_REPS + 1], nrep[ADT_MAX_MESH_DIMS], count = m->nranks, use_reps = 0;
-    if (!d->localize && coord_reps(g, n, s, m, reps, nrep)) {
+    /* a batch split's parts are arbitrary: its coordinates do not reduce to representatives */
+    if (!d->localize && !m->split && coord_reps(g, n, s, m, reps, nrep)) {
         use_reps = 1, count = 1;
         for (int a = 0; a < m->ndim; a++) count *= nrep[a];
     }
@@ -395,7 +396,7 @@ struct adt_sig_pool_entry {
 adt_sig_cache *adt_sig_pool_get(adt_sig_pool *p, const adt_graph *g, const adt_mesh *m) {
     for (int i = 0; i < p->n; i++) {
         struct adt_sig_pool_entry *e = p->e[i];
-        int same = e->g == g && e->m.ndim == m->ndim;
+        int same = e->g == g && e->m.ndim == m->ndim && !e->m.split && !m->split;
         for (int a = 0; same && a < m->ndim; a++) same = e->m.dim[a] == m->dim[a];
         if (same) return &e->sc;
     }

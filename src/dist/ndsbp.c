@@ -3,8 +3,9 @@
  * holds, and the nd-SBP text form.
  *
  * Nesting: mesh axes are applied outer (0) to inner; a split of tensor axis k on axis m cuts
- * the range of k left by the outer axes with adt_block_range. So (S0,S0) on a (2,3) mesh cuts
- * axis 0 in two, then each half in three, and rank (c0,c1) holds block c1 of block c0.
+ * the range of k left by the outer axes with adt_mesh_cut (adt_block_range, or the parts of a
+ * batch split). So (S0,S0) on a (2,3) mesh cuts axis 0 in two, then each half in three, and rank
+ * (c0,c1) holds block c1 of block c0.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -56,6 +57,29 @@ char *adt_mesh_str(const adt_mesh *m, char *buf, size_t n) {
     return buf;
 }
 
+void adt_mesh_cut(const adt_mesh *m, int axis, int64_t n, int i, int64_t *start, int64_t *len) {
+    if (!m->split || axis != m->split_axis || m->split_total < 1 || n % m->split_total) {
+        adt_block_range(n, m->dim[axis], i, start, len);
+        return;
+    }
+    int64_t unit = n / m->split_total, before = 0; /* a batch-derived length: parts of the batch split */
+    for (int c = 0; c < i; c++) before += m->split[c];
+    *start = before * unit;
+    *len = (int64_t)m->split[i] * unit;
+}
+
+/* The smallest and largest part mesh axis `axis` cuts a length n into. */
+static void mesh_cut_bounds(const adt_mesh *m, int axis, int64_t n, int64_t *lo, int64_t *hi) {
+    int p = m->dim[axis];
+    if (!m->split || axis != m->split_axis || m->split_total < 1 || n % m->split_total) {
+        *lo = n / p, *hi = (n + p - 1) / p;
+        return;
+    }
+    int a = m->split[0], b = m->split[0];
+    for (int c = 1; c < p; c++) a = m->split[c] < a ? m->split[c] : a, b = m->split[c] > b ? m->split[c] : b;
+    *lo = a * (n / m->split_total), *hi = b * (n / m->split_total);
+}
+
 /* ---- nd-SBP -------------------------------------------------------------------------------- */
 
 int adt_ndsbp_equal(const adt_ndsbp *a, const adt_ndsbp *b) {
@@ -90,7 +114,7 @@ adt_box adt_ndsbp_block(const adt_ndsbp *s, const adt_mesh *m, const int *coord,
         if (s->s[a].kind != ADT_SBP_S) continue;
         int k = s->s[a].axis;
         int64_t start, len;
-        adt_block_range(b.shape.dim[k], m->dim[a], coord[a], &start, &len);
+        adt_mesh_cut(m, a, b.shape.dim[k], coord[a], &start, &len);
         b.offset[k] += start;
         b.shape.dim[k] = len;
     }
@@ -193,9 +217,11 @@ void adt_ndsbp_block_bounds(const adt_ndsbp *s, const adt_mesh *m, adt_shape glo
     *lo = *hi = global;
     for (int a = 0; a < s->ndim && a < m->ndim; a++) {
         if (s->s[a].kind != ADT_SBP_S) continue;
-        int k = s->s[a].axis, p = m->dim[a];
-        lo->dim[k] /= p;                      /* the floor of the smallest      */
-        hi->dim[k] = (hi->dim[k] + p - 1) / p; /* the ceiling of the largest     */
+        int k = s->s[a].axis;
+        int64_t l, h, ignore;
+        mesh_cut_bounds(m, a, lo->dim[k], &l, &ignore); /* the floor of the smallest   */
+        mesh_cut_bounds(m, a, hi->dim[k], &ignore, &h); /* the ceiling of the largest  */
+        lo->dim[k] = l, hi->dim[k] = h;
     }
 }
 

@@ -110,8 +110,7 @@ static adt_ndsbp no_partial(adt_ndsbp s) {
     return s;
 }
 
-/* The layout a leaf is held in (see adt_dist_plan). */
-static adt_ndsbp leaf_layout(const adt_graph *g, const adt_dist_plan *p, int v) {
+adt_ndsbp adt_dist_leaf_layout(const adt_graph *g, const adt_dist_plan *p, int v) {
     if (p->leaf_sbp && p->leaf_sbp[v].ndim) return p->leaf_sbp[v];
     for (int i = 0; i < g->n_nodes; i++) {
         const adt_node *n = &g->nodes[i];
@@ -140,7 +139,7 @@ static int check_plan(const adt_graph *g, const adt_dist_plan *p, adt_ndsbp *lay
             layout[v] = p->node_sig[val->producer].out[val->out_index];
             continue;
         }
-        layout[v] = leaf_layout(g, p, v);
+        layout[v] = adt_dist_leaf_layout(g, p, v);
         if (!adt_ndsbp_fits(&layout[v], &p->mesh, val->shape) || adt_ndsbp_partial_mask(&layout[v]))
             return adt_error(ADT_ERR_ARG, "partition: leaf '%s' %s cannot be held as %s on mesh %s (a leaf is B or S, "
                              "every block non-empty)",

@@ -16,6 +16,8 @@ void adt_plan_free(adt_plan *p) {
     free(p->node_sig);
     free(p->leaf_sbp);
     free(p->pending);
+    free(p->batch_split);
+    free(p->split_parts);
     memset(p, 0, sizeof *p);
 }
 
@@ -104,6 +106,11 @@ int adt_plan_stage_mesh(const adt_plan *p, int stage, adt_mesh *out, int *ranks)
         ranks[i] = adt_mesh_rank(m, fc);
     }
     out->ranks = ranks;
+    if (p->split_parts && p->split_axis >= 0 && p->split_axis < out->ndim) {
+        out->split = p->split_parts;
+        out->split_axis = p->split_axis;
+        out->split_total = p->batch / p->microbatches;
+    }
     return ADT_OK;
 }
 
@@ -236,4 +243,97 @@ int adt_plan_validate(const adt_plan *p, const adt_graph *g) {
     if (!rc) rc = check_inplace(p, g);
     if (rk != ranks) free(rk);
     return rc;
+}
+
+/* ---- balanced data parallelism: the batch split ---------------------------------------------------- */
+
+int adt_plan_data_axis(const adt_plan *p, const adt_graph *g, int *axis) {
+    *axis = -1;
+    if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: the plan has no layouts (not bound)", p->name);
+    adt_dist_plan d = {.node_sig = p->node_sig, .leaf_sbp = p->leaf_sbp};
+    d.mesh.ndim = p->mesh.ndim - (p->pp_axis >= 0);
+    if (d.mesh.ndim < 1) d.mesh.ndim = 1; /* a pipeline of single devices */
+    int64_t batch = p->batch / (p->microbatches > 0 ? p->microbatches : 1);
+    const char *first = NULL;
+    char names[160] = "";
+    for (int v = 0; v < g->n_values; v++) {
+        const adt_value *val = &g->values[v];
+        if (val->producer >= 0 || !adt_role_is_fed(val->role) || v == g->lr_input || v == g->step_input ||
+            val->shape.ndim < 1 || val->shape.dim[0] != batch)
+            continue;
+        size_t k = strlen(names);
+        if (k < sizeof names - 40) snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", val->name);
+        adt_ndsbp held = adt_dist_leaf_layout(g, &d, v);
+        int found = -1;
+        char lay[64];
+        for (int a = 0; a < held.ndim; a++) {
+            if (held.s[a].kind != ADT_SBP_S || held.s[a].axis != 0) continue;
+            if (found >= 0)
+                return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\": the fed input '%s' is held as %s, its batch split "
+                                 "over mesh axes %d and %d; a batch split needs the batch on one data-parallel axis",
+                                 p->name, val->name, adt_ndsbp_str(&held, lay, sizeof lay), found, a);
+            found = a;
+        }
+        if (found < 0) continue;
+        if (*axis >= 0 && found != *axis)
+            return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\": the fed inputs '%s' and '%s' split the batch over "
+                             "different mesh axes (%d and %d)", p->name, first, val->name, *axis, found);
+        *axis = found;
+        first = val->name;
+    }
+    if (*axis < 0)
+        return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\": the plan has no data-parallel axis (no mesh axis splits "
+                         "the batch of the fed inputs %s)", p->name, names[0] ? names : "(none)");
+    return ADT_OK;
+}
+
+/* The stage-mesh axis a data axis is, in the whole mesh's numbering (for messages). */
+static const char *data_axis_name(const adt_plan *p, int stage_axis) {
+    for (int a = 0, k = 0; a < p->mesh.ndim; a++) {
+        if (a == p->pp_axis) continue;
+        if (k++ == stage_axis) return p->axis[a][0] ? p->axis[a] : "?";
+    }
+    return "?";
+}
+
+int adt_plan_set_batch_split(adt_plan *p, const adt_graph *g, const int *sizes, int n) {
+    if (!p->node_sig || !p->leaf_sbp)
+        return adt_error(ADT_ERR_STATE, "%s: field \"batch_split\": the plan has no layouts (bind it first)", p->name);
+    if (!sizes || n == 0) {
+        free(p->batch_split), free(p->split_parts);
+        p->batch_split = p->split_parts = NULL, p->n_batch_split = 0, p->split_axis = -1;
+        return ADT_OK;
+    }
+    int axis, rc = adt_plan_data_axis(p, g, &axis);
+    if (rc) return rc;
+    int want = 1;
+    for (int a = 0, k = 0; a < p->mesh.ndim; a++)
+        if (a != p->pp_axis && k++ == axis) want = p->mesh.dim[a];
+    const char *an = data_axis_name(p, axis);
+    if (n != want)
+        return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\" has %d entries, expected %d (one local batch per replica "
+                         "of the data-parallel axis \"%s\")", p->name, n, want, an);
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] < 1 || sizes[i] % p->microbatches)
+            return adt_error(ADT_ERR_ARG, "%s: field \"batch_split[%d]\" is %d, expected a positive multiple of the "
+                             "microbatches (%d)", p->name, i, sizes[i], p->microbatches);
+        sum += sizes[i];
+    }
+    if (sum != p->batch)
+        return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\" sums to %lld, expected the global batch (%d)", p->name,
+                         (long long)sum, p->batch);
+    int *old = p->batch_split, *old_parts = p->split_parts, old_n = p->n_batch_split, old_axis = p->split_axis;
+    p->batch_split = adt_malloc((size_t)n * sizeof *p->batch_split);
+    p->split_parts = adt_malloc((size_t)n * sizeof *p->split_parts);
+    for (int i = 0; i < n; i++) p->batch_split[i] = sizes[i], p->split_parts[i] = sizes[i] / p->microbatches;
+    p->n_batch_split = n, p->split_axis = axis;
+    rc = adt_plan_validate(p, g);
+    if (rc) {
+        free(p->batch_split), free(p->split_parts);
+        p->batch_split = old, p->split_parts = old_parts, p->n_batch_split = old_n, p->split_axis = old_axis;
+        return adt_error_prefix(rc, "%s: field \"batch_split\": ", p->name);
+    }
+    free(old), free(old_parts);
+    return ADT_OK;
 }

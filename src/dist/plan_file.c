@@ -26,7 +26,8 @@
 #define PLAN_MAX_COUNT (1 << 28) /* nodes, values, layers */
 
 static const char *const root_fields[] = {"format", "version", "strategy", "model", "batch", "microbatches",
-                                          "optimizer", "mesh", "pipeline", "graph", "cost", "layouts", NULL};
+                                          "batch_split", "optimizer", "mesh", "pipeline", "graph", "cost", "layouts",
+                                          NULL};
 static const char *const mesh_fields[] = {"shape", "axes", "ranks", "intra_axis", NULL};
 static const char *const pipeline_fields[] = {"axis", "stages", NULL};
 static const char *const graph_fields[] = {"nodes", "values", "layers", "checksum", NULL};
@@ -141,6 +142,37 @@ static int parse_header(adt_plan *p, const cJSON *root) {
                          p->name, s);
     p->optim = k ? ADT_OPTIM_SGD : ADT_OPTIM_ADAMW;
     p->momentum = k == 2;
+    return ADT_OK;
+}
+
+/* "batch_split": what the file says on its own (positive local batches, multiples of the
+ * microbatches, summing to the batch); its length and the data axis wait for bind. */
+static int parse_batch_split(adt_plan *p, const cJSON *root) {
+    const cJSON *j = get(root, "batch_split");
+    if (!j || cJSON_IsNull(j)) return ADT_OK;
+    int len = cJSON_IsArray(j) ? cJSON_GetArraySize(j) : 0;
+    if (len < 1 || len > PLAN_MAX_DEVICES)
+        return adt_error(ADT_ERR_ARG, "%s: field \"batch_split\" is %s, expected an array of local batch sizes, one per "
+                         "data-parallel replica, summing to \"batch\" (%d)", p->name,
+                         cJSON_IsArray(j) ? "an empty array" : adt_cfg_json_kind(j), p->batch);
+    int *sizes = adt_malloc((size_t)len * sizeof *sizes), n, rc;
+    rc = adt_cfg_to_int_array(j, "batch_split", 1, len, 1, p->batch, "local batch sizes", p->name, sizes, &n);
+    int64_t sum = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (sizes[i] % p->microbatches)
+            rc = adt_error(ADT_ERR_ARG, "%s: field \"batch_split[%d]\" is %d, expected a multiple of \"microbatches\" "
+                           "(%d): every microbatch takes the same share of each replica's batch", p->name, i, sizes[i],
+                           p->microbatches);
+        sum += sizes[i];
+    }
+    if (!rc && sum != p->batch)
+        rc = adt_error(ADT_ERR_ARG, "%s: field \"batch_split\" sums to %lld, expected \"batch\" (%d)", p->name,
+                       (long long)sum, p->batch);
+    if (rc) {
+        free(sizes);
+        return rc;
+    }
+    p->batch_split = sizes, p->n_batch_split = n;
     return ADT_OK;
 }
 
@@ -312,6 +344,7 @@ int adt_plan_parse(adt_plan *p, const char *json_text, const char *name_for_erro
                        adt_cfg_json_kind(root));
     if (!rc) rc = adt_cfg_check_fields(root, root_fields, "plan", p->name);
     if (!rc) rc = parse_header(p, root);
+    if (!rc) rc = parse_batch_split(p, root);
     if (!rc) rc = parse_mesh(p, root);
     if (!rc) rc = parse_graph_and_pipeline(p, root);
     if (!rc) rc = adt_plan_check(p);
@@ -533,7 +566,9 @@ int adt_plan_bind(adt_plan *p, const adt_graph *g) {
     free(b.layer_done);
     layer_index_free(&b.li);
     free(rk);
-    if (!rc) rc = adt_plan_validate(p, g);
+    /* a batch split in the file: its data axis and length need the layouts (then validates) */
+    if (!rc) rc = p->batch_split ? adt_plan_set_batch_split(p, g, p->batch_split, p->n_batch_split)
+                                 : adt_plan_validate(p, g);
     if (rc) {
         free(p->node_sig);
         free(p->leaf_sbp);
@@ -628,6 +663,7 @@ char *adt_plan_to_json(const adt_plan *p, const adt_graph *g) {
     free(model);
     cJSON_AddNumberToObject(j, "batch", p->batch);
     cJSON_AddNumberToObject(j, "microbatches", p->microbatches);
+    if (p->batch_split) cJSON_AddItemToObject(j, "batch_split", cJSON_CreateIntArray(p->batch_split, p->n_batch_split));
     cJSON_AddStringToObject(j, "optimizer", optim_names[p->optim == ADT_OPTIM_ADAMW ? 0 : p->momentum ? 2 : 1]);
     cJSON *m = cJSON_AddObjectToObject(j, "mesh");
     cJSON_AddItemToObject(m, "shape", cJSON_CreateIntArray(p->mesh.dim, p->mesh.ndim));

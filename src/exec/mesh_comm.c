@@ -52,6 +52,7 @@ struct adt_mesh_comm {
     adt_comm *world;
     adt_mesh mesh;
     int *ranks; /* the mesh's rank table (owned; the identity when the mesh has none) */
+    int *split; /* the mesh's batch split (owned), or NULL */
     int coord[ADT_MAX_MESH_DIMS];
     adt_comm *axis[ADT_MAX_MESH_DIMS];
     binding *bindings;
@@ -303,6 +304,12 @@ int adt_mesh_comm_create(adt_mesh_comm **out, adt_comm *world, const adt_mesh *m
     mc->ranks = adt_malloc((size_t)mesh->nranks * sizeof *mc->ranks); /* comm/ wants the table */
     for (int i = 0; i < mesh->nranks; i++) mc->ranks[i] = mesh->ranks ? mesh->ranks[i] : i;
     mc->mesh.ranks = mc->ranks;
+    if (mesh->split) { /* blocks outlive the plan the mesh came from */
+        int n = mesh->dim[mesh->split_axis];
+        mc->split = adt_malloc((size_t)n * sizeof *mc->split);
+        memcpy(mc->split, mesh->split, (size_t)n * sizeof *mc->split);
+        mc->mesh.split = mc->split;
+    }
     int rc = adt_comm_mesh_coords(&mc->mesh, adt_comm_rank(world), mc->coord);
     if (rc != 1) {
         adt_mesh_comm_free(mc);
@@ -333,6 +340,7 @@ int adt_mesh_comm_free(adt_mesh_comm *mc) {
         if (r && !rc) rc = r;
     }
     free(mc->ranks);
+    free(mc->split);
     free(mc);
     return rc;
 }

@@ -29,6 +29,7 @@ struct adt_pipe {
     int ranks[1024], coord[ADT_MAX_MESH_DIMS], pos;
     adt_mesh_comm *mc;
     adt_exec *ex;
+    adt_exec_opts opts;     /* as given: a rebuild makes its executor with them */
     int slots, M;
     int *peer;              /* [st.n_links] the world rank at the other end */
     char **stage_buf;       /* [st.n_links * M] staging of sent blocks */
@@ -103,6 +104,7 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
     pp->p = p;
     pp->g = g;
     pp->M = p->microbatches > 0 ? p->microbatches : 1;
+    if (opts) pp->opts = *opts;
     int stage, rc = adt_plan_locate(p, adt_comm_rank(world), &stage, pp->coord);
     if (!rc) rc = adt_pipe_stage_build(g, p, stage, &pp->st);
     adt_dist_plan d = {0};
@@ -123,6 +125,7 @@ int adt_pipe_create(adt_pipe **out, adt_comm *world, const adt_plan *p, const ad
     pp->mesh.ranks = NULL;
     rc = pipe_comms(pp);
     if (!rc) rc = adt_mesh_comm_create(&pp->mc, pp->stage_comm, &pp->mesh);
+    if (!rc) pp->mesh.split = adt_mesh_comm_mesh(pp->mc)->split; /* its own copy: the plan's may change */
     if (!rc) {
         int S = p->n_stages, s = pp->st.stage;
         pp->slots = S - s < pp->M ? S - s : pp->M;
@@ -187,6 +190,20 @@ void adt_pipe_free(adt_pipe *pp) {
     adt_dist_local_free(&pp->loc);
     adt_pipe_stage_free(&pp->st);
     free(pp);
+}
+
+int adt_pipe_rebuild(adt_pipe **pp) {
+    adt_pipe *old = *pp, *nw = NULL;
+    int rc = adt_pipe_create(&nw, old->world, old->p, old->g, &old->opts);
+    if (rc) return rc; /* adt_pipe_create agrees on failures across the world */
+    rc = adt_dist_move_state(old->st.g, old->mc, &old->loc, old->ex, &nw->mesh, &nw->loc, nw->ex);
+    if (rc) {
+        adt_pipe_free(nw);
+        return rc;
+    }
+    adt_pipe_free(old);
+    *pp = nw;
+    return ADT_OK;
 }
 
 adt_exec *adt_pipe_exec(adt_pipe *pp) { return pp->ex; }
