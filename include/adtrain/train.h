@@ -49,6 +49,7 @@ typedef struct adt_train_balance_opts {
     const char *config;  /* "K=V,..." thresholds (adt_straggler_cfg_parse), or NULL        */
     const char *split;   /* "B0,B1,..." the initial local batches, or NULL: equal          */
     const char *master;  /* HOST:PORT of a master whose controller decides, or NULL        */
+    int by_feed;         /* the elastic job's master drives the split through its data replies */
     long micro_batch;    /* at most this many samples per pass; 0: the whole local batch   */
     int slow_rank;       /* injected slowness (tests, benchmarks): -1 none                 */
     double slow_factor, slow_add_s;
@@ -86,6 +87,10 @@ typedef struct adt_train_opts {
     long commit_every;       /* flash checkpoint and commit every N steps (default 10)        */
     double lease_timeout;    /* seconds a silent replica keeps its leases (default 30)        */
     int flash;               /* state copied to shared memory, persisted behind (default 1)   */
+    /* bit i: the i-th option of adt_train_opts_set was set through it (an elastic job's spec
+     * yields to none of them); a field set directly counts as given when it differs from its
+     * default */
+    uint64_t given;
     /* rank 0's notes (a line without newline), e.g. "resume ckpt: continuing after step 100" */
     void (*note)(void *ctx, const char *line);
     void *note_ctx;

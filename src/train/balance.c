@@ -88,6 +88,7 @@ typedef struct train_bal {
     double make_s;            /* seconds spent making step executors this step (not compute)  */
     long steps;
     int64_t generation;      /* --straggler-master: the generation reports name             */
+    double last_compute_s;   /* this rank's compute seconds of the last step                 */
     int master_warned;       /* the master could not be reached (said once)                 */
     int32_t *split32;        /* [nranks] the split as rank 0 broadcasts it                  */
     /* the pass in progress, for the after_node callback */
@@ -393,8 +394,10 @@ int train_balance_build(trainer *t) {
     if (t->o.bal.slow_rank >= n)
         return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d rank%s", t->o.bal.slow_rank, n,
                           n == 1 ? "" : "s");
-    /* with a master, its controller decides; this monitor only measures */
-    b->cfg = adt_straggler_defaults(t->o.bal.master ? ADT_STRAGGLER_OFF : (adt_straggler_policy)t->o.bal.policy);
+    /* with a master (asked, or driving the split through the elastic feed), its controller
+     * decides; this monitor only measures */
+    int decides = !t->o.bal.master && !t->o.bal.by_feed;
+    b->cfg = adt_straggler_defaults(decides ? (adt_straggler_policy)t->o.bal.policy : ADT_STRAGGLER_OFF);
     if (t->o.bal.config && adt_straggler_cfg_parse(&b->cfg, t->o.bal.config))
         return train_fail(EXIT_USAGE, "--straggler-config: %s", adt_error_message());
     b->mon = adt_straggler_create(n, &b->cfg);
@@ -427,8 +430,8 @@ void train_balance_banner(const trainer *t, FILE *f) {
     const train_bal *b = t->bal;
     const adt_train_balance_opts *o = &t->o.bal;
     fprintf(f, "dist   %d rank%s, balanced data parallel (straggler policy %s%s), split", t->nranks,
-            t->nranks == 1 ? "" : "s", adt_straggler_policy_name(o->master ? o->policy : b->cfg.policy),
-            o->master ? ", decided by the master" : "");
+            t->nranks == 1 ? "" : "s", adt_straggler_policy_name(o->master || o->by_feed ? o->policy : b->cfg.policy),
+            o->master || o->by_feed ? ", decided by the job's master" : "");
     for (int i = 0; i < t->nranks; i++) fprintf(f, "%s%lld", i ? "/" : " ", (long long)b->split[i]);
     if (o->micro_batch) fprintf(f, ", passes of at most %ld samples", o->micro_batch);
     if (o->slow_rank >= 0) {
@@ -611,6 +614,7 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
         sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
         compute = adt_now_s() - t0 - b->make_s;
     }
+    b->last_compute_s = compute;
     /* the gradients' all-reduces (started in the passes) done, then every rank's timing and the
      * loss summed */
     double c0 = adt_now_s();
@@ -668,6 +672,24 @@ int64_t train_local_batch(const trainer *t) {
 }
 
 const int64_t *train_balance_split(const trainer *t) { return t->bal->split; }
+
+double train_balance_compute_s(const trainer *t) { return t->bal ? t->bal->last_compute_s : -1; }
+
+void train_balance_set_split(trainer *t, const int64_t *split, long step) {
+    train_bal *b = t->bal;
+    int n = t->nranks;
+    if (!memcmp(b->split, split, (size_t)n * sizeof *split)) return;
+    memcpy(b->split, split, (size_t)n * sizeof *split);
+    memset(b->fin_compute, 0, (size_t)n * sizeof *b->fin_compute); /* a new split: measured afresh */
+    memset(b->fin_samples, 0, (size_t)n * sizeof *b->fin_samples);
+    b->fin_steps = 0;
+    char text[256];
+    size_t k = 0;
+    for (int r = 0; r < n && k < sizeof text; r++) k += (size_t)snprintf(text + k, sizeof text - k, "%s%lld", r ? "/" : "", (long long)split[r]);
+    train_note(t, "straggler: step %ld: the master's split %s", step, text);
+    adt_straggler_action a = {.kind = ADT_ACTION_REBALANCE, .rank = -1, .step = step};
+    log_action_line(t, &a, "master");
+}
 
 void train_balance_adopt_split(trainer *t, const char *text) {
     int64_t got[ADT_STRAGGLER_MAX_RANKS], sum = 0;

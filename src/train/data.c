@@ -13,6 +13,12 @@
 #include "train_internal.h"
 
 int train_load_model(trainer *t) {
+    if (!t->o.model_path && t->spec_model_json) { /* the elastic job's, as its master was told */
+        if (adt_model_cfg_parse(&t->model, t->spec_model_json, "the job's --model"))
+            return train_fail(EXIT_USAGE, "%s", adt_error_message());
+        snprintf(t->model_label, sizeof t->model_label, "the job's model");
+        return 0;
+    }
     if (!t->o.model_path) {
         adt_model_cfg_default(&t->model);
         t->builtin_model = 1;

@@ -432,8 +432,15 @@ int train_elastic_start(trainer *t) {
 /* ---- a step's batch ------------------------------------------------------------------------------ */
 
 /* This rank's share of step `step`'s samples, leased into e->mine. */
-static int lease_share(trainer *t, train_elastic *e, int64_t *got) {
-    int64_t need = train_local_batch(t);
+/* This rank's local batch at `step`: the split the master set (its data replies carry it), else
+ * the runner's. */
+static int64_t local_batch(trainer *t, train_elastic *e, long step) {
+    int64_t lb = t->o.bal.by_feed ? adt_elastic_pipe_local_batch(e->pipe, step) : 0;
+    return lb > 0 ? lb : train_local_batch(t);
+}
+
+static int lease_share(trainer *t, train_elastic *e, long step, int64_t *got) {
+    int64_t need = local_batch(t, e, step);
     e->n_mine = 0;
     *got = 0;
     double waited_until = 0;
@@ -470,7 +477,7 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
     int64_t got, W = 1 + 3 * MAX_RANGES;
     e->step_t0 = adt_now_s();
     e->step_el_s = 0;
-    int rc = lease_share(t, e, &got);
+    int rc = lease_share(t, e, step, &got);
     if (rc) return rc;
     double t_lease = adt_now_s();
     e->lease_s = t_lease - e->step_t0;
@@ -498,15 +505,24 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
      * sampler's order. Not beyond the run or a known stop: that lease would go unused. */
     int64_t stop_at = adt_elastic_pipe_stop_at(e->pipe);
     if (step < t->o.steps && (stop_at <= 0 || step < stop_at)) {
-        int st = adt_elastic_pipe_prefetch(e->pipe, train_local_batch(t));
+        int st = adt_elastic_pipe_prefetch(e->pipe, local_batch(t, e, step + 1));
         if (st) return el_fail(st, "lease");
     }
     e->step_el_s += adt_now_s() - e->step_t0;
     int64_t n = 0, *ranges = adt_malloc((size_t)t->nranks * MAX_RANGES * 3 * sizeof *ranges);
+    int64_t split[ADT_STRAGGLER_MAX_RANKS];
     for (int r = 0; r < t->nranks; r++) {
         const int64_t *blk = e->gathered + (size_t)r * W;
         memcpy(ranges + 3 * n, blk + 1, (size_t)blk[0] * 3 * sizeof *ranges);
         n += blk[0];
+        split[r] = 0;
+        for (int64_t i = 0; i < blk[0]; i++) split[r] += blk[3 + 3 * i] - blk[2 + 3 * i];
+    }
+    /* the master's split: every rank leased its local batch, so the leases say the split */
+    if (t->o.bal.by_feed && t->bal && t->nranks <= ADT_STRAGGLER_MAX_RANKS) {
+        int64_t sum = 0;
+        for (int r = 0; r < t->nranks; r++) sum += split[r];
+        if (sum == t->o.batch) train_balance_set_split(t, split, step);
     }
     qsort(ranges, (size_t)n, 3 * sizeof *ranges, cmp_range);
     int64_t k = 0;
@@ -588,7 +604,9 @@ static int drain(train_elastic *e) {
 static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     *stop = 0;
     double t_rep = adt_now_s();
-    int st = e->n_mine ? adt_elastic_pipe_report(e->pipe, step - 1, e->mine, e->n_mine) : adt_elastic_pipe_status(e->pipe);
+    /* with this rank's compute time of the step: the master's straggler controller judges by it */
+    int st = e->n_mine ? adt_elastic_pipe_report_compute(e->pipe, step - 1, e->mine, e->n_mine, train_balance_compute_s(t))
+                       : adt_elastic_pipe_status(e->pipe);
     e->report_s = adt_now_s() - t_rep;
     if (st) return el_fail(st, "report");
     /* A step that will checkpoint as far as this rank knows drains its reports before the

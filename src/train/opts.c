@@ -27,11 +27,33 @@ static const char *const train_flags[] = {
     "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", "--profile", NULL,
 };
 
-int adt_train_opts_known(const char *name) {
-    if (!name) return 0;
+/* The option's index in train_flags, or -1. */
+static int flag_index(const char *name) {
+    if (!name) return -1;
     const char *n = name[0] == '-' && name[1] == '-' ? name + 2 : name;
     for (int i = 0; train_flags[i]; i++)
-        if (!strcmp(train_flags[i] + 2, n)) return 1;
+        if (!strcmp(train_flags[i] + 2, n)) return i;
+    return -1;
+}
+
+int adt_train_opts_known(const char *name) { return flag_index(name) >= 0; }
+
+int train_opts_given(const adt_train_opts *o, const char *flag) {
+    int i = flag_index(flag);
+    if (i >= 0 && (o->given >> i & 1)) return 1;
+    adt_train_opts d;
+    adt_train_opts_init(&d);
+    if (!strcmp(flag, "--model")) return o->model_path != NULL;
+    if (!strcmp(flag, "--data")) return o->data != NULL;
+    if (!strcmp(flag, "--steps")) return o->steps != d.steps;
+    if (!strcmp(flag, "--batch")) return o->batch != d.batch;
+    if (!strcmp(flag, "--optimizer")) return o->optimizer != d.optimizer;
+    if (!strcmp(flag, "--lr")) return o->lr_given;
+    if (!strcmp(flag, "--momentum")) return o->momentum_given;
+    if (!strcmp(flag, "--weight-decay")) return o->weight_decay != d.weight_decay;
+    if (!strcmp(flag, "--seed")) return o->seed != d.seed;
+    if (!strcmp(flag, "--elastic-dir")) return o->elastic_dir != NULL;
+    if (!strcmp(flag, "--straggler-policy")) return o->bal.on && o->bal.policy != ADT_STRAGGLER_OFF;
     return 0;
 }
 
@@ -81,6 +103,7 @@ int adt_train_opts_set(adt_train_opts *o, const char *name, const char *v) {
     if (!known) return train_fail(EXIT_USAGE, "unknown option '%s'", name);
     snprintf(f, sizeof f, "%s%s", name[0] == '-' ? "" : "--", name);
     if (!v) return train_fail(EXIT_USAGE, "%s: missing value", f);
+    o->given |= (uint64_t)1 << flag_index(f);
     long l = 0;
     int c = 0, rc = 0;
     if (!strcmp(f, "--model")) o->model_path = v;

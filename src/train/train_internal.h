@@ -16,6 +16,7 @@
 #include "adtrain/exec.h"
 #include "adtrain/graph.h"
 #include "adtrain/models.h"
+#include "adtrain/elastic.h"
 #include "adtrain/train.h"
 
 /* Failure classes: ADT_ERR_ARG is the user's input, found before the first step (exit 2 in the
@@ -79,6 +80,9 @@ struct adt_trainer {
     struct train_bal *bal; /* balanced data parallelism (train_balance.c), NULL when off */
     struct train_elastic *el; /* NULL unless started by an elastic agent */
     char *plan_text;          /* the elastic master's plan for this world, or NULL             */
+    adt_elastic_job_spec spec; /* an elastic job's spec (what its master was told)             */
+    char *spec_model_json;    /* the elastic job's model config (its spec), when --model was not given */
+    char spec_ckpt_dir[1024]; /* the elastic job's checkpoint directory, when told             */
     long next_step;           /* the step adt_trainer_step runs next                           */
     int finished;             /* no step left: the run is complete or stopped                  */
     int saved_at_end;         /* adt_trainer_finish has nothing left to save                   */
@@ -174,6 +178,14 @@ int64_t train_local_batch(const trainer *t);
  * (as many ranks, summing to the batch) and says so, else leaves the split as it is. */
 const int64_t *train_balance_split(const trainer *t);
 void train_balance_adopt_split(trainer *t, const char *text);
+/* The split the elastic job's master set for step `step` (every rank's leased local batch),
+ * logged as the master's action when it changed. */
+void train_balance_set_split(trainer *t, const int64_t *split, long step);
+/* This rank's compute seconds of the last step (not its waits in collectives), -1 unknown. */
+double train_balance_compute_s(const trainer *t);
+/* 1 if option `flag` ("--batch") was given: set through adt_train_opts_set, or set directly to a
+ * value other than its default. */
+int train_opts_given(const adt_train_opts *o, const char *flag);
 
 /* train_balance.c: data parallelism with per-rank local batches (DD), the straggler monitor and
  * controller, and injected slowdowns. Used instead of the partitioned graph when o.bal.on. */

@@ -69,35 +69,122 @@ static int open_log(trainer *t) {
     return 0;
 }
 
-/* The straggler policy the job's master runs (GET /v1/straggler), or OFF. */
-static int master_policy(adt_straggler_policy *out) {
-    *out = ADT_STRAGGLER_OFF;
-    const char *master = getenv("ADT_MASTER");
-    int status = 0;
-    char *reply = NULL;
-    /* the master may be restarting: a few tries, as the plan's fetch does */
-    double deadline = adt_now_s() + 30;
-    int rc;
-    while ((rc = adt_master_call(master, getenv("ADT_JOB_TOKEN"), "GET", "/v1/straggler", NULL, 10, &status, &reply)) ||
-           status >= 500) {
-        free(reply), reply = NULL;
-        if (adt_now_s() > deadline)
-            return train_fail(EXIT_RUNTIME, "elastic: GET /v1/straggler from %s: %s", master,
-                              rc ? adt_error_message() : "the master answers 5xx");
-        usleep(200000);
-    }
-    cJSON *r = status == 200 && reply ? cJSON_Parse(reply) : NULL;
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(r, "policy");
-    if (cJSON_IsString(p) && adt_straggler_policy_parse(p->valuestring, out)) *out = ADT_STRAGGLER_OFF;
-    cJSON_Delete(r);
-    free(reply);
-    return 0;
+/* ---- an elastic job's spec: what the job trains, said once ------------------------------------ */
+
+static int spec_conflict(const char *flag, const char *mine, const char *job) {
+    return train_fail(EXIT_USAGE, "%s %s: the job's master was told %s %s; expected the same value or none (what an "
+                      "elastic job trains is said once: on adtrain launch / adtrain master, or on the trainer)", flag,
+                      mine, flag, job);
 }
 
-/* The parts a step runs through, from the options and the environment. Under an elastic agent the
- * straggler policy is said once: on the master (adtrain launch / master --straggler-policy), whose
- * controller then decides every world's split, or on the trainer, whose ranks decide it among
- * themselves; said on both, the two must agree. */
+/* A number option: the job's value where the trainer was not given one, a refusal where both
+ * were and differ. */
+static int spec_double(trainer *t, const char *flag, double *mine, double job) {
+    if (!train_opts_given(&t->o, flag)) {
+        *mine = job;
+        return 0;
+    }
+    if (*mine == job) return 0;
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%g", *mine), snprintf(b, sizeof b, "%g", job);
+    return spec_conflict(flag, a, b);
+}
+
+static int spec_long(trainer *t, const char *flag, long *mine, long job) {
+    double m = (double)*mine;
+    int rc = spec_double(t, flag, &m, (double)job);
+    *mine = (long)m;
+    return rc;
+}
+
+/* The model: the same config (by content, not path) or none on the trainer. */
+static int spec_model(trainer *t, const adt_elastic_job_spec *sp) {
+    if (!t->o.model_path) {
+        t->spec_model_json = adt_strdup(sp->model_json ? sp->model_json : "");
+        return 0;
+    }
+    adt_model_cfg mine, job;
+    if (adt_model_cfg_load(&mine, t->o.model_path)) return train_fail(EXIT_USAGE, "--model: %s", adt_error_message());
+    if (adt_model_cfg_parse(&job, sp->model_json ? sp->model_json : "", "the job's --model"))
+        return train_fail(EXIT_USAGE, "%s", adt_error_message());
+    char *a = adt_model_cfg_to_json(&mine), *b = adt_model_cfg_to_json(&job);
+    int same = !strcmp(a, b);
+    free(a), free(b);
+    return same ? 0 : spec_conflict("--model", t->o.model_path, sp->model);
+}
+
+static int apply_spec(trainer *t, const adt_elastic_job_spec *sp) {
+    adt_train_opts *o = &t->o;
+    int rc = 0;
+    if (!rc && (sp->have & ADT_SPEC_MODEL)) rc = spec_model(t, sp);
+    if (!rc && (sp->have & ADT_SPEC_BATCH)) rc = spec_long(t, "--batch", &o->batch, (long)sp->batch);
+    if (!rc && (sp->have & ADT_SPEC_STEPS)) rc = spec_long(t, "--steps", &o->steps, (long)sp->steps);
+    if (!rc && (sp->have & ADT_SPEC_OPTIMIZER)) {
+        adt_optim_kind k = !strcmp(sp->optimizer, "sgd") ? ADT_OPTIM_SGD : ADT_OPTIM_ADAMW;
+        if (!train_opts_given(o, "--optimizer")) o->optimizer = k;
+        else if (o->optimizer != k) rc = spec_conflict("--optimizer", o->optimizer == ADT_OPTIM_SGD ? "sgd" : "adamw", sp->optimizer);
+    }
+    if (!rc && (sp->have & ADT_SPEC_LR)) {
+        rc = spec_double(t, "--lr", &o->lr, sp->lr);
+        o->lr_given = 1;
+    }
+    if (!rc && (sp->have & ADT_SPEC_MOMENTUM)) {
+        rc = spec_double(t, "--momentum", &o->momentum, sp->momentum);
+        o->momentum_given = 1;
+    }
+    if (!rc && (sp->have & ADT_SPEC_WEIGHT_DECAY)) rc = spec_double(t, "--weight-decay", &o->weight_decay, sp->weight_decay);
+    if (!rc && (sp->have & ADT_SPEC_SEED)) {
+        if (!train_opts_given(o, "--seed")) o->seed = sp->seed;
+        else if (o->seed != sp->seed) {
+            char a[32], b[32];
+            snprintf(a, sizeof a, "%llu", (unsigned long long)o->seed), snprintf(b, sizeof b, "%llu", (unsigned long long)sp->seed);
+            rc = spec_conflict("--seed", a, b);
+        }
+    }
+    if (!rc && (sp->have & ADT_SPEC_DATA)) {
+        if (!o->data) o->data = sp->data; /* the spec outlives setup: kept in t->spec */
+        else if (strcmp(o->data, sp->data)) rc = spec_conflict("--data", o->data, sp->data);
+    }
+    if (!rc && (sp->have & ADT_SPEC_STRAGGLER) && strcmp(sp->straggler_policy, "off")) {
+        adt_straggler_policy p;
+        if (adt_straggler_policy_parse(sp->straggler_policy, &p)) p = ADT_STRAGGLER_OFF;
+        if (train_opts_given(o, "--straggler-policy") && o->bal.policy != p)
+            rc = spec_conflict("--straggler-policy", adt_straggler_policy_name(o->bal.policy), sp->straggler_policy);
+        else if (train_opts_given(o, "--straggler-config"))
+            rc = train_fail(EXIT_USAGE, "--straggler-config: the job's master runs the straggler policy; expected its "
+                            "thresholds on adtrain launch / master --straggler-config");
+        else if (p != ADT_STRAGGLER_OFF) {
+            o->bal.on = 1, o->bal.policy = p;
+            o->bal.by_feed = 1; /* the master's controller sets the split in its data replies */
+        }
+    }
+    if (!rc && (sp->have & ADT_SPEC_CHECKPOINT_DIR) && !o->elastic_dir && sp->checkpoint_dir[0]) {
+        snprintf(t->spec_ckpt_dir, sizeof t->spec_ckpt_dir, "%s", sp->checkpoint_dir);
+        o->elastic_dir = t->spec_ckpt_dir;
+    }
+    /* the optimizer's default learning rate, for the optimizer the run now has */
+    if (!rc && !o->lr_given) o->lr = o->optimizer == ADT_OPTIM_SGD ? 0.1 : 1e-3;
+    if (!rc && o->momentum_given && o->optimizer != ADT_OPTIM_SGD)
+        rc = train_fail(EXIT_USAGE, "--momentum: only applies to --optimizer sgd (the job's optimizer is adamw)");
+    return rc;
+}
+
+/* The job's spec from its master (GET /v1/job), applied to the options. */
+static int job_spec(trainer *t) {
+    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60};
+    adt_elastic *c = NULL;
+    int rc = adt_elastic_open(&c, &cfg);
+    if (rc) return train_fail(rc == ADT_ERR_STALE ? ADT_ERR_STALE : EXIT_RUNTIME, "elastic client: %s", adt_error_message());
+    rc = adt_elastic_client_job(c, &t->spec);
+    adt_elastic_close(c);
+    if (rc) return train_fail(rc == ADT_ERR_STALE ? ADT_ERR_STALE : EXIT_RUNTIME, "elastic job spec: %s", adt_error_message());
+    return apply_spec(t, &t->spec);
+}
+
+/* The parts a step runs through, from the options and the environment. Under an elastic agent
+ * what the job trains and its straggler policy are said once: on the master (adtrain launch /
+ * master), whose controller then decides every world's split, or on the trainer, whose ranks
+ * decide it among themselves; said on both, the two must agree. */
 static int choose_parts(trainer *t) {
     t->feed = getenv("ADT_MASTER") ? &train_feed_elastic : &train_feed_sampler;
     if (t->feed == &train_feed_elastic) {
@@ -107,18 +194,8 @@ static int choose_parts(trainer *t) {
         if (t->o.bal.split)
             return train_fail(EXIT_USAGE, "--split: an elastic world's size changes from one generation to the next, "
                               "and the straggler policy sets its split; expected no --split under adtrain agent");
-        adt_straggler_policy mp;
-        int rc = master_policy(&mp);
+        int rc = job_spec(t);
         if (rc) return rc;
-        if (mp != ADT_STRAGGLER_OFF && t->o.bal.on && t->o.bal.policy != ADT_STRAGGLER_OFF && t->o.bal.policy != mp)
-            return train_fail(EXIT_USAGE, "--straggler-policy %s: the job's master runs policy %s; expected the same "
-                              "policy or none on the trainer", adt_straggler_policy_name(t->o.bal.policy),
-                              adt_straggler_policy_name(mp));
-        if (mp != ADT_STRAGGLER_OFF) {
-            t->o.bal.on = 1;
-            t->o.bal.policy = mp;
-            t->o.bal.master = getenv("ADT_MASTER");
-        }
     }
     t->run = t->o.bal.on ? &train_runner_balance : &train_runner_plan;
     if (t->o.eval_every > 0 && !t->run->eval)
