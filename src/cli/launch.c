@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
 #include "adtrain/base.h"
 #include "adtrain/elastic.h"
 #include "cli.h"
@@ -83,6 +85,43 @@ static int launch_apply(void *ctx, const char *f, const char *v) {
     return 1;
 }
 
+/* At the job's end, what adapted, from the master's events: each world (its size and why it
+ * formed), the plan made for it, the straggler policy's splits, deaths, leaves and joins, and how
+ * long each new world took to its first step. */
+static void print_adaptation(adt_master *m) {
+    adt_http_request rq = {.method = "GET", .path = "/v1/events"};
+    adt_http_reply rp = {0};
+    adt_master_handle(m, &rq, &rp);
+    if (rp.status != 200 || !rp.body) {
+        adt_http_reply_free(&rp);
+        return;
+    }
+    static const char *const shown[] = {"generation", "replan", "straggler_action", "death", "leave", "join",
+                                        "first_step", "job_done", "job_failed", NULL};
+    int worlds = 0, actions = 0, deaths = 0;
+    fprintf(stderr, "adtrain launch: what adapted:\n");
+    for (char *line = rp.body, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        cJSON *e = cJSON_Parse(line);
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(e, "kind"), *d = cJSON_GetObjectItemCaseSensitive(e, "detail"),
+                    *src = cJSON_GetObjectItemCaseSensitive(e, "source");
+        int known = 0;
+        for (int i = 0; cJSON_IsString(k) && shown[i]; i++) known |= !strcmp(k->valuestring, shown[i]);
+        /* the master's own record of each event: the agents' copies repeat it */
+        if (known && (!cJSON_IsString(src) || !strcmp(src->valuestring, "master"))) {
+            worlds += !strcmp(k->valuestring, "generation");
+            actions += !strcmp(k->valuestring, "straggler_action");
+            deaths += !strcmp(k->valuestring, "death");
+            fprintf(stderr, "  %-16s %s\n", k->valuestring, cJSON_IsString(d) ? d->valuestring : "");
+        }
+        cJSON_Delete(e);
+    }
+    fprintf(stderr, "adtrain launch: %d world%s, %d straggler action%s, %d death%s\n", worlds, worlds == 1 ? "" : "s",
+            actions, actions == 1 ? "" : "s", deaths, deaths == 1 ? "" : "s");
+    adt_http_reply_free(&rp);
+}
+
 int cli_launch(int argc, char **argv) {
     launch_opts lo = {0};
     cli_master_defaults(&lo.mo);
@@ -137,6 +176,7 @@ int cli_launch(int argc, char **argv) {
     if (rc) cli_fail("launch", 1, "%s", adt_error_message());
     if (m) {
         if (adt_master_job_state(m) != ADT_JOB_DONE) code = 1;
+        print_adaptation(m);
         /* the other nodes' agents learn the job's end from this master: give them time */
         if (endpoint) usleep((useconds_t)(mo.linger_s * 1e6));
         adt_master_free(m);

@@ -329,7 +329,8 @@ static int restore(trainer *t, train_elastic *e, int64_t step, const char *name)
 
 int train_elastic_plan(trainer *t) {
     const char *master = getenv("ADT_MASTER"), *gen = getenv("ADT_GENERATION");
-    if (!master || !t->world || t->o.plan_path || t->o.bal.on) return 0; /* one process runs serially */
+    /* one process runs serially; fetched once (balanced data parallelism checks it early) */
+    if (!master || !t->world || t->o.plan_path || t->plan_text) return 0;
     char path[96];
     snprintf(path, sizeof path, "/v1/plan?generation=%s", gen && *gen ? gen : "0");
     /* the master may be restarting: retry while it cannot be reached or answers 5xx */

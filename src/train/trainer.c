@@ -181,6 +181,28 @@ static int job_spec(trainer *t) {
     return apply_spec(t, &t->spec);
 }
 
+/* Balanced data parallelism in an elastic world runs one data-parallel replica per rank: the plan
+ * the master made for the world must be that (data parallel over one mesh axis, no sharded
+ * optimizer, one stage), or there must be none. */
+static int balance_fits_plan(trainer *t) {
+    int rc = train_elastic_plan(t);
+    if (rc || !t->plan_text) return rc;
+    adt_plan p;
+    memset(&p, 0, sizeof p);
+    if (adt_plan_parse(&p, t->plan_text, "the master's plan")) return train_fail(EXIT_USAGE, "%s", adt_error_message());
+    int fits = p.mesh.ndim == 1 && p.n_stages <= 1 && p.microbatches <= 1 && !strncmp(p.strategy, "dp", 2) &&
+               !strchr(p.strategy, ',');
+    char mb[32], strategy[64];
+    adt_mesh_str(&p.mesh, mb, sizeof mb);
+    snprintf(strategy, sizeof strategy, "%s", p.strategy);
+    adt_plan_free(&p);
+    if (fits) return 0;
+    return train_fail(EXIT_USAGE, "--straggler-policy %s: balanced data parallelism runs one data-parallel replica "
+                      "per rank under an elastic job, but the master planned %s on mesh %s for this world; expected "
+                      "adtrain launch / master --strategy dp with a straggler policy",
+                      adt_straggler_policy_name(t->o.bal.policy), strategy, mb);
+}
+
 /* The parts a step runs through, from the options and the environment. Under an elastic agent
  * what the job trains and its straggler policy are said once: on the master (adtrain launch /
  * master), whose controller then decides every world's split, or on the trainer, whose ranks
@@ -195,6 +217,7 @@ static int choose_parts(trainer *t) {
             return train_fail(EXIT_USAGE, "--split: an elastic world's size changes from one generation to the next, "
                               "and the straggler policy sets its split; expected no --split under adtrain agent");
         int rc = job_spec(t);
+        if (!rc && t->o.bal.on) rc = balance_fits_plan(t);
         if (rc) return rc;
     }
     t->run = t->o.bal.on ? &train_runner_balance : &train_runner_plan;
