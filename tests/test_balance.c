@@ -7,7 +7,9 @@
  * those of `adtrain train` on one process (the partitioned trainer is not involved) within float
  * tolerance, for SGD with momentum on an MLP and AdamW on a GPT; and the same while the DD
  * controller moves the split under an injected 3x slowdown of rank 1 (which must move samples off
- * rank 1). A single 2 s pause of one rank must cause no action. Bad flags exit 2 naming the flag.
+ * rank 1). A single 2 s pause of one rank must cause no action. Under a plan (ZeRO, dp x tp,
+ * dp x pp) the same controller moves the plan's batch split, and the losses stay the one-process
+ * run's. Bad flags exit 2 naming the flag.
  */
 #include "check.h"
 
@@ -224,6 +226,62 @@ static void test_single_pause_no_action(void) {
     unlink(cfgp);
 }
 
+/* Balanced data parallelism under plans with a data-parallel axis: the plan's batch split moved
+ * by DD under a 4x slowdown of rank 1 (ZeRO on 2 ranks; 2 replicas of tensor parallelism, and of 2
+ * pipeline stages with 2 microbatches, on 4): every step's loss is the one-process run's within
+ * 1e-5, the controller acted, and every split it set sums to the batch in whole microbatches. */
+static void test_dd_under_plans(void) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    const struct {
+        const char *strategy;
+        int ranks, micro;
+    } plans[] = {{"zero", 2, 1}, {"dp=2,tp=2", 4, 1}, {"dp=2,pp=2", 4, 2}};
+    const char *cfg = check_tmp_path("plans.json");
+    char cfgp[512], plan[512], slog[512], dlog[512], args[2048], out[32768];
+    snprintf(cfgp, sizeof cfgp, "%s", cfg);
+    snprintf(plan, sizeof plan, "%s", check_tmp_path("plan.json"));
+    snprintf(slog, sizeof slog, "%s", check_tmp_path("serial.jsonl"));
+    snprintf(dlog, sizeof dlog, "%s", check_tmp_path("plan-dd.jsonl"));
+    write_text(cfgp, "{\"type\":\"mlp\",\"sizes\":[64,256,256,4],\"activation\":\"relu\"}\n");
+    const char *common = "--data synthetic:mlp --steps 16 --batch 64 --optimizer sgd --lr 0.05";
+    snprintf(args, sizeof args, "train --model %s %s --log %s", cfgp, common, slog);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "serial: exit %d:\n%s", rc, out);
+    double ref[64], got[64];
+    int n_eval, n_ref = read_losses(slog, ref, 64, &n_eval);
+    CHECK(n_ref == 16, "%d serial steps logged", n_ref);
+    for (size_t k = 0; k < sizeof plans / sizeof *plans && n_ref == 16; k++) {
+        snprintf(args, sizeof args, "plan --devices %d --strategy %s --microbatches %d --model %s --batch 64 "
+                 "--optimizer sgd -o %s", plans[k].ranks, plans[k].strategy, plans[k].micro, cfgp, plan);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0, "%s: adtrain plan: exit %d:\n%s", plans[k].strategy, rc, out);
+        char flagbuf[2048];
+        const char *argv[64];
+        snprintf(flagbuf, sizeof flagbuf, "--model %s %s --plan %s --straggler-policy dd --inject-slowdown 1:4 "
+                 "--straggler-config warmup=2,dd_after=3,cooldown=5 --log %s", cfgp, common, plan, dlog);
+        mpi_world wd;
+        run_world(plans[k].ranks, flagbuf, &wd, flagbuf, argv);
+        CHECK(wd.status == 0, "%s: exit %d", plans[k].strategy, wd.status);
+        CHECK(contains(wd.err, "split  the batch over 2 data-parallel replicas"), "%s: no split banner",
+              plans[k].strategy);
+        int n = read_losses(dlog, got, 64, &n_eval), bad = 0;
+        CHECK(n == 16, "%s: %d steps logged", plans[k].strategy, n);
+        for (int i = 0; i < n && i < 16; i++) bad += !(fabs(got[i] - ref[i]) <= 1e-5 * fabs(ref[i]));
+        CHECK(bad == 0, "%s: %d steps' losses differ from the one-process run's by more than 1e-5", plans[k].strategy,
+              bad);
+        long step[64], s0[64], s1[64];
+        int rank[64], na = read_actions(dlog, step, rank, s0, s1, 64);
+        CHECK(na >= 1, "%s: the controller never moved the split:\n%s", plans[k].strategy, wd.err);
+        for (int i = 0; i < na; i++)
+            CHECK(s0[i] + s1[i] == 64 && s0[i] % plans[k].micro == 0 && s1[i] % plans[k].micro == 0 && s0[i] >= 1 &&
+                  s1[i] >= 1, "%s: split %ld/%ld", plans[k].strategy, s0[i], s1[i]);
+        if (check_cur_failed) mpi_print_tail("stderr", wd.err, 30);
+        mpi_world_free(&wd);
+        unlink(dlog);
+    }
+    unlink(slog), unlink(plan), unlink(cfgp);
+}
+
 static void test_bad_flags(void) {
     struct {
         const char *flags, *expect;
@@ -240,7 +298,8 @@ static void test_bad_flags(void) {
         {"--inject-slowdown 3:2", "--inject-slowdown: rank 3, but the world has 1 rank"},
         {"--micro-batch 0", "--micro-batch"},
         {"--straggler-policy dd --eval-every 5", "--eval-every: evaluation is not run by balanced"},
-        {"--split 16 --plan x.json", "--plan: balanced data parallelism"},
+        {"--split 16 --micro-batch 4 --plan x.json", "--micro-batch with --plan: the plan's microbatches"},
+        {"--straggler-policy dd --straggler-master 127.0.0.1:1 --plan x.json", "--straggler-master with --plan"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[512], out[8192];
@@ -263,6 +322,7 @@ int main(void) {
     RUN(test_dd_equals_serial);
     RUN(test_dd_rebalances_exactly);
     RUN(test_single_pause_no_action);
+    RUN(test_dd_under_plans);
     rmdir(check_tmpdir());
     return check_finish();
 }

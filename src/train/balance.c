@@ -166,9 +166,15 @@ int train_balance_flag(train_opts *o, const char *f, const char *v) {
 }
 
 int train_balance_check(const train_opts *o) {
-    if (o->plan_path)
-        return train_fail(EXIT_USAGE, "--plan: balanced data parallelism (--straggler-policy, --split, --micro-batch, "
-                          "--inject-slowdown) runs its own data-parallel plan; expected no --plan with them");
+    if (o->plan_path) { /* the plan's batch split (plan_split.c) */
+        if (o->bal.micro_batch)
+            return train_fail(EXIT_USAGE, "--micro-batch with --plan: the plan's microbatches set the passes; expected "
+                              "no --micro-batch (adtrain plan --microbatches M)");
+        if (o->bal.master)
+            return train_fail(EXIT_USAGE, "--straggler-master with --plan: the ranks decide the plan's batch split "
+                              "among themselves; expected no --straggler-master");
+        return 0;
+    }
     if (o->eval_every)
         return train_fail(EXIT_USAGE, "--eval-every: evaluation is not run by balanced data parallelism yet "
                           "(--straggler-policy, --split, --micro-batch, --inject-slowdown); expected --eval-every 0");
@@ -531,19 +537,7 @@ static void log_action(trainer *t, const adt_straggler_action *act) {
 
 /* The action's JSON log line: who decided it, the split it set, every rank's state. */
 static void log_action_line(trainer *t, const adt_straggler_action *act, const char *by) {
-    if (!t->log) return;
-    const char *kind = act->kind == ADT_ACTION_RESTART ? "restart" : "rebalance";
-    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"by\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,"
-            "\"split\":[", act->step, kind, by, act->rank, act->gain, adt_wall_s());
-    for (int i = 0; i < t->nranks; i++) fprintf(t->log, "%s%lld", i ? "," : "", (long long)t->bal->split[i]);
-    fprintf(t->log, "],\"states\":[");
-    for (int i = 0; i < t->nranks; i++) {
-        char js[256];
-        adt_straggler_rank_json(t->bal->mon, i, js, sizeof js);
-        fprintf(t->log, "%s%s", i ? "," : "", js);
-    }
-    fprintf(t->log, "]}\n");
-    fflush(t->log);
+    train_log_action(t, act, by, t->bal->split, t->nranks, t->bal->mon);
 }
 
 /* Rank 0: the step's timings to the master, whose split (and action) comes back. A master that

@@ -139,6 +139,10 @@ static int make_plan(trainer *t) {
             bind_to = t->pg;
         }
         if (adt_plan_bind(&t->xplan, bind_to)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
+        if (t->o.bal.on && t->world) { /* balanced data parallelism: the plan's batch split */
+            int rc = train_psplit_init(t, bind_to, flag);
+            if (rc) return rc;
+        }
     }
     int stage;
     if (adt_plan_locate(p, t->rank, &stage, t->coord)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
@@ -376,6 +380,7 @@ static int plan_build(trainer *t) {
 }
 
 static int plan_executor(trainer *t, const adt_exec_opts *eo) {
+    t->eo = *eo;
     if (!t->world) {
         if (adt_exec_create(&t->ex, t->g, eo)) return train_fail(EXIT_RUNTIME, "executor: %s", adt_error_message());
         return 0;
@@ -388,7 +393,7 @@ static int plan_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (train_fill(t, &t->train, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     if (adt_exec_run(t->ex) || train_read_loss(t, loss))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
-    return 0;
+    return train_psplit_after_step(t, step);
 }
 
 static int plan_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {
@@ -409,16 +414,18 @@ static void plan_banner(const trainer *t, FILE *f) {
         fprintf(f, "pipe   %d stages x %d microbatches of %ld samples, 1F1B; rank 0 runs stage 0 (the collectives "
                 "above: its, per microbatch)\n", t->xplan.n_stages, t->xplan.microbatches,
                 t->o.batch / t->xplan.microbatches);
+    train_psplit_banner(t, f);
 }
 
 static void plan_free(trainer *t) {
+    train_psplit_free(t);
     if (!t->pipe) adt_exec_free(t->ex); /* else the pipe's, freed with it */
     t->ex = NULL;
 }
 
 static int pipe_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (train_pipe_step(t, &t->train, idx, loss)) return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
-    return 0;
+    return train_psplit_after_step(t, step);
 }
 
 static int pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {

@@ -36,6 +36,7 @@ typedef struct train_source {
 } train_source;
 
 typedef struct train_runner train_runner;
+typedef struct train_psplit train_psplit;
 typedef struct train_feed train_feed;
 
 struct adt_trainer {
@@ -89,6 +90,8 @@ struct adt_trainer {
     double first_loss, loop_t0, total_s;
     long profiled_from;       /* the first step the profile counts                            */
     double step_flops;        /* FLOPs of one step on the global batch (the runner's graphs)  */
+    adt_exec_opts eo;         /* the options the executors were made with                     */
+    train_psplit *psplit;     /* balanced data parallelism under a plan (plan_split.c), or NULL */
 };
 typedef struct adt_trainer trainer;
 
@@ -122,6 +125,19 @@ struct train_feed {
 };
 extern const train_feed train_feed_sampler; /* the seeded sampler (trainer.c)                  */
 extern const train_feed train_feed_elastic; /* an elastic job's leases (elastic.c)             */
+
+/* A straggler action as a JSON log line (rank 0's log): who decided it ("ranks", "master"), the
+ * split it set (n local batches), the monitor's state of each (mon may be NULL). */
+void train_log_action(trainer *t, const adt_straggler_action *act, const char *by, const int64_t *split, int n,
+                      const adt_straggler *mon);
+
+/* plan_split.c: balanced data parallelism under a plan (--plan with --straggler-policy, --split,
+ * --inject-slowdown): init after the plan is bound to g (its split set), after_step once a step
+ * ran (the controller; a new split remakes the rank's executor), banner, free. */
+int train_psplit_init(trainer *t, const adt_graph *g, const char *flag);
+int train_psplit_after_step(trainer *t, long step);
+void train_psplit_banner(const trainer *t, FILE *f);
+void train_psplit_free(trainer *t);
 
 /* A note for the caller (rank 0 only): formats and hands the line to opts.note. */
 void train_note(const trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -50,6 +50,27 @@ int train_check_memory(const trainer *t) {
     return 0;
 }
 
+void train_log_action(trainer *t, const adt_straggler_action *act, const char *by, const int64_t *split, int n,
+                      const adt_straggler *mon) {
+    if (!t->log) return;
+    const char *kind = act->kind == ADT_ACTION_RESTART ? "restart" : "rebalance";
+    fprintf(t->log, "{\"step\":%ld,\"straggler_action\":\"%s\",\"by\":\"%s\",\"rank\":%d,\"gain\":%.6g,\"wall\":%.3f,"
+            "\"split\":[", act->step, kind, by, act->rank, act->gain, adt_wall_s());
+    for (int i = 0; i < n; i++) fprintf(t->log, "%s%lld", i ? "," : "", (long long)split[i]);
+    fprintf(t->log, "]");
+    if (mon) {
+        fprintf(t->log, ",\"states\":[");
+        for (int i = 0; i < n; i++) {
+            char js[256];
+            adt_straggler_rank_json(mon, i, js, sizeof js);
+            fprintf(t->log, "%s%s", i ? "," : "", js);
+        }
+        fprintf(t->log, "]");
+    }
+    fprintf(t->log, "}\n");
+    fflush(t->log);
+}
+
 /* ---- the sampler feed: the seeded order of the whole run ------------------------------------- */
 
 static int sampler_batch(trainer *t, long step, int64_t *idx) {
@@ -220,7 +241,8 @@ static int choose_parts(trainer *t) {
         if (!rc && t->o.bal.on) rc = balance_fits_plan(t);
         if (rc) return rc;
     }
-    t->run = t->o.bal.on ? &train_runner_balance : &train_runner_plan;
+    /* with a plan, balanced data parallelism is the plan's batch split (plan_split.c) */
+    t->run = t->o.bal.on && !t->o.plan_path ? &train_runner_balance : &train_runner_plan;
     if (t->o.eval_every > 0 && !t->run->eval)
         return train_fail(EXIT_USAGE, "--eval-every: evaluation is not run by %s yet; expected --eval-every 0",
                           t->run->name);
