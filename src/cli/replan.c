@@ -6,8 +6,8 @@
  * calls the hook and serves the text.
  *
  * Strategies: auto searches (adt_planner_search on the cluster, grown by whole nodes when the
- * world has more ranks than it has devices; pipelines are left out, --max-pp 1, since the elastic
- * trainer runs one-stage plans); an expert strategy (dp, zero, tp, dp=2,tp=2, ...) is made with
+ * world has more ranks than it has devices; pipelines included: the elastic trainer checkpoints
+ * and restores a pipeline's stages like any other plan); an expert strategy (dp, zero, tp, dp=2,tp=2, ...) is made with
  * adt_expert_plan and priced on the cluster when there is one. A strategy that cannot apply to
  * the world (zero on one rank, tp=2 on three) falls back to data parallel, the reason in the
  * plan's note and so in the master's "replan" event; auto falls back the same way when the
@@ -201,8 +201,7 @@ static int expert(const cli_replan_opts *r, const char *strategy, const adt_worl
 static int search(const cli_replan_opts *r, const adt_world_shape *w, adt_world_plan *out) {
     int world = w->world;
     adt_cluster c = cluster_for(r, w);
-    adt_planner_opts po = {.devices = world, .batch = (int)r->batch, .optim = r->optim, .momentum = r->momentum,
-                           .max_pp = 1};
+    adt_planner_opts po = {.devices = world, .batch = (int)r->batch, .optim = r->optim, .momentum = r->momentum};
     adt_planner_result res;
     if (adt_planner_search(&r->model, &c, &po, &res)) return -1;
     out->json = adt_plan_to_json(&res.plan, res.graph);
