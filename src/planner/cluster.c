@@ -266,7 +266,8 @@ static int parse_op_factors(adt_cluster *c, const cJSON *d, const char *name) {
 }
 
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
-    static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
+    static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "matmul_fraction",
+                                         "memory_fraction", "rates",
                                          "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops", "byte_rates", "byte_rates_small",
                                          "slowdown", "op_factors", "accumulate", "comment", NULL};
     int rc;
@@ -275,11 +276,12 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
         return rc;
     const cJSON *pf;
     if ((rc = get_object(d, "peak_flops", "device.", 1, name, &pf))) return rc;
-    static const char *const pf_fields[] = {"f32", "bf16", "comment", NULL};
+    static const char *const pf_fields[] = {"f32", "bf16", "f16", "comment", NULL};
     if ((rc = adt_cfg_check_fields(pf, pf_fields, "device.peak_flops", name)) ||
         (rc = check_comment(pf, "device.peak_flops.", name)) ||
         (rc = get_number(pf, "f32", "device.peak_flops.", 1, 1e6, 1e18, name, &c->peak_flops[ADT_F32])) ||
-        (rc = get_number(pf, "bf16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_flops[ADT_BF16])))
+        (rc = get_number(pf, "bf16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_flops[ADT_BF16])) ||
+        (rc = get_number(pf, "f16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_f16)))
         return rc;
     char dt[16] = "f32";
     if ((rc = get_string(d, "compute_dtype", "device.", 0, name, dt, sizeof dt))) return rc;
@@ -289,7 +291,13 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     if (!c->peak_flops[c->compute_dtype])
         return adt_error(ADT_ERR_ARG, "%s: field \"device.compute_dtype\" is \"%s\", but \"device.peak_flops.%s\" is not "
                          "given", name, dt, dt);
-    c->efficiency = 0.5;
+    /* matmul_fraction: the published achievable share of peak on large matrix products; where a
+     * file gives it and no efficiency, the graph model's uncalibrated rates take it too. */
+    c->memory_fraction = 1.0;
+    if ((rc = get_number(d, "matmul_fraction", "device.", 0, 1e-3, 1.0, name, &c->matmul_fraction)) ||
+        (rc = get_number(d, "memory_fraction", "device.", 0, 1e-3, 1.0, name, &c->memory_fraction)))
+        return rc;
+    c->efficiency = c->matmul_fraction > 0 ? c->matmul_fraction : 0.5;
     if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
     if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)) ||
         (rc = parse_rates(d, "byte_rates", name, c->byte_rate)) ||
@@ -365,7 +373,7 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
     if (n < 1 || n > ADT_CLUSTER_MAX_LINKS)
         return adt_error(ADT_ERR_ARG, "%s: field \"links\" has %d levels, expected 1 to %d", name, n,
                          ADT_CLUSTER_MAX_LINKS);
-    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "collectives", "comment", NULL};
+    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "coll_fraction", "collectives", "comment", NULL};
     int i = 0, rc;
     for (const cJSON *l = links->child; l; l = l->next, i++) {
         char where[32];
@@ -379,6 +387,7 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
             (rc = get_int(l, "span", where, 1, 1, CLUSTER_MAX_DEVICES, name, &k->span)) ||
             (rc = get_number(l, "bandwidth", where, 1, 1e3, 1e15, name, &k->bandwidth)) ||
             (rc = get_number(l, "latency", where, 1, 0, 10, name, &k->latency)) ||
+            (k->coll_fraction = 1.0, rc = get_number(l, "coll_fraction", where, 0, 1e-3, 1.0, name, &k->coll_fraction)) ||
             (rc = parse_collectives(k, cJSON_GetObjectItemCaseSensitive(l, "collectives"), where, name)))
             return rc;
     }
@@ -502,9 +511,12 @@ char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON_AddStringToObject(dev, "kind", c->device_kind);
     cJSON_AddNumberToObject(pf, "f32", c->peak_flops[ADT_F32]);
     if (c->peak_flops[ADT_BF16] > 0) cJSON_AddNumberToObject(pf, "bf16", c->peak_flops[ADT_BF16]);
+    if (c->peak_f16 > 0) cJSON_AddNumberToObject(pf, "f16", c->peak_f16);
     cJSON_AddItemToObject(dev, "peak_flops", pf);
     cJSON_AddStringToObject(dev, "compute_dtype", adt_dtype_name(c->compute_dtype));
     cJSON_AddNumberToObject(dev, "efficiency", c->efficiency);
+    if (c->matmul_fraction > 0) cJSON_AddNumberToObject(dev, "matmul_fraction", c->matmul_fraction);
+    if (c->memory_fraction > 0 && c->memory_fraction != 1.0) cJSON_AddNumberToObject(dev, "memory_fraction", c->memory_fraction);
     add_rates(dev, "rates", c->rate);
     cJSON_AddNumberToObject(dev, "memory_bytes", c->memory_bytes);
     cJSON_AddNumberToObject(dev, "memory_bw", c->memory_bw);
@@ -567,6 +579,7 @@ char *adt_cluster_to_json(const adt_cluster *c) {
         cJSON_AddNumberToObject(l, "span", c->link[i].span);
         cJSON_AddNumberToObject(l, "bandwidth", c->link[i].bandwidth);
         cJSON_AddNumberToObject(l, "latency", c->link[i].latency);
+        if (c->link[i].coll_fraction > 0 && c->link[i].coll_fraction != 1.0) cJSON_AddNumberToObject(l, "coll_fraction", c->link[i].coll_fraction);
         if (c->link[i].n_coll > 0) {
             cJSON *a = cJSON_CreateArray();
             for (int j = 0; j < c->link[i].n_coll; j++) {
