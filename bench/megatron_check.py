@@ -11,7 +11,8 @@ memory) with its predicted throughput.
 
 usage: python3 bench/megatron_check.py [--adtrain build/adtrain] [--cluster-dir configs/clusters]
        [--micro-batch 1] [--tolerance 0.15]
-Exit status 1 when a row's error is beyond the tolerance or the auto plan is predicted slower.
+Exit status 1 when a Megatron row's error is beyond the tolerance or its auto plan is predicted
+slower; the further runs and the 1T search time are printed.
 """
 import argparse
 import json
@@ -35,12 +36,16 @@ MEGATRON = [
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
 
-# Further published runs, each with its own FLOP count as published:
-# (name, cluster, vocab, seq, heads, hidden, layers, tp, pp, gpus, batch, micro_batch, vstages,
-#  recompute, published TFLOP/s per GPU, source)
+# Further published runs: (name, vocab, seq, heads, hidden, layers, TP, PP, GPUs, batch,
+# micro-batch, published TFLOP/s per GPU, source). MT-NLG 530B (Smith et al., 2022, "Using DeepSpeed
+# and Megatron to Train Megatron-Turing NLG 530B", section 2.3 / Table of system performance): 280
+# DGX A100 80GB nodes of Selene, 8-way tensor and 35-way pipeline parallelism, data parallel over
+# the rest, batch 1920 sequences of 2048 tokens, micro-batch 1, 60.1 s per iteration (126 TFLOP/s per
+# GPU counted as Narayanan et al.); 350 and 420 nodes: 50.2 s and 44.4 s (121 and 113 TFLOP/s).
 RUNS_MORE = [
-    ("GPT-3 175B, 96 stages interleaved", "a100-80g-dgx.json", 51200, 2048, 96, 12288, 96, 8, 8, 1536 // 2,
-     1536 // 2, 1, 1, "full", None, None),
+    ("MT-NLG 530B, 280 nodes", 51200, 2048, 128, 20480, 105, 8, 35, 2240, 1920, 1, 126),
+    ("MT-NLG 530B, 350 nodes", 51200, 2048, 128, 20480, 105, 8, 35, 2800, 1920, 1, 121),
+    ("MT-NLG 530B, 420 nodes", 51200, 2048, 128, 20480, 105, 8, 35, 3360, 1920, 1, 113),
 ]
 
 
@@ -99,6 +104,21 @@ def main():
                    auto["search_s"], "" if ok else "  <- FAIL"))
         errs.sort()
         print("median |error| %.1f%%, max %.1f%%" % (100 * errs[len(errs) // 2], 100 * errs[-1]))
+        print()
+        print("further published runs on the same cluster file (reported, not held to the tolerance)")
+        for (name, V, seq, heads, hidden, layers, tp, pp, gpus, batch, mb, tflops) in RUNS_MORE:
+            model = gpt(tmp, "more", V, seq, layers, hidden, heads)
+            own = plan(a.adtrain, model, cluster, gpus, batch, "dp=%d,tp=%d,pp=%d" % (gpus // (tp * pp), tp, pp),
+                       ["--recompute", "full", "--micro-batch", str(mb)])
+            print("%-26s %5d GPUs  published %5.0f  predicted %6.1f  error %+6.1f%%" %
+                  (name, gpus, tflops, own["tflops_per_device"], 100 * (own["tflops_per_device"] / tflops - 1)))
+        print()
+        model = gpt(tmp, "gpt-1t", 51200, 2048, 128, 25600, 160)
+        times = sorted(plan(a.adtrain, model, cluster, 3072, 3072, "auto", [])["search_s"] for _ in range(5))
+        walls = sorted(plan(a.adtrain, model, cluster, 3072, 3072, "auto", [])["wall_s"] for _ in range(5))
+        print("search, 1T GPT on 3072 devices: median %.4f s (min %.4f, max %.4f) over 5 runs; the whole "
+              "adtrain plan command median %.3f s (min %.3f, max %.3f)" %
+              (times[2], times[0], times[-1], walls[2], walls[0], walls[-1]))
     return 1 if bad else 0
 
 
