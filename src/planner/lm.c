@@ -358,6 +358,9 @@ int adt_lm_search(const adt_lm_shape *s, const adt_cluster *c, int devices, int 
         }
     }
     if (evaluated) *evaluated = n_eval;
+    if (!n_eval)
+        return adt_error(ADT_ERR_ARG, "no plan of %d devices splits --batch %d (%d sequences) over its data-parallel "
+                         "degree and micro-batches with the given dimensions", devices, batch, batch);
     if (!found)
         return adt_error(ADT_ERR_ARG, "no plan of %d devices fits %.4g GiB per device (%ld plans priced)", devices,
                          (mem_limit > 0 ? mem_limit : c->memory_bytes) / (1024.0 * 1024 * 1024), n_eval);
