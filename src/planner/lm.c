@@ -15,8 +15,9 @@
  *  - data parallelism: the gradient reduction overlaps the stage's last backward pass; ZeRO-1 and
  *    -2 gather the updated weights after the step, ZeRO-3 gathers them per microbatch (prefetched
  *    under its compute).
- *  - memory: weights, gradients and optimizer state by ZeRO stage (Rajbhandari et al., 2+2+12
- *    bytes per parameter in mixed precision); activations per layer as Korthikanti et al. (2022):
+ *  - memory: weights, gradients and optimizer state by ZeRO stage (Rajbhandari et al.; bf16
+ *    weights, fp32 gradients, 12 bytes of fp32 master weights and Adam moments, 18 bytes per
+ *    parameter as Megatron-LM's distributed-optimizer table counts them); activations per layer as Korthikanti et al. (2022):
  *    s b h (10 + 24/t + 5 a s / h t) (2-byte values), 10 + 24/t with selective recomputation, 2
  *    with full, times the microbatches in flight on the stage.
  */
@@ -238,7 +239,9 @@ int adt_lm_cost(const adt_lm_shape *s, const adt_cluster *c, int batch, const ad
 
     /* parameters on a device of each stage, and their gradient synchronisation */
     double layer_p = layer_params(s) / t, emb_p = (V * h + q * h) / t, last_p = (p->pp > 1 ? V * h / t : 0) + 2 * h;
-    double e_grad = e, worst_step_tail = 0, t_max = 0, t_sum = 0, peak = 0;
+    /* gradients live, and are reduced, in an fp32 buffer whatever the compute dtype (Megatron-LM:
+     * bf16 weights with fp32 gradients, 2 + 4 + 12 = 18 bytes per parameter) */
+    double e_grad = 4, worst_step_tail = 0, t_max = 0, t_sum = 0, peak = 0;
     double best_parts[5] = {0};
     for (int i = 0; i < p->pp; i++) {
         int first = i == 0, last = i == p->pp - 1;
