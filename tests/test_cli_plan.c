@@ -140,6 +140,7 @@ static void test_shapes_1t(void) {
         /* TFLOP/s per device = the paper's FLOPs / step / devices */
         double F = 96.0 * 3072 * 2048 * 128 * 25600.0 * 25600 * (1 + 2048 / (6.0 * 25600) + 51200 / (16.0 * 128 * 25600));
         CHECK_CLOSE(num(own, "tflops_per_device", NULL), F / num(own, "predicted_step_s", NULL) / 3072 / 1e12, 1e-6, 0);
+        CHECK_CLOSE(num(own, "mfu", NULL), 0.75 * num(own, "tflops_per_device", NULL) / 312, 1e-6, 0); /* A100 bf16 */
         CHECK(num(au, "predicted_step_s", NULL) <= num(own, "predicted_step_s", NULL) &&
                   num(au, "peak_mem_bytes", NULL) <= 85899345920.0 && num(au, "search_s", NULL) < 10 &&
                   num(au, "plans_priced", NULL) > 100,

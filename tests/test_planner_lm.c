@@ -167,6 +167,12 @@ static void test_lm_bad_plans(void) {
         {{.dp = 2, .tp = 1, .pp = 1, .vstages = 1, .micro_batch = 1, .precision = 1, .zero = 4}, 64, "--strategy"},
         {{.dp = 512, .tp = 2, .pp = 1, .vstages = 1, .micro_batch = 1, .precision = 1}, 1024, "--strategy"},
     };
+    /* the search, too, names a precision the cluster has no peak for */
+    c.peak_flops[ADT_BF16] = 0;
+    adt_lm_plan fx = {.zero = -1, .precision = ADT_LM_BF16, .recompute = -1}, best;
+    CHECK(adt_lm_search(&s, &c, 64, 256, 0, &fx, &best, &r, NULL) != ADT_OK && strstr(adt_error_message(), "--precision"),
+          "search without a bf16 peak: %s", adt_error_message());
+    c = toy_cluster();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = adt_lm_cost(&s, &c, bad[i].batch, &bad[i].p, 0, &r);
         CHECK(rc != ADT_OK && strstr(adt_error_message(), bad[i].flag), "case %zu: want an error naming %s, got '%s'",

@@ -426,6 +426,7 @@ typedef struct adt_lm_report {
     double step_s, peak_mem_bytes;
     double model_flops;        /* per step, counted as Narayanan et al. (SC'21) count them      */
     double tflops_per_device;  /* model_flops / step_s / devices / 1e12                          */
+    double mfu;                /* model FLOPs without recomputation (3/4 of model_flops) / peak  */
     /* where the time goes on the slowest stage, per step */
     double compute_s, tp_comm_s, p2p_s, bubble_s, dp_comm_s, dp_exposed_s, optimizer_s;
     /* memory on the device of the peak: its parts */

@@ -78,11 +78,9 @@ static void print_report(const adt_lm_plan *p, const adt_lm_report *r, const cha
            "recompute %s\n",
            p->dp, p->tp, p->pp, p->zero, p->micro_batch, r->microbatches, p->vstages,
            adt_lm_precision_name(p->precision), adt_lm_recompute_name(p->recompute));
-    printf("predicted   %.4f s per step, %.1f TFLOP/s per device (%.1f%% of %s's peak)\n", r->step_s,
-           r->tflops_per_device, 100 * r->tflops_per_device * 1e12 /
-                                     (p->precision == ADT_LM_F16 ? c->peak_f16
-                                                                 : c->peak_flops[p->precision == ADT_LM_BF16 ? ADT_BF16 : ADT_F32]),
-           c->device_kind);
+    printf("predicted   %.4f s per step, %.1f TFLOP/s per device as Narayanan et al. count them (one recomputed\n"
+           "            forward included), MFU %.1f%% of %s's %s peak\n",
+           r->step_s, r->tflops_per_device, 100 * r->mfu, c->device_kind, adt_lm_precision_name(p->precision));
     printf("time        compute %.4f s, tensor-parallel all-reduces %.4f s, stage transfers %.4f s, bubbles %.4f s,\n"
            "            data-parallel sync %.4f s (%.4f s exposed), optimizer %.4f s\n",
            r->compute_s, r->tp_comm_s, r->p2p_s, r->bubble_s, r->dp_comm_s, r->dp_exposed_s, r->optimizer_s);
@@ -136,6 +134,7 @@ int cli_plan_lm(const cli_plan_lm_opts *o, const adt_model_cfg *m, const char *l
         cJSON_AddNumberToObject(j, "params", adt_lm_params(&s));
         cJSON_AddNumberToObject(j, "model_flops_per_step", r.model_flops);
         cJSON_AddNumberToObject(j, "tflops_per_device", r.tflops_per_device);
+        cJSON_AddNumberToObject(j, "mfu", r.mfu);
         cJSON *t = cJSON_CreateObject();
         cJSON_AddNumberToObject(t, "compute_s", r.compute_s);
         cJSON_AddNumberToObject(t, "tp_comm_s", r.tp_comm_s);

@@ -319,6 +319,8 @@ int adt_lm_cost(const adt_lm_shape *s, const adt_cluster *c, int batch, const ad
     r->feasible = peak <= (mem_limit > 0 ? mem_limit : c->memory_bytes);
     r->model_flops = adt_lm_paper_flops(s, batch);
     r->tflops_per_device = r->model_flops / r->step_s / ((double)p->dp * p->tp * p->pp) / 1e12;
+    /* MFU: the model's FLOPs without recomputation (3/4 of the paper's F) over the peak */
+    r->mfu = 0.75 * r->tflops_per_device * 1e12 / peak_of(c, p->precision);
     return ADT_OK;
 }
 
@@ -330,6 +332,9 @@ int adt_lm_search(const adt_lm_shape *s, const adt_cluster *c, int devices, int 
     int found = 0;
     adt_lm_report r;
     int prec = fx->precision >= 0 ? fx->precision : (c->compute_dtype == ADT_BF16 ? ADT_LM_BF16 : ADT_LM_F32);
+    if (prec > 2 || !(peak_of(c, prec) > 0))
+        return adt_error(ADT_ERR_ARG, "--precision: the cluster '%s' gives no peak for %s (device.peak_flops.%s)", c->name,
+                         adt_lm_precision_name(prec), adt_lm_precision_name(prec));
     for (int tpd = 1; tpd <= devices; tpd++) {
         if (devices % tpd || (fx->tp && fx->tp != tpd) || s->heads % tpd || s->hidden % tpd) continue;
         for (int ppd = 1; ppd <= devices / tpd && ppd <= s->layers; ppd++) {
