@@ -72,6 +72,8 @@ typedef struct adt_link {
     char name[32];
     int span;
     double bandwidth, latency;
+    double coll_fraction;              /* achievable share of bandwidth for a collective's bus
+                                          bandwidth (NCCL's busbw over the line rate), 1: all */
     int n_coll;                        /* calibrated collectives (0: bandwidth/latency for all) */
     adt_coll_fit coll[ADT_LINK_MAX_COLL];
 } adt_link;
@@ -83,6 +85,9 @@ typedef struct adt_cluster {
     double peak_flops[ADT_DTYPE_COUNT]; /* 0: not given                                     */
     adt_dtype compute_dtype;            /* whose peak the compute rates derive from          */
     double efficiency;                  /* achieved / peak where no rate is calibrated       */
+    double peak_f16;                    /* FP16 peak (no adt_dtype of its own), 0: not given  */
+    double matmul_fraction;             /* published achievable / peak on large matrix products, 0: not given */
+    double memory_fraction;             /* achievable / memory_bw for streaming kernels (1 default) */
     double rate[ADT_OPCLASS_COUNT];     /* calibrated FLOP/s per op class, 0: peak x eff.    */
     double memory_bytes;                /* per device                                        */
     double memory_bw;                   /* bytes per second per device                       */
@@ -379,6 +384,71 @@ int adt_planner_place(adt_plan *p, const adt_graph *g, const adt_cluster *c, adt
 /* Re-plans an existing plan's model, batch and optimizer on a changed cluster (every device of
  * it): what the elastic runtime calls when a node leaves or joins. */
 int adt_planner_replan(const adt_plan *old, const adt_cluster *cl, adt_planner_result *out);
+
+
+/* ---- decoder language models at scale (lm.c) ---------------------------------------------------
+ * A GPT's plan priced from its shapes alone (nothing of the model's size is built): the FLOPs and
+ * bytes of each kernel of a layer against a roofline (peak of the precision x matmul_fraction,
+ * memory_bw x memory_fraction), each collective by alpha-beta on its link level (a group's share
+ * of the node's links, x coll_fraction), the 1F1B and interleaved pipeline formulas, gradient
+ * synchronisation overlapping the last backward pass, memory per device by its parts (weights,
+ * gradients, optimizer state by ZeRO stage; activations by recomputation and microbatches in
+ * flight). Rank order as Megatron-LM's: tensor innermost, then data, then pipeline. */
+typedef enum adt_lm_precision { ADT_LM_F32 = 0, ADT_LM_BF16 = 1, ADT_LM_F16 = 2 } adt_lm_precision;
+typedef enum adt_lm_recompute {
+    ADT_LM_RECOMPUTE_NONE = 0,
+    ADT_LM_RECOMPUTE_SELECTIVE = 1, /* the attention core (scores, softmax, dropout) again */
+    ADT_LM_RECOMPUTE_FULL = 2       /* each layer's forward again from its input */
+} adt_lm_recompute;
+const char *adt_lm_precision_name(int p);  /* "f32", "bf16", "f16" */
+const char *adt_lm_recompute_name(int r);  /* "none", "selective", "full" */
+int adt_lm_precision_parse(const char *s);  /* -1: unknown */
+int adt_lm_recompute_parse(const char *s);  /* -1: unknown */
+
+typedef struct adt_lm_shape {
+    int vocab, seq, layers, hidden, heads;
+} adt_lm_shape;
+
+/* The plan. In adt_lm_search's `fixed`, 0 (degrees, sizes, zero: -1) and -1 (precision,
+ * recompute) leave a dimension to the search. */
+typedef struct adt_lm_plan {
+    int dp, tp, pp;
+    int vstages;      /* model chunks per pipeline stage (interleaved 1F1B when > 1) */
+    int micro_batch;  /* samples per microbatch; microbatches = batch / (dp x micro_batch) */
+    int zero;         /* 0 none, 1 optimizer state, 2 + gradients, 3 + weights sharded over dp */
+    int precision;    /* adt_lm_precision: the compute dtype; f32 master weights and optimizer
+                         state below f32 */
+    int recompute;    /* adt_lm_recompute */
+} adt_lm_plan;
+
+typedef struct adt_lm_report {
+    int feasible, microbatches;
+    double step_s, peak_mem_bytes;
+    double model_flops;        /* per step, counted as Narayanan et al. (SC'21) count them      */
+    double tflops_per_device;  /* model_flops / step_s / devices / 1e12                          */
+    double mfu;                /* model FLOPs without recomputation (3/4 of model_flops) / peak  */
+    /* where the time goes on the slowest stage, per step */
+    double compute_s, tp_comm_s, p2p_s, bubble_s, dp_comm_s, dp_exposed_s, optimizer_s;
+    /* memory on the device of the peak: its parts */
+    double weight_bytes, grad_bytes, optim_bytes, act_bytes, logits_bytes;
+} adt_lm_report;
+
+/* The shape of a GPT config; an error naming the model type otherwise. */
+int adt_lm_shape_of(const adt_model_cfg *m, adt_lm_shape *s);
+double adt_lm_params(const adt_lm_shape *s);
+/* F = 96 B s l h^2 (1 + s / 6h + V / 16 l h): a step's FLOPs with one recomputed forward,
+ * Narayanan et al. (SC'21) eq. 3, the figure their TFLOP/s per GPU divide. */
+double adt_lm_paper_flops(const adt_lm_shape *s, double batch);
+/* Prices plan p for `batch` sequences per step on the cluster's first dp x tp x pp devices;
+ * mem_limit 0: the device's memory. An invalid plan is an error whose message names the field
+ * (the CLI flag's name: "--strategy", "--micro-batch", ...). */
+int adt_lm_cost(const adt_lm_shape *s, const adt_cluster *c, int batch, const adt_lm_plan *p, double mem_limit,
+                adt_lm_report *out);
+/* The fastest feasible plan on `devices` devices: every tensor degree dividing the heads, every
+ * pipeline degree and chunking dividing the layers, micro-batch sizes, ZeRO stages and
+ * recomputations the fixed fields leave free. *evaluated: plans priced. Error if none fits. */
+int adt_lm_search(const adt_lm_shape *s, const adt_cluster *c, int devices, int batch, double mem_limit,
+                  const adt_lm_plan *fixed, adt_lm_plan *best, adt_lm_report *out, long *evaluated);
 
 #ifdef __cplusplus
 }

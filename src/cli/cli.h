@@ -36,6 +36,16 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
 /* --cluster with an expert strategy: the plan's predicted step time and peak memory (--json). */
 int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_graph *g);
 int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label);
+/* `adtrain plan` on the shape-level planner (plan_lm.c): a GPT with --precision, --recompute,
+ * --micro-batch or --virtual-stages, or one too large for the graph planner. */
+typedef struct cli_plan_lm_opts {
+    const char *cluster_path, *strategy; /* strategy NULL or "auto": searched */
+    long devices, batch, micro_batch, vstages; /* 0: not given */
+    double mem_limit;
+    int precision, recompute; /* -1: not given */
+    int json;
+} cli_plan_lm_opts;
+int cli_plan_lm(const cli_plan_lm_opts *o, const adt_model_cfg *m, const char *label);
 int cli_calibrate(int argc, char **argv);
 
 /* The flag loop of a subcommand: "--flag value" or "--flag=value", each handed to apply(opts,

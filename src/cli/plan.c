@@ -11,6 +11,7 @@
 #include "adtrain/base.h"
 #include "adtrain/dist.h"
 #include "adtrain/models.h"
+#include "adtrain/planner.h"
 #include "cli.h"
 
 typedef struct plan_opts {
@@ -21,7 +22,14 @@ typedef struct plan_opts {
     adt_optim_kind optimizer;
     int momentum;
     cli_plan_auto_opts a; /* --strategy auto (plan_auto.c) */
+    /* the shape-level planner's dimensions (plan_lm.c); given: that planner */
+    int precision, recompute, optimizer_given, microbatches_given;
+    long micro_batch, vstages;
 } plan_opts;
+
+/* A GPT above this many parameters is planned from its shapes even without the shape-level flags:
+ * the graph planner builds every layer's nodes and prices them one by one. */
+#define PLAN_GRAPH_MAX_PARAMS 1e10
 
 #define plan_fail(...) cli_fail("plan", __VA_ARGS__)
 
@@ -64,6 +72,16 @@ static void plan_usage(FILE *f) {
             "                     --json reports the figure used as input_per_sample_s)\n"
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
             "\n"
+            "GPT models at cluster scale (shape-level planner: nothing of the model's size is built; used with\n"
+            "any of these flags, or for a GPT of more than 1e10 parameters; --cluster required):\n"
+            "  --strategy dp=D,tp=T,pp=P[,zero=K] | auto   degrees (one may be left out), ZeRO stage 0-3\n"
+            "  --precision f32|bf16|f16   compute dtype, fp32 master weights and optimizer state below f32\n"
+            "                     (default: the cluster's compute_dtype)\n"
+            "  --recompute none|selective|full   activation recomputation (auto: searched)\n"
+            "  --micro-batch b    samples per microbatch (auto: searched; a given strategy: 1)\n"
+            "  --virtual-stages v model chunks per pipeline stage, interleaved 1F1B (auto: searched; else 1)\n"
+            "  --batch B          global batch in sequences of n_ctx tokens\n"
+            "\n"
             "exit status: 0 done, 1 failure writing the file, 2 bad flag, config or a strategy that\n"
             "cannot apply (the message says why)\n");
 }
@@ -75,8 +93,19 @@ static int plan_apply(void *opts, const char *f, const char *v) {
     else if (!strcmp(f, "--strategy")) o->strategy = v;
     else if (!strcmp(f, "--devices")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->devices);
     else if (!strcmp(f, "--batch")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->batch);
-    else if (!strcmp(f, "--microbatches")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->microbatches);
+    else if (!strcmp(f, "--microbatches")) {
+        o->microbatches_given = 1;
+        return cli_parse_long("plan", f, v, 1, 1 << 20, &o->microbatches);
+    } else if (!strcmp(f, "--precision")) {
+        if ((o->precision = adt_lm_precision_parse(v)) < 0)
+            return plan_fail(2, "--precision: expected 'f32', 'bf16' or 'f16', got '%s'", v);
+    } else if (!strcmp(f, "--recompute")) {
+        if ((o->recompute = adt_lm_recompute_parse(v)) < 0)
+            return plan_fail(2, "--recompute: expected 'none', 'selective' or 'full', got '%s'", v);
+    } else if (!strcmp(f, "--micro-batch")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->micro_batch);
+    else if (!strcmp(f, "--virtual-stages")) return cli_parse_long("plan", f, v, 1, 1024, &o->vstages);
     else if (!strcmp(f, "--optimizer")) {
+        o->optimizer_given = 1;
         if (!strcmp(v, "adamw")) o->optimizer = ADT_OPTIM_ADAMW, o->momentum = 0;
         else if (!strcmp(v, "sgd")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 0;
         else if (!strcmp(v, "sgd-momentum")) o->optimizer = ADT_OPTIM_SGD, o->momentum = 1;
@@ -262,12 +291,49 @@ int cli_plan_print(const adt_plan *p, const adt_graph *g, const char *label) {
     return rc;
 }
 
+/* The shape-level planner: flags that cannot act there are refused. */
+static int plan_shapes(const plan_opts *o, const adt_model_cfg *m, const char *label) {
+    const char *given = o->precision >= 0 ? "--precision" : o->recompute >= 0 ? "--recompute"
+                        : o->micro_batch                  ? "--micro-batch"
+                        : o->vstages                      ? "--virtual-stages"
+                                                          : "a GPT of this size";
+    if (m->type != ADT_MODEL_GPT)
+        return plan_fail(2, "%s: the shape-level planner prices GPT models; --model %s is '%s'", given, label,
+                         adt_model_type_name(m->type));
+    if (!o->a.cluster_path) return plan_fail(2, "%s goes with --cluster (the plan is priced on a cluster)", given);
+    const char *refused = o->out_path ? "-o" : o->a.data ? "--data" : o->a.input_s >= 0 ? "--input-s"
+                          : o->a.max_pp ? "--max-pp" : o->a.explain ? "--explain" : o->microbatches_given ? "--microbatches"
+                          : o->optimizer_given ? "--optimizer" : NULL;
+    if (refused)
+        return plan_fail(2, "%s cannot act with the shape-level planner (%s): it writes no plan file, prices Adam in "
+                         "mixed precision and takes --micro-batch for the microbatch size", refused, given);
+    cli_plan_lm_opts lo = {.cluster_path = o->a.cluster_path, .strategy = o->strategy, .devices = o->devices,
+                           .batch = o->batch, .micro_batch = o->micro_batch, .vstages = o->vstages,
+                           .mem_limit = o->a.mem_limit, .precision = o->precision, .recompute = o->recompute,
+                           .json = o->a.json};
+    return cli_plan_lm(&lo, m, label);
+}
+
 int cli_plan(int argc, char **argv) {
-    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW, .a = {.input_s = -1}};
+    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW, .a = {.input_s = -1},
+                   .precision = -1, .recompute = -1};
     static const char *const switches[] = {"--json", "--explain", NULL};
     int rc = cli_parse_flags_switches("plan", argc, argv, plan_usage, plan_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
     o.a.builtin_model = !o.model_path;
+    if (o.precision >= 0 || o.recompute >= 0 || o.micro_batch || o.vstages) {
+        adt_model_cfg sm;
+        char slabel[320];
+        if ((rc = cli_load_model("plan", o.model_path, &sm, slabel, sizeof slabel))) return rc;
+        return plan_shapes(&o, &sm, slabel);
+    }
+    if (o.model_path) {
+        adt_model_cfg sm;
+        char slabel[320];
+        if ((rc = cli_load_model("plan", o.model_path, &sm, slabel, sizeof slabel))) return rc;
+        if (sm.type == ADT_MODEL_GPT && (double)adt_model_cfg_param_count(&sm) > PLAN_GRAPH_MAX_PARAMS)
+            return plan_shapes(&o, &sm, slabel);
+    }
     if ((o.a.data || o.a.input_s >= 0) && !o.a.cluster_path && !(o.strategy && !strcmp(o.strategy, "auto")))
         return plan_fail(2, "%s goes with --cluster (the input is priced on a cluster)", o.a.data ? "--data" : "--input-s");
     if (o.strategy && !strcmp(o.strategy, "auto")) {

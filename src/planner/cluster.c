@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "adtrain/base.h"
-#include "adtrain/comm.h" /* ADT_COMM_YIELD_MIN_S: how long a waiting rank yields */
 #include "adtrain/planner.h"
 #include "models/cfg_internal.h"
 
@@ -266,7 +265,8 @@ static int parse_op_factors(adt_cluster *c, const cJSON *d, const char *name) {
 }
 
 static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
-    static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "rates",
+    static const char *const fields[] = {"kind", "peak_flops", "compute_dtype", "efficiency", "matmul_fraction",
+                                         "memory_fraction", "rates",
                                          "memory_bytes", "memory_bw", "launch_s", "rates_small", "small_flops", "byte_rates", "byte_rates_small",
                                          "slowdown", "op_factors", "accumulate", "comment", NULL};
     int rc;
@@ -275,11 +275,12 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
         return rc;
     const cJSON *pf;
     if ((rc = get_object(d, "peak_flops", "device.", 1, name, &pf))) return rc;
-    static const char *const pf_fields[] = {"f32", "bf16", "comment", NULL};
+    static const char *const pf_fields[] = {"f32", "bf16", "f16", "comment", NULL};
     if ((rc = adt_cfg_check_fields(pf, pf_fields, "device.peak_flops", name)) ||
         (rc = check_comment(pf, "device.peak_flops.", name)) ||
         (rc = get_number(pf, "f32", "device.peak_flops.", 1, 1e6, 1e18, name, &c->peak_flops[ADT_F32])) ||
-        (rc = get_number(pf, "bf16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_flops[ADT_BF16])))
+        (rc = get_number(pf, "bf16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_flops[ADT_BF16])) ||
+        (rc = get_number(pf, "f16", "device.peak_flops.", 0, 1e6, 1e18, name, &c->peak_f16)))
         return rc;
     char dt[16] = "f32";
     if ((rc = get_string(d, "compute_dtype", "device.", 0, name, dt, sizeof dt))) return rc;
@@ -289,7 +290,13 @@ static int parse_device(adt_cluster *c, const cJSON *d, const char *name) {
     if (!c->peak_flops[c->compute_dtype])
         return adt_error(ADT_ERR_ARG, "%s: field \"device.compute_dtype\" is \"%s\", but \"device.peak_flops.%s\" is not "
                          "given", name, dt, dt);
-    c->efficiency = 0.5;
+    /* matmul_fraction: the published achievable share of peak on large matrix products; where a
+     * file gives it and no efficiency, the graph model's uncalibrated rates take it too. */
+    c->memory_fraction = 1.0;
+    if ((rc = get_number(d, "matmul_fraction", "device.", 0, 1e-3, 1.0, name, &c->matmul_fraction)) ||
+        (rc = get_number(d, "memory_fraction", "device.", 0, 1e-3, 1.0, name, &c->memory_fraction)))
+        return rc;
+    c->efficiency = c->matmul_fraction > 0 ? c->matmul_fraction : 0.5;
     if ((rc = get_number(d, "efficiency", "device.", 0, 1e-3, 1.0, name, &c->efficiency))) return rc;
     if ((rc = parse_rates(d, "rates", name, c->rate)) || (rc = parse_rates(d, "rates_small", name, c->rate_small)) ||
         (rc = parse_rates(d, "byte_rates", name, c->byte_rate)) ||
@@ -365,7 +372,7 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
     if (n < 1 || n > ADT_CLUSTER_MAX_LINKS)
         return adt_error(ADT_ERR_ARG, "%s: field \"links\" has %d levels, expected 1 to %d", name, n,
                          ADT_CLUSTER_MAX_LINKS);
-    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "collectives", "comment", NULL};
+    static const char *const fields[] = {"name", "span", "bandwidth", "latency", "coll_fraction", "collectives", "comment", NULL};
     int i = 0, rc;
     for (const cJSON *l = links->child; l; l = l->next, i++) {
         char where[32];
@@ -379,6 +386,7 @@ static int parse_links(adt_cluster *c, const cJSON *links, const char *name) {
             (rc = get_int(l, "span", where, 1, 1, CLUSTER_MAX_DEVICES, name, &k->span)) ||
             (rc = get_number(l, "bandwidth", where, 1, 1e3, 1e15, name, &k->bandwidth)) ||
             (rc = get_number(l, "latency", where, 1, 0, 10, name, &k->latency)) ||
+            (k->coll_fraction = 1.0, rc = get_number(l, "coll_fraction", where, 0, 1e-3, 1.0, name, &k->coll_fraction)) ||
             (rc = parse_collectives(k, cJSON_GetObjectItemCaseSensitive(l, "collectives"), where, name)))
             return rc;
     }
@@ -502,9 +510,12 @@ char *adt_cluster_to_json(const adt_cluster *c) {
     cJSON_AddStringToObject(dev, "kind", c->device_kind);
     cJSON_AddNumberToObject(pf, "f32", c->peak_flops[ADT_F32]);
     if (c->peak_flops[ADT_BF16] > 0) cJSON_AddNumberToObject(pf, "bf16", c->peak_flops[ADT_BF16]);
+    if (c->peak_f16 > 0) cJSON_AddNumberToObject(pf, "f16", c->peak_f16);
     cJSON_AddItemToObject(dev, "peak_flops", pf);
     cJSON_AddStringToObject(dev, "compute_dtype", adt_dtype_name(c->compute_dtype));
     cJSON_AddNumberToObject(dev, "efficiency", c->efficiency);
+    if (c->matmul_fraction > 0) cJSON_AddNumberToObject(dev, "matmul_fraction", c->matmul_fraction);
+    if (c->memory_fraction > 0 && c->memory_fraction != 1.0) cJSON_AddNumberToObject(dev, "memory_fraction", c->memory_fraction);
     add_rates(dev, "rates", c->rate);
     cJSON_AddNumberToObject(dev, "memory_bytes", c->memory_bytes);
     cJSON_AddNumberToObject(dev, "memory_bw", c->memory_bw);
@@ -567,6 +578,7 @@ char *adt_cluster_to_json(const adt_cluster *c) {
         cJSON_AddNumberToObject(l, "span", c->link[i].span);
         cJSON_AddNumberToObject(l, "bandwidth", c->link[i].bandwidth);
         cJSON_AddNumberToObject(l, "latency", c->link[i].latency);
+        if (c->link[i].coll_fraction > 0 && c->link[i].coll_fraction != 1.0) cJSON_AddNumberToObject(l, "coll_fraction", c->link[i].coll_fraction);
         if (c->link[i].n_coll > 0) {
             cJSON *a = cJSON_CreateArray();
             for (int j = 0; j < c->link[i].n_coll; j++) {
@@ -621,141 +633,6 @@ double adt_cluster_op_time(const adt_cluster *c, int op, double flops, double by
         }
     }
     return k > 0 ? k * t : t;
-}
-
-/* The slowdown entry of the largest rank count <= ranks, -1 if none. */
-static int slowdown_entry(const adt_cluster *c, int ranks) {
-    int best = -1;
-    for (int i = 0; i < c->n_slowdown; i++)
-        if (c->slowdown[i].ranks <= ranks && (best < 0 || c->slowdown[i].ranks > c->slowdown[best].ranks)) best = i;
-    return best;
-}
-
-double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
-    int e = slowdown_entry(c, ranks);
-    return e >= 0 ? c->slowdown[e].sync_s : 0;
-}
-
-/* The compute after a blocked wait over which the next one's loss grows to sync_s where the
- * entry has no sync_curve, or the wait is for one of MPI's collectives (an all-to-all): about the
- * sync probe's 1 ms of compute on one core. The curve is measured with the shared-memory
- * all-reduce; MPI's collectives inside a step cost more than it says (MPI moves a message only
- * while both ranks are in an MPI call: a DLRM's reduce-scatters through MPI on 3 ranks waited
- * 0.4-0.8 ms each after 0.3 ms of compute, where the curve says 0.15). */
-#define SYNC_RAMP_S 1e-3
-
-double adt_cluster_sync_loss(const adt_cluster *c, int ranks, double compute_s, int mpi) {
-    int e = slowdown_entry(c, ranks);
-    if (e < 0 || !(compute_s > 0)) return 0;
-    int n = mpi ? 0 : c->slowdown[e].n_sync;
-    if (n < 1) return c->slowdown[e].sync_s * fmin(1.0, compute_s / SYNC_RAMP_S);
-    const double(*p)[2] = c->slowdown[e].sync_curve;
-    double s0 = 0, l0 = 0;
-    for (int k = 0; k < n; s0 = p[k][0], l0 = p[k][1], k++)
-        if (compute_s <= p[k][0]) return l0 + (p[k][1] - l0) * (compute_s - s0) / (p[k][0] - s0);
-    return p[n - 1][1];
-}
-
-double adt_cluster_coll_factor(const adt_cluster *c, int ranks) {
-    int e = slowdown_entry(c, ranks);
-    return e >= 0 ? c->slowdown[e].coll_factor : 0;
-}
-
-/* adt_cluster_share between rank counts: a load of x busy ranks, x >= 1 */
-static double share_at(const adt_cluster *c, double x) {
-    int lo = (int)x;
-    if (lo < 1) return adt_cluster_share(c, 1);
-    double a = adt_cluster_share(c, lo);
-    return x > lo ? a + (x - lo) * (adt_cluster_share(c, lo + 1) - a) : a;
-}
-
-double adt_cluster_share_load(const adt_cluster *c, double load) {
-    return share_at(c, load < 1 ? 1 : load);
-}
-
-/* The share of a busy rank a waiting one is, w in [0, 1], by a relay factor r of entry e: the
- * load 1 + w (ranks - 1) at which share_at is the factor (monotone in w). */
-static double share_of_relay(const adt_cluster *c, double r, int ranks) {
-    double lo = 0, hi = 1;
-    if (ranks < 2 || share_at(c, ranks) <= r) lo = 1;
-    else if (share_at(c, 1) >= r) hi = 0;
-    for (int i = 0; i < 40 && hi - lo > 1e-9; i++) {
-        double mid = (lo + hi) / 2;
-        *(share_at(c, 1 + mid * (ranks - 1)) < r ? &lo : &hi) = mid;
-    }
-    return (lo + hi) / 2;
-}
-
-static double waiting_share(const adt_cluster *c, int e, int ranks) {
-    return share_of_relay(c, c->slowdown[e].relay_factor, ranks);
-}
-
-/* The part of a relay's waits that yields: each waited ranks - 1 turns of factor x segment and
- * yielded for the first ADT_COMM_YIELD_MIN_S of it. */
-static double yielding_part(int ranks, double factor, double segment) {
-    double wait = (ranks - 1) * factor * segment;
-    return wait > ADT_COMM_YIELD_MIN_S ? ADT_COMM_YIELD_MIN_S / wait : 1;
-}
-
-/* The yield and nap shares (y, f) of entry e: the short relay's constant share w_s is
- * ys y + (1 - ys) f, the long one's w_l is yl y + (1 - yl) f (ys, yl: their yielding parts);
- * without a long relay f = 0. Both within [0, 1], f at most y (a napping rank takes no more of
- * the cores than a yielding one). */
-static void relay_shares(const adt_cluster *c, int e, int ranks, double *y, double *f) {
-    double ws = waiting_share(c, e, ranks), ys = yielding_part(c->slowdown[e].ranks, c->slowdown[e].relay_factor,
-                                                                c->slowdown[e].relay_segment_s);
-    *f = 0;
-    if (c->slowdown[e].relay_long_factor > 0 && c->slowdown[e].relay_long_segment_s > 0) {
-        double wl = share_of_relay(c, c->slowdown[e].relay_long_factor, ranks);
-        double yl = yielding_part(c->slowdown[e].ranks, c->slowdown[e].relay_long_factor,
-                                  c->slowdown[e].relay_long_segment_s);
-        /* ys > yl: the long relay's waits yield for a smaller part */
-        *f = ys - yl > 1e-9 ? (ys * wl - yl * ws) / (ys - yl) : wl;
-        if (*f < 0) *f = 0;
-        if (*f > ws) *f = ws; /* the short relay waits partly napping: its share bounds the nap's */
-    }
-    *y = (ws - (1 - ys) * *f) / ys;
-    if (*y > 1) *y = 1;
-    if (*y < *f) *y = *f;
-}
-
-double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
-    int e = slowdown_entry(c, ranks);
-    if (e < 0 || !(c->slowdown[e].relay_factor > 0)) return -1;
-    double w = waiting_share(c, e, ranks), load = active + w * (ranks - active);
-    return share_at(c, load < 1 ? 1 : load);
-}
-
-/* The relay measurement's waits, ranks - 1 turns each (a 4-byte token), yielded for their first
- * ADT_COMM_YIELD_MIN_S: w = the yielding share x that part of a wait. At most a busy rank: a
- * rank that yields takes no more than its core (where w says more, the rest of the relay's
- * excess is its wake-ups, which the windows of a pipeline's waits then leave out). */
-/* The entry of `ranks` whose short relay was measured with its turns, its shares into *y and *f;
- * -1 where there is none. */
-static int measured_relay_shares(const adt_cluster *c, int ranks, double *y, double *f) {
-    int e = slowdown_entry(c, ranks);
-    if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return -1;
-    relay_shares(c, e, ranks, y, f);
-    return e;
-}
-
-double adt_cluster_yield_share(const adt_cluster *c, int ranks) {
-    double y, f;
-    return measured_relay_shares(c, ranks, &y, &f) < 0 ? -1 : y;
-}
-
-double adt_cluster_nap_share(const adt_cluster *c, int ranks) {
-    double y, f;
-    return measured_relay_shares(c, ranks, &y, &f) < 0 ? 0 : f;
-}
-
-double adt_cluster_share(const adt_cluster *c, int ranks) {
-    int best = slowdown_entry(c, ranks);
-    /* ranks that outnumber the cores share them: none gets more than cores / ranks of one, what
-     * ever a short probe happened to see */
-    double shared = c->cores_per_node > 0 && ranks > c->cores_per_node ? (double)ranks / c->cores_per_node : 1.0;
-    double f = best >= 0 ? c->slowdown[best].factor : 1.0;
-    return f > shared ? f : shared;
 }
 
 double adt_cluster_accumulate_s(const adt_cluster *c, double bytes, int busy) {

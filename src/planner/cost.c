@@ -1,75 +1,35 @@
 /*
- * cost.c - the cost model: what one step of a plan takes on a cluster, and how much memory each
- * device needs (DESIGN.md section 4; notes: autoparallel-anchors 6.3).
+ * cost.c - the graph cost model: what one step of a bound plan takes on a cluster, and how much
+ * memory each device needs (DESIGN.md section 4; notes: autoparallel-anchors 6.3). GPTs at
+ * cluster scale are priced from their shapes instead (lm.c).
  *
- * Per stage, one microbatch is list-scheduled the way the executor runs a local graph
- * (src/exec/exec.c): compute nodes one after another on the compute clock; on every edge whose
- * layouts differ the boxing program the partitioner inserts (adt_boxing_plan with the plan's link
- * costs, reused by later readers of the same layout), its steps in order on one communication
- * clock, started when the value is ready and the link is free, waited for by the first reader.
- * A collective whose input is a leaf starts at its reader, and one that carries a forward value
- * into the backward pass starts no earlier than the reader's turn (the executor keeps them out of
- * the forward pass), so gradient all-reduces overlap the rest of the backward pass and weight
- * gathers do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B, Alpa's objective) with t_i
- * a microbatch's forward and backward through stage i including a stage-boundary transfer (alpha +
- * bytes beta of the link between the stages), plus once per step the longest tail of optimizer
- * updates and the gradient synchronisation still in flight when they start. Where ranks share a
- * node's cores and the cluster measured how much a waiting rank still takes of them
- * (device.slowdown[].relay_factor), the 1F1B schedule is played out pass by pass instead
- * (pipe_on_cores), a waiting rank taking a share of the cores only while it still yields
- * (relay_segment_s). A step of several microbatches (the executor's slots) also pays the gradient
- * accumulation: each backward pass adds its gradients into the step's, the update scales them.
+ * Time. Per stage, one microbatch is list-scheduled the way the executor runs a local graph
+ * (src/exec/exec.c): compute nodes one after another on the compute clock, each on a roofline
+ * (its FLOPs at its class's rate, its bytes at the class's byte rate where calibrated, else the
+ * slower of the two with bytes / memory bandwidth; plus launch_s; times its kind's calibrated
+ * op_factor); on every edge whose layouts differ the boxing program the partitioner inserts, its
+ * steps alpha-beta priced per kind, group size and link level (the cluster's calibrated fits
+ * where it has them) on one communication clock, started when the value is ready and the link
+ * is free, waited for by the first reader. A collective whose input is a leaf starts at its
+ * reader, and one that carries a forward value into the backward pass starts no earlier than the
+ * reader's turn, so gradient all-reduces overlap the rest of the backward pass and weight gathers
+ * do not run ahead. Pipeline: sum(t_i) + (m-1) max(t_i) (1F1B) with t_i a microbatch's forward
+ * and backward through stage i including its stage-boundary transfer, plus once per step the
+ * longest tail of optimizer updates and the gradient synchronisation still in flight. Several
+ * microbatches also pay the gradient accumulation (each backward pass adds into the step's
+ * gradients, the update scales them). A rank that holds a block of a fed value first produces
+ * the samples its blocks cover (the cluster's input_s per sample).
  *
  * Memory per device of a stage: the memory plan the executor makes of the stage's local graph
- * (adt_dist_partition, and adt_pipe_stage_build for pipelines; graph/memplan.c planned in the
- * executor's order: collectives alive from their input's producer to their first reader,
- * in-place all-reduces, a pipeline stage's passes apart with one arena per microbatch slot in
- * flight, p - s under 1F1B), plus the logits the trainer keeps, the largest of the stage's
- * devices, 0.1% over. Where the partitioner refuses a plan: persistent and fed blocks and a
- * liveness walk (a value lives from its producer to its last reader; views and in-place outputs
- * share their base's storage; saved activations once more per further microbatch in flight).
+ * (adt_dist_partition, and adt_pipe_stage_build for pipelines; graph/memplan.c in the executor's
+ * order, one arena per microbatch slot in flight, p - s under 1F1B), plus the logits the trainer
+ * keeps, the largest of the stage's devices, 0.1% over. Where the partitioner refuses a plan: a
+ * liveness walk (a value lives from its producer to its last reader; saved activations once more
+ * per further microbatch in flight).
  *
- * Compute runs slower by the cluster's measured slowdown of the plan's busy ranks per node
- * (adt_cluster_share); boxing steps and stage-boundary messages are priced with the cluster's
- * calibrated collectives of their kind and group size where it has them. A node that has to
- * wait for a collective loses more (adt_cluster_sync_loss): the calibrated collectives are timed
- * back to back, where every rank arrives at once, while inside a step the peers arrive spread out
- * by their compute and a rank that blocked is woken late (a scheduler slice when ranks outnumber
- * the cores), the more the longer the compute since the last blocked wait: a wait soon after the
- * last finds the ranks nearly together (a DLRM's 26 table updates of 10 us each, each after its
- * own all-reduce, wait about once, not 26 times), one after 14 ms of compute on 3 ranks sharing
- * 2 cores loses about 7 ms (bench/bench_lockstep.c). The cluster's measured curve of that loss
- * (device.slowdown[].sync_curve) prices waits on the shared-memory collectives; a wait that
- * includes one of MPI's (an all-to-all) keeps sync_s over the first ms of compute. Counted at
- * every blocked node: a tensor-parallel plan pays it at every layer, data parallelism about once
- * per step; a stage-boundary message none (ranked DLRM's pipelines better: tau +0.06..+0.17).
- *
- * On a CPU node (device.slowdown[].coll_factor > 0) no copy engine moves a collective's data: the
- * ranks' own cores do, in the executor's polls between kernels and in its waits. There every
- * collective runs on the compute clock, after the compute before its reader, and the shared-
- * memory collectives (all-reduce, reduce-scatter, all-gather of >= ADT_COMM_SHM_MIN_BYTES: the
- * executor's buffers are shared) take their back-to-back fit's latency and coll_factor times its
- * bytes part, what `calibrate` measured inside data-parallel steps beyond their waits' loss (the
- * fit put the MLP's 2-rank dp plans 30-50% under their measurement, its gradient all-reduces all
- * hidden behind the backward pass; the factor on the whole fit priced DLRM's 34 small
- * all-reduces of a step at twice their cost on 3-4 ranks). Where the node's busy ranks
- * outnumber its cores, one of a group smaller than them (a 2x2 mesh's pairs) takes the latency
- * of a collective of all of them (shm_group_waits_for_node).
- * An op's time is its FLOPs at its class's rate plus its bytes at the class's byte rate where the
- * cluster has one (matrix products and convolutions: OpenBLAS packs the operands and writes the
- * product whatever the inner size), else the slower of the rate and the memory bandwidth; plus
- * launch_s, times its kind's calibrated factor for its decade of FLOPs (device.op_factors): a
- * small VGG's max-pools run 4-12x slower than the bandwidth says, its ReLUs in cache faster. Its
- * bytes are those of the blocks one device reads and writes (adt_node_sig_time): a data-parallel
- * rank's matrix product reads a share of the activations and the whole weight. (Dividing the
- * weight's bytes with the FLOPs priced the MLP's 2-rank dp 18% under its measurement and picked
- * it, 17% slower than the measured best, 2-rank tp.)
- *
- * A rank that holds a block of a fed value (the input, the labels) first produces the samples
- * its blocks cover (the cluster's input_s per sample, at the compute slowdown): the trainer
- * fills them inline, and a rank whose input is split over the batch reads its share while a
- * tensor-parallel rank reads the whole batch. On small models this is a third of the step (the
- * synthetic images' waves and noise).
+ * CPU ranks sharing a node's cores (compute slowdown, the loss of blocked waits, collectives
+ * moved by the cores, a pipeline's waiting ranks) are modelled apart, in cores.c, and enter here
+ * only through the cluster's measured device.slowdown entries or ranks outnumbering its cores.
  */
 #include <math.h>
 #include <stdio.h>
@@ -81,6 +41,7 @@
 #include "adtrain/exec.h" /* adt_exec_plan_memory: the memory plan a rank's executor will make */
 #include "adtrain/ops.h"
 #include "adtrain/planner.h"
+#include "planner/cores.h"
 
 double adt_node_time(const adt_graph *g, int node, double parts, const adt_cluster *c) {
     const adt_node *n = &g->nodes[node];
@@ -170,21 +131,6 @@ static int shm_kind(int kind) {
     return kind == ADT_BOXING_ALL_REDUCE || kind == ADT_BOXING_REDUCE_SCATTER || kind == ADT_BOXING_ALL_GATHER;
 }
 
-/* A shared-memory collective of a group smaller than the node's busy ranks, where those
- * outnumber the cores, waits as long as one of all of them: its latency is the busy ranks' fit
- * for that many ranks. Each phase of it (comm_shm.c: arrive, reduced, done) waits until every
- * member has been on a core since, and the members take the cores in the same rotation as the
- * ranks outside the group; the group's own latency terms price a group that holds the cores.
- * On a 2x2 mesh of 4 ranks sharing 2 cores, a DLRM's pair all-reduces took 24 us each inside
- * the step (37 a step) and its pair reduce-scatters 25 us, where the 4-rank fit's latency is 26
- * and 13 us and the pair's 8.5 and 4.4 (docs/BENCHMARKS.md, "Pair collectives wait for the
- * whole node"). MPI's all-to-all keeps the pair's: an eager message lands in the peer's queue
- * while the peer is off the cores (priced at the 4-rank world's instead, the stored runs ranked
- * worse). */
-static int shm_group_waits_for_node(const adt_cluster *c, int group, int busy) {
-    return c->cores_per_node > 0 && busy > c->cores_per_node && group > 1 && group < busy;
-}
-
 /* The boxing program the partitioner inserts (chosen with the plan's link prices), its steps
  * priced with the cluster's calibrated collectives: per kind, group size and link level of the
  * step's mesh axis; local steps as the program prices them. kind[] gets the steps' times. */
@@ -200,7 +146,7 @@ static double reprice_boxing(const adt_plan *p, const adt_cluster *c, const adt_
             int level = adt_cluster_axis_level(c, m, st->mesh_axis);
             ts = adt_cluster_coll_time(c, level, st->kind, st->group_size, st->group_bytes, busy);
             t0 = adt_cluster_coll_time(c, level, st->kind, st->group_size, 0, busy);
-            if (shm_kind(st->kind) && shm_group_waits_for_node(c, st->group_size, busy)) {
+            if (shm_kind(st->kind) && cores_group_waits(c, st->group_size, busy)) {
                 double t0_node = adt_cluster_coll_time(c, level, st->kind, busy, 0, busy);
                 ts += t0_node - t0, t0 = t0_node;
             }
@@ -223,12 +169,6 @@ typedef struct boxed {
     double ready[8];
     int n;
 } boxed;
-
-typedef struct stage_eval {
-    double acc_bytes, acc_s, acc_tail; /* gradients the update reads; their adding per microbatch, scaling per step */
-    double time, fb, f, compute, comm[ADT_BOXING_KIND_COUNT], p2p, sync, input, state, act_peak, saved;
-    double p2p_bytes; /* received from the stages before, per microbatch */
-} stage_eval;
 
 /* Samples of one (micro)batch the busiest rank of a stage reads: of the fed values the stage
  * reads (last[v] >= 0), the largest block along the batch axis (the trainer reads the union of
@@ -482,144 +422,6 @@ static int stage_memplan(const adt_plan *p, const adt_graph *g, int s, int slots
     return rc;
 }
 
-/* The 1F1B schedule (adt_pipe_1f1b) played out pass by pass where a node's ranks share its cores:
- * the closed form prices every pass at the slowdown of all the plan's ranks computing at once,
- * but a pipeline's ranks take turns. Pass (s, i) starts when its stage is free and its input is
- * done (the forward of i on stage s-1, the backward of i on stage s+1); while it runs it goes at
- * the slowdown of the ranks computing on its node at that moment, the waiting ones counted as
- * the share of a busy rank that the cluster's relay_factor implies (adt_cluster_share_active:
- * src/comm's polite wait yields and naps, and still takes some of the cores). Where the cluster
- * also measured the relay's turns (relay_segment_s), a waiting rank counts only for the window
- * in which that wait yields (comm.h: 1 ms, or its message's bytes at 1 GB/s), at the share that
- * explains the relay's own waits (adt_cluster_yield_share), and once it naps at the share the
- * long relay measured (adt_cluster_nap_share; nothing where it was not measured): a pipeline of
- * 100 ms passes runs them beside napping ranks, one of 0.3 ms passes with its waiting ranks all
- * yielding. (Napping ranks took nothing on the 2-core VM the window was made on; on another,
- * 4 stages of GPT-S at one microbatch, 150 ms passes, ran 1.24 times one rank's step, and the
- * long relay's share re-priced a stored run from tau 0.58 / 0.74 / 0.79 / 0.76 to 0.75 / 0.89 /
- * 0.77 / 0.90, MLP / VGG / DLRM / GPT-S; docs/BENCHMARKS.md.) (Re-pricing the five full accuracy
- * runs of 2026-11-28 with the window: GPT-S's tau 0.67 -> 0.75 on the mean, the three small
- * models' within 0.005; the median errors of DLRM 12.5 -> 9.6%, GPT-S 11.3 -> 9.4%.) A stage
- * that reads the input or the labels fills them first, waiting for no stage (the trainer fills a microbatch
- * before it posts the receive): the last stage's labels are ready while the stages before run
- * their forwards (charging the fill after them priced the MLP's pipelines of one microbatch on
- * 2-4 ranks 43-53% over their measurement, against 20-38% now; DLRM's 2 stages +12%, now -1%).
- * A pass's time in
- * eval_stage was priced at the slowdown of `busy` ranks; here it runs at share(busy) /
- * share_active of that speed. (4 stages of the MLP at m = 1 take 1.4 times one rank's step on 2
- * cores, not the 2 times the closed form said.) Returns the makespan of the passes. */
-static double pipe_on_cores(const adt_plan *p, const adt_cluster *c, const stage_eval *ev, int m, int busy) {
-    int S = p->n_stages, dpn = c->devices_per_node > 0 ? c->devices_per_node : 1, nodes = 1;
-    int *ranks = adt_malloc((size_t)p->mesh.nranks * sizeof *ranks);
-    int *node_of = adt_malloc((size_t)S * p->mesh.nranks * sizeof *node_of), *n_of = adt_calloc((size_t)S, sizeof *n_of);
-    for (int s = 0; s < S; s++) {
-        adt_mesh sm;
-        if (adt_plan_stage_mesh(p, s, &sm, ranks)) continue; /* priced before: cannot fail here */
-        for (int i = 0; i < sm.nranks; i++) {
-            int k = ranks[i] / dpn;
-            node_of[s * p->mesh.nranks + n_of[s]++] = k;
-            if (k + 1 > nodes) nodes = k + 1;
-        }
-    }
-    adt_pipe_op *ops = adt_malloc((size_t)S * 2 * m * sizeof *ops);
-    int *n_ops = adt_malloc((size_t)S * sizeof *n_ops), *at = adt_calloc((size_t)S, sizeof *at);
-    char *f_done = adt_calloc((size_t)S * m, 1), *b_done = adt_calloc((size_t)S * m, 1), *run = adt_calloc((size_t)S, 1);
-    char *filled = adt_calloc((size_t)S, 1); /* the stage's next forward has its samples */
-    double *left = adt_calloc((size_t)S, sizeof *left), *rate = adt_calloc((size_t)S, sizeof *rate);
-    int *active = adt_calloc((size_t)nodes, sizeof *active), *on_node = adt_calloc((size_t)nodes, sizeof *on_node);
-    for (int s = 0; s < S; s++)
-        for (int i = 0; i < n_of[s]; i++) on_node[node_of[s * p->mesh.nranks + i]]++;
-    /* share_of[k * (nranks + 1) + a]: node k's slowdown with a of its ranks computing, once */
-    int stride = p->mesh.nranks + 1;
-    double *share_of = adt_malloc((size_t)nodes * stride * sizeof *share_of);
-    for (int k = 0; k < nodes; k++)
-        for (int a = 0; a <= on_node[k]; a++) share_of[k * stride + a] = adt_cluster_share_active(c, on_node[k], a);
-    /* where the cluster measured the relay's turns (relay_segment_s): a waiting rank takes
-     * yield_of[k] of a busy one for the first window[s] of its wait, none once it naps;
-     * load[k]: the busy ranks of node k that counts */
-    double *yield_of = adt_malloc((size_t)nodes * sizeof *yield_of), *load = adt_malloc((size_t)nodes * sizeof *load);
-    double *nap_of = adt_malloc((size_t)nodes * sizeof *nap_of); /* a napping rank's share, the long relay's */
-    double *window = adt_malloc((size_t)S * sizeof *window), *wait_from = adt_calloc((size_t)S, sizeof *wait_from);
-    int windowed = 1;
-    for (int k = 0; k < nodes; k++) {
-        yield_of[k] = adt_cluster_yield_share(c, on_node[k]);
-        if (yield_of[k] < 0 && on_node[k] > 1) windowed = 0; /* not measured: the constant share */
-        if (yield_of[k] < 0) yield_of[k] = 0;
-        nap_of[k] = adt_cluster_nap_share(c, on_node[k]);
-    }
-    for (int s = 0; s < S; s++) { /* a wait yields while its bytes could be moving (comm.h) */
-        double bytes = ev[s].p2p_bytes; /* a forward waits for its input, a backward for s + 1's gradient */
-        if (s + 1 < S && ev[s + 1].p2p_bytes > bytes) bytes = ev[s + 1].p2p_bytes;
-        window[s] = adt_comm_yield_window_s(bytes);
-    }
-    for (int s = 0; s < S; s++) n_ops[s] = adt_pipe_1f1b(S, s, m, ops + (size_t)s * 2 * m);
-    double t = 0, at_busy = adt_cluster_share(c, busy);
-    for (;;) {
-        int running = 0;
-        for (int s = 0; s < S; s++) {
-            if (!run[s] && at[s] < n_ops[s]) {
-                adt_pipe_op o = ops[(size_t)s * 2 * m + at[s]];
-                if (!o.backward && !filled[s] && ev[s].input > 0) { /* the fill waits for no stage */
-                    run[s] = 2, left[s] = ev[s].input;
-                } else {
-                    int ready = o.backward ? s == S - 1 || b_done[(s + 1) * m + o.microbatch]
-                                           : s == 0 || f_done[(s - 1) * m + o.microbatch];
-                    if (ready) run[s] = 1, left[s] = o.backward ? ev[s].fb - ev[s].f : ev[s].f - ev[s].input;
-                }
-            }
-            running += run[s];
-        }
-        if (!running) break;
-        memset(active, 0, (size_t)nodes * sizeof *active);
-        for (int s = 0; s < S; s++)
-            for (int i = 0; run[s] && i < n_of[s]; i++) active[node_of[s * p->mesh.nranks + i]]++;
-        double dt = INFINITY;
-        if (windowed) {
-            for (int k = 0; k < nodes; k++) load[k] = active[k];
-            for (int s = 0; s < S; s++) {
-                if (run[s]) continue;
-                double end = wait_from[s] + window[s];
-                int napping = t >= end * (1 - 1e-12);
-                for (int i = 0; i < n_of[s]; i++) {
-                    int k = node_of[s * p->mesh.nranks + i];
-                    load[k] += napping ? nap_of[k] : yield_of[k];
-                }
-                if (napping) continue;
-                if (end - t < dt) dt = end - t; /* its window closes: the load changes */
-            }
-        }
-        for (int s = 0; s < S; s++) {
-            if (!run[s]) continue;
-            double sh = 1;
-            for (int i = 0; i < n_of[s]; i++) {
-                int k = node_of[s * p->mesh.nranks + i];
-                double x = windowed ? adt_cluster_share_load(c, load[k]) : share_of[k * stride + active[k]];
-                if (x > sh) sh = x;
-            }
-            rate[s] = at_busy / sh;
-            if (left[s] / rate[s] < dt) dt = left[s] / rate[s];
-        }
-        t += dt;
-        for (int s = 0; s < S; s++) {
-            if (!run[s]) continue;
-            left[s] -= rate[s] * dt;
-            if (left[s] > 1e-12 * (1 + t)) continue; /* still running */
-            if (run[s] == 2) { /* filled: the forward itself next */
-                filled[s] = 1, run[s] = 0, wait_from[s] = t;
-                continue;
-            }
-            filled[s] = 0;
-            adt_pipe_op o = ops[(size_t)s * 2 * m + at[s]++];
-            (o.backward ? b_done : f_done)[s * m + o.microbatch] = 1;
-            run[s] = 0, wait_from[s] = t;
-        }
-    }
-    free(ranks), free(node_of), free(n_of), free(ops), free(n_ops), free(at), free(f_done), free(b_done), free(run), free(filled);
-    free(left), free(rate), free(active), free(on_node), free(share_of);
-    free(yield_of), free(load), free(window), free(wait_from), free(nap_of);
-    return t;
-}
-
 int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, adt_cost_report *out) {
     memset(out, 0, sizeof *out);
     if (!p->node_sig) return adt_error(ADT_ERR_STATE, "%s: cost of an unbound plan", p->name);
@@ -674,7 +476,7 @@ int adt_plan_cost(const adt_plan *p, const adt_graph *g, const adt_cluster *c, a
         out->step_s = sum + (m - 1) * mx + once;
         /* where the cluster measured how a pipeline's ranks take turns: play the schedule out */
         if (p->n_stages > 1 && adt_cluster_share_active(c, busy, busy) > 0)
-            out->step_s = pipe_on_cores(p, c, ev, m, busy) + once;
+            out->step_s = cores_play_1f1b(p, c, ev, m, busy) + once;
         out->compute_s = e->compute * m;
         for (int k = 0; k < ADT_BOXING_KIND_COUNT; k++) out->comm_s[k] = e->comm[k] * m;
         out->p2p_s = e->p2p * m;
