@@ -1,0 +1,156 @@
+/*
+ * dlrm_worker.c - a DLRM on a parameter-server worker: the dense part through the executor, the
+ * embedding rows fed in and their gradients read out, the dense update after a sum over workers.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adtrain/base.h"
+#include "adtrain/models.h"
+#include "adtrain/ps.h"
+
+struct adt_ps_dlrm {
+    adt_dlrm_cfg cfg;
+    int batch;
+    adt_graph *g;
+    adt_exec *ex;
+    adt_model_io io;
+    int rows[ADT_DLRM_MAX_TABLES];
+    int n_dense_params;
+    int *dense_params;  /* value ids */
+    int64_t dense_numel;
+    float *flat;        /* [dense_numel]: the dense gradients packed for one all-reduce */
+    float **state;      /* per dense parameter: its optimizer state */
+    adt_ps_optim optim;
+};
+
+int adt_ps_tables_dlrm(adt_ps_cfg *cfg, const adt_dlrm_cfg *c, int64_t capacity, adt_ps_full_rule full) {
+    adt_model_cfg mc = {.type = ADT_MODEL_DLRM, .dlrm = *c};
+    int rc = adt_model_cfg_validate(&mc, "dlrm");
+    if (rc) return rc;
+    cfg->n_tables = c->n_tables;
+    for (int t = 0; t < c->n_tables; t++) {
+        adt_ps_table *tb = &cfg->tables[t];
+        memset(tb, 0, sizeof *tb);
+        snprintf(tb->name, sizeof tb->name, "emb.%d.weight", t);
+        tb->dim = c->emb_dim;
+        tb->rows = c->table_rows[t];
+        float bound = sqrtf(1.0f / (float)c->table_rows[t]);
+        tb->init_lo = -bound, tb->init_hi = bound;
+        tb->capacity = capacity > 0 ? capacity : c->table_rows[t];
+        tb->full = full;
+    }
+    return ADT_OK;
+}
+
+int adt_ps_dlrm_create(adt_ps_dlrm **out, const adt_dlrm_cfg *c, int batch, const adt_ps_optim *dense,
+                       const adt_exec_opts *eo) {
+    *out = NULL;
+    if (dense->kind == ADT_PS_ADAGRAD)
+        return adt_error(ADT_ERR_UNSUPPORTED, "ps dlrm: adagrad for the dense parameters, expected sgd or adam (the "
+                         "graph's optimizers, so that a one-process run is the reference)");
+    adt_ps_dlrm *d = adt_calloc(1, sizeof *d);
+    d->cfg = *c;
+    d->batch = batch;
+    d->optim = *dense;
+    d->g = adt_graph_create();
+    int rc = adt_model_dlrm_ps(d->g, c, batch, &d->io, d->rows);
+    if (!rc) rc = adt_graph_backward(d->g, d->io.loss);
+    if (rc) {
+        rc = adt_error(rc, "ps dlrm: %s", adt_graph_error_message(d->g));
+        adt_ps_dlrm_free(d);
+        return rc;
+    }
+    d->dense_params = adt_malloc((size_t)d->g->n_values * sizeof *d->dense_params);
+    for (int v = 0; v < d->g->n_values; v++) {
+        const adt_value *val = &d->g->values[v];
+        if (val->role != ADT_ROLE_PARAM || val->grad < 0) continue;
+        adt_graph_mark_output(d->g, val->grad);
+        if (!strncmp(val->name, "ps.rows.", 8)) continue;
+        d->dense_params[d->n_dense_params++] = v;
+        d->dense_numel += adt_value_numel(d->g, v);
+    }
+    d->flat = adt_malloc((size_t)(d->dense_numel ? d->dense_numel : 1) * sizeof *d->flat);
+    d->state = adt_calloc((size_t)(d->n_dense_params ? d->n_dense_params : 1), sizeof *d->state);
+    int k = adt_ps_optim_states(dense->kind);
+    for (int i = 0; i < d->n_dense_params && k; i++)
+        d->state[i] = adt_calloc((size_t)(k * adt_value_numel(d->g, d->dense_params[i])), sizeof(float));
+    if ((rc = adt_exec_create(&d->ex, d->g, eo)) || (rc = adt_exec_init_params(d->ex))) {
+        adt_ps_dlrm_free(d);
+        return rc;
+    }
+    *out = d;
+    return ADT_OK;
+}
+
+void adt_ps_dlrm_free(adt_ps_dlrm *d) {
+    if (!d) return;
+    adt_exec_free(d->ex);
+    adt_graph_free(d->g);
+    for (int i = 0; i < d->n_dense_params; i++) free(d->state[i]);
+    free(d->state), free(d->dense_params), free(d->flat);
+    free(d);
+}
+
+adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d) { return d->ex; }
+
+float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t) {
+    return t >= 0 && t < d->cfg.n_tables ? adt_exec_data(d->ex, d->rows[t]) : NULL;
+}
+
+float *adt_ps_dlrm_row_grad(adt_ps_dlrm *d, int t) {
+    return t >= 0 && t < d->cfg.n_tables ? adt_exec_data(d->ex, d->g->values[d->rows[t]].grad) : NULL;
+}
+
+int adt_ps_dlrm_compute(adt_ps_dlrm *d, const float *dense, const float *labels, float *loss) {
+    memcpy(adt_exec_data(d->ex, d->io.input), dense, (size_t)d->batch * (size_t)d->cfg.n_dense * sizeof(float));
+    memcpy(adt_exec_data(d->ex, d->io.label), labels, (size_t)d->batch * sizeof(float));
+    int rc = adt_exec_run(d->ex);
+    if (rc) return rc;
+    if (loss) *loss = *(const float *)adt_exec_data(d->ex, d->io.loss);
+    return ADT_OK;
+}
+
+int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step) {
+    int64_t off = 0;
+    for (int i = 0; i < d->n_dense_params; i++) {
+        int v = d->dense_params[i];
+        int64_t n = adt_value_numel(d->g, v);
+        const float *gr = adt_exec_data(d->ex, d->g->values[v].grad);
+        for (int64_t j = 0; j < n; j++) d->flat[off + j] = gr[j] * scale;
+        off += n;
+    }
+    if (workers && adt_comm_size(workers) > 1) {
+        int rc = adt_comm_allreduce_f32(workers, d->flat, d->dense_numel);
+        if (rc) return rc;
+    }
+    off = 0;
+    for (int i = 0; i < d->n_dense_params; i++) {
+        int v = d->dense_params[i];
+        int64_t n = adt_value_numel(d->g, v);
+        adt_ps_optim_apply(&d->optim, adt_exec_data(d->ex, v), d->state[i], d->flat + off, n, step);
+        off += n;
+    }
+    return ADT_OK;
+}
+
+int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
+                     const float *labels, float scale, float *loss) {
+    int T = d->cfg.n_tables, D = d->cfg.emb_dim;
+    float *rows[ADT_DLRM_MAX_TABLES];
+    for (int t = 0; t < T; t++) rows[t] = adt_ps_dlrm_rows(d, t);
+    int rc = adt_ps_worker_rows(w, step, rows);
+    if (!rc) rc = adt_ps_dlrm_compute(d, dense, labels, loss);
+    if (rc) return rc;
+    /* the global loss is the share-weighted sum of the workers' means: so are its gradients */
+    float *grads[ADT_DLRM_MAX_TABLES];
+    for (int t = 0; t < T; t++) {
+        grads[t] = adt_ps_dlrm_row_grad(d, t);
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < (int64_t)d->batch * D; i++) grads[t][i] *= scale;
+    }
+    if ((rc = adt_ps_worker_push(w, step, (const float *const *)grads))) return rc;
+    return adt_ps_dlrm_update_dense(d, workers, scale, step + 1);
+}
