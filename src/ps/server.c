@@ -137,11 +137,17 @@ static int recv_list(srv *s, MPI_Status *ps, int64_t **out, int64_t *n) {
     return ADT_OK;
 }
 
-static void reap_sends(srv *s, int all) {
+/* Frees the replies whose sends completed; at the end (last) every one: those a failed run left
+ * in flight are withdrawn. */
+static void reap_sends(srv *s, int last) {
     for (out_send **pp = &s->sends; *pp;) {
         int flag = 0;
-        if (all) MPI_Wait(&(*pp)->req, MPI_STATUS_IGNORE), flag = 1;
-        else MPI_Test(&(*pp)->req, &flag, MPI_STATUS_IGNORE);
+        MPI_Test(&(*pp)->req, &flag, MPI_STATUS_IGNORE);
+        if (!flag && last) {
+            MPI_Cancel(&(*pp)->req);
+            MPI_Request_free(&(*pp)->req);
+            flag = 1;
+        }
         if (flag) {
             out_send *d = *pp;
             *pp = d->next;
@@ -372,7 +378,8 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
         ps_nap(&idle);
         s.st.idle_s += adt_now_s() - t_idle;
     }
-    reap_sends(&s, rc == ADT_OK);
+    /* a clean end: every worker said done after its last rows arrived, so no reply is pending */
+    reap_sends(&s, 1);
     for (int w = 0; w < W; w++) {
         for (pend_msg *m = s.pulls[w], *nx; m; m = nx) nx = m->next, free(m->hdr), free(m);
         if (s.pushes[w]) free(s.pushes[w]->hdr), free(s.pushes[w]->g), free(s.pushes[w]);

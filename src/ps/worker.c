@@ -93,10 +93,23 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
     return ADT_OK;
 }
 
+/* A request left in flight by an error: withdrawn (a receive) or let go (a send), so that its
+ * buffer can be freed. */
+static void drop_request(MPI_Request *rq) {
+    if (*rq == MPI_REQUEST_NULL) return;
+    int done = 0;
+    MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    MPI_Cancel(rq);
+    MPI_Request_free(rq);
+}
+
 void adt_ps_worker_free(adt_ps_worker *w) {
     if (!w) return;
+    for (int k = 0; k < 2 * w->S; k++) drop_request(&w->push_rq[k]);
     for (int i = 0; i < w->n_slots; i++) {
         wslot *sl = &w->slots[i];
+        for (int k = 0; k < 2 * w->S; k++) drop_request(&sl->rq[k]);
         slot_release(w, sl);
         free(sl->uidx);
         for (int t = 0; t < w->T; t++) free(sl->uniq[t]), free(sl->owner[t]), free(sl->at[t]);
