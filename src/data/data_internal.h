@@ -56,6 +56,8 @@ int data_criteo_source(data_source *src, const char *name, data_buf *buf, const 
 int data_synthetic_mlp(data_source *src, const adt_data_shape *shape, uint64_t stream);
 int data_synthetic_vgg(data_source *src, const adt_data_shape *shape, uint64_t stream);
 int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t stream);
+/* opts: "" or ",alpha=A,signal=S,samples=N" (zipf.c) */
+int data_synthetic_zipf(data_source *src, const adt_data_shape *shape, uint64_t stream, const char *opts);
 
 /* ---- shared arithmetic -------------------------------------------------------------------- */
 /* Token windows: sample s is tokens [s*T, s*T + T]; (tokens - 1) / T of them. */
