@@ -27,8 +27,6 @@
 
 #define ZIPF_SIGNAL_TABLES 8
 #define ZIPF_EFFECT_SD 0.8
-#define ZIPF_BIAS (-1.2)
-#define ZIPF_DENSE_MEAN 2.4
 #define ZIPF_MAX_TRIES 64
 
 /* ---- Zipf by rejection-inversion (the Apache Commons RNG formulation) ----------------------- */
@@ -76,57 +74,21 @@ static int64_t zipf_draw(const zipf_law *z, uint64_t key, uint64_t ctr) {
 /* ---- the dataset ---------------------------------------------------------------------------- */
 
 typedef struct syn_zipf {
-    int D, K;
+    data_ctr_gen base;
     double signal;
     zipf_law law[ADT_DATA_MAX_TABLES];
     uint64_t effect_key[ADT_DATA_MAX_TABLES];
-    float *a;
-    uint64_t dense_key, cat_key, label_key;
+    uint64_t cat_key;
 } syn_zipf;
 
-static void zipf_free(void *impl) {
-    syn_zipf *m = impl;
-    if (!m) return;
-    free(m->a);
-    free(m);
-}
-
-static double zipf_sample(const syn_zipf *m, uint64_t id, float *x, int32_t *rows) {
-    double z = ZIPF_BIAS;
-    for (int j = 0; j < m->D; j++) {
-        float u = adt_rng_uniform(m->dense_key, id * (uint64_t)m->D + (uint64_t)j);
-        double v = log1p(floor(-20.0 * log(1.0 - (double)u)));
-        x[j] = (float)v;
-        z += m->a[j] * (v - ZIPF_DENSE_MEAN);
-    }
-    for (int t = 0; t < m->K; t++) {
-        rows[t] = (int32_t)(zipf_draw(&m->law[t], m->cat_key, id * (uint64_t)m->K + (uint64_t)t) - 1);
+static void zipf_cat(const void *gen, uint64_t id, int32_t *rows, double *z) {
+    const syn_zipf *m = gen;
+    int K = m->base.K;
+    for (int t = 0; t < K; t++) {
+        rows[t] = (int32_t)(zipf_draw(&m->law[t], m->cat_key, id * (uint64_t)K + (uint64_t)t) - 1);
         if (t < ZIPF_SIGNAL_TABLES)
-            z += m->signal * ZIPF_EFFECT_SD * adt_rng_normal(m->effect_key[t], (uint64_t)rows[t]);
+            *z += m->signal * ZIPF_EFFECT_SD * adt_rng_normal(m->effect_key[t], (uint64_t)rows[t]);
     }
-    return 1.0 / (1.0 + exp(-z));
-}
-
-static int zipf_fill(const void *impl, const int64_t *ids, int n, int64_t first, void *input, void *input2,
-                     void *label) {
-    const syn_zipf *m = impl;
-    float *x = input, *y = label;
-    int32_t *c = input2;
-    for (int k = 0; k < n; k++) {
-        uint64_t id = (uint64_t)(ids[k] + first);
-        double p = zipf_sample(m, id, x + (int64_t)k * m->D, c + (int64_t)k * m->K);
-        y[k] = (double)adt_rng_uniform(m->label_key, id) < p ? 1.0f : 0.0f;
-    }
-    return ADT_OK;
-}
-
-static int zipf_prob(const void *impl, const int64_t *ids, int n, int64_t first, float *prob) {
-    const syn_zipf *m = impl;
-    float *xs = adt_malloc((size_t)(m->D ? m->D : 1) * sizeof *xs);
-    int32_t rows[ADT_DATA_MAX_TABLES];
-    for (int k = 0; k < n; k++) prob[k] = (float)zipf_sample(m, (uint64_t)(ids[k] + first), xs, rows);
-    free(xs);
-    return ADT_OK;
 }
 
 /* opts: "" or ",key=value,..." after the kind's name. */
@@ -170,23 +132,25 @@ int data_synthetic_zipf(data_source *src, const adt_data_shape *shape, uint64_t 
             return adt_error(ADT_ERR_SHAPE, "synthetic:criteo-zipf: table_rows[%d] = %lld, expected 1 .. %d", t,
                              (long long)shape->table_rows[t], INT32_MAX);
     syn_zipf *m = adt_calloc(1, sizeof *m);
-    m->D = shape->n_dense;
-    m->K = shape->n_tables;
+    data_ctr_gen *g = &m->base;
+    g->D = shape->n_dense;
+    g->K = shape->n_tables;
+    g->cat = zipf_cat;
     m->signal = signal;
     uint64_t model = adt_rng_key(0x21bf, "synthetic.zipf.model");
-    for (int t = 0; t < m->K; t++) {
+    for (int t = 0; t < g->K; t++) {
         zipf_init(&m->law[t], alpha, shape->table_rows[t]);
         m->effect_key[t] = adt_rng_key(model ^ (uint64_t)t, "synthetic.zipf.effect");
     }
-    m->a = adt_malloc((size_t)(m->D ? m->D : 1) * sizeof *m->a);
+    g->a = adt_malloc((size_t)(g->D ? g->D : 1) * sizeof *g->a);
     uint64_t ak = adt_rng_key(model, "synthetic.zipf.dense");
-    for (int j = 0; j < m->D; j++) m->a[j] = adt_rng_normal(ak, (uint64_t)j) * sqrtf(1.0f / (float)m->D);
-    m->dense_key = adt_rng_key(stream, "synthetic.zipf.x");
+    for (int j = 0; j < g->D; j++) g->a[j] = adt_rng_normal(ak, (uint64_t)j) * sqrtf(1.0f / (float)g->D);
+    g->dense_key = adt_rng_key(stream, "synthetic.zipf.x");
     m->cat_key = adt_rng_key(stream, "synthetic.zipf.c");
-    m->label_key = adt_rng_key(stream, "synthetic.zipf.y");
-    *src = (data_source){.n = stream ? (int64_t)1 << 16 : samples, .layout = ADT_DATA_CTR,
-                         .elems = {m->D, m->K, 1}, .impl = m, .fill = zipf_fill, .prob = zipf_prob, .free = zipf_free};
+    g->label_key = adt_rng_key(stream, "synthetic.zipf.y");
+    *src = (data_source){.n = stream ? (int64_t)1 << 16 : samples, .layout = ADT_DATA_CTR, .elems = {g->D, g->K, 1},
+                         .impl = m, .fill = data_ctr_fill, .prob = data_ctr_prob, .free = data_ctr_free};
     snprintf(src->what, sizeof src->what, "%lld clicks, %d dense + %d Zipf(%.3g) fields, planted signal %.3g "
-             "(stream %llu)", (long long)src->n, m->D, m->K, alpha, signal, (unsigned long long)stream);
+             "(stream %llu)", (long long)src->n, g->D, g->K, alpha, signal, (unsigned long long)stream);
     return ADT_OK;
 }
