@@ -21,7 +21,9 @@
  *   dlrm_ps_graph  the DLRM with fed rows gives the plain DLRM's loss, and its row gradients
  *                  summed per id equal the plain table gradient;
  *   local_sgd      the parameter-server semantics on one process (store + worker graph) trains
- *                  the plain DLRM's losses and tables with SGD, step by step.
+ *                  the plain DLRM's losses and tables with SGD, step by step;
+ *   refusals       too few ranks for --ps-servers, an unknown sparse optimizer, a bad table or
+ *                  learning rate, Adagrad for dense parameters: each refused with a clear error.
  */
 #include <math.h>
 #include <stdint.h>
@@ -474,6 +476,34 @@ static void test_local_sgd(void) {
     free(tables[0]), free(tables[1]);
 }
 
+/* Flags that cannot act are refused, naming them. */
+static void test_refusals(void) {
+    adt_comm *w;
+    CHECK(adt_comm_init(ADT_COMM_SELF, &w) == ADT_OK, "%s", adt_error_message());
+    adt_ps_world pw;
+    CHECK(adt_ps_world_init(&pw, w, 1) == ADT_ERR_ARG && strstr(adt_error_message(), "--ps-servers 1 with 1 ranks"),
+          "%s", adt_error_message());
+    CHECK(adt_ps_world_init(&pw, w, 0) == ADT_ERR_ARG, "0 servers accepted");
+    adt_comm_finalize(w);
+    adt_ps_optim_kind k;
+    CHECK(adt_ps_optim_parse("adamw", "--ps-optimizer", &k) == ADT_ERR_ARG &&
+          strstr(adt_error_message(), "--ps-optimizer: 'adamw', expected a sparse optimizer: sgd, adagrad or adam"), "%s",
+          adt_error_message());
+    adt_ps_store *st;
+    adt_ps_table tb = table("t", 0, 0, 10, ADT_PS_REFUSE);
+    adt_ps_optim o = {ADT_PS_SGD, 0.1f, 0, 0, 0};
+    CHECK(adt_ps_store_create(&st, &tb, 1, &o, 1) == ADT_ERR_ARG && strstr(adt_error_message(), "dim 0"), "%s",
+          adt_error_message());
+    tb.dim = 2;
+    o.lr = 0;
+    CHECK(adt_ps_store_create(&st, &tb, 1, &o, 1) == ADT_ERR_ARG && strstr(adt_error_message(), "learning rate"), "%s",
+          adt_error_message());
+    adt_ps_optim ada = {ADT_PS_ADAGRAD, 0.1f, 0, 0, 0};
+    adt_ps_dlrm *d;
+    CHECK(adt_ps_dlrm_create(&d, &SMALL, 2, &ada, &(adt_exec_opts){.threads = 1}) == ADT_ERR_UNSUPPORTED, "adagrad for "
+          "the dense parameters accepted");
+}
+
 int main(void) {
     const char *s = getenv("ADT_TEST_SEED");
     if (s) g_seed = strtoull(s, NULL, 10);
@@ -488,5 +518,6 @@ int main(void) {
     RUN(test_save_load);
     RUN(test_dlrm_ps_graph);
     RUN(test_local_sgd);
+    RUN(test_refusals);
     return check_finish();
 }
