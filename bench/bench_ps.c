@@ -4,10 +4,10 @@
  *
  *   mpiexec -n 4 build/bench/bench_ps [--servers 2] [--sync sync|ssp:K|async] [--prefetch D]
  *       [--steps 60] [--warmup 10] [--batch 512] [--tables 8] [--rows 1000000] [--dim 16]
- *       [--alpha 1.05] [--threads 1]
+ *       [--alpha 1.05] [--threads 1] [--dense workers|servers]
  *
  * Sparse rows: Adagrad (lr 0.05) on the servers, created on first touch; dense parameters: Adam
- * (lr 1e-3), all-reduced among the workers. The batches are made before the clock starts (the
+ * (lr 1e-3), all-reduced among the workers (--dense workers) or kept on the servers. The batches are made before the clock starts (the
  * PyTorch peer, bench/torch_ps_peer.py, does the same), so the figure is training alone. Worker 0
  * prints one JSON line: samples/s over the timed steps (global batch x steps / wall time), the
  * median and spread of its step times, the mean loss of the last 10 steps, rows created.
@@ -21,14 +21,14 @@
 #include "bench_stats.h"
 
 typedef struct opts {
-    int servers, prefetch, steps, warmup, batch, tables, dim, threads;
+    int servers, prefetch, steps, warmup, batch, tables, dim, threads, dense_servers;
     int64_t rows;
     double alpha;
     const char *sync;
 } opts;
 
 static int parse(int argc, char **argv, opts *o) {
-    *o = (opts){2, 0, 60, 10, 512, 8, 16, 1, 1000000, 1.05, "sync"};
+    *o = (opts){2, 0, 60, 10, 512, 8, 16, 1, 0, 1000000, 1.05, "sync"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return fprintf(stderr, "bench_ps: %s needs a value\n", a), 2;
@@ -44,6 +44,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--dim")) o->dim = atoi(v);
         else if (!strcmp(a, "--alpha")) o->alpha = atof(v);
         else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+        else if (!strcmp(a, "--dense")) o->dense_servers = !strcmp(v, "servers");
         else return fprintf(stderr, "bench_ps: unknown flag %s\n", a), 2;
     }
     return 0;
@@ -66,6 +67,8 @@ int main(int argc, char **argv) {
                      .seed = 1, .timeout_s = 120};
     if (adt_ps_sync_parse(o.sync, "--sync", &pc.sync) || adt_ps_tables_dlrm(&pc, &c, 0, ADT_PS_REFUSE))
         return fail("config");
+    adt_ps_optim dense_opt = {ADT_PS_ADAM, 1e-3f, 0.9f, 0.999f, 1e-8f};
+    if (o.dense_servers && adt_ps_tables_dlrm_dense(&pc, &c, &dense_opt)) return fail("dense tables");
     adt_ps_world pw;
     if (adt_ps_world_init(&pw, world, o.servers)) return fail("world");
     int rc = 0;
@@ -95,7 +98,6 @@ int main(int argc, char **argv) {
         }
         adt_ps_worker *wk;
         adt_ps_dlrm *d;
-        adt_ps_optim dense_opt = {ADT_PS_ADAM, 1e-3f, 0.9f, 0.999f, 1e-8f};
         if (adt_ps_worker_create(&wk, &pw, &pc) ||
             adt_ps_dlrm_create(&d, &c, Bw, &dense_opt, &(adt_exec_opts){.threads = o.threads, .seed = pc.seed}))
             return fail("worker");
@@ -119,9 +121,10 @@ int main(int argc, char **argv) {
         if (adt_ps_worker_done(wk)) rc = fail("done");
         if (!rc && w == 0) {
             stat_us st = summarise(dt + o.warmup, o.steps);
-            printf("{\"config\": \"adtrain-ps\", \"sync\": \"%s\", \"prefetch\": %d, \"servers\": %d, \"workers\": %d, "
-                   "\"batch\": %d, \"tables\": %d, \"rows\": %lld, \"dim\": %d, \"alpha\": %g, \"steps\": %d, "
-                   "\"samples_per_s\": %.1f, \"loss_last10\": %.4f, ", o.sync, o.prefetch, o.servers, W, B, T,
+            printf("{\"config\": \"adtrain-ps\", \"sync\": \"%s\", \"prefetch\": %d, \"dense\": \"%s\", "
+                   "\"servers\": %d, \"workers\": %d, \"batch\": %d, \"tables\": %d, \"rows\": %lld, \"dim\": %d, \"alpha\": %g, \"steps\": %d, "
+                   "\"samples_per_s\": %.1f, \"loss_last10\": %.4f, ", o.sync, o.prefetch,
+                   o.dense_servers ? "servers" : "workers", o.servers, W, B, T,
                    (long long)o.rows, o.dim, o.alpha, o.steps, (double)B * o.steps / wall, loss_tail);
             print_stat(stdout, "step", st, 0);
             printf("}\n");

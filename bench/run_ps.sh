@@ -1,6 +1,7 @@
 #!/bin/sh
 # run_ps.sh - the parameter-server mode's throughput: bench/bench_ps.c under mpiexec (2 servers +
-# 2 workers) in sync, ssp:2 and async, with and without prefetch, beside PyTorch's one-process
+# 2 workers) in sync, ssp:2 and async, with and without prefetch, dense parameters all-reduced
+# among the workers or kept on the servers, beside PyTorch's one-process
 # DLRM with sparse embeddings (bench/torch_ps_peer.py), on the same model and Zipf ids.
 #
 #   sh bench/run_ps.sh [rounds]
@@ -23,7 +24,8 @@ out=bench/results/ps-$(date -u +%Y%m%dT%H%M%SZ).jsonl
 common="--steps $STEPS --warmup $WARMUP --batch $BATCH --tables $TABLES --rows $ROWS --alpha $ALPHA"
 printf '{"meta": {"host": "%s", "cores": %s, "load_before": "%s", "rounds": %s}}\n' "$(hostname)" "$(nproc)" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" "$ROUNDS" >"$out"
-configs="sync:0 sync:2 ssp:2:0 ssp:2:2 async:0 async:2 torch"
+# sync mode, prefetch depth, where the dense parameters live
+configs="sync,0,workers sync,2,workers ssp:2,2,workers async,0,workers async,2,workers sync,2,servers ssp:2,2,servers async,2,servers torch"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
     list=$configs
@@ -33,8 +35,8 @@ while [ "$r" -le "$ROUNDS" ]; do
         if [ "$c" = torch ]; then
             line=$("$PYTHON" bench/torch_ps_peer.py $common --threads "$TORCH_THREADS")
         else
-            sync=${c%:*}; pf=${c##*:}
-            line=$($MPIEXEC -n 4 build/bench/bench_ps --servers 2 --sync "$sync" --prefetch "$pf" $common)
+            sync=$(echo "$c" | cut -d, -f1); pf=$(echo "$c" | cut -d, -f2); dense=$(echo "$c" | cut -d, -f3)
+            line=$($MPIEXEC -n 4 build/bench/bench_ps --servers 2 --sync "$sync" --prefetch "$pf" --dense "$dense" $common)
         fi
         echo "$line" | sed "s/^{/{\"round\": $r, /" >>"$out"
     done
@@ -46,10 +48,11 @@ import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"samples_per_s"' in l]
 by = {}
 for r in rows:
-    key = "pytorch 1 process" if r["config"] == "pytorch-1proc" else f'adtrain ps {r["sync"]} prefetch {r["prefetch"]}'
+    key = ("pytorch 1 process" if r["config"] == "pytorch-1proc"
+           else f'adtrain ps {r["sync"]} prefetch {r["prefetch"]} dense on {r.get("dense", "workers")}')
     by.setdefault(key, []).append(r["samples_per_s"])
-print(f"{'configuration':32s} {'samples/s median':>16s} {'min':>9s} {'max':>9s}  rounds")
+print(f"{'configuration':48s} {'samples/s median':>16s} {'min':>9s} {'max':>9s}  rounds")
 for k, v in by.items():
-    print(f"{k:32s} {statistics.median(v):16.1f} {min(v):9.1f} {max(v):9.1f}  {len(v)}")
+    print(f"{k:48s} {statistics.median(v):16.1f} {min(v):9.1f} {max(v):9.1f}  {len(v)}")
 print("results:", sys.argv[1])
 PY

@@ -11,6 +11,9 @@
  *   sync_adagrad    sparse Adagrad, dense SGD, prefetch 1: the parameter-server semantics run on
  *                   one process (tests/ps_ref.h: a local store, its own dedup) step by step;
  *   sync_adam       lazy sparse Adam, dense Adam, prefetch 2: the same;
+ *   sync_sgd_dense_servers, sync_adam_dense_servers   the dense parameters kept on the servers
+ *                   (whole tables pulled and pushed each step, no all-reduce): the plain DLRM
+ *                   (SGD), and the one-process semantics (Adagrad rows, Adam dense), again;
  *   ssp             ssp:2, prefetch 3, an embedding-only quadratic (pull rows, push row - target),
  *                   worker 0 slowed: from every worker's logged times, no worker started a step
  *                   more than 2 ahead of the slowest worker's pushes, the lead did reach 2 (the
@@ -54,6 +57,7 @@ typedef struct dlrm_run {
     adt_ps_optim sparse, dense;
     int prefetch;
     int vs_plain; /* compare with the plain DLRM (SGD only), else with ps_ref_local */
+    int dense_servers; /* the dense parameters on the servers (adt_ps_tables_dlrm_dense) */
     adt_optim_cfg plain_oc;
 } dlrm_run;
 
@@ -132,6 +136,9 @@ static void dlrm_case(const dlrm_run *r) {
     adt_ps_cfg pc = {.n_servers = n_servers(), .optim = r->sparse, .sync = {ADT_PS_SYNC, 0}, .prefetch = r->prefetch,
                      .seed = g_seed, .timeout_s = 60};
     adt_ps_tables_dlrm(&pc, &MODEL, 0, ADT_PS_REFUSE);
+    if (r->dense_servers)
+        CHECK(adt_ps_tables_dlrm_dense(&pc, &MODEL, &r->dense) == ADT_OK && pc.n_tables > MODEL.n_tables, "%s",
+              adt_error_message());
     /* every rank computes the reference itself: it is small */
     float ref_loss[STEPS], *tables[3] = {0};
     adt_ps_store *ref_store = NULL;
@@ -150,6 +157,18 @@ static void dlrm_case(const dlrm_run *r) {
 static void case_sync_sgd(void) {
     dlrm_run r = {.sparse = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .dense = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .prefetch = 1,
                   .vs_plain = 1, .plain_oc = adt_optim_sgd(0, 0)};
+    dlrm_case(&r);
+}
+
+static void case_sync_sgd_dense_servers(void) {
+    dlrm_run r = {.sparse = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .dense = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .prefetch = 1,
+                  .vs_plain = 1, .plain_oc = adt_optim_sgd(0, 0), .dense_servers = 1};
+    dlrm_case(&r);
+}
+
+static void case_sync_adam_dense_servers(void) {
+    dlrm_run r = {.sparse = {ADT_PS_ADAGRAD, 0.1f, 0, 0, 1e-2f}, .dense = {ADT_PS_ADAM, 0.01f, 0.9f, 0.999f, 1e-2f},
+                  .prefetch = 2, .dense_servers = 1};
     dlrm_case(&r);
 }
 
@@ -327,6 +346,8 @@ static void case_silent_worker(void) {
 static const mpi_case CASES[] = {
     {"sync_sgd", case_sync_sgd}, {"sync_adagrad", case_sync_adagrad}, {"sync_adam", case_sync_adam},
     {"ssp", case_ssp},           {"async", case_async},               {"silent_worker", case_silent_worker},
+    {"sync_sgd_dense_servers", case_sync_sgd_dense_servers},
+    {"sync_adam_dense_servers", case_sync_adam_dense_servers},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 

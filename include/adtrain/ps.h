@@ -33,10 +33,12 @@
  *   ssp:K    K >= 1, each push applied when it arrives.
  *   async    no bound, each push applied when it arrives.
  *
- * Ranks: of a world of N, ranks [0, S) serve and [S, N) work. Dense parameters stay with the
- * workers, which all-reduce their gradients among themselves (adt_ps_world's worker
- * communicator). Every wait is bounded by the timeout: a peer that stops answering is an error
- * naming it, never a hang.
+ * Ranks: of a world of N, ranks [0, S) serve and [S, N) work. Dense parameters either stay with
+ * the workers, which all-reduce their gradients among themselves (adt_ps_world's worker
+ * communicator: hybrid), or live on the servers as whole tables pulled and pushed every step
+ * (adt_ps_tables_dlrm_dense), so workers share nothing but the servers and ssp/async let them
+ * drift apart for the dense part too. Every wait is bounded by the timeout: a peer that stops
+ * answering is an error naming it, never a hang.
  */
 #ifndef ADTRAIN_PS_H
 #define ADTRAIN_PS_H
@@ -109,12 +111,17 @@ void adt_ps_optim_apply(const adt_ps_optim *o, float *w, float *state, const flo
 typedef enum adt_ps_full_rule { ADT_PS_REFUSE = 0, ADT_PS_EVICT } adt_ps_full_rule;
 
 typedef struct adt_ps_table {
-    char name[64];    /* "emb.<t>.weight": the initialisation key, and the name in messages */
+    char name[96];    /* "emb.<t>.weight": the initialisation key, and the name in messages */
     int dim;          /* floats per row */
     int64_t rows;     /* declared id space [0, rows); 0: any 64-bit id */
     float init_lo, init_hi; /* a new row's elements: uniform in [init_lo, init_hi) */
     int64_t capacity; /* rows held at most (per server) */
     adt_ps_full_rule full;
+    /* A dense parameter kept on the servers: every row is pulled and pushed at every step (the
+     * worker's rows and gradients for it are the flat parameter, rows * dim floats, not per
+     * sample), updated by `optim` when its lr > 0 (else the store's). */
+    int whole;
+    adt_ps_optim optim;
 } adt_ps_table;
 
 typedef struct adt_ps_store_stats {
@@ -182,9 +189,10 @@ typedef struct adt_ps_server_stats {
 } adt_ps_server_stats;
 int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *store, adt_ps_server_stats *st);
 
-/* A worker. Per step s: adt_ps_worker_pull (ids of its part of the batch, [B, n_tables], may be
- * called ahead for steps s+1 .. s+prefetch), adt_ps_worker_rows (waits, then rows[t] = [B, dim_t]
- * in batch order), compute, adt_ps_worker_push (gradients [B, dim_t] per table, already scaled
+/* A worker. Per step s: adt_ps_worker_pull (ids of its part of the batch, [B, tables that are not
+ * whole], may be called ahead for steps s+1 .. s+prefetch), adt_ps_worker_rows (waits, then
+ * rows[t] = [B, dim_t] in batch order; [rows_t, dim_t] for a whole table), compute,
+ * adt_ps_worker_push (gradients [B, dim_t] per table ([rows_t, dim_t] whole), already scaled
  * as the global loss wants them: summed per distinct row here, and over workers by the servers).
  * Steps are 0-based and consecutive. adt_ps_worker_done tells the servers this worker stops. */
 typedef struct adt_ps_worker adt_ps_worker;
@@ -199,6 +207,7 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
+const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w);
 
 /* ---- a DLRM on a worker ---------------------------------------------------------------------- */
 /* The tables of a DLRM config as the servers hold them: emb.<t>.weight, dim emb_dim, rows as
@@ -206,6 +215,13 @@ void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
  * (0: every declared row) and full-rule. Sets cfg->n_tables and cfg->tables. */
 struct adt_dlrm_cfg;
 int adt_ps_tables_dlrm(adt_ps_cfg *cfg, const struct adt_dlrm_cfg *c, int64_t capacity, adt_ps_full_rule full);
+
+/* Dense parameters kept on the servers: appends to cfg, after the embedding tables, one whole
+ * table per dense parameter of the DLRM (named as the parameter, rows of ADT_PS_DENSE_ROW floats,
+ * the last padded; its initial range; updated by `dense`). Servers and workers make the same
+ * call; adt_ps_dlrm_step then pulls and pushes them each step and all-reduces nothing. */
+#define ADT_PS_DENSE_ROW 256
+int adt_ps_tables_dlrm_dense(adt_ps_cfg *cfg, const struct adt_dlrm_cfg *c, const adt_ps_optim *dense);
 
 /* A worker's DLRM: adt_model_dlrm_ps (the tables' rows fed as parameters "ps.rows.<t>") with its
  * backward pass, run by an executor; the dense parameters updated here by `dense` (SGD or Adam:
@@ -226,7 +242,9 @@ float *adt_ps_dlrm_row_grad(adt_ps_dlrm *d, int t);
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
 /* One step s (0-based) of a worker: rows of step s (pulled before, adt_ps_worker_pull), compute,
- * row gradients scaled by `scale` and pushed, dense update of step s+1. */
+ * row gradients scaled by `scale` and pushed, dense update of step s+1 (or, when the worker's
+ * config has the dense tables of adt_ps_tables_dlrm_dense, the dense parameters pulled with the
+ * rows and their gradients pushed with them). */
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss);
 

@@ -24,6 +24,7 @@ struct adt_ps_dlrm {
     float *flat;        /* [dense_numel]: the dense gradients packed for one all-reduce */
     float **state;      /* per dense parameter: its optimizer state */
     adt_ps_optim optim;
+    float *stage; /* dense on servers: a parameter's rows, then its gradient (padded) */
 };
 
 int adt_ps_tables_dlrm(adt_ps_cfg *cfg, const adt_dlrm_cfg *c, int64_t capacity, adt_ps_full_rule full) {
@@ -43,6 +44,38 @@ int adt_ps_tables_dlrm(adt_ps_cfg *cfg, const adt_dlrm_cfg *c, int64_t capacity,
         tb->full = full;
     }
     return ADT_OK;
+}
+
+int adt_ps_tables_dlrm_dense(adt_ps_cfg *cfg, const adt_dlrm_cfg *c, const adt_ps_optim *dense) {
+    adt_graph *g = adt_graph_create();
+    adt_model_io io;
+    int rows[ADT_DLRM_MAX_TABLES], rc = adt_model_dlrm_ps(g, c, 1, &io, rows);
+    if (rc) rc = adt_error(rc, "ps dlrm: %s", adt_graph_error_message(g));
+    for (int v = 0; v < g->n_values && !rc; v++) {
+        const adt_value *val = &g->values[v];
+        if (val->role != ADT_ROLE_PARAM || !strncmp(val->name, "ps.rows.", 8)) continue;
+        if (cfg->n_tables >= ADT_PS_MAX_TABLES) {
+            rc = adt_error(ADT_ERR_ARG, "ps dlrm: more than %d tables with the dense parameters", ADT_PS_MAX_TABLES);
+            break;
+        }
+        if (val->init.kind != ADT_INIT_UNIFORM && val->init.kind != ADT_INIT_ZEROS) {
+            rc = adt_error(ADT_ERR_UNSUPPORTED, "ps dlrm: parameter %s's initialisation is neither uniform nor zeros, "
+                           "which a server's rows cannot reproduce", val->name);
+            break;
+        }
+        adt_ps_table *tb = &cfg->tables[cfg->n_tables++];
+        memset(tb, 0, sizeof *tb);
+        snprintf(tb->name, sizeof tb->name, "%s", val->name);
+        int64_t n = adt_value_numel(g, v);
+        tb->dim = ADT_PS_DENSE_ROW;
+        tb->rows = tb->capacity = (n + ADT_PS_DENSE_ROW - 1) / ADT_PS_DENSE_ROW;
+        if (val->init.kind == ADT_INIT_UNIFORM) tb->init_lo = val->init.a, tb->init_hi = val->init.b;
+        tb->full = ADT_PS_REFUSE;
+        tb->whole = 1;
+        tb->optim = *dense;
+    }
+    adt_graph_free(g);
+    return rc;
 }
 
 int adt_ps_dlrm_create(adt_ps_dlrm **out, const adt_dlrm_cfg *c, int batch, const adt_ps_optim *dense,
@@ -90,7 +123,7 @@ void adt_ps_dlrm_free(adt_ps_dlrm *d) {
     adt_exec_free(d->ex);
     adt_graph_free(d->g);
     for (int i = 0; i < d->n_dense_params; i++) free(d->state[i]);
-    free(d->state), free(d->dense_params), free(d->flat);
+    free(d->state), free(d->dense_params), free(d->flat), free(d->stage);
     free(d);
 }
 
@@ -136,21 +169,60 @@ int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int
     return ADT_OK;
 }
 
+/* The whole tables of the worker's config after the embedding tables: the dense parameters, in
+ * graph order, as adt_ps_tables_dlrm_dense made them; 0 when there are none. */
+static int dense_tables(adt_ps_dlrm *d, const adt_ps_cfg *cfg, int64_t *off) {
+    int T = d->cfg.n_tables, k = cfg->n_tables - T;
+    if (k <= 0) return 0;
+    if (k != d->n_dense_params)
+        return adt_error(ADT_ERR_ARG, "ps dlrm: the config has %d dense tables, the model %d dense parameters",
+                         k, d->n_dense_params);
+    int64_t o = 0;
+    for (int i = 0; i < k; i++) {
+        const adt_ps_table *tb = &cfg->tables[T + i];
+        int64_t n = adt_value_numel(d->g, d->dense_params[i]);
+        if (!tb->whole || strcmp(tb->name, d->g->values[d->dense_params[i]].name) || tb->rows * tb->dim < n)
+            return adt_error(ADT_ERR_ARG, "ps dlrm: table %d is '%s', expected the whole table of dense parameter %s "
+                             "(adt_ps_tables_dlrm_dense)", T + i, tb->name, d->g->values[d->dense_params[i]].name);
+        off[i] = o;
+        o += tb->rows * tb->dim;
+    }
+    if (!d->stage) d->stage = adt_malloc((size_t)o * sizeof *d->stage);
+    return k;
+}
+
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss) {
+    const adt_ps_cfg *cfg = adt_ps_worker_cfg(w);
     int T = d->cfg.n_tables, D = d->cfg.emb_dim;
-    float *rows[ADT_DLRM_MAX_TABLES];
+    int64_t off[ADT_PS_MAX_TABLES];
+    int k = dense_tables(d, cfg, off);
+    if (k < 0) return k;
+    float *rows[ADT_PS_MAX_TABLES];
     for (int t = 0; t < T; t++) rows[t] = adt_ps_dlrm_rows(d, t);
+    for (int i = 0; i < k; i++) rows[T + i] = d->stage + off[i];
     int rc = adt_ps_worker_rows(w, step, rows);
+    for (int i = 0; i < k && !rc; i++) {
+        int v = d->dense_params[i];
+        memcpy(adt_exec_data(d->ex, v), d->stage + off[i], (size_t)adt_value_numel(d->g, v) * sizeof(float));
+    }
     if (!rc) rc = adt_ps_dlrm_compute(d, dense, labels, loss);
     if (rc) return rc;
     /* the global loss is the share-weighted sum of the workers' means: so are its gradients */
-    float *grads[ADT_DLRM_MAX_TABLES];
+    float *grads[ADT_PS_MAX_TABLES];
     for (int t = 0; t < T; t++) {
         grads[t] = adt_ps_dlrm_row_grad(d, t);
         if (scale != 1.0f)
             for (int64_t i = 0; i < (int64_t)d->batch * D; i++) grads[t][i] *= scale;
     }
+    for (int i = 0; i < k; i++) {
+        int v = d->dense_params[i];
+        int64_t n = adt_value_numel(d->g, v), padded = cfg->tables[T + i].rows * cfg->tables[T + i].dim;
+        const float *gr = adt_exec_data(d->ex, d->g->values[v].grad);
+        float *st = grads[T + i] = d->stage + off[i];
+        for (int64_t j = 0; j < n; j++) st[j] = gr[j] * scale;
+        memset(st + n, 0, (size_t)(padded - n) * sizeof *st);
+    }
     if ((rc = adt_ps_worker_push(w, step, (const float *const *)grads))) return rc;
-    return adt_ps_dlrm_update_dense(d, workers, scale, step + 1);
+    return k ? ADT_OK : adt_ps_dlrm_update_dense(d, workers, scale, step + 1);
 }

@@ -22,6 +22,7 @@
 
 typedef struct ps_tab {
     adt_ps_table cfg;
+    adt_ps_optim optim; /* the table's own, or the store's */
     uint64_t init_key;
     int n_state;       /* state floats per row: states(kind) * dim */
     uint32_t *slot;    /* [mask+1]: row index + 1, 0 = empty */
@@ -185,12 +186,13 @@ static void tab_free(ps_tab *tb) {
     free(tb->slot), free(tb->ids), free(tb->w), free(tb->st), free(tb->stamp), free(tb->prev), free(tb->next);
 }
 
-static void tab_reset(ps_tab *tb, const adt_ps_table *cfg, int n_state_per_w, uint64_t seed) {
+static void tab_reset(ps_tab *tb, const adt_ps_table *cfg, const adt_ps_optim *store_optim, uint64_t seed) {
     tab_free(tb);
     memset(tb, 0, sizeof *tb);
     tb->cfg = *cfg;
+    tb->optim = cfg->optim.lr > 0 ? cfg->optim : *store_optim;
     tb->init_key = adt_rng_key(seed, cfg->name);
-    tb->n_state = n_state_per_w * cfg->dim;
+    tb->n_state = adt_ps_optim_states(tb->optim.kind) * cfg->dim;
     tb->head = tb->tail = tb->free_list = NIL;
     tb->slot = adt_calloc(16, sizeof *tb->slot);
     tb->mask = 15;
@@ -208,15 +210,20 @@ int adt_ps_store_create(adt_ps_store **out, const adt_ps_table *tables, int n_ta
                              "name, dim >= 1, capacity in [1, %d] and rows >= 0 (0: any id)", t, c->name, c->dim,
                              (long long)c->capacity, (long long)c->rows, INT32_MAX - 1);
     }
-    if (optim->lr <= 0 || (optim->kind != ADT_PS_SGD && optim->eps <= 0))
-        return adt_error(ADT_ERR_ARG, "ps store: learning rate %g and eps %g, expected lr > 0 (and eps > 0 for "
-                         "adagrad and adam)", optim->lr, optim->eps);
+    for (int t = -1; t < n_tables; t++) {
+        const adt_ps_optim *o = t < 0 ? optim : &tables[t].optim;
+        if (t >= 0 && o->lr == 0) continue; /* the store's */
+        if (o->lr <= 0 || (o->kind != ADT_PS_SGD && o->eps <= 0))
+            return adt_error(ADT_ERR_ARG, "ps store: %s%s: learning rate %g and eps %g, expected lr > 0 (and eps > 0 "
+                             "for adagrad and adam)", t < 0 ? "the optimizer" : "table ", t < 0 ? "" : tables[t].name,
+                             o->lr, o->eps);
+    }
     adt_ps_store *s = adt_calloc(1, sizeof *s);
     s->n_tables = n_tables;
     s->optim = *optim;
     s->seed = seed;
     s->tabs = adt_calloc((size_t)n_tables, sizeof *s->tabs);
-    for (int t = 0; t < n_tables; t++) tab_reset(&s->tabs[t], &tables[t], adt_ps_optim_states(optim->kind), seed);
+    for (int t = 0; t < n_tables; t++) tab_reset(&s->tabs[t], &tables[t], optim, seed);
     *out = s;
     return ADT_OK;
 }
@@ -245,7 +252,7 @@ static int store_rows(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, fl
         int64_t r = tab_get(tb, ids[i], now);
         if (r == NIL) return ADT_ERR_ARG;
         if (g)
-            adt_ps_optim_apply(&s->optim, tb->w + r * dim, tb->n_state ? tb->st + r * tb->n_state : NULL, g + i * dim,
+            adt_ps_optim_apply(&tb->optim, tb->w + r * dim, tb->n_state ? tb->st + r * tb->n_state : NULL, g + i * dim,
                                dim, step);
         else
             memcpy(out + i * dim, tb->w + r * dim, (size_t)dim * sizeof *out);
@@ -304,7 +311,7 @@ int adt_ps_store_save(const adt_ps_store *s, const char *path) {
             memcpy(w + k * dim, tb->w + (int64_t)r * dim, (size_t)dim * sizeof *w);
             if (st) memcpy(st + k * tb->n_state, tb->st + (int64_t)r * tb->n_state, (size_t)tb->n_state * sizeof *st);
         }
-        char name[96];
+        char name[128];
         snprintf(name, sizeof name, "%s.ids", tb->cfg.name);
         rc = adt_st_writer_add_copy(wr, name, ADT_ST_U64, 1, (int64_t[]){n}, ids);
         snprintf(name, sizeof name, "%s.w", tb->cfg.name);
@@ -319,7 +326,7 @@ int adt_ps_store_save(const adt_ps_store *s, const char *path) {
 }
 
 static int load_table(adt_ps_store *s, ps_tab *tb, const adt_st_file *f, const char *path) {
-    char name[96];
+    char name[128];
     snprintf(name, sizeof name, "%s.ids", tb->cfg.name);
     const adt_st_tensor *ti = adt_st_find(f, name);
     if (!ti || ti->dtype != ADT_ST_U64 || ti->ndim != 1)
@@ -338,7 +345,7 @@ static int load_table(adt_ps_store *s, ps_tab *tb, const adt_st_file *f, const c
     if (!rc) {
         adt_ps_table cfg = tb->cfg;
         adt_ps_store_stats keep = tb->stats;
-        tab_reset(tb, &cfg, adt_ps_optim_states(s->optim.kind), s->seed);
+        tab_reset(tb, &cfg, &s->optim, s->seed);
         tb->stats = keep;
         for (int64_t k = 0; k < n && !rc; k++) {
             uint64_t id;

@@ -161,13 +161,26 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
     sl->pulled_rows = 0;
     sl->uidx = adt_realloc(sl->uidx, (size_t)B * (size_t)T * sizeof *sl->uidx);
     int64_t *per_srv = adt_calloc((size_t)S * (size_t)T, sizeof *per_srv); /* [S][T] counts */
+    int n_sparse = 0, col = 0; /* ids: one column per table that is not whole, in table order */
+    for (int t = 0; t < T; t++) n_sparse += !w->cfg.tables[t].whole;
     for (int t = 0; t < T; t++) {
+        const adt_ps_table *tc = &w->cfg.tables[t];
+        int64_t cap = tc->whole ? tc->rows : B;
+        sl->uniq[t] = adt_realloc(sl->uniq[t], (size_t)cap * sizeof *sl->uniq[t]);
+        sl->owner[t] = adt_realloc(sl->owner[t], (size_t)cap * sizeof *sl->owner[t]);
+        sl->at[t] = adt_realloc(sl->at[t], (size_t)cap * sizeof *sl->at[t]);
+        if (tc->whole) { /* a dense parameter: every row, in order */
+            for (int64_t u = 0; u < tc->rows; u++) {
+                int o = adt_ps_owner(t, (uint64_t)u, S);
+                sl->uniq[t][u] = (uint64_t)u, sl->owner[t][u] = o;
+                per_srv[(int64_t)o * T + t]++;
+            }
+            sl->n_uniq[t] = tc->rows;
+            continue;
+        }
         ps_idmap_clear(&w->map);
-        sl->uniq[t] = adt_realloc(sl->uniq[t], (size_t)B * sizeof *sl->uniq[t]);
-        sl->owner[t] = adt_realloc(sl->owner[t], (size_t)B * sizeof *sl->owner[t]);
-        sl->at[t] = adt_realloc(sl->at[t], (size_t)B * sizeof *sl->at[t]);
         for (int b = 0; b < B; b++) {
-            int32_t id = ids[(int64_t)b * T + t];
+            int32_t id = ids[(int64_t)b * n_sparse + col];
             if (id < 0) {
                 free(per_srv);
                 return adt_error(ADT_ERR_ARG, "ps worker: sample %d's id of table %d is %d, expected >= 0", b, t, id);
@@ -182,6 +195,7 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
                 per_srv[(int64_t)o * T + t]++;
             }
         }
+        col++;
         sl->n_uniq[t] = w->map.n;
         w->st.ids += B;
         w->st.unique_ids += w->map.n;
@@ -228,6 +242,11 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows) {
     int T = w->T;
     for (int t = 0; t < T; t++) {
         int dim = w->cfg.tables[t].dim;
+        if (w->cfg.tables[t].whole) {
+            for (int64_t u = 0; u < sl->n_uniq[t]; u++)
+                memcpy(rows[t] + u * dim, sl->rep[sl->owner[t][u]] + sl->at[t][u], (size_t)dim * sizeof(float));
+            continue;
+        }
         for (int b = 0; b < sl->B; b++) {
             int32_t u = sl->uidx[(int64_t)b * T + t];
             memcpy(rows[t] + (int64_t)b * dim, sl->rep[sl->owner[t][u]] + sl->at[t][u], (size_t)dim * sizeof(float));
@@ -256,6 +275,11 @@ int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads
     /* summed per distinct row in sample order, straight into the server's slot */
     for (int t = 0; t < T; t++) {
         int dim = w->cfg.tables[t].dim;
+        if (w->cfg.tables[t].whole) {
+            for (int64_t u = 0; u < sl->n_uniq[t]; u++)
+                memcpy(w->push_g[sl->owner[t][u]] + sl->at[t][u], grads[t] + u * dim, (size_t)dim * sizeof(float));
+            continue;
+        }
         for (int b = 0; b < sl->B; b++) {
             int32_t u = sl->uidx[(int64_t)b * T + t];
             float *a = w->push_g[sl->owner[t][u]] + sl->at[t][u];
@@ -292,3 +316,5 @@ int adt_ps_worker_done(adt_ps_worker *w) {
 }
 
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st) { *st = w->st; }
+
+const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w) { return &w->cfg; }
