@@ -14,7 +14,7 @@
 #include "adtrain/adtrain.h"
 #include "adtrain/ps.h"
 
-#define PS_REF_MAX_STEPS 32
+#define PS_REF_MAX_STEPS 32 /* loss arrays hold steps + 1: the last an evaluation after training */
 
 /* Step `step`'s global batch: dense features in [-1, 1), ids skewed to small rows (repeats within
  * and across workers' parts), labels 0/1. */
@@ -34,6 +34,7 @@ static inline void ps_batch(const adt_dlrm_cfg *c, uint64_t seed, int step, int 
  * (tables[t] malloc'd, [rows_t, emb_dim]). oc: the graph's optimizer (weight decay 0). */
 static inline int ps_ref_dlrm(const adt_dlrm_cfg *c, int B, int steps, uint64_t seed, adt_optim_cfg oc, float lr,
                               float *losses, float **tables) {
+    /* losses[steps]: the loss of batch `steps` after training, forward only */
     adt_graph *g = adt_graph_create();
     adt_model_io io;
     adt_model_dlrm(g, c, B, &io);
@@ -54,6 +55,11 @@ static inline int ps_ref_dlrm(const adt_dlrm_cfg *c, int B, int steps, uint64_t 
         adt_exec_run(ex);
         losses[s] = *(float *)adt_exec_data(ex, io.loss);
     }
+    ps_batch(c, seed, steps, B, dense, adt_exec_data(ex, io.input2), labels);
+    memcpy(adt_exec_data(ex, io.input), dense, sizeof(float) * (size_t)(B * c->n_dense));
+    memcpy(adt_exec_data(ex, io.label), labels, sizeof(float) * (size_t)B);
+    adt_exec_run_forward(ex);
+    losses[steps] = *(float *)adt_exec_data(ex, io.loss);
     for (int t = 0; tables && t < c->n_tables; t++) {
         char name[64];
         snprintf(name, sizeof name, "emb.%d.weight", t);
@@ -86,7 +92,7 @@ static inline int ps_ref_local(const adt_dlrm_cfg *c, int B, int steps, uint64_t
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(B * T));
     uint64_t *uniq = malloc(sizeof(uint64_t) * (size_t)B);
     float *buf = malloc(sizeof(float) * (size_t)(B * D));
-    for (int s = 0; s < steps && !rc; s++) {
+    for (int s = 0; s <= steps && !rc; s++) { /* the last: batch `steps` evaluated, no update */
         ps_batch(c, seed, s, B, dense, ids, labels);
         for (int t = 0; t < T && !rc; t++) {
             float *rows = adt_ps_dlrm_rows(d, t);
@@ -94,6 +100,7 @@ static inline int ps_ref_local(const adt_dlrm_cfg *c, int B, int steps, uint64_t
                                                                       rows + b * D, s);
         }
         if (!rc) rc = adt_ps_dlrm_compute(d, dense, labels, &losses[s]);
+        if (s == steps) break;
         for (int t = 0; t < T && !rc; t++) {
             const float *gr = adt_ps_dlrm_row_grad(d, t);
             int n = 0;

@@ -8,6 +8,9 @@
  *                   all-reduced among workers) gives the one-process DLRM's loss at every step
  *                   within 1e-5 and, on every server, the one-process tables' values on each row
  *                   it holds (each row on the server its hash names);
+ *                   After training each worker evaluates batch STEPS on the rows and dense
+ *                   parameters the servers hold (adt_ps_dlrm_eval: a lookup outside the clock):
+ *                   the reference's forward-only loss on that batch, in every DLRM case;
  *   sync_adagrad    sparse Adagrad, dense SGD, prefetch 1: the parameter-server semantics run on
  *                   one process (tests/ps_ref.h: a local store, its own dedup) step by step;
  *   sync_adam       lazy sparse Adam, dense Adam, prefetch 2: the same;
@@ -83,7 +86,7 @@ static void worker_side(adt_ps_world *pw, const adt_ps_cfg *pc, const dlrm_run *
         rc = adt_ps_dlrm_step(d, wk, pw->workers, s, dense + lo * MODEL.n_dense, labels + lo, scale, &loss);
         if (rc) break;
         int nx = s + r->prefetch + 1;
-        if (nx < STEPS) {
+        if (nx <= STEPS) { /* step STEPS: pulled for the evaluation after training */
             ps_batch(&MODEL, g_seed, nx, BATCH, dense, ids, labels);
             rc = adt_ps_worker_pull(wk, nx, ids + lo * T, Bw);
         }
@@ -91,6 +94,20 @@ static void worker_side(adt_ps_world *pw, const adt_ps_cfg *pc, const dlrm_run *
         if (!rc) rc = adt_comm_allreduce_f64(pw->workers, &gl, 1);
         CHECK_CLOSE(gl, ref_loss[s], 1e-5, 0);
     }
+    /* evaluation after training: pulling step STEPS waits (sync) for every push of the last step,
+     * then a lookup reads the trained rows: the reference's forward-only loss on that batch */
+    ps_batch(&MODEL, g_seed, STEPS, BATCH, dense, ids, labels);
+    float *rows[ADT_PS_MAX_TABLES]; /* the embedding tables' and, dense on servers, the whole tables' */
+    for (int t = 0; t < pc->n_tables; t++)
+        rows[t] = malloc(sizeof(float) * (size_t)(pc->tables[t].whole ? pc->tables[t].rows * pc->tables[t].dim
+                                                                        : Bw * pc->tables[t].dim));
+    if (!rc) rc = adt_ps_worker_rows(wk, STEPS, rows);
+    float eval_loss = 0;
+    if (!rc) rc = adt_ps_dlrm_eval(d, wk, ids + lo * T, dense + lo * MODEL.n_dense, labels + lo, &eval_loss, NULL);
+    for (int t = 0; t < pc->n_tables; t++) free(rows[t]);
+    double gl = (double)eval_loss * scale;
+    if (!rc) rc = adt_comm_allreduce_f64(pw->workers, &gl, 1);
+    CHECK_CLOSE(gl, ref_loss[STEPS], 1e-5, 0);
     CHECK(rc == ADT_OK, "worker %d: %s", w, adt_error_message());
     CHECK(adt_ps_worker_done(wk) == ADT_OK, "done: %s", adt_error_message());
     adt_ps_dlrm_free(d);
@@ -104,7 +121,8 @@ static void server_side(adt_ps_world *pw, const adt_ps_cfg *pc, const dlrm_run *
     adt_ps_server_stats ss;
     int rc = adt_ps_server_run(pw, pc, st, &ss);
     CHECK(rc == ADT_OK, "server %d: %s", pw->server, adt_error_message());
-    CHECK(ss.pulls == (int64_t)STEPS * pw->n_workers && ss.pushes == ss.pulls, "server %d: %lld pulls, %lld pushes",
+    CHECK(ss.pulls == (int64_t)(STEPS + 1) * pw->n_workers && ss.pushes == (int64_t)STEPS * pw->n_workers,
+          "server %d: %lld pulls, %lld pushes",
           pw->server, (long long)ss.pulls, (long long)ss.pushes);
     int held = 0, misplaced = 0, off = 0;
     for (int t = 0; t < MODEL.n_tables; t++)
@@ -140,7 +158,7 @@ static void dlrm_case(const dlrm_run *r) {
         CHECK(adt_ps_tables_dlrm_dense(&pc, &MODEL, &r->dense) == ADT_OK && pc.n_tables > MODEL.n_tables, "%s",
               adt_error_message());
     /* every rank computes the reference itself: it is small */
-    float ref_loss[STEPS], *tables[3] = {0};
+    float ref_loss[STEPS + 1], *tables[3] = {0};
     adt_ps_store *ref_store = NULL;
     int rc = r->vs_plain ? ps_ref_dlrm(&MODEL, BATCH, STEPS, g_seed, r->plain_oc, r->sparse.lr, ref_loss, tables)
                          : ps_ref_local(&MODEL, BATCH, STEPS, g_seed, &r->sparse, &r->dense, ref_loss, &ref_store);
@@ -155,13 +173,13 @@ static void dlrm_case(const dlrm_run *r) {
 }
 
 static void case_sync_sgd(void) {
-    dlrm_run r = {.sparse = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .dense = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .prefetch = 1,
+    dlrm_run r = {.sparse = {ADT_PS_SGD, 1.0f, 0, 0, 0}, .dense = {ADT_PS_SGD, 1.0f, 0, 0, 0}, .prefetch = 1,
                   .vs_plain = 1, .plain_oc = adt_optim_sgd(0, 0)};
     dlrm_case(&r);
 }
 
 static void case_sync_sgd_dense_servers(void) {
-    dlrm_run r = {.sparse = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .dense = {ADT_PS_SGD, 0.2f, 0, 0, 0}, .prefetch = 1,
+    dlrm_run r = {.sparse = {ADT_PS_SGD, 1.0f, 0, 0, 0}, .dense = {ADT_PS_SGD, 1.0f, 0, 0, 0}, .prefetch = 1,
                   .vs_plain = 1, .plain_oc = adt_optim_sgd(0, 0), .dense_servers = 1};
     dlrm_case(&r);
 }

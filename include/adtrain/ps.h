@@ -133,6 +133,9 @@ typedef struct adt_ps_store adt_ps_store;
 int adt_ps_store_create(adt_ps_store **out, const adt_ps_table *tables, int n_tables, const adt_ps_optim *optim,
                         uint64_t seed);
 void adt_ps_store_free(adt_ps_store *s);
+/* Copies rows ids[0..n) of table t into out[n * dim] as they are, neither creating nor touching
+ * any: an absent row reads as its initial value. */
+int adt_ps_store_peek(const adt_ps_store *s, int t, const uint64_t *ids, int64_t n, float *out);
 /* Copies rows ids[0..n) of table t into out[n * dim], creating missing ones (and evicting under
  * EVICT). `now` is the caller's step: rows it touches are stamped with it and not evicted while
  * it lasts. An id outside a declared id space, or a full table under REFUSE, is an error. */
@@ -206,6 +209,10 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
 int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
+/* Evaluation: the rows of ids [B, tables that are not whole] (and whole tables) as the servers
+ * hold them now, outside the step clock, creating and touching nothing (an absent row reads as
+ * its initial value). Blocking; may come between any two calls above. */
+int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows);
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
 const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w);
 
@@ -247,6 +254,11 @@ adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
  * rows and their gradients pushed with them). */
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss);
+/* Evaluation of a batch (ids [batch, n_tables], dense, labels) on the rows and dense parameters
+ * as the servers hold them now (adt_ps_worker_lookup): the forward pass only; *loss the batch's
+ * mean loss, logits[batch] (either may be NULL). With hybrid dense parameters, the worker's own. */
+int adt_ps_dlrm_eval(adt_ps_dlrm *d, adt_ps_worker *w, const int32_t *ids, const float *dense, const float *labels,
+                     float *loss, float *logits);
 
 #ifdef __cplusplus
 }

@@ -97,6 +97,7 @@ int adt_ps_dlrm_create(adt_ps_dlrm **out, const adt_dlrm_cfg *c, int batch, cons
         return rc;
     }
     d->dense_params = adt_malloc((size_t)d->g->n_values * sizeof *d->dense_params);
+    adt_graph_mark_output(d->g, d->io.logits);
     for (int v = 0; v < d->g->n_values; v++) {
         const adt_value *val = &d->g->values[v];
         if (val->role != ADT_ROLE_PARAM || val->grad < 0) continue;
@@ -191,23 +192,32 @@ static int dense_tables(adt_ps_dlrm *d, const adt_ps_cfg *cfg, int64_t *off) {
     return k;
 }
 
+/* The rows of step `step` (ids NULL: pulled before) or of a lookup of ids, into the executor,
+ * with the dense parameters when the servers hold them; the number of dense tables, or an error. */
+static int fetch(adt_ps_dlrm *d, adt_ps_worker *w, int64_t step, const int32_t *ids, int64_t *off) {
+    int T = d->cfg.n_tables;
+    int k = dense_tables(d, adt_ps_worker_cfg(w), off);
+    if (k < 0) return k;
+    float *rows[ADT_PS_MAX_TABLES];
+    for (int t = 0; t < T; t++) rows[t] = adt_ps_dlrm_rows(d, t);
+    for (int i = 0; i < k; i++) rows[T + i] = d->stage + off[i];
+    int rc = ids ? adt_ps_worker_lookup(w, ids, d->batch, rows) : adt_ps_worker_rows(w, step, rows);
+    if (rc) return rc;
+    for (int i = 0; i < k; i++) {
+        int v = d->dense_params[i];
+        memcpy(adt_exec_data(d->ex, v), d->stage + off[i], (size_t)adt_value_numel(d->g, v) * sizeof(float));
+    }
+    return k;
+}
+
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss) {
     const adt_ps_cfg *cfg = adt_ps_worker_cfg(w);
     int T = d->cfg.n_tables, D = d->cfg.emb_dim;
     int64_t off[ADT_PS_MAX_TABLES];
-    int k = dense_tables(d, cfg, off);
+    int k = fetch(d, w, step, NULL, off), rc;
     if (k < 0) return k;
-    float *rows[ADT_PS_MAX_TABLES];
-    for (int t = 0; t < T; t++) rows[t] = adt_ps_dlrm_rows(d, t);
-    for (int i = 0; i < k; i++) rows[T + i] = d->stage + off[i];
-    int rc = adt_ps_worker_rows(w, step, rows);
-    for (int i = 0; i < k && !rc; i++) {
-        int v = d->dense_params[i];
-        memcpy(adt_exec_data(d->ex, v), d->stage + off[i], (size_t)adt_value_numel(d->g, v) * sizeof(float));
-    }
-    if (!rc) rc = adt_ps_dlrm_compute(d, dense, labels, loss);
-    if (rc) return rc;
+    if ((rc = adt_ps_dlrm_compute(d, dense, labels, loss))) return rc;
     /* the global loss is the share-weighted sum of the workers' means: so are its gradients */
     float *grads[ADT_PS_MAX_TABLES];
     for (int t = 0; t < T; t++) {
@@ -225,4 +235,17 @@ int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_
     }
     if ((rc = adt_ps_worker_push(w, step, (const float *const *)grads))) return rc;
     return k ? ADT_OK : adt_ps_dlrm_update_dense(d, workers, scale, step + 1);
+}
+
+int adt_ps_dlrm_eval(adt_ps_dlrm *d, adt_ps_worker *w, const int32_t *ids, const float *dense, const float *labels,
+                     float *loss, float *logits) {
+    int64_t off[ADT_PS_MAX_TABLES];
+    int rc = fetch(d, w, 0, ids, off);
+    if (rc < 0) return rc;
+    memcpy(adt_exec_data(d->ex, d->io.input), dense, (size_t)d->batch * (size_t)d->cfg.n_dense * sizeof(float));
+    memcpy(adt_exec_data(d->ex, d->io.label), labels, (size_t)d->batch * sizeof(float));
+    if ((rc = adt_exec_run_forward(d->ex))) return rc;
+    if (loss) *loss = *(const float *)adt_exec_data(d->ex, d->io.loss);
+    if (logits) memcpy(logits, adt_exec_data(d->ex, d->io.logits), (size_t)d->batch * sizeof(float));
+    return ADT_OK;
 }

@@ -12,7 +12,10 @@
 /* Message tags on the protocol's own communicator. A pull and a push are int64 lists
  * [step, count_0 .. count_{T-1}, ids of table 0, ids of table 1, ...]; a push is followed by its
  * gradients (f32, the ids' rows in that order), a pull answered by the rows (f32, same order). */
-enum { PS_TAG_PULL = 1, PS_TAG_ROWS = 2, PS_TAG_PUSH = 3, PS_TAG_GRAD = 4, PS_TAG_DONE = 5 };
+enum { PS_TAG_PULL = 1, PS_TAG_ROWS = 2, PS_TAG_PUSH = 3, PS_TAG_GRAD = 4, PS_TAG_DONE = 5, PS_TAG_PEEK = 6,
+       PS_TAG_PEEKROWS = 7 };
+/* A peek is a pull answered at once, outside the clock, that creates and touches no row (an
+ * absent row reads as its initial value): what evaluation reads. */
 
 /* ids -> 0, 1, 2, ... in order of first insertion; cleared in time proportional to its entries. */
 typedef struct ps_idmap {

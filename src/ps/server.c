@@ -158,7 +158,8 @@ static void reap_sends(srv *s, int last) {
     }
 }
 
-static int serve_pull(srv *s, int w, pend_msg *m) {
+/* Answers a pull (the rows created and stamped with its step) or a peek (rows as they are). */
+static int serve_pull(srv *s, int w, pend_msg *m, int peek) {
     int64_t floats;
     int64_t rows = msg_rows(s, m->hdr, &floats);
     float *out = adt_malloc((size_t)(floats ? floats : 1) * sizeof *out);
@@ -167,16 +168,19 @@ static int serve_pull(srv *s, int w, pend_msg *m) {
     int rc = ADT_OK;
     for (int t = 0; t < s->cfg->n_tables && !rc; t++) {
         int64_t k = m->hdr[1 + t];
-        rc = adt_ps_store_pull(s->store, t, (const uint64_t *)ids, k, out + off, m->hdr[0]);
+        rc = peek ? adt_ps_store_peek(s->store, t, (const uint64_t *)ids, k, out + off)
+                  : adt_ps_store_pull(s->store, t, (const uint64_t *)ids, k, out + off, m->hdr[0]);
         ids += k, off += k * s->cfg->tables[t].dim;
     }
     if (rc) return free(out), rc;
-    int64_t lead = m->hdr[0] - adt_ps_clock_min(&s->clock);
-    if (lead > s->st.max_lead) s->st.max_lead = lead;
     out_send *o = adt_calloc(1, sizeof *o);
     o->buf = out;
-    MPI_Isend(out, (int)floats, MPI_FLOAT, s->pw->n_servers + w, PS_TAG_ROWS, s->comm, &o->req);
+    MPI_Isend(out, (int)floats, MPI_FLOAT, s->pw->n_servers + w, peek ? PS_TAG_PEEKROWS : PS_TAG_ROWS, s->comm,
+              &o->req);
     o->next = s->sends, s->sends = o;
+    if (peek) return ADT_OK;
+    int64_t lead = m->hdr[0] - adt_ps_clock_min(&s->clock);
+    if (lead > s->st.max_lead) s->st.max_lead = lead;
     s->st.pulls++;
     s->st.rows_pulled += rows;
     return ADT_OK;
@@ -186,7 +190,7 @@ static int serve_ready(srv *s) {
     for (int w = 0; w < s->pw->n_workers; w++) {
         while (s->pulls[w] && adt_ps_clock_may_serve(&s->clock, s->pulls[w]->hdr[0])) {
             pend_msg *m = s->pulls[w];
-            int rc = serve_pull(s, w, m);
+            int rc = serve_pull(s, w, m, 0);
             s->pulls[w] = m->next;
             if (!s->pulls[w]) s->pulls_tail[w] = NULL;
             free(m->hdr), free(m);
@@ -307,6 +311,10 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
         s->pulls_tail[w] = m;
         if (!adt_ps_clock_may_serve(&s->clock, m->hdr[0])) s->st.deferred++;
         return serve_ready(s);
+    case PS_TAG_PEEK:
+        if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "lookup"))) break;
+        rc = serve_pull(s, w, m, 1);
+        break;
     case PS_TAG_PUSH:
         if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "push"))) break;
         if ((rc = recv_grads(s, src, m, timeout))) break;
@@ -333,8 +341,8 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
         }
         return serve_ready(s);
     default:
-        rc = adt_error(ADT_ERR_COMM, "ps server %d: a message with tag %d from worker %d, expected a pull, push or "
-                       "done", s->pw->server, ps->MPI_TAG, w);
+        rc = adt_error(ADT_ERR_COMM, "ps server %d: a message with tag %d from worker %d, expected a pull, lookup, "
+                       "push or done", s->pw->server, ps->MPI_TAG, w);
     }
     free(m->hdr), free(m->g), free(m);
     return rc;

@@ -132,12 +132,23 @@ static void touch(ps_tab *tb, int32_t r, int64_t now) {
     lru_append(tb, r);
 }
 
-static void row_init(const ps_tab *tb, int64_t r, uint64_t id) {
+/* Row id's initial weights. */
+static void init_weights(const ps_tab *tb, uint64_t id, float *w) {
     int dim = tb->cfg.dim;
     float lo = tb->cfg.init_lo, span = tb->cfg.init_hi - tb->cfg.init_lo;
-    float *w = tb->w + r * dim;
     for (int j = 0; j < dim; j++) w[j] = lo + span * adt_rng_uniform(tb->init_key, id * (uint64_t)dim + (uint64_t)j);
+}
+
+static void row_init(const ps_tab *tb, int64_t r, uint64_t id) {
+    init_weights(tb, id, tb->w + r * tb->cfg.dim);
     if (tb->n_state) memset(tb->st + r * tb->n_state, 0, (size_t)tb->n_state * sizeof *tb->st);
+}
+
+static int check_id(const ps_tab *tb, uint64_t id) {
+    if (tb->cfg.rows && id >= (uint64_t)tb->cfg.rows)
+        return adt_error(ADT_ERR_ARG, "ps table %s: row id %llu, expected an id in [0, %lld) (the table's declared "
+                         "rows)", tb->cfg.name, (unsigned long long)id, (long long)tb->cfg.rows);
+    return ADT_OK;
 }
 
 /* The row of id, created (and a victim evicted) when absent; NIL with the error set. */
@@ -147,9 +158,7 @@ static int64_t tab_get(ps_tab *tb, uint64_t id, int64_t now) {
         touch(tb, (int32_t)r, now);
         return r;
     }
-    if (tb->cfg.rows && id >= (uint64_t)tb->cfg.rows)
-        return adt_error(ADT_ERR_ARG, "ps table %s: row id %llu, expected an id in [0, %lld) (the table's declared "
-                         "rows)", tb->cfg.name, (unsigned long long)id, (long long)tb->cfg.rows), NIL;
+    if (check_id(tb, id)) return NIL;
     if (tb->free_list == NIL && tb->alloc < tb->cfg.capacity) tab_grow(tb);
     if (tb->free_list == NIL) {
         if (tb->cfg.full == ADT_PS_REFUSE)
@@ -259,6 +268,20 @@ static int store_rows(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, fl
     }
     if (g) tb->stats.updates += n;
     else tb->stats.lookups += n;
+    return ADT_OK;
+}
+
+int adt_ps_store_peek(const adt_ps_store *s, int t, const uint64_t *ids, int64_t n, float *out) {
+    int rc;
+    if ((rc = check_table(s, t))) return rc;
+    const ps_tab *tb = &s->tabs[t];
+    int dim = tb->cfg.dim;
+    for (int64_t i = 0; i < n; i++) {
+        if ((rc = check_id(tb, ids[i]))) return rc;
+        int64_t r = tab_find(tb, ids[i]);
+        if (r == NIL) init_weights(tb, ids[i], out + i * dim);
+        else memcpy(out + i * dim, tb->w + r * dim, (size_t)dim * sizeof *out);
+    }
     return ADT_OK;
 }
 

@@ -37,6 +37,7 @@ struct adt_ps_worker {
     MPI_Comm comm;
     int S, T, n_slots;
     wslot *slots;
+    wslot peek; /* a lookup's */
     int64_t next_pull, next_push;
     ps_idmap map;
     /* the last push, in flight */
@@ -74,8 +75,8 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
     w->n_slots = cfg->prefetch + 1;
     w->timeout = ps_timeout(pw, cfg);
     w->slots = adt_calloc((size_t)w->n_slots, sizeof *w->slots);
-    for (int i = 0; i < w->n_slots; i++) {
-        wslot *sl = &w->slots[i];
+    for (int i = -1; i < w->n_slots; i++) {
+        wslot *sl = i < 0 ? &w->peek : &w->slots[i];
         sl->step = -1;
         sl->req_ids = adt_calloc((size_t)w->S, sizeof *sl->req_ids);
         sl->req_n = adt_calloc((size_t)w->S, sizeof *sl->req_n);
@@ -107,8 +108,8 @@ static void drop_request(MPI_Request *rq) {
 void adt_ps_worker_free(adt_ps_worker *w) {
     if (!w) return;
     for (int k = 0; k < 2 * w->S; k++) drop_request(&w->push_rq[k]);
-    for (int i = 0; i < w->n_slots; i++) {
-        wslot *sl = &w->slots[i];
+    for (int i = -1; i < w->n_slots; i++) {
+        wslot *sl = i < 0 ? &w->peek : &w->slots[i];
         for (int k = 0; k < 2 * w->S; k++) drop_request(&sl->rq[k]);
         slot_release(w, sl);
         free(sl->uidx);
@@ -145,6 +146,9 @@ static int wait_all(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, 
     }
 }
 
+static int post_requests(adt_ps_worker *w, wslot *sl, int64_t step, const int32_t *ids, int B, int req, int rep);
+static void expand_rows(adt_ps_worker *w, const wslot *sl, float *const *rows);
+
 int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B) {
     if (step != w->next_pull)
         return adt_error(ADT_ERR_STATE, "ps worker %d: a pull of step %lld, expected step %lld (steps in order)",
@@ -153,8 +157,15 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
         return adt_error(ADT_ERR_STATE, "ps worker %d: a pull of step %lld while step %lld is not pushed: more than "
                          "--ps-prefetch %d steps ahead", w->pw->worker, (long long)step, (long long)w->next_push,
                          w->cfg.prefetch);
+    int rc = post_requests(w, &w->slots[step % w->n_slots], step, ids, B, PS_TAG_PULL, PS_TAG_ROWS);
+    if (!rc) w->next_pull++;
+    return rc;
+}
+
+/* Deduplicates a batch's ids into slot sl and sends each server its request (tag req), with the
+ * receive of its answer (tag rep) posted. */
+static int post_requests(adt_ps_worker *w, wslot *sl, int64_t step, const int32_t *ids, int B, int req, int rep) {
     if (B < 1) return adt_error(ADT_ERR_ARG, "ps worker: a batch of %d samples, expected >= 1", B);
-    wslot *sl = &w->slots[step % w->n_slots];
     int S = w->S, T = w->T;
     sl->step = step;
     sl->B = B;
@@ -223,10 +234,9 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
         }
     free(fill), free(foff), free(per_srv);
     for (int p = 0; p < S; p++) {
-        MPI_Irecv(sl->rep[p], (int)sl->rep_floats[p], MPI_FLOAT, p, PS_TAG_ROWS, w->comm, &sl->rq[S + p]);
-        MPI_Isend(sl->req_ids[p], (int)sl->req_n[p], MPI_INT64_T, p, PS_TAG_PULL, w->comm, &sl->rq[p]);
+        MPI_Irecv(sl->rep[p], (int)sl->rep_floats[p], MPI_FLOAT, p, rep, w->comm, &sl->rq[S + p]);
+        MPI_Isend(sl->req_ids[p], (int)sl->req_n[p], MPI_INT64_T, p, req, w->comm, &sl->rq[p]);
     }
-    w->next_pull++;
     return ADT_OK;
 }
 
@@ -239,6 +249,13 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows) {
     int rc = wait_all(w, sl->rq, 2 * w->S, "the rows pulled", step);
     w->st.wait_rows_s += adt_now_s() - t0;
     if (rc) return rc;
+    expand_rows(w, sl, rows);
+    sl->pulled_rows = 1;
+    return ADT_OK;
+}
+
+/* The answers of slot sl in batch order (whole tables: in row order). */
+static void expand_rows(adt_ps_worker *w, const wslot *sl, float *const *rows) {
     int T = w->T;
     for (int t = 0; t < T; t++) {
         int dim = w->cfg.tables[t].dim;
@@ -252,8 +269,15 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows) {
             memcpy(rows[t] + (int64_t)b * dim, sl->rep[sl->owner[t][u]] + sl->at[t][u], (size_t)dim * sizeof(float));
         }
     }
-    sl->pulled_rows = 1;
-    return ADT_OK;
+}
+
+int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows) {
+    wslot *sl = &w->peek;
+    int rc = post_requests(w, sl, 0, ids, B, PS_TAG_PEEK, PS_TAG_PEEKROWS);
+    if (!rc) rc = wait_all(w, sl->rq, 2 * w->S, "a lookup", w->next_push);
+    if (!rc) expand_rows(w, sl, rows);
+    slot_release(w, sl);
+    return rc;
 }
 
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads) {
