@@ -18,5 +18,6 @@
 #include "adtrain/agent.h"
 #include "adtrain/ledger.h"
 #include "adtrain/elastic.h"
+#include "adtrain/ps.h"
 
 #endif

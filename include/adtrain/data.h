@@ -107,6 +107,7 @@ typedef struct adt_dataset adt_dataset;
  *   mnist:PREFIX     PREFIX-images-idx3-ubyte[.gz] and PREFIX-labels-idx1-ubyte[.gz]
  *   criteo:FILE      the Kaggle display-advertising TSV (or the same columns as CSV with a header)
  *   synthetic:text | synthetic:mlp | synthetic:vgg | synthetic:dlrm   (no path)
+ *   synthetic:criteo-zipf[,alpha=A][,signal=S][,samples=N]   Zipf ids over the model's tables
  * "@START:END" keeps sample ids [START, END) of the dataset, renumbered from 0; either bound may
  * be omitted ("@:5000", "@8000:"); a range outside the dataset or an empty one is an error.
  * vocab: for a validation text file, the training vocabulary (every byte must be in it); NULL
@@ -142,8 +143,9 @@ int64_t adt_dataset_sample_elems(const adt_dataset *ds, int which);
  * names; input2 is used by CTR only (pass NULL otherwise). An id outside [0, samples) is an
  * error. Safe to call from several threads at once. */
 int adt_dataset_fill(const adt_dataset *ds, const int64_t *ids, int n, void *input, void *input2, void *label);
-/* synthetic:dlrm only: the planted click probability of each sample, i.e. the Bayes-optimal
- * score (its AUC is the best any model can reach); ADT_ERR_UNSUPPORTED for other kinds. */
+/* synthetic:dlrm and synthetic:criteo-zipf only: the planted click probability of each sample,
+ * i.e. the Bayes-optimal score (its AUC is the best any model can reach); ADT_ERR_UNSUPPORTED
+ * for other kinds. */
 int adt_dataset_planted_prob(const adt_dataset *ds, const int64_t *ids, int n, float *prob);
 
 /* ---- evaluation --------------------------------------------------------------------------- */

@@ -85,6 +85,11 @@ typedef struct adt_dlrm_cfg {
     int n_top, top[ADT_DLRM_MAX_LAYERS];       /* widths; top[n_top-1] == 1            */
 } adt_dlrm_cfg;
 int adt_model_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io);
+/* The same DLRM with its embedding tables held elsewhere (the parameter-server mode's workers):
+ * no tables and no ids input; the rows looked up for table t are parameter "ps.rows.<t>"
+ * [batch, emb_dim] (rows[t] gets its id), which the caller writes before each step and whose
+ * gradient is d(loss)/d(rows). Every other value, name and initialisation as adt_model_dlrm. */
+int adt_model_dlrm_ps(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io, int *rows);
 
 /* A linear layer y = x W^T + b with nn.Linear's names "<prefix>.weight" [out,in] and
  * "<prefix>.bias" [out] and its default init U(-1/sqrt(in), 1/sqrt(in)). */

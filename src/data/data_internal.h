@@ -56,6 +56,23 @@ int data_criteo_source(data_source *src, const char *name, data_buf *buf, const 
 int data_synthetic_mlp(data_source *src, const adt_data_shape *shape, uint64_t stream);
 int data_synthetic_vgg(data_source *src, const adt_data_shape *shape, uint64_t stream);
 int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t stream);
+/* opts: "" or ",alpha=A,signal=S,samples=N" (zipf.c) */
+int data_synthetic_zipf(data_source *src, const adt_data_shape *shape, uint64_t stream, const char *opts);
+
+/* ---- click generators (synthetic:dlrm, synthetic:criteo-zipf) ------------------------------
+ * Both plant z = -1.2 + sum_j a_j (x_j - 2.4) + (their categorical part), dense features
+ * x_j = log(1 + floor(20 E)), E ~ Exp(1), and draw label ~ Bernoulli(sigmoid(z)). A generator's
+ * struct starts with this one; `cat` writes sample id's rows and adds their share to *z. */
+typedef struct data_ctr_gen {
+    int D, K;
+    float *a; /* [D] dense weights */
+    uint64_t dense_key, label_key;
+    void (*cat)(const void *gen, uint64_t id, int32_t *rows, double *z);
+} data_ctr_gen;
+/* The data_source callbacks of such a generator (impl = the generator). */
+int data_ctr_fill(const void *impl, const int64_t *ids, int n, int64_t first, void *input, void *input2, void *label);
+int data_ctr_prob(const void *impl, const int64_t *ids, int n, int64_t first, float *prob);
+void data_ctr_free(void *impl);
 
 /* ---- shared arithmetic -------------------------------------------------------------------- */
 /* Token windows: sample s is tokens [s*T, s*T + T]; (tokens - 1) / T of them. */

@@ -66,7 +66,8 @@ int data_text_source(data_source *src, adt_text_dataset *ds, const adt_data_shap
 
 /* ---- spec parsing ------------------------------------------------------------------------- */
 
-static const char *spec_kinds = "text:FILE, tokens:FILE, mnist:PREFIX, criteo:FILE or synthetic:text|mlp|vgg|dlrm";
+static const char *spec_kinds = "text:FILE, tokens:FILE, mnist:PREFIX, criteo:FILE, synthetic:text|mlp|vgg|dlrm or "
+                                "synthetic:criteo-zipf[,alpha=A][,signal=S][,samples=N]";
 
 /* A decimal count in s[0..n); -1 if empty, not digits, or too large. */
 static int64_t parse_count(const char *s, size_t n) {
@@ -169,6 +170,7 @@ static int open_kind(data_source *src, const char *kind, const char *path, const
     if (!strcmp(kind, "synthetic:mlp")) return data_synthetic_mlp(src, shape, stream);
     if (!strcmp(kind, "synthetic:vgg")) return data_synthetic_vgg(src, shape, stream);
     if (!strcmp(kind, "synthetic:dlrm")) return data_synthetic_dlrm(src, shape, stream);
+    if (!strcmp(kind, "synthetic:criteo-zipf")) return data_synthetic_zipf(src, shape, stream, path + strlen("criteo-zipf"));
     ADT_ASSERT(!"unreachable: kind checked by the caller");
     return ADT_ERR_ARG;
 }
@@ -200,6 +202,11 @@ static void describe(adt_dataset *ds, const char *spec) {
                  (long long)ds->first, (long long)(ds->first + ds->count), (long long)ds->src.n);
 }
 
+/* "criteo-zipf" with or without its ",key=value" options */
+static int is_zipf_path(const char *path) {
+    return !strncmp(path, "criteo-zipf", 11) && (path[11] == 0 || path[11] == ',');
+}
+
 int adt_dataset_open(adt_dataset **out, const char *spec, const adt_data_shape *shape_in, const adt_text_vocab *vocab,
                      int is_val) {
     *out = NULL;
@@ -222,7 +229,8 @@ int adt_dataset_open(adt_dataset **out, const char *spec, const adt_data_shape *
     }
     int is_file = !strcmp(kind, "text") || !strcmp(kind, "tokens") || !strcmp(kind, "mnist") || !strcmp(kind, "criteo");
     int is_syn = !strcmp(kind, "synthetic") && (!strcmp(path, "text") || !strcmp(path, "mlp") ||
-                                                !strcmp(path, "vgg") || !strcmp(path, "dlrm"));
+                                                !strcmp(path, "vgg") || !strcmp(path, "dlrm") ||
+                                                is_zipf_path(path));
     int rc = ADT_OK;
     if (!is_file && !is_syn)
         rc = adt_error(ADT_ERR_ARG, "'%s' is not a dataset; expected %s", spec, spec_kinds);
@@ -233,7 +241,7 @@ int adt_dataset_open(adt_dataset **out, const char *spec, const adt_data_shape *
     if (!rc) rc = normalise_shape(&shape, spec);
     adt_dataset *ds = NULL;
     if (!rc) {
-        if (is_syn) snprintf(kind, sizeof kind, "%s", head);
+        if (is_syn) snprintf(kind, sizeof kind, "%s", is_zipf_path(path) ? "synthetic:criteo-zipf" : head);
         ds = dataset_new(kind);
         rc = open_kind(&ds->src, kind, path, &shape, vocab, is_val);
     }
@@ -332,7 +340,8 @@ int adt_dataset_fill(const adt_dataset *ds, const int64_t *ids, int n, void *inp
 
 int adt_dataset_planted_prob(const adt_dataset *ds, const int64_t *ids, int n, float *prob) {
     if (!ds->src.prob)
-        return adt_error(ADT_ERR_UNSUPPORTED, "%s: no planted probability, expected synthetic:dlrm", ds->kind);
+        return adt_error(ADT_ERR_UNSUPPORTED, "%s: no planted probability, expected synthetic:dlrm or "
+                         "synthetic:criteo-zipf", ds->kind);
     int rc = check_ids(ds, ids, n);
     if (rc) return rc;
     return ds->src.prob(ds->src.impl, ids, n, ds->first, prob);

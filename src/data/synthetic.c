@@ -201,22 +201,21 @@ int data_synthetic_vgg(data_source *src, const adt_data_shape *shape, uint64_t s
 #define DLRM_DENSE_MEAN 2.4
 
 typedef struct syn_dlrm {
-    int D, K;
+    data_ctr_gen base;
     int64_t rows[ADT_DATA_MAX_TABLES];
     uint64_t row_key[ADT_DATA_MAX_TABLES], effect_key[ADT_DATA_MAX_TABLES], u_key, v_key;
-    float *a; /* [D] dense weights */
-    uint64_t dense_key, cat_key, label_key;
+    uint64_t cat_key;
 } syn_dlrm;
 
-static void dlrm_free(void *impl) {
-    syn_dlrm *m = impl;
+void data_ctr_free(void *impl) {
+    data_ctr_gen *m = impl;
     if (!m) return;
     free(m->a);
     free(m);
 }
 
 /* Sample id's features (into x [D] and rows [K]) and its planted click probability. */
-static double dlrm_sample(const syn_dlrm *m, uint64_t id, float *x, int32_t *rows) {
+static double ctr_sample(const data_ctr_gen *m, uint64_t id, float *x, int32_t *rows) {
     double z = DLRM_BIAS;
     for (int j = 0; j < m->D; j++) {
         float u = adt_rng_uniform(m->dense_key, id * (uint64_t)m->D + (uint64_t)j);
@@ -224,38 +223,46 @@ static double dlrm_sample(const syn_dlrm *m, uint64_t id, float *x, int32_t *row
         x[j] = (float)v;
         z += m->a[j] * (v - DLRM_DENSE_MEAN);
     }
-    for (int t = 0; t < m->K; t++) {
-        double u = adt_rng_uniform(m->cat_key, id * (uint64_t)m->K + (uint64_t)t);
+    m->cat(m, id, rows, &z);
+    return 1.0 / (1.0 + exp(-z));
+}
+
+static void dlrm_cat(const void *gen, uint64_t id, int32_t *rows, double *zp) {
+    const syn_dlrm *m = gen;
+    int K = m->base.K;
+    double z = *zp;
+    for (int t = 0; t < K; t++) {
+        double u = adt_rng_uniform(m->cat_key, id * (uint64_t)K + (uint64_t)t);
         uint64_t c = (uint64_t)((t < DLRM_EFFECT_TABLES ? DLRM_SIGNAL_VALUES : DLRM_VALUES) * u * u);
         rows[t] = (int32_t)(adt_rng_mix64(c ^ m->row_key[t]) % (uint64_t)m->rows[t]);
         if (t < DLRM_EFFECT_TABLES) z += DLRM_EFFECT_SD * adt_rng_normal(m->effect_key[t], (uint64_t)rows[t]);
     }
-    if (m->K >= 2)
+    if (K >= 2)
         for (int r = 0; r < DLRM_RANK; r++)
             z += (double)adt_rng_normal(m->u_key, (uint64_t)rows[0] * DLRM_RANK + (uint64_t)r) *
                  adt_rng_normal(m->v_key, (uint64_t)rows[1] * DLRM_RANK + (uint64_t)r);
-    return 1.0 / (1.0 + exp(-z));
+    *zp = z;
 }
 
-static int dlrm_fill(const void *impl, const int64_t *ids, int n, int64_t first, void *input, void *input2,
-                     void *label) {
-    const syn_dlrm *m = impl;
+int data_ctr_fill(const void *impl, const int64_t *ids, int n, int64_t first, void *input, void *input2,
+                  void *label) {
+    const data_ctr_gen *m = impl;
     float *x = input, *y = label;
     int32_t *c = input2;
     for (int k = 0; k < n; k++) {
         uint64_t id = (uint64_t)(ids[k] + first);
-        double p = dlrm_sample(m, id, x + (int64_t)k * m->D, c + (int64_t)k * m->K);
+        double p = ctr_sample(m, id, x + (int64_t)k * m->D, c + (int64_t)k * m->K);
         y[k] = (double)adt_rng_uniform(m->label_key, id) < p ? 1.0f : 0.0f;
     }
     return ADT_OK;
 }
 
-static int dlrm_prob(const void *impl, const int64_t *ids, int n, int64_t first, float *prob) {
-    const syn_dlrm *m = impl;
+int data_ctr_prob(const void *impl, const int64_t *ids, int n, int64_t first, float *prob) {
+    const data_ctr_gen *m = impl;
     float x[256];
     int32_t rows[ADT_DATA_MAX_TABLES];
     float *xs = m->D <= 256 ? x : adt_malloc((size_t)m->D * sizeof *xs);
-    for (int k = 0; k < n; k++) prob[k] = (float)dlrm_sample(m, (uint64_t)(ids[k] + first), xs, rows);
+    for (int k = 0; k < n; k++) prob[k] = (float)ctr_sample(m, (uint64_t)(ids[k] + first), xs, rows);
     if (xs != x) free(xs);
     return ADT_OK;
 }
@@ -269,26 +276,28 @@ int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t 
             return adt_error(ADT_ERR_SHAPE, "synthetic:dlrm: table_rows[%d] = %lld, expected 1 .. %d", t,
                              (long long)shape->table_rows[t], INT32_MAX);
     syn_dlrm *m = adt_calloc(1, sizeof *m);
-    m->D = shape->n_dense;
-    m->K = shape->n_tables;
+    data_ctr_gen *g = &m->base;
+    g->D = shape->n_dense;
+    g->K = shape->n_tables;
+    g->cat = dlrm_cat;
     uint64_t model = adt_rng_key(0xd1a3, "synthetic.dlrm.model");
-    for (int t = 0; t < m->K; t++) {
+    for (int t = 0; t < g->K; t++) {
         m->rows[t] = shape->table_rows[t];
         m->row_key[t] = adt_rng_key(model ^ (uint64_t)t, "synthetic.dlrm.row");
         m->effect_key[t] = adt_rng_key(model ^ (uint64_t)t, "synthetic.dlrm.effect");
     }
     m->u_key = adt_rng_key(model, "synthetic.dlrm.pair.u");
     m->v_key = adt_rng_key(model, "synthetic.dlrm.pair.v");
-    m->a = adt_malloc((size_t)(m->D ? m->D : 1) * sizeof *m->a);
+    g->a = adt_malloc((size_t)(g->D ? g->D : 1) * sizeof *g->a);
     uint64_t ak = adt_rng_key(model, "synthetic.dlrm.dense");
-    for (int j = 0; j < m->D; j++) m->a[j] = adt_rng_normal(ak, (uint64_t)j) * sqrtf(2.0f / (float)m->D);
-    m->dense_key = adt_rng_key(stream, "synthetic.dlrm.x");
+    for (int j = 0; j < g->D; j++) g->a[j] = adt_rng_normal(ak, (uint64_t)j) * sqrtf(2.0f / (float)g->D);
+    g->dense_key = adt_rng_key(stream, "synthetic.dlrm.x");
     m->cat_key = adt_rng_key(stream, "synthetic.dlrm.c");
-    m->label_key = adt_rng_key(stream, "synthetic.dlrm.y");
+    g->label_key = adt_rng_key(stream, "synthetic.dlrm.y");
     *src = (data_source){.n = stream ? ADT_SYN_DLRM_VAL_SAMPLES : ADT_SYN_DLRM_SAMPLES, .layout = ADT_DATA_CTR,
-                         .elems = {m->D, m->K, 1}, .impl = m, .fill = dlrm_fill, .prob = dlrm_prob,
-                         .free = dlrm_free};
+                         .elems = {g->D, g->K, 1}, .impl = m, .fill = data_ctr_fill, .prob = data_ctr_prob,
+                         .free = data_ctr_free};
     snprintf(src->what, sizeof src->what, "%lld clicks from a planted logistic model, %d dense + %d categorical "
-             "(stream %llu)", (long long)src->n, m->D, m->K, (unsigned long long)stream);
+             "(stream %llu)", (long long)src->n, g->D, g->K, (unsigned long long)stream);
     return ADT_OK;
 }

@@ -141,14 +141,16 @@ static int concat_many(adt_graph *g, int *xs, int n, int axis) {
     return adt_concat(g, xs, n, axis);
 }
 
-int adt_model_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io) {
+/* rows == NULL: the tables are parameters and the ids an input; else each table's looked-up rows
+ * are a parameter "ps.rows.<t>" [B,D] of their own, whose id goes to rows[t]. */
+static int build_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io, int *rows) {
     if (g->status) return g->status;
     if (adt_cfg_validate_dlrm(c, "dlrm")) return adt_graph_fail(g, ADT_ERR_ARG, "%s", adt_error_message()), g->status;
     if (batch < 1) return adt_graph_fail(g, ADT_ERR_ARG, "dlrm: batch is %d, expected >= 1", batch), g->status;
     int B = batch, D = c->emb_dim, T = c->n_tables, tag = 1;
     adt_graph_set_layer_tag(g, 0);
     io->input = adt_input(g, "dense", ADT_F32, adt_shape_2d(B, c->n_dense));
-    io->input2 = adt_input(g, "ids", ADT_I32, adt_shape_2d(B, T));
+    io->input2 = rows ? -1 : adt_input(g, "ids", ADT_I32, adt_shape_2d(B, T));
     io->label = adt_label(g, "labels", ADT_F32, adt_shape_1d(B));
 
     int h = io->input, in = c->n_dense;
@@ -165,9 +167,15 @@ int adt_model_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io 
     feats[0] = adt_reshape(g, h, adt_shape_3d(B, 1, D));
     for (int t = 0; t < T; t++) {
         char name[ADT_NAME_LEN];
+        adt_graph_set_layer_tag(g, tag++); /* one tag per table: tables differ in size */
+        if (rows) {
+            snprintf(name, sizeof name, "ps.rows.%d", t);
+            rows[t] = adt_param(g, name, adt_shape_2d(B, D), (adt_init){ADT_INIT_ZEROS, 0, 0});
+            feats[t + 1] = adt_reshape(g, rows[t], adt_shape_3d(B, 1, D));
+            continue;
+        }
         snprintf(name, sizeof name, "emb.%d.weight", t);
         float bound = sqrtf(1.0f / (float)c->table_rows[t]);
-        adt_graph_set_layer_tag(g, tag++); /* one tag per table: tables differ in size */
         int table = adt_param(g, name, adt_shape_2d(c->table_rows[t], D), (adt_init){ADT_INIT_UNIFORM, -bound, bound});
         int ids = adt_slice(g, io->input2, 1, t, 1);  /* [B,1] i32: column t */
         feats[t + 1] = adt_embedding(g, ids, table); /* [B,1,D] */
@@ -190,4 +198,12 @@ int adt_model_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io 
     io->loss = adt_bce_logits(g, io->logits, io->label);
     adt_graph_set_layer_tag(g, 0);
     return g->status;
+}
+
+int adt_model_dlrm(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io) {
+    return build_dlrm(g, c, batch, io, NULL);
+}
+
+int adt_model_dlrm_ps(adt_graph *g, const adt_dlrm_cfg *c, int batch, adt_model_io *io, int *rows) {
+    return build_dlrm(g, c, batch, io, rows);
 }
