@@ -87,6 +87,13 @@ typedef struct adt_train_opts {
     long commit_every;       /* flash checkpoint and commit every N steps (default 10)        */
     double lease_timeout;    /* seconds a silent replica keeps its leases (default 30)        */
     int flash;               /* state copied to shared memory, persisted behind (default 1)   */
+    /* the parameter-server mode (--mode ps): the first ps_servers ranks serve */
+    int ps_mode;
+    int ps_servers;           /* default 1                                                      */
+    const char *ps_sync;      /* "sync" (default), "ssp:K", "async"                             */
+    int ps_prefetch;          /* later steps' rows pulled while a step computes (default 1)     */
+    const char *ps_optimizer; /* the rows' optimizer: sgd, adagrad, adam; NULL: the dense one's */
+    int ps_dense_servers;     /* dense parameters on the servers too (default: all-reduced)      */
     /* bit i: the i-th option of adt_train_opts_set was set through it (an elastic job's spec
      * yields to none of them); a field set directly counts as given when it differs from its
      * default */
@@ -145,6 +152,8 @@ void adt_trainer_free(adt_trainer *t);
 void adt_trainer_abort(adt_trainer *t, int code);
 
 int adt_trainer_rank(const adt_trainer *t);
+/* 1 on the rank that logs and notes: rank 0, or in --mode ps the first worker. */
+int adt_trainer_reports(const adt_trainer *t);
 int adt_trainer_nranks(const adt_trainer *t);
 long adt_trainer_start_step(const adt_trainer *t); /* steps done before this run (resume)     */
 long adt_trainer_steps(const adt_trainer *t);

@@ -64,6 +64,17 @@ static void train_usage(FILE *f) {
             "                          accumulates gradients over several passes\n"
             "  --inject-slowdown RANK:FACTOR[@FIRST-LAST]   rank RANK sleeps so its compute takes FACTOR\n"
             "                          times as long (on steps FIRST..LAST); RANK:+SECONDS: a pause\n"
+            "parameter-server mode (a DLRM under mpiexec: the first S ranks hold its embedding tables by row,\n"
+            "the others pull their batch's rows, compute, push the rows' gradients; rank S prints and logs):\n"
+            "  --mode collective|ps    default collective (a plan over every rank)\n"
+            "  --ps-servers S          server ranks (default 1)\n"
+            "  --ps-sync sync|ssp:K|async   sync: every step the one-process update; ssp:K: no worker more than\n"
+            "                          K steps ahead of the slowest; async: no bound (default sync)\n"
+            "  --ps-prefetch D         the next D steps' rows pulled while a step computes (default 1)\n"
+            "  --ps-optimizer sgd|adagrad|adam   the rows' optimizer (default: sgd for --optimizer sgd, lazy\n"
+            "                          adam for adamw); the learning rate is --lr, constant\n"
+            "  --ps-dense workers|servers   dense parameters all-reduced among the workers (default) or kept\n"
+            "                          on the servers\n"
             "evaluation and logging:\n"
             "  --eval-every N          validation loss every N steps and at the end (default 0: off)\n"
             "  --eval-batches K        validation batches per evaluation (default 20)\n"
@@ -225,6 +236,7 @@ int cli_train(int argc, char **argv) {
         return exit_code(rc);
     }
     cli_set_rank(adt_trainer_rank(t), adt_trainer_nranks(t));
+    cli_quiet = !adt_trainer_reports(t); /* rank 0, or in --mode ps the first worker */
     if (!cli_quiet) adt_trainer_print_banner(t, stderr);
     rc = run(t, &p, cli_quiet);
     if (rc == ADT_ERR_STALE) { /* this world generation ended: nothing to save, no peer to wait for */

@@ -11,12 +11,13 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/ps.h"
 #include "train_internal.h"
 
 void adt_train_opts_init(adt_train_opts *o) {
     *o = (adt_train_opts){.steps = 200, .batch = 16, .eval_batches = 20, .optimizer = ADT_OPTIM_ADAMW,
                           .cosine = 1, .shuffle = 1, .threads = 1, .seed = 1337, .bal = {.slow_rank = -1},
-                          .commit_every = 10, .lease_timeout = 30, .flash = 1};
+                          .commit_every = 10, .lease_timeout = 30, .flash = 1, .ps_servers = 1, .ps_prefetch = 1};
 }
 
 static const char *const train_flags[] = {
@@ -24,7 +25,8 @@ static const char *const train_flags[] = {
     "--warmup", "--schedule", "--shuffle", "--seed", "--threads", "--eval-every", "--eval-batches", "--log",
     "--init", "--resume", "--save", "--save-every", "--plan",
     "--straggler-policy", "--straggler-config", "--straggler-master", "--split", "--micro-batch", "--inject-slowdown",
-    "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", "--profile", NULL,
+    "--elastic-dir", "--commit-every", "--lease-timeout", "--flash", "--profile",
+    "--mode", "--ps-servers", "--ps-sync", "--ps-prefetch", "--ps-optimizer", "--ps-dense", NULL,
 };
 
 /* The option's index in train_flags, or -1. */
@@ -136,11 +138,31 @@ int adt_train_opts_set(adt_train_opts *o, const char *name, const char *v) {
     else if (!strcmp(f, "--schedule")) rc = parse_choice(f, v, "constant", "cosine", &o->cosine);
     else if (!strcmp(f, "--shuffle")) rc = parse_choice(f, v, "off", "on", &o->shuffle);
     else if (!strcmp(f, "--profile")) rc = parse_choice(f, v, "off", "on", &o->profile);
+    else if (!strcmp(f, "--mode")) rc = parse_choice(f, v, "collective", "ps", &o->ps_mode);
+    else if (!strcmp(f, "--ps-servers")) rc = parse_long(f, v, 1, 4096, &l), o->ps_servers = (int)l;
+    else if (!strcmp(f, "--ps-prefetch")) rc = parse_long(f, v, 0, 64, &l), o->ps_prefetch = (int)l;
+    else if (!strcmp(f, "--ps-dense")) rc = parse_choice(f, v, "workers", "servers", &o->ps_dense_servers);
+    else if (!strcmp(f, "--ps-sync")) {
+        adt_ps_sync sy;
+        rc = adt_ps_sync_parse(v, "--ps-sync", &sy) ? EXIT_USAGE : 0;
+        o->ps_sync = v;
+    } else if (!strcmp(f, "--ps-optimizer")) {
+        adt_ps_optim_kind k;
+        rc = adt_ps_optim_parse(v, "--ps-optimizer", &k) ? EXIT_USAGE : 0;
+        o->ps_optimizer = v;
+    }
     else ADT_ASSERT(0 && "option in the table without a handler");
     return rc;
 }
 
 int adt_train_opts_check(adt_train_opts *o) {
+    static const char *const ps_flags[] = {"--ps-servers", "--ps-sync", "--ps-prefetch", "--ps-optimizer", "--ps-dense",
+                                           NULL};
+    for (int i = 0; ps_flags[i] && !o->ps_mode; i++)
+        if (o->given >> flag_index(ps_flags[i]) & 1)
+            return train_fail(EXIT_USAGE, "%s: only acts with --mode ps; expected --mode ps, or no %s", ps_flags[i],
+                              ps_flags[i]);
+    if (o->ps_mode && !(o->given >> flag_index("--schedule") & 1)) o->cosine = 0; /* ps: one lr (the servers') */
     if (o->momentum_given && o->optimizer != ADT_OPTIM_SGD)
         return train_fail(EXIT_USAGE, "--momentum: only applies to --optimizer sgd (adamw uses betas 0.9, 0.95)");
     if (!o->lr_given) o->lr = o->optimizer == ADT_OPTIM_SGD ? 0.1 : 1e-3;

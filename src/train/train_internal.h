@@ -37,6 +37,7 @@ typedef struct train_source {
 
 typedef struct train_runner train_runner;
 typedef struct train_psplit train_psplit;
+typedef struct train_ps train_ps;
 typedef struct train_feed train_feed;
 
 struct adt_trainer {
@@ -92,6 +93,8 @@ struct adt_trainer {
     double step_flops;        /* FLOPs of one step on the global batch (the runner's graphs)  */
     adt_exec_opts eo;         /* the options the executors were made with                     */
     train_psplit *psplit;     /* balanced data parallelism under a plan (plan_split.c), or NULL */
+    train_ps *ps;             /* the parameter-server mode (ps.c), or NULL                     */
+    int reporter;             /* the rank that logs and notes: 0, or the first worker (ps mode) */
 };
 typedef struct adt_trainer trainer;
 
@@ -110,6 +113,9 @@ struct train_runner {
 extern const train_runner train_runner_plan;    /* the partitioned graph of a plan (collective.c) */
 extern const train_runner train_runner_pipe;    /* a plan with stages or microbatches (collective.c) */
 extern const train_runner train_runner_balance; /* per-rank local batches (balance.c)           */
+extern const train_runner train_runner_ps;      /* servers and workers, --mode ps (ps.c)         */
+/* ps.c: the options and world --mode ps needs, checked (ADT_ERR_ARG naming the flag). */
+int train_ps_check(trainer *t);
 
 /* Where a step's samples come from and what follows it. plan: before the graph is partitioned,
  * the plan to run (NULL: --plan or data parallel); start: after the executor and checkpoints

@@ -25,7 +25,7 @@
 #include "train_internal.h"
 
 void train_note(const trainer *t, const char *fmt, ...) {
-    if (t->rank != 0 || !t->o.note) return;
+    if (t->rank != t->reporter || !t->o.note) return;
     char line[4096];
     va_list ap;
     va_start(ap, fmt);
@@ -83,7 +83,7 @@ const train_feed train_feed_sampler = {"sampler", NULL, NULL, sampler_batch, NUL
 /* ---- setup ----------------------------------------------------------------------------------- */
 
 static int open_log(trainer *t) {
-    if (!t->o.log_path || t->rank != 0) return 0;
+    if (!t->o.log_path || t->rank != t->reporter) return 0;
     /* A resumed run continues its log, as does every elastic world after the first. */
     t->log = fopen(t->o.log_path, t->start_step || train_elastic_continues() ? "a" : "w");
     if (!t->log) return train_fail(EXIT_USAGE, "--log: cannot open '%s' for writing: %s", t->o.log_path, strerror(errno));
@@ -243,6 +243,7 @@ static int choose_parts(trainer *t) {
     }
     /* with a plan, balanced data parallelism is the plan's batch split (plan_split.c) */
     t->run = t->o.bal.on && !t->o.plan_path ? &train_runner_balance : &train_runner_plan;
+    if (t->o.ps_mode) t->run = &train_runner_ps;
     if (t->o.eval_every > 0 && !t->run->eval)
         return train_fail(EXIT_USAGE, "--eval-every: evaluation is not run by %s yet; expected --eval-every 0",
                           t->run->name);
@@ -259,7 +260,7 @@ static int setup(trainer *t) {
     adt_exec_opts eo = {.threads = (int)t->o.threads, .seed = t->o.seed, .profile = t->o.profile};
     rc = t->run->executor(t, &eo);
     if (!rc) {
-        adt_exec_init_params(t->ex);
+        if (t->ex) adt_exec_init_params(t->ex); /* none on a parameter server */
         if (!(rc = train_ckpt_init(t))) rc = train_ckpt_resume(t);
     }
     if ((rc = train_world_agree(t, rc))) return rc;
@@ -317,6 +318,7 @@ void adt_trainer_free(adt_trainer *t) {
 void adt_trainer_abort(adt_trainer *t, int code) { train_world_fatal(t, code); }
 
 int adt_trainer_rank(const adt_trainer *t) { return t->rank; }
+int adt_trainer_reports(const adt_trainer *t) { return t->rank == t->reporter; }
 int adt_trainer_nranks(const adt_trainer *t) { return t->nranks; }
 long adt_trainer_start_step(const adt_trainer *t) { return t->start_step; }
 long adt_trainer_steps(const adt_trainer *t) { return t->o.steps; }
@@ -378,7 +380,7 @@ static int run_step(trainer *t, long step, adt_train_step_info *info) {
     int rc = t->feed->batch(t, step, idx);
     if (rc) return rc;
     info->lr = lr_at(&t->o, step);
-    adt_exec_set_lr_step(t->ex, (float)info->lr, (int32_t)step);
+    if (t->ex) adt_exec_set_lr_step(t->ex, (float)info->lr, (int32_t)step);
     if ((rc = t->run->step(t, step, idx, &info->loss))) return rc;
     info->seconds = adt_now_s() - t0;
     return 0;
@@ -476,6 +478,7 @@ void adt_trainer_print_banner(const adt_trainer *t, FILE *f) {
 /* Every rank prints its own block; lines start with "profile rank R". */
 #define PROFILE_TOP 10
 void adt_trainer_print_profile(const adt_trainer *t, FILE *f) {
+    if (!t->ex) return;
     long steps = t->next_step - t->profiled_from;
     const adt_graph *g = adt_exec_graph(t->ex);
     const double *ns = adt_exec_node_seconds(t->ex);
