@@ -1774,6 +1774,37 @@ static void test_usage_error(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* The split under adtrain launch --straggler-policy dd, end to end: rank 1 computes three
+ * times as long per sample; the workers report their compute times and follow the master's
+ * split (elastic_worker exits 8 if the local batches ever disagree); the master moves samples to
+ * rank 0 (a straggler_action event), the steps of rank 0 end larger than an even share, and
+ * every sample of every epoch is trained exactly once (the audit and the workers' own model). */
+static void test_straggler_split(void) {
+    ejob j;
+    if (job_init(&j, "split")) return;
+    j.step_ms = 20;
+    char log[700], text[1 << 16];
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv[] = {g_adtrain, "launch", "--nproc-per-node", "2", "--job", j.jobdir, "--straggler-policy", "dd",
+                          "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6", "--", g_worker, j.outdir,
+                          "288", "12", "24", "2", "77", "20", "4", "10", "50", NULL};
+    setenv("ADT_TEST_SLOW_RANK", "1:3", 1);
+    int rc = run_cmd(log, argv, 120);
+    unsetenv("ADT_TEST_SLOW_RANK");
+    read_text(log, text, sizeof text);
+    CHECK(rc == 0, "adtrain launch --straggler-policy dd: exit %d:\n%s", rc, text);
+    CHECK(db_events(j.jobdir, "straggler_action", NULL, 0) >= 1, "no straggler_action event");
+    char path[800], steps[1 << 16];
+    snprintf(path, sizeof path, "%s/steps-g1-r0.txt", j.outdir);
+    read_text(path, steps, sizeof steps);
+    long n_last = 0, n;
+    for (const char *line = steps; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (sscanf(line, "step %*d n %ld", &n) == 1) n_last = n;
+    CHECK(n_last > 6, "rank 0's last step took %ld samples; the fast rank should take more than an even 6", n_last);
+    job_verify(&j);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* What the job trains is said once, on the master: GET /v1/job serves it as the spec the
  * workers read (adt_elastic_client_job), with the master's defaults that its help states
  * (--optimizer adamw, as adtrain train's), and nothing it was not told. */
@@ -1896,6 +1927,7 @@ int main(int argc, char **argv) {
     MAYBE(test_cli_errors);
     MAYBE(test_spec);
     MAYBE(test_usage_error);
+    MAYBE(test_straggler_split);
     MAYBE(test_http_malformed);
     MAYBE(test_token);
     MAYBE(test_clean_run);
