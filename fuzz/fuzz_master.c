@@ -91,7 +91,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                              .max_wait_ms = -1,
                              .max_restarts = 1000,
                              .ledger_flags = ADT_LEDGER_NOSYNC,
-                             .data = (fuzz_take(&in) & 1) ? &job : NULL};
+                             .data = (fuzz_take(&in) & 1) ? &job : NULL,
+                             /* the split in the data replies, driven by compute_s */
+                             .straggler_policy = (fuzz_take(&in) & 1) ? "dd" : NULL};
     adt_master *m;
     FUZZ_ASSERT(adt_master_create(&m, &cfg) == ADT_OK);
     long lease_ids[8] = {0};
@@ -132,9 +134,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     static const char *const kinds[] = {"started", "rank_failed", "world_done", "bogus"};
                     len = (size_t)snprintf(body, sizeof body,
                                            "{\"agent\":%ld,\"kind\":\"%s\",\"generation\":%ld,\"rank\":%ld,"
-                                           "\"ok\":%ld,\"seq\":%ld,\"running\":%ld,\"msg\":\"x\"}",
+                                           "\"ok\":%ld,\"seq\":%ld,\"running\":%ld,\"msg\":\"x\","
+                                           "\"exit_code\":%ld,\"stderr\":\"usage: y\"}",
                                            agent, kinds[fuzz_take(&in) % 4], gen + (a == -1), a % (world + 1), b & 1, b,
-                                           a & 1);
+                                           a & 1, (long)(fuzz_take(&in) % 4) - 1);
                     break;
                 }
                 case 3: len = (size_t)snprintf(body, sizeof body, "{\"agent\":%ld}", agent); break;
@@ -161,9 +164,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 case 7:
                     len = (size_t)snprintf(body, sizeof body,
                                            "{\"generation\":%ld,\"replica\":%ld,\"step\":%ld,"
-                                           "\"ranges\":[[%ld,%ld,%ld]]}",
+                                           "\"ranges\":[[%ld,%ld,%ld]],\"compute_s\":%g}",
                                            gen, a % (world + 1), next + (b % 3) - 1, lease, (long)(fuzz_take(&in) % 64),
-                                           (long)(fuzz_take(&in) % 64));
+                                           (long)(fuzz_take(&in) % 64), (double)(fuzz_take(&in) % 16) * 1e-3);
                     break;
                 case 8:
                     len = (size_t)snprintf(body, sizeof body,

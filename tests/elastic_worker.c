@@ -18,6 +18,12 @@
  * SIGTERM sets a flag; the rank leaves after its current step (as a trainer saving at a
  * breakpoint would), so a stopped-then-continued rank still sends its late report.
  * OUTDIR/steps-gG-rR.txt gets one line per step: "step S n N t T" (T wall-clock seconds).
+ *
+ * The split: when the master sends one (a straggler policy), each rank leases exactly its local
+ * batch of the step (adt_elastic_local_batch) instead of an even share, checks with the others
+ * that the local batches sum to the global batch (else exit 8: the replicas disagree), and
+ * reports its "compute" seconds with the step. ADT_TEST_SLOW_RANK=R:F makes rank R's compute
+ * take F times as long per sample (STEP_MS is an even share's).
  */
 #include <errno.h>
 #include <mpi.h>
@@ -124,6 +130,10 @@ int main(int argc, char **argv) {
                           .max_failures = atoi(argv[10])};
     double step_ms = atof(argv[7]);
     int every = atoi(argv[8]);
+    int slow_rank = -1;
+    double slow = 1;
+    const char *sr = getenv("ADT_TEST_SLOW_RANK");
+    if (sr && strchr(sr, ':')) slow_rank = atoi(sr), slow = atof(strchr(sr, ':') + 1);
     signal(SIGTERM, on_term);
     MPI_Init(NULL, NULL);
     int size;
@@ -167,7 +177,15 @@ int main(int argc, char **argv) {
     int have = 0;
     int64_t step = start, committed = start;
     for (;;) {
-        int64_t need = B / size + (g_rank < B % size), got = 0;
+        int64_t even = B / size + (g_rank < B % size), need = even, got = 0;
+        int64_t local = adt_elastic_local_batch(c, step), sum = 0;
+        if (local > 0) need = local;
+        MPI_Allreduce(&need, &sum, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        if (sum != B) {
+            fprintf(stderr, "elastic_worker rank %d gen %lld step %lld: local batches sum to %lld, not %lld\n", g_rank,
+                    (long long)g_gen, (long long)step, (long long)sum, (long long)B);
+            exit(8);
+        }
         adt_ledger_range r[64];
         int nr = 0;
         for (int waits = 0; need > 0 && nr < 64;) {
@@ -194,11 +212,12 @@ int main(int argc, char **argv) {
             need -= take;
             got += take;
         }
-        sleep_ms(step_ms); /* "compute" */
+        double compute_ms = step_ms * (double)got / (double)even * (g_rank == slow_rank ? slow : 1);
+        sleep_ms(compute_ms); /* "compute" */
         int64_t total = 0;
         MPI_Allreduce(&got, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
         if (total == 0) break; /* every sample of every epoch consumed */
-        if (nr) check(adt_elastic_report(c, step, r, nr), "report", step);
+        if (nr) check(adt_elastic_report_compute(c, step, r, nr, compute_ms * 1e-3), "report", step);
         if (log) fprintf(log, "step %lld n %lld t %.6f\n", (long long)step, (long long)got, wall()), fflush(log);
         step++;
         int64_t stop = adt_elastic_stop_at(c), any_stop = 0;

@@ -1929,6 +1929,79 @@ static void test_usage_error(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* The split under adtrain launch --straggler-policy dd, end to end: rank 1 computes three
+ * times as long per sample; the workers report their compute times and follow the master's
+ * split (elastic_worker exits 8 if the local batches ever disagree); the master moves samples to
+ * rank 0 (a straggler_action event), the steps of rank 0 end larger than an even share, and
+ * every sample of every epoch is trained exactly once (the audit and the workers' own model). */
+static void test_straggler_split(void) {
+    ejob j;
+    if (job_init(&j, "split")) return;
+    j.step_ms = 20;
+    char log[700], text[1 << 16];
+    snprintf(log, sizeof log, "%s/launch.log", j.dir);
+    const char *argv[] = {g_adtrain, "launch", "--nproc-per-node", "2", "--job", j.jobdir, "--straggler-policy", "dd",
+                          "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6", "--", g_worker, j.outdir,
+                          "288", "12", "24", "2", "77", "20", "4", "10", "50", NULL};
+    setenv("ADT_TEST_SLOW_RANK", "1:3", 1);
+    int rc = run_cmd(log, argv, 120);
+    unsetenv("ADT_TEST_SLOW_RANK");
+    read_text(log, text, sizeof text);
+    CHECK(rc == 0, "adtrain launch --straggler-policy dd: exit %d:\n%s", rc, text);
+    CHECK(db_events(j.jobdir, "straggler_action", NULL, 0) >= 1, "no straggler_action event");
+    char path[800], steps[1 << 16];
+    snprintf(path, sizeof path, "%s/steps-g1-r0.txt", j.outdir);
+    read_text(path, steps, sizeof steps);
+    long n_last = 0, n;
+    for (const char *line = steps; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (sscanf(line, "step %*d n %ld", &n) == 1) n_last = n;
+    CHECK(n_last > 6, "rank 0's last step took %ld samples; the fast rank should take more than an even 6", n_last);
+    job_verify(&j);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* Re-planning on measured speeds: a world of 2 (rank 1 three times slower per sample) runs
+ * under --straggler-policy dd with --model and --strategy dp; scaled to 3, the master plans the
+ * new world on the speeds it measured: the plan file of generation 2 carries a batch_split of 3
+ * local batches summing to --batch, the measured fast device's above the slow one's; the new
+ * world starts from that split (the commit's has 2 replicas), and every sample is trained once. */
+static void test_replan_speeds_e2e(void) {
+    ejob j;
+    if (job_init(&j, "rspeed")) return;
+    mlp_cfg();
+    const char *extra[] = {"--workers", "2", "--straggler-policy", "dd", "--straggler-config",
+                           "warmup=1,first=2,dd_after=3,cooldown=6", "--model", g_mlp_cfg, "--batch", "12",
+                           "--strategy", "dp"};
+    for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) j.master_extra[j.n_master_extra++] = extra[k];
+    j.step_ms = 20;
+    setenv("ADT_TEST_SLOW_RANK", "1:3", 1);
+    job_start(&j, 1, 3);
+    unsetenv("ADT_TEST_SLOW_RANK");
+    double w1[3] = {1, 2, 10};
+    CHECK(poll_until(&j, "/v1/generation", pred_world, w1, 60), "no world of 2 at step 10");
+    int st = 0;
+    cJSON *sr = api(&j, "POST", "/v1/scale", "{\"workers\":3}", &st);
+    CHECK(st == 200, "POST /v1/scale {workers: 3}: %d", st);
+    cJSON_Delete(sr);
+    double w3[3] = {2, 3, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world_formed, w3, 60), "no world of 3");
+    expect_done(&j, 120);
+    char path[800], text[1 << 16];
+    snprintf(path, sizeof path, "%s/plan-g2.json", j.jobdir);
+    read_text(path, text, sizeof text);
+    cJSON *plan = cJSON_Parse(text);
+    const cJSON *bs = cJSON_GetObjectItemCaseSensitive(plan, "batch_split");
+    double b[3] = {0, 0, 0};
+    for (int k = 0; k < 3 && cJSON_GetArraySize(bs) == 3; k++) b[k] = cJSON_GetArrayItem(bs, k)->valuedouble;
+    CHECK(cJSON_GetArraySize(bs) == 3 && b[0] + b[1] + b[2] == 12 && b[0] > b[1] && b[2] >= b[1],
+          "plan-g2.json batch_split [%g,%g,%g]: expected 3 local batches summing to 12, rank 0's above slow rank 1's",
+          b[0], b[1], b[2]);
+    cJSON_Delete(plan);
+    char detail[4096];
+    CHECK(db_events(j.jobdir, "split", detail, sizeof detail) >= 2, "split events");
+    job_close(&j);
+}
+
 /* What the job trains is said once, on the master: GET /v1/job serves it as the spec the
  * workers read (adt_elastic_client_job), with the master's defaults that its help states
  * (--optimizer adamw, as adtrain train's), and nothing it was not told. */
@@ -2051,6 +2124,8 @@ int main(int argc, char **argv) {
     MAYBE(test_cli_errors);
     MAYBE(test_spec);
     MAYBE(test_usage_error);
+    MAYBE(test_straggler_split);
+    MAYBE(test_replan_speeds_e2e);
     MAYBE(test_http_malformed);
     MAYBE(test_token);
     MAYBE(test_clean_run);

@@ -149,14 +149,20 @@ int cli_launch(int argc, char **argv) {
         if (!mo.cfg.job_dir) {
             const char *tmp = getenv("TMPDIR");
             snprintf(job_dir, sizeof job_dir, "%s/adtrain-job-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-            if (!mkdtemp(job_dir)) return cli_fail("launch", 1, "%s: %s", job_dir, strerror(errno));
+            if (!mkdtemp(job_dir)) {
+                adt_elastic_job_spec_free(&mo.spec);
+                return cli_fail("launch", 1, "%s: %s", job_dir, strerror(errno));
+            }
             mo.cfg.job_dir = job_dir;
         }
         mo.cfg.listen = endpoint ? endpoint : "127.0.0.1:0";
         if (!mo.cfg.join_wait_s && !endpoint) mo.cfg.join_wait_s = -1; /* one node: no one else to wait for */
         int rc = adt_master_create(&m, &mo.cfg);
         if (!rc && (rc = adt_master_start(m))) adt_master_free(m), m = NULL;
-        if (rc) return cli_fail("launch", rc == ADT_ERR_ARG ? 2 : 1, "%s", adt_error_message());
+        if (rc) {
+            adt_elastic_job_spec_free(&mo.spec);
+            return cli_fail("launch", rc == ADT_ERR_ARG ? 2 : 1, "%s", adt_error_message());
+        }
         char host[256];
         snprintf(host, sizeof host, "127.0.0.1");
         if (endpoint) {

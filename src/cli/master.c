@@ -25,7 +25,8 @@ const char cli_master_flags_help[] =
     "  --restart-window S      seconds; 0 = the whole job (default 0)\n"
     "  --heartbeat S           agents heartbeat every S seconds (default 1)\n"
     "  --heartbeat-misses K    an agent silent for K intervals is dead (default 3)\n"
-    "  --join-wait S           the first world waits S s after the last join for more agents (default 1)\n"
+    "  --join-wait S           the first world waits S s after the last join for more agents (default 1;\n"
+    "                          adtrain launch on one node, without --rdzv-endpoint: 0)\n"
     "  --stop-timeout S        a planned stop or a drain taking longer is forced (default 30)\n"
     "  --progress-timeout S    a world that reported steps and then none for S seconds hangs: it is\n"
     "                          ended as a failure (default 600; 0 = never)\n"
@@ -261,16 +262,19 @@ int cli_master_finish(const char *cmd, cli_master_opts *o) {
     if (o->cfg.straggler_policy && strcmp(o->cfg.straggler_policy, "off") && o->cfg.max_workers == 1)
         return cli_fail(cmd, -1, "--straggler-policy %s with --workers 1: one rank has no peer to balance against; "
                         "expected more workers, or no policy", o->cfg.straggler_policy);
-    if (spec_finish(cmd, o)) return -1;
+    if (spec_finish(cmd, o)) return adt_elastic_job_spec_free(&o->spec), -1;
     if (o->data_flags & 7) {
         if (o->job.global_batch > o->job.samples)
-            return cli_fail(cmd, -1, "--global-batch %lld exceeds --samples %lld", (long long)o->job.global_batch,
+            return adt_elastic_job_spec_free(&o->spec),
+                   cli_fail(cmd, -1, "--global-batch %lld exceeds --samples %lld", (long long)o->job.global_batch,
                             (long long)o->job.samples);
         if (!o->job.shard_size) o->job.shard_size = o->job.global_batch;
         o->job.replicas = 1;
         o->cfg.data = &o->job;
     }
-    return cli_replan_finish(cmd, &o->rp, &o->cfg, (o->data_flags & 2) ? (long)o->job.global_batch : 0);
+    int rc = cli_replan_finish(cmd, &o->rp, &o->cfg, (o->data_flags & 2) ? (long)o->job.global_batch : 0);
+    if (rc) adt_elastic_job_spec_free(&o->spec); /* the caller frees it after a success only */
+    return rc;
 }
 
 static void master_usage(FILE *f) {
@@ -340,12 +344,16 @@ int cli_master(int argc, char **argv) {
     if (i < argc) return cli_fail("master", 2, "unexpected argument '%s'", argv[i]);
     if (!o.cfg.job_dir) return cli_fail("master", 2, "--job DIR is required");
     if (cli_master_finish("master", &o)) return 2;
-    if (!o.cfg.token && !listen_is_loopback(o.cfg.listen) && make_token(&o)) return 1;
+    if (!o.cfg.token && !listen_is_loopback(o.cfg.listen) && make_token(&o))
+        return adt_elastic_job_spec_free(&o.spec), 1;
     int stop_fd = cli_stop_fd();
     adt_master *m;
     int rc = adt_master_create(&m, &o.cfg);
     if (!rc && (rc = adt_master_start(m))) adt_master_free(m);
-    if (rc) return cli_fail("master", rc == ADT_ERR_ARG ? 2 : 1, "%s", adt_error_message());
+    if (rc) {
+        adt_elastic_job_spec_free(&o.spec);
+        return cli_fail("master", rc == ADT_ERR_ARG ? 2 : 1, "%s", adt_error_message());
+    }
     printf("adtrain master: serving on port %d\n", adt_master_port(m));
     fflush(stdout);
     adt_job_state s;
@@ -356,6 +364,7 @@ int cli_master(int argc, char **argv) {
         if (poll(&p, 1, 0) > 0) {
             fprintf(stderr, "adtrain master: stopping (signal); the job can be resumed on the same --job\n");
             adt_master_free(m);
+            adt_elastic_job_spec_free(&o.spec);
             return 1;
         }
     }
