@@ -16,8 +16,9 @@
 #
 # Environment (all optional):
 #   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp vgg dlrm"  PYTHON=/usr/bin/python3
-#   OPENBLAS_CORETYPE  the OpenBLAS kernel family for both frameworks (they load the same
-#                      libopenblas); unset: the family adtrain itself runs (see below)
+#   BLAS_CORE          the OpenBLAS kernel family for both frameworks (they load the same
+#                      libopenblas); unset: the one adtrain picks for this CPU on its own, whatever
+#                      OPENBLAS_CORETYPE the environment holds (bench/bench_env.sh)
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -170,10 +171,11 @@ print(f"GEMM: adtrain's in-process replay of the step's GEMM shapes (median over
 print("RSS: the largest peak resident set (ru_maxrss) of the model's processes over the rounds.")
 print()
 # Less exposed to bursts of load from other processes: the fastest single step of all rounds,
-# and adtrain's CPU time per step (wall / CPU above 1 is time the scheduler gave to others).
+# and each process's CPU time per step (median over rounds of the runs' medians; wall / CPU above
+# 1 is time the scheduler gave to others).
 print("| model | adtrain best step ms | pytorch best step ms | adtrain/pytorch (best) "
-      "| adtrain cpu ms | adtrain wall/cpu |")
-print("|---|---|---|---|---|---|")
+      "| adtrain cpu ms | pytorch cpu ms | adtrain/pytorch (cpu) | adtrain wall/cpu |")
+print("|---|---|---|---|---|---|---|---|")
 for m in models:
     a, t = pick(m, "adtrain"), pick(m, "pytorch")
     if not a or not t:
@@ -181,6 +183,7 @@ for m in models:
     ab = min(r["step_ms_min"] for r in a)
     tb = min(r["step_ms_min"] for r in t)
     cpu = med([r["cpu_ms_median"] for r in a])
+    tcpu = med([r.get("cpu_ms_median", float("nan")) for r in t])
     wall = med([r["step_ms_median"] for r in a])
-    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {wall / cpu:.2f} |")
+    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {tcpu:.2f} | {cpu / tcpu:.3f} | {wall / cpu:.2f} |")
 EOF

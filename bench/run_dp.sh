@@ -26,8 +26,8 @@
 # Environment (all optional):
 #   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp"  PYTHON=/usr/bin/python3
 #   BIND="-bind-to core"   mpiexec's binding of the adtrain ranks (set BIND= for none)
-#   OPENBLAS_CORETYPE      the OpenBLAS kernel family for both frameworks; unset: the one
-#                          adtrain runs (as run_core.sh)
+#   BLAS_CORE              the OpenBLAS kernel family for both frameworks; unset: the one
+#                          adtrain picks for this CPU on its own (as run_core.sh)
 set -eu
 
 cd "$(dirname "$0")/.."

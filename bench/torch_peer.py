@@ -40,7 +40,8 @@ Output, one line per model:
    "steps", "matmul_flops_per_step", ...}
 plus a few descriptive fields (warmup, BLAS library and its thread count,
 optimizer and which implementation of its update ran, the formulation,
-max_rss_mib: the process's peak resident set so far).  Percentiles use linear
+cpu_ms_median: the process's CPU time per step, all its threads; max_rss_mib:
+the process's peak resident set so far).  Percentiles use linear
 interpolation between order statistics.  matmul_flops_per_step counts
 2*M*N*K for every matrix product autograd executes in one step (see
 gpt_matmul_flops / mlp_matmul_flops; 0 for vgg and dlrm); it ignores
@@ -465,9 +466,9 @@ def bench(name, args, blas):
     n_params = sum(p.numel() for p in model.parameters())  # tied weight once
 
     impl = "unknown"
-    times = []
+    times, cpu = [], []
     for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if i == 0:
             # Detection wrappers only on the first step (a warmup step
             # unless --warmup 0; their cost is one Python call).
@@ -475,9 +476,11 @@ def bench(name, args, blas):
         else:
             loss = train_step(model, data, opt, set_to_none)
         ms = (time.perf_counter() - t0) * 1e3
+        cms = (time.process_time() - c0) * 1e3
         warm = i < args.warmup
         if not warm:
             times.append(ms)
+            cpu.append(cms)
         if args.verbose:
             tag = "warmup" if warm else "step"
             idx = i if warm else i - args.warmup
@@ -503,6 +506,7 @@ def bench(name, args, blas):
         "blas_threads": blas[1],
         "optimizer": type(opt).__name__,
         "optimizer_impl": impl,
+        "cpu_ms_median": round(percentile(sorted(cpu), 50), 4),
         "formulation": {k: getattr(args, k) for k in FORMULATION_KEYS},
         "max_rss_mib": round(max_rss_mib(), 1),
     }
