@@ -46,9 +46,11 @@ def run_rank(rank, world, args, init_file, out_q):
         torch.manual_seed(1 + rank)  # each rank its own samples
         data = tuple(torch.randint_like(d, 0, 10) if d.dtype == torch.int64 else torch.randn_like(d) for d in data)
         if world > 1:
-            # The GPT's causal mask (bool) and positions (int64) are constants built alike on every
-            # rank; gloo cannot broadcast a bool tensor, so DDP leaves those buffers alone.
-            consts = [n for n, b in model.named_buffers() if not b.is_floating_point()]
+            # The models' buffers are constants built alike on every rank (the GPT's causal mask, as
+            # bool and as an additive float bias, and its positions); none is state that training
+            # changes (no batch norm), so DDP does not broadcast them every step (gloo cannot
+            # broadcast a bool tensor anyway).
+            consts = [n for n, _ in model.named_buffers()]
             torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, consts)
             model = torch.nn.parallel.DistributedDataParallel(model)
         model.train()

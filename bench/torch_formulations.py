@@ -2,8 +2,10 @@
 """Which way of writing each benchmark model is fastest in this PyTorch, on this machine.
 
 Runs bench/torch_peer.py once per formulation, ROUNDS interleaved rounds with the order reversed
-every other round, and prints per model the median over rounds of each run's median step time,
-its spread, and its ratio to the baseline within each round (median over rounds). The options
+every other round, and prints per model the median over rounds of each run's median step time
+(--by wall) or CPU time per step (--by cpu, the default: on a machine shared with other work the
+wall time mostly measures the others), its spread, and its ratio to the baseline within each
+round (median over rounds). The options
 that matter for the model (linear layout, attention form, foreach optimizer update, oneDNN
 convolutions, zero_grad to None) are tried one at a time against the baseline (the first value
 of each), and then all the winners together (--full: every combination instead). The fastest is
@@ -37,6 +39,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="every combination of the options")
+    ap.add_argument("--by", choices=["cpu", "wall"], default="cpu",
+                    help="rank by CPU time per step or by wall time per step")
     a = ap.parse_args()
     peer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
     for model in a.models.split(","):
@@ -58,8 +62,10 @@ def main():
                 for k, v in forms[i].items():
                     cmd += [f"--{k}", v]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                times[i].append(json.loads(out.strip().splitlines()[-1])["step_ms_median"])
-                print(f"{model} round {r + 1} {forms[i]}: {times[i][-1]:.2f} ms", file=sys.stderr)
+                d = json.loads(out.strip().splitlines()[-1])
+                times[i].append(d["cpu_ms_median" if a.by == "cpu" else "step_ms_median"])
+                print(f"{model} round {r + 1} {forms[i]}: {times[i][-1]:.2f} ms ({a.by}; wall "
+                      f"{d['step_ms_median']:.2f})", file=sys.stderr)
 
         for r in range(a.rounds):
             run_round(r, range(len(forms)))
@@ -82,7 +88,7 @@ def main():
         paired = {i: statistics.median(x / y for x, y in zip(t, times[0][-len(t):] if i == len(forms) - 1
                                                               and len(times[0]) > a.rounds else times[0]))
                   for i, t in times.items()}
-        print(f"\n{model}: {a.rounds} rounds x ({a.warmup} warmup + {a.steps} steps)")
+        print(f"\n{model}: {a.rounds} rounds x ({a.warmup} warmup + {a.steps} steps); ms: {a.by} time per step")
         print("| " + " | ".join(axes) + " | median ms | spread | / fastest | / baseline, same round |")
         print("|" + "---|" * (len(axes) + 4))
         for i in sorted(med, key=med.get):
