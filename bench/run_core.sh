@@ -174,8 +174,8 @@ print()
 # and each process's CPU time per step (median over rounds of the runs' medians; wall / CPU above
 # 1 is time the scheduler gave to others).
 print("| model | adtrain best step ms | pytorch best step ms | adtrain/pytorch (best) "
-      "| adtrain cpu ms | pytorch cpu ms | adtrain/pytorch (cpu) | adtrain wall/cpu |")
-print("|---|---|---|---|---|---|---|---|")
+      "| adtrain cpu ms | pytorch cpu ms | adtrain/pytorch (cpu) | adtrain/floor (cpu) | adtrain wall/cpu |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     a, t = pick(m, "adtrain"), pick(m, "pytorch")
     if not a or not t:
@@ -185,5 +185,7 @@ for m in models:
     cpu = med([r["cpu_ms_median"] for r in a])
     tcpu = med([r.get("cpu_ms_median", float("nan")) for r in t])
     wall = med([r["step_ms_median"] for r in a])
-    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {tcpu:.2f} | {cpu / tcpu:.3f} | {wall / cpu:.2f} |")
+    fcpu = (f"{med([r['step_cpu_over_floor'] for r in a]):.2f}" if "step_cpu_over_floor" in a[0] else "-")
+    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {tcpu:.2f} | {cpu / tcpu:.3f} | {fcpu} | "
+          f"{wall / cpu:.2f} |")
 EOF
