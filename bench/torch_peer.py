@@ -348,13 +348,14 @@ BUILDERS = {"gpt-s": build_gpt, "mlp": build_mlp, "vgg": build_vgg, "dlrm": buil
 MODELS = list(BUILDERS)
 
 # The formulation each model runs by default: the fastest of those tried on this machine
-# (docs/BENCHMARKS.md, "PyTorch's formulation"). --layout/--attn/--foreach/--mkldnn/--zero-grad
-# override it.
+# (bench/torch_formulations.py, CPU time per step against the baseline run of the same round;
+# docs/BENCHMARKS.md, "PyTorch's formulation"). --layout/--attn/--foreach/--mkldnn/--zero-grad
+# override it. mkldnn only acts on convolutions, attn only on gpt-s.
 FASTEST = {
-    "gpt-s": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="none"),
-    "mlp": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="none"),
-    "vgg": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="none"),
-    "dlrm": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="none"),
+    "gpt-s": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="zeros"),
+    "mlp": dict(layout="linear", attn="explicit", foreach="on", mkldnn="on", zero_grad="zeros"),
+    "vgg": dict(layout="linear", attn="explicit", foreach="off", mkldnn="off", zero_grad="zeros"),
+    "dlrm": dict(layout="linear", attn="explicit", foreach="off", mkldnn="on", zero_grad="zeros"),
 }
 FORMULATION_KEYS = ("layout", "attn", "foreach", "mkldnn", "zero_grad")
 
