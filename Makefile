@@ -31,7 +31,13 @@ endif
 
 CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
           -Iinclude -Isrc $(OPT) $(PKG_CFLAGS) -MMD -MP
-LDLIBS := $(PKG_LIBS) -lm -lpthread
+# oneDNN (libdnnl-dev): Debian ships CMake files but no pkg-config file, so it is linked by name.
+# Its CPU runtime is OpenMP (libgomp); the GEMM layer sets OpenMP's thread count, hence -lgomp.
+DNNL_LIBS := -ldnnl -lgomp
+ifeq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+  $(error oneDNN headers not found (/usr/include/oneapi/dnnl/dnnl.h). Run scripts/install-deps.sh first)
+endif
+LDLIBS := $(PKG_LIBS) $(DNNL_LIBS) -lm -lpthread
 
 LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c))
 CLI_SRC := $(wildcard src/cli/*.c)
@@ -84,9 +90,14 @@ $(BUILD)/tests/elastic_worker: $(ELASTIC_WORKER_SRC) $(wildcard include/adtrain/
 tests: $(TEST_BIN) $(TEST_HELPERS) $(BUILD)/adtrain
 bench: $(BENCH_BIN) $(BUILD)/adtrain
 
-# The runner prints one line per test program and closes with "N passed, N failed".
+# The runner prints one line per test program and closes with "N passed, N failed". The suite
+# runs under the GEMM backend the layer picks (ADT_GEMM=auto); the programs that compare numerics
+# (kernels, PyTorch parity, the executor's fusions, the layer itself) run again under each
+# backend forced, so every backend is held to the same tolerances.
+GEMM_TESTS := test_gemm test_kernels_nn test_kernels_cv test_models_torch test_gpt_torch test_graph
+GEMM_RUNS = $(foreach b,openblas onednn,ADT_GEMM=$(b) $(GEMM_TESTS:%=$(1)/tests/%))
 test: tests
-	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN)
+	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(call GEMM_RUNS,$(BUILD))
 
 fixtures:
 	/usr/bin/python3 scripts/gen_fixtures.py tests/fixtures
@@ -142,4 +153,5 @@ test-all:
 	$(MAKE) tests SANITIZE=1
 	$(MAKE) NATIVE=0 BUILD=build/portable $(PORTABLE_TESTS)
 	$(MAKE) fuzz-smoke
-	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%) $(PORTABLE_TESTS)
+	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%) $(call GEMM_RUNS,build) \
+	    $(call GEMM_RUNS,build/san) $(PORTABLE_TESTS)

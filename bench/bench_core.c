@@ -21,10 +21,11 @@
  *
  * In the same process it then replays every GEMM the step performs - each matmul node's exact
  * M, N, K and transposes, and the per-(batch, head) products of the fused attention ops at the
- * full T x T size that the FLOP count assumes - through cblas_sgemm on private buffers. The
+ * full T x T size that the FLOP count assumes - through adt_gemm (the GEMM layer's chosen backend)
+ * on private buffers. The
  * replay's FLOP rate (median over --gemm-reps repetitions) gives a GEMM-bound floor for the
  * step, matmul_flops_per_step / rate: the time the step would take if it did nothing but its
- * matrix products, at the speed OpenBLAS reaches on those shapes on this machine right now.
+ * matrix products, at the speed the GEMM backend reaches on those shapes on this machine right now.
  * step_ms_median / floor then says how far the step is from being GEMM-bound.
  *
  * Like the CLI, the program first lets adt_blas_fix_coretype correct OpenBLAS's fallback to its
@@ -399,9 +400,8 @@ static double replay_gemms(gemm_list *l, int reps, double *cpu_rate) {
             const gemm_shape *s = &l->s[i];
             double t0 = adt_now_s();
             for (int64_t c = 0; c < s->count; c++)
-                cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
-                            (blasint)s->M, (blasint)s->N, (blasint)s->K, 1.0f, A, (blasint)(s->ta ? s->M : s->K), B,
-                            (blasint)(s->tb ? s->K : s->N), 0.0f, Cm, (blasint)s->N);
+                adt_gemm(s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N, 0.0f,
+                         Cm, s->N);
             double dt = adt_now_s() - t0;
             if (r >= 0) {
                 per[i * reps + r] = dt;
@@ -590,7 +590,7 @@ static int bench_model(const char *name, const opts *o) {
     if (spec.peer_flops >= 0 && fabs(spec.peer_flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_core: %s: note: matmul FLOPs %.0f differ from the peer's formula %.0f\n", name,
                 mm_flops, spec.peer_flops);
-    openblas_set_num_threads(o->threads);
+    adt_gemm_set_threads(o->threads);
     double cpu_gflops = NAN, gflops = reps ? replay_gemms(&gl, reps, &cpu_gflops) : NAN;
     double floor_ms = mm_flops / (gflops * 1e9) * 1e3, floor_cpu_ms = mm_flops / (cpu_gflops * 1e9) * 1e3;
 
@@ -617,6 +617,8 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddNumberToObject(j, "matmul_flops_per_step", mm_flops);
     cJSON_AddNumberToObject(j, "warmup", o->warmup);
     cJSON_AddStringToObject(j, "blas", "openblas");
+    cJSON_AddStringToObject(j, "gemm_backend", adt_gemm_backend_name());
+    cJSON_AddStringToObject(j, "gemm_version", adt_gemm_backend_version(adt_gemm_get_info()->backend));
     cJSON_AddNumberToObject(j, "blas_threads", openblas_get_num_threads());
     cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
     cJSON_AddStringToObject(j, "blas_core", adt_blas_core_name());
@@ -842,7 +844,7 @@ int main(int argc, char **argv) {
     opts o;
     if (parse_args(argc, argv, &o)) return 2;
     /* The thread count is fixed before any BLAS call, as the peer does before any tensor work. */
-    openblas_set_num_threads(o.threads);
+    adt_gemm_set_threads(o.threads);
     if (adt_comm_launched()) {
         if (adt_comm_init(ADT_COMM_MPI, &g_world)) {
             fprintf(stderr, "bench_core: MPI: %s\n", adt_error_message());

@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential clang cmake pkg-config ca-certificates \
-    libopenblas-dev mpich libmpich-dev libcjson-dev zlib1g-dev \
+    libopenblas-dev libdnnl-dev mpich libmpich-dev libcjson-dev zlib1g-dev \
     libsqlite3-dev sqlite3 libmicrohttpd-dev libcurl4-openssl-dev \
     python3 python3-torch python3-numpy chromium >/dev/null
 echo "install-deps: done"

@@ -1,11 +1,18 @@
 #!/bin/sh
 # Runs every test program given, prints one line per program, and closes with the totals in the
 # form CI reads: "N passed, N failed". Exits non-zero if any case failed or any program crashed.
+# An argument NAME=VALUE (e.g. ADT_GEMM=onednn) is exported for the programs after it, and their
+# lines and logs carry the latest such setting: one run can test the same programs under several
+# settings (of one variable; a value should be a plain word).
 passed=0; failed=0; crashed=0
 logdir=${BUILD:-build}/test-logs
 mkdir -p "$logdir"
+tag=
 for t in "$@"; do
-    name=$(echo "$t" | tr / _)
+    case "$t" in
+    *=*) export "$t"; tag=".$t"; continue ;;
+    esac
+    name=$(echo "$t" | tr / _)$tag
     start=$(date +%s)
     "$t" >"$logdir/$name.out" 2>"$logdir/$name.err"
     rc=$?

@@ -9,6 +9,7 @@
 #include "adtrain/comm.h"
 #include "adtrain/graph.h"
 #include "adtrain/ops.h"
+#include "adtrain/gemm.h"
 #include "adtrain/exec.h"
 #include "adtrain/dist.h"
 #include "adtrain/models.h"

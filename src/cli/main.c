@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "adtrain/base.h"
 #include "adtrain/exec.h"
+#include "adtrain/gemm.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
@@ -33,12 +35,26 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    int forced;
+    if (adt_gemm_env(&forced)) { /* refused up front, whatever the command */
+        fprintf(stderr, "adtrain: %s\n", adt_error_message());
+        return 2;
+    }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
     }
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("adtrain %s\n", ADT_VERSION);
+        if (adt_gemm_init()) {
+            fprintf(stderr, "adtrain: %s\n", adt_error_message());
+            return 2;
+        }
+        const adt_gemm_info *gi = adt_gemm_get_info();
+        printf("gemm %s: %s (%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
+               gi->forced ? "ADT_GEMM" : gi->from_cache ? "chosen by the cached probe" : "chosen by the probe");
+        for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+            if (b != (int)gi->backend) printf("gemm %s: %s (available)\n", adt_gemm_backend_str(b), adt_gemm_backend_version(b));
         return 0;
     }
     if (!strcmp(cmd, "train")) return cli_train(argc - 1, argv + 1);

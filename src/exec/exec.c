@@ -15,7 +15,6 @@
  */
 #include "adtrain/exec.h"
 
-#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,6 +22,7 @@
 #include "adtrain/base.h"
 #include "adtrain/comm.h"
 #include "adtrain/dist.h"
+#include "adtrain/gemm.h"
 #include "adtrain/ops.h"
 
 /* One event of a split schedule: run a compute node, start a communication node, or wait for it. */
@@ -216,11 +216,11 @@ static int can_fold_bias(const adt_exec *ex, const int *reads, int mm, int ba) {
  * step 1) gives the same m from the product's inputs (adt_k_matmul_acc rounds mu m in a pass of
  * its own, then sgemm adds the product with one rounding), so the update is left with
  * w -= lr m: the gradient buffer is never written or read, and of the update's five streams over
- * the parameter's size three remain. That equality
- * needs the inner dimension to be one block of OpenBLAS's sgemm (else C takes each block's sum
- * in turn): FOLD_MAX_K is below the block of every x86 kernel family. A weight gradient's inner
- * dimension is the batch. The two must run back to back, so that nothing sees m in between. */
-#define FOLD_MAX_K 256
+ * the parameter's size three remain. That equality holds only where the GEMM backend adds its
+ * product to C with the product's own rounding (adt_gemm_acc_exact: OpenBLAS while the inner
+ * dimension, the batch for a weight gradient, is one block of its sgemm, so up to 256; oneDNN
+ * the same, but not for a product with one row or one column). The two must run back to back,
+ * so that nothing sees m in between. */
 
 static int can_fold_momentum(const adt_exec *ex, const int *reads, int mm, int o) {
     const adt_graph *g = ex->g;
@@ -238,9 +238,9 @@ static int can_fold_momentum(const adt_exec *ex, const int *reads, int mm, int o
     for (int k = 0; k < 2; k++) /* the product must not read what the update writes */
         if (mp->root[m->in[k]] == mp->root[u->in[0]] || mp->root[m->in[k]] == mp->root[u->in[2]])
             return 0;
-    const adt_shape *a = &g->values[m->in[0]].shape;
-    int64_t K = m->a.i[0] ? adt_shape_prod(a, 0, a->ndim - 1) : a->dim[a->ndim - 1];
-    return K <= FOLD_MAX_K;
+    int64_t M, N, K, batch;
+    adt_matmul_dims(g, m, &M, &N, &K, &batch);
+    return batch == 1 && adt_gemm_acc_exact(M, N, K);
 }
 
 static void fold_nodes(adt_exec *ex) {
@@ -545,10 +545,12 @@ int adt_exec_create(adt_exec **out, const adt_graph *g, const adt_exec_opts *opt
         if (adt_op_get(g->nodes[i].op)->is_comm && !(opts && opts->comm && opts->comm->run))
             return adt_error(ADT_ERR_ARG, "node %s communicates, but the executor was given no communicator (adt_exec_opts.comm)",
                              g->nodes[i].name);
+    int rc = adt_gemm_init(); /* a bad ADT_GEMM is this call's error, not a log line mid-step */
+    if (rc) return rc;
     adt_exec *ex = adt_calloc(1, sizeof *ex);
     ex->g = g;
     if (opts) ex->o = *opts;
-    if (ex->o.threads > 0) openblas_set_num_threads(ex->o.threads);
+    adt_gemm_set_threads(ex->o.threads); /* every GEMM backend; 0 keeps the libraries' settings */
     plan_schedule(ex);
     if (ex->split) { /* the split run's state per node */
         ex->pend = adt_malloc((size_t)g->n_nodes * sizeof *ex->pend);

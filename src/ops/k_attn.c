@@ -11,11 +11,11 @@
  */
 #include "ops/kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/gemm.h"
 #include "ops/k_math.h"
 
 /* Query rows per block. Smaller blocks skip more masked work but make more, smaller sgemm calls.
@@ -29,9 +29,7 @@
 static inline void gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         const float *A, int64_t lda, const float *B, int64_t ldb, float *Cm,
                         int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, A,
-                (blasint)lda, B, (blasint)ldb, 0.0f, Cm, (blasint)ldc);
+    adt_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, 0.0f, Cm, ldc);
 }
 
 /* Only the backward pass needs scratch: d(att) for one (b, h). */

@@ -11,8 +11,9 @@
  * The columns are built one image at a time so the scratch does not grow with the batch.
  * A 1x1 kernel with stride 1 and no padding has cols == x_n, so those skip im2col entirely.
  */
-#include <cblas.h>
 #include <string.h>
+
+#include "adtrain/gemm.h"
 
 #include "ops/kernels.h"
 
@@ -145,9 +146,7 @@ void adt_k_conv2d_forward(float *out, const float *x, const float *w, const floa
             im2col(scratch, xn, C, H, W, R, S, stride, pad, P, Q);
             cols = scratch;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)K, (blasint)PQ,
-                    (blasint)CRS, 1.0f, w, (blasint)CRS, cols, (blasint)PQ, bias ? 1.0f : 0.0f,
-                    on, (blasint)PQ);
+        adt_gemm(0, 0, K, PQ, CRS, 1.0f, w, CRS, cols, PQ, bias ? 1.0f : 0.0f, on, PQ);
     }
 }
 
@@ -168,9 +167,7 @@ void adt_k_conv2d_backward_data(float *dx, const float *dout, const float *w, fl
         const float *don = dout + n * K * PQ;
         /* In the direct case dcols is dx_n itself and the product writes it in place. */
         float *dcols = direct ? dxn : scratch;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)CRS, (blasint)PQ,
-                    (blasint)K, 1.0f, w, (blasint)CRS, don, (blasint)PQ, 0.0f, dcols,
-                    (blasint)PQ);
+        adt_gemm(1, 0, CRS, PQ, K, 1.0f, w, CRS, don, PQ, 0.0f, dcols, PQ);
         if (!direct) col2im(dxn, scratch, C, H, W, R, S, stride, pad, P, Q);
     }
 }
@@ -204,9 +201,7 @@ void adt_k_conv2d_backward_weight(float *dw, float *dbias, const float *dout, co
         }
         /* The first image writes dw (beta = 0, so a dirty buffer is fine), the rest add to it:
          * the sum over the batch stays inside this call. */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)K, (blasint)CRS,
-                    (blasint)PQ, 1.0f, dout + n * K * PQ, (blasint)PQ, cols, (blasint)PQ,
-                    n == 0 ? 0.0f : 1.0f, dw, (blasint)CRS);
+        adt_gemm(0, 1, K, CRS, PQ, 1.0f, dout + n * K * PQ, PQ, cols, PQ, n == 0 ? 0.0f : 1.0f, dw, CRS);
     }
 }
 

@@ -2,10 +2,11 @@
  * k_matmul.c - dense matrix products: the single and batched C = op(A) op(B) kernels that
  * linear layers, attention-free bmm ops and their gradients lower to, the linear layer's
  * C = op(A) op(B) + bias, and the accumulating C = op(A) op(B) + beta C. Everything of useful
- * size goes to OpenBLAS cblas_sgemm (row-major); only degenerate shapes are handled here.
+ * size goes to the GEMM layer (adt_gemm, row-major); only degenerate shapes are handled here.
  */
-#include <cblas.h>
 #include <string.h>
+
+#include "adtrain/gemm.h"
 
 #include "ops/kernels.h"
 
@@ -13,9 +14,7 @@
  * ([K,M]) its leading dimension is M. Likewise B: [K,N] -> N, [N,K] -> K. */
 static void gemm(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
                  int64_t K, int transA, int transB) {
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, 1.0f, A,
-                (blasint)(transA ? M : K), B, (blasint)(transB ? K : N), beta, C, (blasint)N);
+    adt_gemm(transA, transB, M, N, K, 1.0f, A, transA ? M : K, B, transB ? K : N, beta, C, N);
 }
 
 static void matmul_one(float *C, const float *A, const float *B, int64_t M, int64_t N, int64_t K,
@@ -26,7 +25,8 @@ static void matmul_one(float *C, const float *A, const float *B, int64_t M, int6
         memset(C, 0, (size_t)(M * N) * sizeof(float));
         return;
     }
-    /* beta = 0: OpenBLAS then never reads C, so a dirty (even NaN-filled) buffer is fine. */
+    /* beta = 0: no backend reads C then (adt_gemm promises it, its check holds each to it), so a
+     * dirty (even NaN-filled) buffer is fine. */
     gemm(C, A, B, 0.0f, M, N, K, transA, transB);
 }
 

@@ -9,7 +9,7 @@
  *  - no allocation inside a kernel: a kernel that needs scratch says how much through a
  *    *_scratch_floats() function and receives it from the executor;
  *  - single-threaded loops written so -O3 -march=native vectorises them; matrix products go to
- *    OpenBLAS cblas_sgemm (its thread count is set once by the executor).
+ *    the GEMM layer, adt_gemm (its backend and thread count are set once, gemm.h).
  * Letters: N rows (tokens or samples), C channels, V vocabulary/classes, B batch, T time, H heads.
  */
 #ifndef ADTRAIN_OPS_KERNELS_H

@@ -1,0 +1,470 @@
+/*
+ * gemm.c - the GEMM layer: one row-major sgemm entry point over two backends (OpenBLAS and
+ * oneDNN), the choice between them at start, and its cache file.
+ *
+ * Why two: Debian 12's OpenBLAS 0.3.21 knows no Zen 4 / Sapphire Rapids kernels, so on such a
+ * CPU it runs its AVX2 (Haswell) ones at about half the FMA peak, while oneDNN's JIT sgemm uses
+ * AVX-512. Neither wins on every CPU, so the layer measures: a correctness check against a naive
+ * double product (a backend that is wrong is never chosen, however fast), then a speed probe on
+ * the training steps' own shapes at one thread. Both take a fraction of a second and are cached
+ * per machine; ADT_GEMM=openblas|onednn skips the choice.
+ *
+ * Threads: OpenBLAS (pthread build) has one global pool, sized by openblas_set_num_threads.
+ * Debian's libdnnl is built on OpenMP (libgomp, DNNL_CPU_RUNTIME_OMP) and sizes each product's
+ * team by omp_get_max_threads() of the CALLING thread, an OpenMP per-thread setting: so the
+ * count is kept here and applied to each thread before its next oneDNN call.
+ */
+#include <cJSON.h>
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "adtrain/base.h"
+#include "adtrain/gemm.h"
+
+static const char *const backend_names[ADT_GEMM_N_BACKENDS] = {"openblas", "onednn"};
+
+static atomic_int g_threads;             /* 0: the libraries' own settings */
+static _Thread_local int omp_applied;    /* the count this thread's OpenMP ICV holds (0: none) */
+static adt_gemm_info g_info;
+static int g_init_status;
+static char g_init_msg[512]; /* init's error, for adt_gemm_init on any thread */
+static _Thread_local int init_quiet; /* adt_gemm_init reports the error itself */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+const char *adt_gemm_backend_str(adt_gemm_backend b) {
+    return (unsigned)b < ADT_GEMM_N_BACKENDS ? backend_names[b] : "?";
+}
+
+const char *adt_gemm_backend_version(adt_gemm_backend b) {
+    static char s[ADT_GEMM_N_BACKENDS][128];
+    if (b == ADT_GEMM_OPENBLAS) {
+        /* openblas_get_config: "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64" */
+        char ver[32] = "?";
+        sscanf(openblas_get_config(), "OpenBLAS %31s", ver);
+        snprintf(s[b], sizeof s[b], "OpenBLAS %s (%s)", ver, openblas_get_corename());
+        return s[b];
+    }
+    if (b == ADT_GEMM_ONEDNN) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(s[b], sizeof s[b], "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch,
+                 v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB" : "sequential");
+        return s[b];
+    }
+    return "?";
+}
+
+void adt_gemm_set_threads(int n) {
+    if (n <= 0) return;
+    atomic_store(&g_threads, n);
+    openblas_set_num_threads(n);
+}
+
+/* ---- the backends ------------------------------------------------------------------------ */
+
+static void run_openblas(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                         int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
+                (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* dnnl_sgemm is row-major (unlike Fortran BLAS), so the arguments pass through unchanged. */
+static int run_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int want = atomic_load_explicit(&g_threads, memory_order_relaxed);
+    if (want > 0 && omp_applied != want) {
+        omp_set_num_threads(want);
+        omp_applied = want;
+    }
+    return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success
+               ? 0
+               : -1;
+}
+
+/* The cases every backend must get right without help: no rows, no columns, an empty sum. The
+ * libraries reject some of them (zero leading dimensions) or differ on whether beta = 0 reads C. */
+static int degenerate(int64_t M, int64_t N, int64_t K, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return 1;
+    if (K > 0) return 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return 1;
+}
+
+int adt_gemm_with(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (degenerate(M, N, K, beta, C, ldc)) return 0;
+    if (b == ADT_GEMM_ONEDNN) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    run_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return 0;
+}
+
+static void init_once(void);
+
+void adt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    pthread_once(&g_once, init_once);
+    if (degenerate(M, N, K, beta, C, ldc)) return;
+    if (g_info.backend == ADT_GEMM_ONEDNN &&
+        run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
+        return;
+    /* OpenBLAS, or a product oneDNN refused (it checks its arguments; OpenBLAS's xerbla would
+     * print the same fault and return) */
+    run_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* OpenBLAS 0.3.21 sums the inner dimension in blocks of GEMM_Q (256 to 384 floats by kernel
+ * family) and adds each block's sum to C, so up to 256 the accumulating product is C + (the
+ * product's one rounding). oneDNN 2.6's sgemm measured the same up to K = 384 on every shape
+ * with M, N > 1 (1, 2 threads); its matrix-vector path (M or N = 1) folds C into the sum and
+ * rounds differently (tests/test_gemm.c holds both to this). */
+int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K) {
+    if (K > 256) return 0;
+    if (adt_gemm_get_info()->backend == ADT_GEMM_ONEDNN) return M > 1 && N > 1;
+    return 1;
+}
+
+/* ---- the correctness check ---------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float unit(uint64_t *s) { return (float)((double)(mix(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
+
+/* One case: fresh operands with padded rows (the pad holds NaN, so a backend that reads past a
+ * row or misreads a leading dimension fails), C's pad checked untouched afterwards, and with
+ * beta = 0 C starting as NaN (the product must not read it). Each element is held to a bound
+ * proportional to the magnitudes summed, so rounding passes and a wrong element does not. */
+static int check_case(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                      float beta, int64_t pad, uint64_t seed) {
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+    float *A = adt_malloc((size_t)(ar * lda) * sizeof *A), *B = adt_malloc((size_t)(br * ldb) * sizeof *B);
+    float *C = adt_malloc((size_t)(M * ldc) * sizeof *C), *C0 = adt_malloc((size_t)(M * ldc) * sizeof *C0);
+    uint64_t s = seed;
+    for (int64_t i = 0; i < ar * lda; i++) A[i] = (i % lda) < ac ? unit(&s) : NAN;
+    for (int64_t i = 0; i < br * ldb; i++) B[i] = (i % ldb) < bc ? unit(&s) : NAN;
+    for (int64_t i = 0; i < M * ldc; i++) C0[i] = (i % ldc) < N ? (beta == 0.0f ? NAN : unit(&s)) : 12345.0f;
+    memcpy(C, C0, (size_t)(M * ldc) * sizeof *C);
+    int ok = adt_gemm_with(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0;
+    for (int64_t i = 0; ok && i < M; i++) {
+        for (int64_t j = 0; ok && j < ldc; j++) {
+            if (j >= N) {
+                ok = C[i * ldc + j] == 12345.0f;
+                continue;
+            }
+            double ref = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = ta ? A[k * lda + i] : A[i * lda + k], bb = tb ? B[j * ldb + k] : B[k * ldb + j];
+                ref += a * bb, mag += fabs(a * bb);
+            }
+            ref *= alpha, mag *= fabs(alpha);
+            if (beta != 0.0f) ref += (double)beta * C0[i * ldc + j], mag += fabs((double)beta * C0[i * ldc + j]);
+            double got = C[i * ldc + j];
+            ok = isfinite(got) && fabs(got - ref) <= 1e-6 * (double)(K + 4) * mag + 1e-30;
+        }
+    }
+    free(A), free(B), free(C), free(C0);
+    return ok;
+}
+
+int adt_gemm_self_check(adt_gemm_backend b) {
+    /* M, N, K, ta, tb, alpha, beta, pad: every transpose pair, beta 0 / 1 / other, alpha != 1,
+     * sizes off every vector width, K past one block of either library, padded rows */
+    static const struct {
+        int64_t M, N, K;
+        int ta, tb;
+        float alpha, beta;
+        int64_t pad;
+    } cases[] = {
+        {1, 1, 1, 0, 0, 1.0f, 0.0f, 0},      {7, 5, 3, 0, 0, 1.0f, 0.0f, 1},
+        {33, 17, 65, 1, 0, 1.0f, 0.5f, 3},   {64, 48, 96, 0, 1, -1.5f, 1.0f, 0},
+        {29, 65, 31, 1, 1, 0.25f, -2.0f, 5}, {130, 97, 300, 0, 0, 1.0f, 0.9f, 2},
+        {96, 130, 513, 1, 0, 1.0f, 0.0f, 0}, {17, 200, 129, 0, 1, 2.0f, 1.0f, 7},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!check_case(b, cases[i].ta, cases[i].tb, cases[i].M, cases[i].N, cases[i].K, cases[i].alpha,
+                        cases[i].beta, cases[i].pad, 0x5eed0000u + i)) {
+            adt_log(ADT_LOG_WARN, "gemm: %s failed its correctness check on case %zu (%lldx%lldx%lld %c%c)",
+                    adt_gemm_backend_str(b), i, (long long)cases[i].M, (long long)cases[i].N,
+                    (long long)cases[i].K, cases[i].ta ? 'T' : 'N', cases[i].tb ? 'T' : 'N');
+            return 0;
+        }
+    return 1;
+}
+
+/* ---- the speed probe ----------------------------------------------------------------------- */
+
+/* GPT-S (8 x 128 tokens, width 256): the qkv projection forward, and the second MLP layer's
+ * weight gradient; the MLP (batch 128, 1024 wide): a layer forward and its input gradient. */
+static const adt_gemm_shape probe_shapes[ADT_GEMM_PROBE_SHAPES] = {
+    {1024, 768, 256, 0, 0},
+    {1024, 256, 1024, 1, 0},
+    {128, 1024, 1024, 0, 0},
+    {128, 1024, 1024, 0, 1},
+};
+
+const adt_gemm_shape *adt_gemm_probe_shapes(void) { return probe_shapes; }
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define PROBE_ROUNDS 3
+
+/* Median GFLOP/s per backend and shape over PROBE_ROUNDS interleaved rounds (the machine may be
+ * shared: interleaving spreads a burst of load over every backend alike), at one thread, the
+ * per-rank setting of data-parallel training. */
+static void probe(adt_gemm_info *info) {
+    size_t big = 1024 * 1024;
+    float *A = adt_malloc(big * sizeof *A), *B = adt_malloc(big * sizeof *B), *C = adt_malloc(big * sizeof *C);
+    uint64_t s = 7;
+    for (size_t i = 0; i < big; i++) A[i] = unit(&s), B[i] = unit(&s);
+    int ob = openblas_get_num_threads(), om = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(1);
+    omp_applied = 1;
+    int save = atomic_exchange(&g_threads, 1);
+    double t[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES][PROBE_ROUNDS];
+    for (int r = -1; r < PROBE_ROUNDS; r++) /* round -1 warms up (oneDNN compiles its kernels) */
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+            for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+                if (!info->check_ok[b]) continue;
+                const adt_gemm_shape *p = &probe_shapes[i];
+                double t0 = adt_now_s();
+                adt_gemm_with((adt_gemm_backend)b, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->ta ? p->M : p->K, B,
+                              p->tb ? p->K : p->N, 0.0f, C, p->N);
+                if (r >= 0) t[b][i][r] = adt_now_s() - t0;
+            }
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+            if (!info->check_ok[b]) {
+                info->rate[b][i] = 0.0;
+                continue;
+            }
+            qsort(t[b][i], PROBE_ROUNDS, sizeof(double), cmp_double);
+            const adt_gemm_shape *p = &probe_shapes[i];
+            info->rate[b][i] = 2.0 * (double)(p->M * p->N * p->K) / t[b][i][PROBE_ROUNDS / 2] * 1e-9;
+        }
+    atomic_store(&g_threads, save);
+    if (ob > 0) openblas_set_num_threads(ob);
+    omp_set_num_threads(om);
+    omp_applied = 0;
+    free(A), free(B), free(C);
+}
+
+/* The backend that does the probe's shapes in the least total time (each shape once). */
+static adt_gemm_backend fastest(const adt_gemm_info *info) {
+    adt_gemm_backend best = ADT_GEMM_OPENBLAS;
+    double best_t = INFINITY;
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+        if (!info->check_ok[b]) continue;
+        double tt = 0.0;
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+            const adt_gemm_shape *p = &probe_shapes[i];
+            tt += info->rate[b][i] > 0 ? 2.0 * (double)(p->M * p->N * p->K) / info->rate[b][i] : INFINITY;
+        }
+        if (tt < best_t) best_t = tt, best = (adt_gemm_backend)b;
+    }
+    return best;
+}
+
+/* ---- the cache ------------------------------------------------------------------------------ */
+
+static void machine_key(char *buf, size_t n) {
+    char cpu[256] = "unknown CPU";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            char *c = strchr(line, ':');
+            if (!strncmp(line, "model name", 10) && c) {
+                for (c++; *c == ' ' || *c == '\t'; c++) {}
+                snprintf(cpu, sizeof cpu, "%s", c);
+                cpu[strcspn(cpu, "\n")] = 0;
+                break;
+            }
+        }
+        fclose(f);
+    }
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    snprintf(buf, n, "%s | %s | %s | OPENBLAS_CORETYPE=%s", cpu, adt_gemm_backend_version(ADT_GEMM_OPENBLAS),
+             adt_gemm_backend_version(ADT_GEMM_ONEDNN), ct ? ct : "(unset)");
+}
+
+int adt_gemm_cache_path(char *buf, size_t n, const char *key) {
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[900];
+    /* the XDG spec: a relative $XDG_CACHE_HOME is invalid and ignored */
+    if (x && x[0] == '/') snprintf(dir, sizeof dir, "%s/adtrain", x);
+    else if (home && home[0] == '/') snprintf(dir, sizeof dir, "%s/.cache/adtrain", home);
+    else return adt_error(ADT_ERR_IO, "gemm cache: neither $XDG_CACHE_HOME nor $HOME names an absolute directory");
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the key: a short, stable file name */
+    for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    if ((size_t)snprintf(buf, n, "%s/gemm-%016llx.json", dir, (unsigned long long)h) >= n)
+        return adt_error(ADT_ERR_IO, "gemm cache: the path under %s is too long", dir);
+    return 0;
+}
+
+static int mkdir_p(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+int adt_gemm_cache_write(const char *path, const adt_gemm_info *info) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    if (slash && mkdir_p(dir)) return adt_error(ADT_ERR_IO, "gemm cache: cannot create %s: %s", dir, strerror(errno));
+    cJSON *j = cJSON_CreateObject(), *chk = cJSON_AddObjectToObject(j, "check"),
+          *rate = cJSON_AddObjectToObject(j, "gflops");
+    cJSON_AddStringToObject(j, "key", info->key);
+    cJSON_AddStringToObject(j, "auto", adt_gemm_backend_str(fastest(info)));
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+        cJSON_AddBoolToObject(chk, backend_names[b], info->check_ok[b]);
+        cJSON *a = cJSON_AddArrayToObject(rate, backend_names[b]);
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(info->rate[b][i]));
+    }
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    int rc = adt_file_write_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+int adt_gemm_cache_read(const char *path, const char *key, adt_gemm_info *out) {
+    char *text = NULL;
+    size_t n = 0;
+    int rc = adt_file_read(path, 1 << 16, "gemm cache", &text, &n);
+    if (rc) return rc;
+    cJSON *j = cJSON_ParseWithLength(text, n);
+    free(text);
+    if (!j) return adt_error(ADT_ERR_FORMAT, "%s: not JSON", path);
+    rc = 0;
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "key"), *chk = cJSON_GetObjectItemCaseSensitive(j, "check"),
+                *rate = cJSON_GetObjectItemCaseSensitive(j, "gflops");
+    if (!cJSON_IsString(k) || strcmp(k->valuestring, key)) rc = adt_error(ADT_ERR_FORMAT, "%s: written for another machine or library", path);
+    for (int b = 0; !rc && b < ADT_GEMM_N_BACKENDS; b++) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(chk, backend_names[b]),
+                    *a = cJSON_GetObjectItemCaseSensitive(rate, backend_names[b]);
+        if (!cJSON_IsBool(c) || !cJSON_IsArray(a) || cJSON_GetArraySize(a) != ADT_GEMM_PROBE_SHAPES) {
+            rc = adt_error(ADT_ERR_FORMAT, "%s: check.%s or gflops.%s missing or malformed", path, backend_names[b],
+                           backend_names[b]);
+            break;
+        }
+        out->check_ok[b] = cJSON_IsTrue(c);
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+            const cJSON *v = cJSON_GetArrayItem(a, i);
+            double r = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
+            /* a passing backend has a rate; a failing one none */
+            if (!(r >= 0.0 && r < 1e7) || (out->check_ok[b] && r <= 0.0)) {
+                rc = adt_error(ADT_ERR_FORMAT, "%s: gflops.%s[%d] is not a rate", path, backend_names[b], i);
+                break;
+            }
+            out->rate[b][i] = r;
+        }
+    }
+    cJSON_Delete(j);
+    if (!rc) out->backend = fastest(out);
+    return rc;
+}
+
+/* ---- the choice ----------------------------------------------------------------------------- */
+
+int adt_gemm_env(int *forced) {
+    const char *env = getenv("ADT_GEMM");
+    *forced = -1;
+    if (!env || !*env || !strcmp(env, "auto")) return 0;
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        if (!strcmp(env, backend_names[b])) *forced = b;
+    if (*forced < 0) return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn or auto (the default)", env);
+    return 0;
+}
+
+int adt_gemm_select(adt_gemm_info *out, int use_cache) {
+    memset(out, 0, sizeof *out);
+    out->backend = ADT_GEMM_OPENBLAS;
+    const char *env = getenv("ADT_GEMM");
+    int forced = -1;
+    int rc = adt_gemm_env(&forced);
+    if (rc) return rc;
+    machine_key(out->key, sizeof out->key);
+    double t0 = adt_now_s();
+    if (forced >= 0) {
+        /* a forced backend is checked (a wrong product is never run silently), not timed */
+        out->forced = 1;
+        out->backend = (adt_gemm_backend)forced;
+        out->check_ok[forced] = adt_gemm_self_check(out->backend);
+        out->probe_s = adt_now_s() - t0;
+        if (!out->check_ok[forced]) {
+            out->backend = ADT_GEMM_OPENBLAS;
+            return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: the %s backend failed its correctness check on this machine",
+                             env, backend_names[forced]);
+        }
+        return 0;
+    }
+    int have_path = adt_gemm_cache_path(out->cache_path, sizeof out->cache_path, out->key) == 0;
+    if (!have_path) out->cache_path[0] = 0;
+    if (use_cache && have_path) {
+        if (adt_gemm_cache_read(out->cache_path, out->key, out) == 0) {
+            out->from_cache = 1;
+            return 0;
+        }
+        adt_log(ADT_LOG_DEBUG, "gemm: %s (measuring again)", adt_error_message());
+    }
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) out->check_ok[b] = adt_gemm_self_check((adt_gemm_backend)b);
+    probe(out);
+    out->backend = fastest(out);
+    out->probe_s = adt_now_s() - t0;
+    if (!out->check_ok[ADT_GEMM_OPENBLAS] && !out->check_ok[ADT_GEMM_ONEDNN])
+        adt_log(ADT_LOG_ERROR, "gemm: no backend passed the correctness check; running OpenBLAS");
+    if (have_path && adt_gemm_cache_write(out->cache_path, out))
+        adt_log(ADT_LOG_DEBUG, "gemm: %s (the choice is not cached)", adt_error_message());
+    adt_error_clear();
+    return 0;
+}
+
+static void init_once(void) {
+    g_init_status = adt_gemm_select(&g_info, 1);
+    if (g_init_status) {
+        snprintf(g_init_msg, sizeof g_init_msg, "%s", adt_error_message());
+        if (!init_quiet) adt_log(ADT_LOG_ERROR, "%s", g_init_msg);
+    } else
+        adt_log(ADT_LOG_DEBUG, "gemm: %s (%s)", adt_gemm_backend_str(g_info.backend),
+                g_info.forced ? "ADT_GEMM" : g_info.from_cache ? "cached choice" : "measured");
+}
+
+int adt_gemm_init(void) {
+    init_quiet = 1;
+    pthread_once(&g_once, init_once);
+    init_quiet = 0;
+    return g_init_status ? adt_error(g_init_status, "%s", g_init_msg) : 0;
+}
+
+const adt_gemm_info *adt_gemm_get_info(void) {
+    pthread_once(&g_once, init_once);
+    return &g_info;
+}
+
+const char *adt_gemm_backend_name(void) { return adt_gemm_backend_str(adt_gemm_get_info()->backend); }

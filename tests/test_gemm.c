@@ -1,0 +1,368 @@
+/*
+ * test_gemm.c - the GEMM layer (src/ops/gemm.c): every backend against a naive double product,
+ * the accumulation rule the executor's momentum fold relies on, the thread count reaching
+ * oneDNN's OpenMP team, the cache file (written, read back, a corrupt or foreign one ignored and
+ * rewritten), and ADT_GEMM (forcing, bad values, the CLI's refusal and --version line).
+ *
+ * Shapes and values are fresh each run (seed from the clock unless ADT_TEST_SEED is set; a
+ * failing run prints it).
+ */
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "adtrain/base.h"
+#include "adtrain/gemm.h"
+#include "check.h"
+#include "cli_run.h"
+
+static uint64_t g_seed, g_state;
+
+static uint64_t rnd_u64(void) {
+    uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static int64_t irand(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd_u64() % (uint64_t)(hi - lo + 1)); }
+static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((double)(rnd_u64() >> 11) * 0x1.0p-53); }
+
+#define PAD_MARK 777.0f
+
+/* One product through backend b (b < 0: the layer's adt_gemm) against the double reference.
+ * A's and B's row padding holds NaN (read past a row: fails), C's padding a mark that must
+ * survive, and with beta = 0 C starts as NaN (read: fails). Returns the worst error relative to
+ * the bound that rounding allows, > 1 meaning wrong. */
+static double one_case(int b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                       int64_t pa, int64_t pb, int64_t pc) {
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + pa, ldb = bc + pb, ldc = N + pc;
+    if (lda == 0) lda = 1; /* an empty operand still has a row stride of at least 1 (BLAS) */
+    if (ldb == 0) ldb = 1;
+    if (ldc == 0) ldc = 1;
+    size_t na = (size_t)(ar * lda) + 1, nb = (size_t)(br * ldb) + 1, nc = (size_t)(M * ldc) + 1;
+    float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *C = malloc(nc * sizeof *C),
+          *C0 = malloc(nc * sizeof *C0);
+    for (size_t i = 0; i < na; i++) A[i] = (int64_t)i % lda < ac ? urand(-1, 1) : NAN;
+    for (size_t i = 0; i < nb; i++) B[i] = (int64_t)i % ldb < bc ? urand(-1, 1) : NAN;
+    for (size_t i = 0; i < nc; i++) C0[i] = (int64_t)i % ldc < N ? (beta == 0.0f ? NAN : urand(-1, 1)) : PAD_MARK;
+    memcpy(C, C0, nc * sizeof *C);
+    if (b < 0) adt_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else CHECK(adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0,
+               "%s refused %lldx%lldx%lld", adt_gemm_backend_str((adt_gemm_backend)b), (long long)M, (long long)N,
+               (long long)K);
+    double worst = 0.0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < ldc; j++) {
+            float got = C[i * ldc + j];
+            if (j >= N) {
+                if (got != PAD_MARK) worst = INFINITY;
+                continue;
+            }
+            double ref = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double x = ta ? A[k * lda + i] : A[i * lda + k], y = tb ? B[j * ldb + k] : B[k * ldb + j];
+                ref += x * y, mag += fabs(x * y);
+            }
+            ref *= alpha, mag *= fabs(alpha);
+            if (beta != 0.0f) ref += (double)beta * C0[i * ldc + j], mag += fabs((double)beta * C0[i * ldc + j]);
+            /* float rounding: at most ~K+2 roundings of eps/2 each on the magnitudes summed */
+            double bound = 6e-8 * (double)(K + 2) * mag + 1e-30;
+            double e = isfinite(got) ? fabs(got - ref) / bound : INFINITY;
+            if (e > worst) worst = e;
+        }
+    free(A), free(B), free(C), free(C0);
+    return worst;
+}
+
+static void random_cases(int b, int n) {
+    const char *name = b < 0 ? "adt_gemm" : adt_gemm_backend_str((adt_gemm_backend)b);
+    for (int c = 0; c < n; c++) {
+        /* mostly small odd sizes, some past the libraries' block sizes, some degenerate */
+        int64_t big = c % 7 == 0 ? 400 : 70;
+        int64_t M = irand(c % 11 == 0 ? 0 : 1, big), N = irand(c % 13 == 0 ? 0 : 1, big),
+                K = irand(c % 17 == 0 ? 0 : 1, c % 5 == 0 ? 600 : big);
+        int ta = (int)irand(0, 1), tb = (int)irand(0, 1);
+        float alpha = c % 3 == 0 ? 1.0f : urand(-2, 2);
+        float beta = c % 4 == 0 ? 0.0f : c % 4 == 1 ? 1.0f : urand(-2, 2);
+        int64_t pa = irand(0, 1) ? 0 : irand(1, 9), pb = irand(0, 1) ? 0 : irand(1, 9), pc = irand(0, 1) ? 0 : irand(1, 9);
+        double e = one_case(b, ta, tb, M, N, K, alpha, beta, pa, pb, pc);
+        CHECK(e <= 1.0, "%s %lldx%lldx%lld %c%c alpha %g beta %g pads %lld/%lld/%lld: %.3g x the rounding bound "
+              "(seed %llu)", name, (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N', alpha,
+              beta, (long long)pa, (long long)pb, (long long)pc, e, (unsigned long long)g_seed);
+    }
+}
+
+static void test_openblas(void) {
+    CHECK(adt_gemm_self_check(ADT_GEMM_OPENBLAS), "the self-check fails");
+    random_cases(ADT_GEMM_OPENBLAS, 120);
+}
+
+static void test_onednn(void) {
+    CHECK(adt_gemm_self_check(ADT_GEMM_ONEDNN), "the self-check fails");
+    random_cases(ADT_GEMM_ONEDNN, 120);
+}
+
+/* the entry point the kernels call, through whichever backend the layer chose */
+static void test_layer(void) { random_cases(-1, 60); }
+
+/* The reference itself must be able to catch a wrong product: a transposed flag, a wrong beta
+ * and a wrong leading dimension are each far outside the bound. */
+static void test_reference_catches(void) {
+    int64_t M = 23, N = 17, K = 31;
+    float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B),
+          *C = malloc((size_t)(M * M) * sizeof *C); /* M >= N: room for A A^T too */
+    for (int64_t i = 0; i < M * K; i++) A[i] = urand(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) B[i] = urand(-1, 1);
+    adt_gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    double ref = 0.0;
+    for (int64_t k = 0; k < K; k++) ref += (double)A[k] * B[k * N];
+    CHECK(fabs(C[0] - ref) < 1e-5, "C[0,0] = %g, the double product %g", C[0], ref);
+    /* the same call with B read as transposed differs from the reference */
+    adt_gemm(0, 1, M, M, K, 1.0f, A, K, A, K, 0.0f, C, M); /* A A^T: symmetric */
+    double asym = 0.0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < M; j++) asym = fmax(asym, fabs(C[i * M + j] - C[j * M + i]));
+    CHECK(asym < 1e-5, "A A^T is not symmetric: %g", asym);
+    free(A), free(B), free(C);
+}
+
+/* The momentum fold's premise (adt_gemm_acc_exact): where the rule says so, the beta = 1
+ * product is bitwise C + (the beta = 0 product), for the running backend. */
+static void test_acc_exact(void) {
+    int checked = 0;
+    for (int c = 0; c < 200; c++) {
+        int64_t M = irand(1, c % 4 == 0 ? 3 : 200), N = irand(1, c % 5 == 0 ? 3 : 200), K = irand(1, 300);
+        int ta = (int)irand(0, 1), tb = (int)irand(0, 1);
+        if (!adt_gemm_acc_exact(M, N, K)) continue;
+        checked++;
+        float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B);
+        float *C = malloc((size_t)(M * N) * sizeof *C), *P = malloc((size_t)(M * N) * sizeof *P),
+              *F = malloc((size_t)(M * N) * sizeof *F);
+        for (int64_t i = 0; i < M * K; i++) A[i] = urand(-1, 1);
+        for (int64_t i = 0; i < K * N; i++) B[i] = urand(-1, 1);
+        for (int64_t i = 0; i < M * N; i++) F[i] = C[i] = urand(-3, 3);
+        adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, P, N);
+        adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, F, N);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M * N; i++) bad += F[i] != C[i] + P[i];
+        CHECK(bad == 0, "%s %lldx%lldx%lld %c%c: %lld elements of C + AB differ from C + (AB) (seed %llu)",
+              adt_gemm_backend_name(), (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+              (long long)bad, (unsigned long long)g_seed);
+        free(A), free(B), free(C), free(P), free(F);
+    }
+    CHECK(checked > 50, "only %d shapes were in the rule's domain", checked);
+    CHECK(!adt_gemm_acc_exact(8, 8, 257), "past one block of the inner dimension it cannot hold");
+}
+
+/* adt_gemm_set_threads reaches the OpenMP team oneDNN sizes by, on this thread and on one that
+ * has never called OpenMP. */
+static void *thread_product(void *arg) {
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1}, c[4];
+    adt_gemm_with(ADT_GEMM_ONEDNN, 0, 0, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    *(int *)arg = omp_get_max_threads() * (c[0] == 1 && c[3] == 4);
+    return NULL;
+}
+
+static void test_threads(void) {
+    adt_gemm_set_threads(3);
+    int here = 0, there = 0;
+    thread_product(&here);
+    pthread_t t;
+    pthread_create(&t, NULL, thread_product, &there);
+    pthread_join(t, NULL);
+    CHECK(here == 3, "this thread's OpenMP team after a oneDNN product: %d, not 3", here);
+    CHECK(there == 3, "a new thread's OpenMP team after a oneDNN product: %d, not 3", there);
+    adt_gemm_set_threads(1);
+    thread_product(&here);
+    CHECK(here == 1, "after set_threads(1): %d", here);
+    random_cases(ADT_GEMM_ONEDNN, 10);
+}
+
+/* ---- cache and ADT_GEMM ------------------------------------------------------------------ */
+
+static char g_cache_home[512];
+
+static void env_set(const char *k, const char *v) {
+    if (v) setenv(k, v, 1);
+    else unsetenv(k);
+}
+
+static void test_cache(void) {
+    char *old_gemm = getenv("ADT_GEMM") ? strdup(getenv("ADT_GEMM")) : NULL;
+    env_set("ADT_GEMM", NULL);
+    env_set("XDG_CACHE_HOME", g_cache_home);
+    adt_gemm_info a, b;
+    char want[1200];
+    snprintf(want, sizeof want, "%s/adtrain/gemm-", g_cache_home);
+    char first[1024];
+    if (adt_gemm_cache_path(first, sizeof first, adt_gemm_get_info()->key) == 0) unlink(first); /* main's choice */
+    CHECK(adt_gemm_select(&a, 1) == 0, "%s", adt_error_message());
+    CHECK(!strcmp(a.cache_path, first), "cache path %s, expected %s", a.cache_path, first);
+    CHECK(!strncmp(a.cache_path, want, strlen(want)), "cache path %s not under %s", a.cache_path, want);
+    CHECK(!a.from_cache && !a.forced, "a first select measured (from_cache %d)", a.from_cache);
+    CHECK(a.check_ok[0] && a.check_ok[1], "checks %d %d", a.check_ok[0], a.check_ok[1]);
+    for (int k = 0; k < ADT_GEMM_N_BACKENDS; k++)
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) CHECK(a.rate[k][i] > 0, "rate[%d][%d] = %g", k, i, a.rate[k][i]);
+    struct stat st;
+    CHECK(stat(a.cache_path, &st) == 0 && st.st_size > 0, "no cache file at %s", a.cache_path);
+
+    /* read back: the same decision and rates, no measuring */
+    CHECK(adt_gemm_select(&b, 1) == 0, "%s", adt_error_message());
+    CHECK(b.from_cache, "the second select did not use the cache");
+    CHECK(b.backend == a.backend, "cached choice %d, measured %d", b.backend, a.backend);
+    for (int k = 0; k < ADT_GEMM_N_BACKENDS; k++)
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+            CHECK(fabs(b.rate[k][i] - a.rate[k][i]) <= 1e-12 * a.rate[k][i], "rate[%d][%d] read back as %.17g, written %.17g", k, i, b.rate[k][i],
+                  a.rate[k][i]);
+
+    /* corrupt files: each ignored (measured again, no error) and rewritten valid */
+    const char *bad[] = {
+        "",
+        "{",
+        "not json at all",
+        "[1, 2, 3]",
+        "{\"key\": \"another machine\", \"check\": {\"openblas\": true, \"onednn\": true}, "
+        "\"gflops\": {\"openblas\": [1,1,1,1], \"onednn\": [1,1,1,1]}}",
+        NULL, /* right key, a negative rate */
+        NULL, /* right key, a rate missing */
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        char text[2048];
+        if (c == 5 || c == 6) {
+            snprintf(text, sizeof text,
+                     "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true}, "
+                     "\"gflops\": {\"openblas\": [1,1,1,%s], \"onednn\": [1,1,1,1]}}",
+                     a.key, c == 5 ? "-4" : "");
+            if (c == 6) { /* drop the trailing comma left by the empty rate */
+                char *p = strstr(text, "1,1,1,]");
+                if (p) memmove(p + 5, p + 6, strlen(p + 6) + 1);
+            }
+        } else {
+            snprintf(text, sizeof text, "%s", bad[c]);
+        }
+        CHECK(check_write_file(a.cache_path, text, strlen(text)) == 0, "cannot write %s", a.cache_path);
+        adt_gemm_info r;
+        CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) < 0, "corrupt file %zu read as valid", c);
+        CHECK(adt_gemm_select(&b, 1) == 0, "corrupt file %zu: %s", c, adt_error_message());
+        CHECK(!b.from_cache, "corrupt file %zu was used", c);
+        CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) == 0, "corrupt file %zu not rewritten: %s", c,
+              adt_error_message());
+    }
+    /* a hand-made valid file decides: oneDNN failing its check means OpenBLAS, whatever the rates */
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": false}, "
+             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [0,0,0,0]}}", a.key);
+    check_write_file(a.cache_path, text, strlen(text));
+    CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_OPENBLAS, "from_cache %d backend %d",
+          b.from_cache, b.backend);
+    snprintf(text, sizeof text,
+             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true}, "
+             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [20,20,20,20]}}", a.key);
+    check_write_file(a.cache_path, text, strlen(text));
+    CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_ONEDNN, "from_cache %d backend %d",
+          b.from_cache, b.backend);
+
+    /* an unwritable cache directory is not fatal */
+    char blocked[600];
+    snprintf(blocked, sizeof blocked, "%s/blocked", g_cache_home);
+    check_write_file(blocked, "x", 1); /* a file where the directory should be */
+    env_set("XDG_CACHE_HOME", blocked);
+    CHECK(adt_gemm_select(&b, 1) == 0 && !b.from_cache, "unwritable cache: %s", adt_error_message());
+    unlink(blocked);
+    /* a relative XDG_CACHE_HOME is not a cache directory (XDG): $HOME's .cache is used */
+    env_set("XDG_CACHE_HOME", "relative/dir");
+    char path[1024], home_want[600];
+    snprintf(home_want, sizeof home_want, "%s/.cache/adtrain/", getenv("HOME") ? getenv("HOME") : "");
+    if (getenv("HOME") && getenv("HOME")[0] == '/')
+        CHECK(adt_gemm_cache_path(path, sizeof path, "k") == 0 && !strncmp(path, home_want, strlen(home_want)),
+              "relative XDG_CACHE_HOME gave %s", path);
+    env_set("XDG_CACHE_HOME", g_cache_home);
+    env_set("ADT_GEMM", old_gemm);
+    free(old_gemm);
+}
+
+static void test_env(void) {
+    char *old_gemm = getenv("ADT_GEMM") ? strdup(getenv("ADT_GEMM")) : NULL;
+    adt_gemm_info a;
+    env_set("ADT_GEMM", "onednn");
+    CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_ONEDNN, "forced onednn: %d %d", a.forced,
+          a.backend);
+    env_set("ADT_GEMM", "openblas");
+    CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_OPENBLAS, "forced openblas: %d %d",
+          a.forced, a.backend);
+    env_set("ADT_GEMM", "auto");
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "auto is not forcing");
+    env_set("ADT_GEMM", "");
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "empty is auto");
+    const char *bad[] = {"mkl", "OneDNN", "openblas ", "1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        env_set("ADT_GEMM", bad[i]);
+        int forced = 5;
+        CHECK(adt_gemm_env(&forced) == ADT_ERR_ARG, "ADT_GEMM=%s accepted", bad[i]);
+        CHECK(adt_gemm_select(&a, 1) == ADT_ERR_ARG, "ADT_GEMM=%s accepted by select", bad[i]);
+        const char *m = adt_error_message();
+        CHECK(strstr(m, "ADT_GEMM") && strstr(m, "openblas") && strstr(m, "onednn") && strstr(m, "auto"),
+              "message: %s", m);
+    }
+    env_set("ADT_GEMM", old_gemm);
+    free(old_gemm);
+}
+
+/* The CLI refuses a bad ADT_GEMM for any command, and --version names the backend it runs. */
+static void test_cli(void) {
+    char out[4096];
+    char *old_gemm = getenv("ADT_GEMM") ? strdup(getenv("ADT_GEMM")) : NULL;
+    env_set("ADT_GEMM", "cublas");
+    int rc = run_adtrain("--version", out, sizeof out);
+    CHECK(rc == 2, "exit %d for ADT_GEMM=cublas: %s", rc, out);
+    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn or auto"), "%s", out);
+    rc = run_adtrain("status --help", out, sizeof out);
+    CHECK(rc == 2 && contains(out, "ADT_GEMM"), "status with a bad ADT_GEMM: exit %d: %s", rc, out);
+    const char *names[] = {"openblas", "onednn"};
+    for (int b = 0; b < 2; b++) {
+        env_set("ADT_GEMM", names[b]);
+        rc = run_adtrain("--version", out, sizeof out);
+        char want[64];
+        snprintf(want, sizeof want, "gemm %s: ", names[b]);
+        CHECK(rc == 0 && contains(out, want) && contains(out, "(ADT_GEMM)"), "exit %d: %s", rc, out);
+    }
+    env_set("ADT_GEMM", "auto");
+    rc = run_adtrain("--version", out, sizeof out);
+    CHECK(rc == 0 && contains(out, "chosen by the"), "exit %d: %s", rc, out);
+    env_set("ADT_GEMM", old_gemm);
+    free(old_gemm);
+}
+
+int main(void) {
+    const char *s = getenv("ADT_TEST_SEED");
+    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    g_state = g_seed;
+    cli_find_binary();
+    if (check_tmpdir_make("gemm")) return 1;
+    snprintf(g_cache_home, sizeof g_cache_home, "%s", check_tmpdir());
+    /* a private cache, for the layer's own choice and the CLI runs below too */
+    setenv("XDG_CACHE_HOME", g_cache_home, 1);
+    fprintf(stderr, "test_gemm: seed %llu (ADT_TEST_SEED), backend %s\n", (unsigned long long)g_seed,
+            adt_gemm_backend_name());
+    RUN(test_openblas);
+    RUN(test_onednn);
+    RUN(test_layer);
+    RUN(test_reference_catches);
+    RUN(test_acc_exact);
+    RUN(test_threads);
+    RUN(test_cache);
+    RUN(test_env);
+    RUN(test_cli);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache_home);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", g_cache_home);
+    return check_finish();
+}
