@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "adtrain/base.h"
 #include "adtrain/gemm.h"
@@ -225,9 +226,18 @@ static int cmp_double(const void *a, const void *b) {
 
 #define PROBE_ROUNDS 3
 
-/* Median GFLOP/s per backend and shape over PROBE_ROUNDS interleaved rounds (the machine may be
- * shared: interleaving spreads a burst of load over every backend alike), at one thread, the
- * per-rank setting of data-parallel training. */
+/* This thread's CPU time. At one thread both libraries compute on the calling thread, so its CPU
+ * time is the product's own, whatever else the machine runs: on a shared machine wall time also
+ * counts other processes' time slices, and one burst could then decide (and be cached). */
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Median GFLOP/s per backend and shape over PROBE_ROUNDS interleaved rounds (interleaving spreads
+ * what the machine's other work does to caches over every backend alike), at one thread, the
+ * per-rank setting of data-parallel training, in thread CPU time. */
 static void probe(adt_gemm_info *info) {
     size_t big = 1024 * 1024;
     float *A = adt_malloc(big * sizeof *A), *B = adt_malloc(big * sizeof *B), *C = adt_malloc(big * sizeof *C);
@@ -244,10 +254,10 @@ static void probe(adt_gemm_info *info) {
             for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
                 if (!info->check_ok[b]) continue;
                 const adt_gemm_shape *p = &probe_shapes[i];
-                double t0 = adt_now_s();
+                double t0 = thread_cpu_s();
                 adt_gemm_with((adt_gemm_backend)b, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->ta ? p->M : p->K, B,
                               p->tb ? p->K : p->N, 0.0f, C, p->N);
-                if (r >= 0) t[b][i][r] = adt_now_s() - t0;
+                if (r >= 0) t[b][i][r] = thread_cpu_s() - t0;
             }
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
         for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
