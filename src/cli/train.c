@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "adtrain/base.h"
+#include "adtrain/gemm.h"
 #include "train.h"
 
 /* The executor allocates everything up front and aborts when memory runs out; a model or batch
@@ -94,8 +95,10 @@ static void print_banner(const trainer *t) {
     else
         fprintf(stderr, "optim  sgd lr %g, momentum %g, weight decay %g", t->o.lr, t->o.momentum, t->o.weight_decay);
     fprintf(stderr, "; warmup %ld, %s\n", t->o.warmup, t->o.cosine ? "cosine to 10% of lr" : "constant");
-    fprintf(stderr, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d; %.3g GFLOP/step; eval %s\n",
+    fprintf(stderr, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d, gemm %s (%s); %.3g GFLOP/step; "
+            "eval %s\n",
             t->o.steps, t->o.batch, t->o.shuffle ? "on" : "off", (unsigned long long)t->o.seed, t->o.threads,
+            adt_gemm_backend_name(), adt_gemm_backend_version(adt_gemm_get_info()->backend),
             adt_graph_flops(t->g) * 1e-9, t->o.eval_every > 0 ? "on" : "off");
     if (t->bal) train_balance_banner(t);
     else if (t->world) {

@@ -294,25 +294,31 @@ static adt_gemm_backend fastest(const adt_gemm_info *info) {
 
 /* ---- the cache ------------------------------------------------------------------------------ */
 
+/* The first processor's model name and its family / model / stepping numbers (a virtual machine
+ * may show only "AMD EPYC"), both libraries' versions and kernel families, OPENBLAS_CORETYPE. */
 static void machine_key(char *buf, size_t n) {
-    char cpu[256] = "unknown CPU";
+    static const char *const fields[] = {"model name", "cpu family", "model", "stepping"};
+    char val[4][128] = {"unknown CPU", "?", "?", "?"};
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
         char line[512];
-        while (fgets(line, sizeof line, f)) {
+        while (fgets(line, sizeof line, f) && line[0] != '\n') { /* the first processor's block */
             char *c = strchr(line, ':');
-            if (!strncmp(line, "model name", 10) && c) {
-                for (c++; *c == ' ' || *c == '\t'; c++) {}
-                snprintf(cpu, sizeof cpu, "%s", c);
-                cpu[strcspn(cpu, "\n")] = 0;
-                break;
-            }
+            if (!c) continue;
+            size_t klen = strcspn(line, "\t:");
+            for (int k = 0; k < 4; k++)
+                if (klen == strlen(fields[k]) && !strncmp(line, fields[k], klen)) {
+                    for (c++; *c == ' ' || *c == '\t'; c++) {}
+                    snprintf(val[k], sizeof val[k], "%s", c);
+                    val[k][strcspn(val[k], "\n")] = 0;
+                }
         }
         fclose(f);
     }
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    snprintf(buf, n, "%s | %s | %s | OPENBLAS_CORETYPE=%s", cpu, adt_gemm_backend_version(ADT_GEMM_OPENBLAS),
-             adt_gemm_backend_version(ADT_GEMM_ONEDNN), ct ? ct : "(unset)");
+    snprintf(buf, n, "%s (family %s model %s stepping %s) | %s | %s | OPENBLAS_CORETYPE=%s", val[0], val[1], val[2],
+             val[3], adt_gemm_backend_version(ADT_GEMM_OPENBLAS), adt_gemm_backend_version(ADT_GEMM_ONEDNN),
+             ct ? ct : "(unset)");
 }
 
 int adt_gemm_cache_path(char *buf, size_t n, const char *key) {
