@@ -17,6 +17,8 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-9}
 THREADS=${THREADS:-1}
 MODEL=${MODEL:-all}
+# counted before OMP_NUM_THREADS is set: nproc honours it
+NCPU=$(nproc 2>/dev/null || echo '?')
 # both libraries' pools at the thread count under test before either starts one
 export OPENBLAS_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS
 ${MAKE:-make} --no-print-directory build/bench/bench_gemm >&2
@@ -24,7 +26,7 @@ mkdir -p bench/results
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=bench/results/gemm-$STAMP.jsonl
 printf '{"meta": {"date": "%s", "cpus": "%s", "cpu_model": "%s", "loadavg_at_start": "%s", "rounds": %s, "threads": %s}}\n' \
-    "$STAMP" "$(nproc)" "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)" "$(cut -d ' ' -f 1-3 /proc/loadavg)" \
+    "$STAMP" "$NCPU" "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)" "$(cut -d ' ' -f 1-3 /proc/loadavg)" \
     "$ROUNDS" "$THREADS" > "$OUT"
 build/bench/bench_gemm --model "$MODEL" --threads "$THREADS" --rounds "$ROUNDS" >> "$OUT" 2> "$OUT.table"
 cat "$OUT.table"

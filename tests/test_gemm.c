@@ -107,6 +107,9 @@ static void test_openblas(void) {
 static void test_onednn(void) {
     CHECK(adt_gemm_self_check(ADT_GEMM_ONEDNN), "the self-check fails");
     random_cases(ADT_GEMM_ONEDNN, 120);
+    /* a leading dimension shorter than a row is refused, not read past */
+    float a[16] = {0}, b[16] = {0}, c[16] = {0};
+    CHECK(adt_gemm_with(ADT_GEMM_ONEDNN, 0, 0, 4, 4, 4, 1.0f, a, 2, b, 4, 0.0f, c, 4) == -1, "lda 2 < K 4 accepted");
 }
 
 /* the entry point the kernels call, through whichever backend the layer chose */

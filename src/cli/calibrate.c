@@ -67,7 +67,7 @@ static void cal_usage(FILE *f) {
                "what they cost inside a data-parallel step (mpiexec must be on PATH).\n"
                "  -o FILE       write the cluster there (default: print it)\n"
                "  --ranks N     devices (ranks) on this node, 1 to 64 (default 1)\n"
-               "  --threads T   OpenBLAS threads per rank (default 1)\n"
+               "  --threads T   GEMM threads per rank (default 1)\n"
                "  --model CFG[:B]  also time this model's ops (repeatable, up to 8) at global batch B\n"
                "                (default --batch), half and a quarter of it: the op factors then fit its\n"
                "                shapes on 1, 2 and 4 data-parallel ranks\n"

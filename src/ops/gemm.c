@@ -114,11 +114,16 @@ void adt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, cons
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     pthread_once(&g_once, init_once);
     if (degenerate(M, N, K, beta, C, ldc)) return;
-    if (g_info.backend == ADT_GEMM_ONEDNN &&
-        run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0)
-        return;
-    /* OpenBLAS, or a product oneDNN refused (it checks its arguments; OpenBLAS's xerbla would
-     * print the same fault and return) */
+    if (g_info.backend == ADT_GEMM_ONEDNN) {
+        if (run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0) return;
+        /* oneDNN checks its arguments and refuses bad ones (a caller's bug); OpenBLAS's xerbla
+         * then names the fault, and the product still comes out where OpenBLAS can make it */
+        static atomic_int warned;
+        if (!atomic_exchange(&warned, 1))
+            adt_log(ADT_LOG_WARN, "gemm: oneDNN refused a %lldx%lldx%lld %c%c product (lda %lld, ldb %lld, ldc %lld); "
+                    "running OpenBLAS for it", (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N',
+                    tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
+    }
     run_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
