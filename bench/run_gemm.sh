@@ -21,13 +21,18 @@ MODEL=${MODEL:-all}
 NCPU=$(nproc 2>/dev/null || echo '?')
 # both libraries' pools at the thread count under test before either starts one
 export OPENBLAS_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS
+# Above one thread the two pools take turns in one process: libgomp's workers spin after each
+# oneDNN product (OMP_WAIT_POLICY=active, its default) and starve OpenBLAS's next calls, and the
+# reverse, which a training run (one backend) never sees. MLP at 2 threads on 2 loaded cores:
+# 18 / 14 GFLOP/s (OpenBLAS / oneDNN) spinning, 83 / 94 passive. So passive, unless set.
+if [ "$THREADS" -gt 1 ]; then export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; fi
 ${MAKE:-make} --no-print-directory build/bench/bench_gemm >&2
 mkdir -p bench/results
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=bench/results/gemm-$STAMP.jsonl
-printf '{"meta": {"date": "%s", "cpus": "%s", "cpu_model": "%s", "loadavg_at_start": "%s", "rounds": %s, "threads": %s}}\n' \
+printf '{"meta": {"date": "%s", "cpus": "%s", "cpu_model": "%s", "loadavg_at_start": "%s", "rounds": %s, "threads": %s, "omp_wait_policy": "%s"}}\n' \
     "$STAMP" "$NCPU" "$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n 1)" "$(cut -d ' ' -f 1-3 /proc/loadavg)" \
-    "$ROUNDS" "$THREADS" > "$OUT"
+    "$ROUNDS" "$THREADS" "${OMP_WAIT_POLICY:-}" > "$OUT"
 build/bench/bench_gemm --model "$MODEL" --threads "$THREADS" --rounds "$ROUNDS" >> "$OUT" 2> "$OUT.table"
 cat "$OUT.table"
 rm -f "$OUT.table"

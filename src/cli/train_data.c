@@ -36,6 +36,7 @@ static int open_source(trainer *t, train_source *s, const char *flag, const char
         return train_fail(EXIT_USAGE, "--model %s: %d embedding tables; the data loaders take at most %d",
                           t->model_label, t->model.dlrm.n_tables, ADT_DATA_MAX_TABLES);
     if (adt_dataset_open(&s->ds, spec, &shape, vocab, is_val)) return train_fail(EXIT_USAGE, "%s: %s", flag, adt_error_message());
+    s->owns = 1; /* from here on freed with the trainer, refused or not */
     adt_data_layout want = cli_data_layout(&t->model);
     if (adt_dataset_layout(s->ds) != want)
         return train_fail(EXIT_USAGE, "%s %s holds %s, but --model %s (%s) trains on %s", flag, spec,
@@ -45,7 +46,6 @@ static int open_source(trainer *t, train_source *s, const char *flag, const char
     if (s->count < 1)
         return train_fail(EXIT_USAGE, "%s %s: no complete sample%s", flag, spec,
                           want == ADT_DATA_SEQ ? " (the text is shorter than n_ctx + 1 tokens)" : "");
-    s->owns = 1;
     return 0;
 }
 
