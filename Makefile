@@ -1,6 +1,6 @@
 # adtrain build. `make` builds build/adtrain and build/libadtrain.a; `make test` runs the suite.
 #   SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer build in build/san
-#   NATIVE=0     no -march=native (portable binary)
+#   NATIVE=0     no -march=native (portable binary; `make test-portable` tests its kernels)
 #   FUZZ=1       libFuzzer targets with clang (make fuzz)
 SANITIZE ?= 0
 NATIVE ?= 1
@@ -137,12 +137,21 @@ fuzz-smoke: $(FUZZ_BIN)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
-# CI: the suite in the optimised build and again under ASan+UBSan, each fuzz target briefly, then
-# one closing line for both suites.
+# The kernels' portable loops, what a CPU without AVX-512 (or a NATIVE=0 build) runs: the kernel
+# tests built without -march=native into build/portable, against the same references.
+PORTABLE_TESTS := $(addprefix build/portable/tests/,test_kernels_nn test_kernels_cv)
+.PHONY: test-portable
+test-portable:
+	$(MAKE) NATIVE=0 BUILD=build/portable $(PORTABLE_TESTS)
+	@BUILD=build/portable sh tests/run.sh $(PORTABLE_TESTS)
+
+# CI: the suite in the optimised build and again under ASan+UBSan, the kernels' portable path,
+# each fuzz target briefly, then one closing line for the suites.
 .PHONY: test-all
 test-all:
 	$(MAKE) tests
 	$(MAKE) tests SANITIZE=1
+	$(MAKE) NATIVE=0 BUILD=build/portable $(PORTABLE_TESTS)
 	$(MAKE) fuzz-smoke
 	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%) $(call GEMM_RUNS,build) \
-	    $(call GEMM_RUNS,build/san)
+	    $(call GEMM_RUNS,build/san) $(PORTABLE_TESTS)

@@ -2,18 +2,22 @@
  * bench_core.c - the core engine's training-step benchmark, the adtrain side of
  * bench/torch_peer.py.
  *
- *   build/bench/bench_core --model gpt-s|mlp|all --threads 1 --warmup 3 --steps 20
+ *   build/bench/bench_core --model gpt-s|mlp|vgg|dlrm|all --threads 1 --warmup 3 --steps 20
  *                          [--gemm-reps 9] [--seed 0] [--profile]
  *   build/bench/bench_core --blas-core
  *
- * Builds the same two models as the PyTorch peer (same sizes, batch, initialisation scheme,
- * optimizer and hyperparameters), feeds one batch of random data drawn once, and times whole
+ * Builds the same models as the PyTorch peer (same sizes, batch, initialisation scheme,
+ * optimizer and hyperparameters; vgg and dlrm are configs/vgg-mnist.json and
+ * configs/dlrm-small.json at batch 64 and 256 with SGD, momentum 0.9, lr 0.01, as the peer), feeds
+ * one batch of random data drawn once, and times whole
  * training steps: adt_exec_set_lr_step followed by adt_exec_run (forward, loss, backward and
  * the optimizer update). Prints one JSON line per model on stdout with the peer's fields
  * (framework "adtrain"), plus: blas_config and blas_core (the kernel family OpenBLAS runs),
  * sgemm_gflops, gemm_floor_ms and step_over_floor (below), cpu_ms_median (process
  * CPU time per step: next to the wall time it shows how much of a step went to other
- * processes on a shared machine), and the loss after the first and the last step.
+ * processes on a shared machine), the loss after the first and the last step, and max_rss_mib,
+ * the process's peak resident set so far (getrusage; with --model all, of every model run up to
+ * that line, so measure one model per process to compare it with the peer's).
  *
  * In the same process it then replays every GEMM the step performs - each matmul node's exact
  * M, N, K and transposes, and the per-(batch, head) products of the fused attention ops at the
@@ -59,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "adtrain/adtrain.h"
@@ -78,7 +83,7 @@ static adt_comm *g_world;
 static int g_rank, g_nranks = 1;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: bench_core [--model gpt-s|mlp|all] [--threads N] [--warmup N] [--steps N]\n"
+    fprintf(f, "usage: bench_core [--model gpt-s|mlp|vgg|dlrm|all] [--threads N] [--warmup N] [--steps N]\n"
                "                  [--gemm-reps N] [--seed N] [--profile] [--no-overlap]\n"
                "       mpiexec -n N bench_core ... [--strategy dp|zero]   (data parallel over N ranks)\n"
                "       bench_core --blas-core   (print the OpenBLAS kernel family in use)\n"
@@ -125,8 +130,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         const char *v = argv[++i];
         int rc = 0, seed = 0;
         if (!strcmp(a, "--model")) {
-            if (strcmp(v, "gpt-s") && strcmp(v, "mlp") && strcmp(v, "all")) {
-                fprintf(stderr, "bench_core: --model expects gpt-s, mlp or all, got '%s'\n", v);
+            if (strcmp(v, "gpt-s") && strcmp(v, "mlp") && strcmp(v, "vgg") && strcmp(v, "dlrm") &&
+                strcmp(v, "all")) {
+                fprintf(stderr, "bench_core: --model expects gpt-s, mlp, vgg, dlrm or all, got '%s'\n", v);
                 return -1;
             }
             o->model = v;
@@ -199,13 +205,35 @@ static void feed_data(const adt_graph *g, const adt_model_io *io, uint64_t seed,
                 y[b * GPT_T + t] = (int32_t)(adt_rng_u32(key, i + 1) % GPT_V);
             }
     } else {
+        /* Normal inputs; class labels below the logits' width (mlp, vgg), or 0/1 as floats for
+         * the DLRM's single logit. */
         uint64_t kx = adt_rng_key(seed, "bench.mlp.x"), ky = adt_rng_key(seed, "bench.mlp.y");
         float *x = xp;
-        int32_t *y = yp;
         int64_t nx = adt_value_numel(g, io->input), ny = adt_value_numel(g, io->label);
         for (int64_t i = 0; i < nx; i++) x[i] = adt_rng_normal(kx, (uint64_t)i);
-        for (int64_t i = 0; i < ny; i++) y[i] = (int32_t)(adt_rng_u32(ky, (uint64_t)i) % (uint32_t)mlp_sizes[MLP_N - 1]);
+        const adt_shape *ls = &g->values[io->logits].shape;
+        uint32_t classes = ls->ndim == 2 ? (uint32_t)ls->dim[1] : 2;
+        for (int64_t i = 0; i < ny; i++) {
+            uint32_t c = adt_rng_u32(ky, (uint64_t)i) % classes;
+            if (g->values[io->label].dtype == ADT_F32) ((float *)yp)[i] = (float)c;
+            else ((int32_t *)yp)[i] = (int32_t)c;
+        }
     }
+}
+
+/* The DLRM's categorical ids: column t a row of table t. */
+static void feed_ids(const adt_graph *g, const adt_model_io *io, const adt_model_cfg *cfg, uint64_t seed, int32_t *ids) {
+    uint64_t k = adt_rng_key(seed, "bench.dlrm.ids");
+    int64_t B = g->values[io->input2].shape.dim[0], T = cfg->dlrm.n_tables;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            ids[b * T + t] = (int32_t)(adt_rng_u32(k, (uint64_t)(b * T + t)) % (uint32_t)cfg->dlrm.table_rows[t]);
+}
+
+/* Peak resident set of this process so far, MiB (ru_maxrss is in KiB on Linux). */
+static double max_rss_mib(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? NAN : (double)ru.ru_maxrss / 1024.0;
 }
 
 /* ---- the step's GEMMs --------------------------------------------------------------------- */
@@ -216,8 +244,9 @@ static void fill_small(float *p, int64_t n, uint64_t key) {
 }
 
 /* Replays the list `reps` times (after one untimed pass that warms caches and OpenBLAS's
- * buffers) and returns the median rate in GFLOP/s; each shape's median time lands in med_s. */
-static double replay_gemms(gemm_list *l, int reps) {
+ * buffers) and returns the median rate in GFLOP/s; each shape's median time lands in med_s.
+ * *cpu_rate gets the same rate by process CPU time, which other processes' load disturbs less. */
+static double replay_gemms(gemm_list *l, int reps, double *cpu_rate) {
     int64_t ma = 1, mb = 1, mc = 1;
     for (int i = 0; i < l->n; i++) {
         const gemm_shape *s = &l->s[i];
@@ -231,10 +260,11 @@ static double replay_gemms(gemm_list *l, int reps) {
     fill_small(A, ma, 1);
     fill_small(B, mb, 2);
     double *per = calloc((size_t)(l->n * reps), sizeof *per); /* [shape][rep] seconds */
-    double *total = calloc((size_t)reps, sizeof *total);
+    double *total = calloc((size_t)reps, sizeof *total), *total_cpu = calloc((size_t)reps, sizeof *total_cpu);
     double flops = 0;
-    if (!per || !total) abort();
+    if (!per || !total || !total_cpu) abort();
     for (int r = -1; r < reps; r++) {
+        double c0 = cpu_now_s();
         for (int i = 0; i < l->n; i++) {
             const gemm_shape *s = &l->s[i];
             double t0 = adt_now_s();
@@ -247,6 +277,7 @@ static double replay_gemms(gemm_list *l, int reps) {
                 total[r] += dt;
             }
         }
+        if (r >= 0) total_cpu[r] = cpu_now_s() - c0;
     }
     for (int i = 0; i < l->n; i++) {
         gemm_shape *s = &l->s[i];
@@ -254,8 +285,10 @@ static double replay_gemms(gemm_list *l, int reps) {
         flops += 2.0 * (double)(s->count * s->M * s->N * s->K);
     }
     double rate = flops / median_of(total, reps) / 1e9;
+    *cpu_rate = flops / median_of(total_cpu, reps) / 1e9;
     free(per);
     free(total);
+    free(total_cpu);
     adt_free_aligned(A);
     adt_free_aligned(B);
     adt_free_aligned(Cm);
@@ -374,6 +407,7 @@ static int bench_model(const char *name, const opts *o) {
     }
     adt_exec_init_params(ex);
     feed_data(g, &io, o->seed, adt_exec_data(ex, io.input), adt_exec_data(ex, io.label));
+    if (cfg.type == ADT_MODEL_DLRM) feed_ids(g, &io, &cfg, o->seed, adt_exec_data(ex, io.input2));
 
     times = calloc((size_t)o->steps, sizeof *times);
     cpu = calloc((size_t)o->steps, sizeof *cpu);
@@ -416,16 +450,18 @@ static int bench_model(const char *name, const opts *o) {
     /* The FLOP count the step is judged by, checked against an independent tally (the GEMMs
      * collected from the nodes) and against the peer's closed form. */
     double mm_flops = adt_graph_matmul_flops(g);
-    double replay_flops = collect_gemms(g, &gl);
+    /* vgg and dlrm: convolutions and the interaction are not replayed, so there is no floor */
+    int reps = spec.peer_flops >= 0 ? o->gemm_reps : 0;
+    double replay_flops = reps ? collect_gemms(g, &gl) : mm_flops;
     if (fabs(replay_flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_core: %s: note: replayed GEMMs hold %.0f FLOPs, adt_graph_matmul_flops %.0f\n", name,
                 replay_flops, mm_flops);
-    if (fabs(spec.peer_flops - mm_flops) > 1e-9 * mm_flops)
+    if (spec.peer_flops >= 0 && fabs(spec.peer_flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_core: %s: note: matmul FLOPs %.0f differ from the peer's formula %.0f\n", name,
                 mm_flops, spec.peer_flops);
     adt_gemm_set_threads(o->threads);
-    double gflops = o->gemm_reps ? replay_gemms(&gl, o->gemm_reps) : NAN;
-    double floor_ms = mm_flops / (gflops * 1e9) * 1e3;
+    double cpu_gflops = NAN, gflops = reps ? replay_gemms(&gl, reps, &cpu_gflops) : NAN;
+    double floor_ms = mm_flops / (gflops * 1e9) * 1e3, floor_cpu_ms = mm_flops / (cpu_gflops * 1e9) * 1e3;
 
     if (o->profile) {
         const double *s = adt_exec_node_seconds(ex);
@@ -456,16 +492,21 @@ static int bench_model(const char *name, const opts *o) {
     cJSON_AddStringToObject(j, "blas_config", openblas_get_config());
     cJSON_AddStringToObject(j, "blas_core", adt_blas_core_name());
     cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
-    if (o->gemm_reps) {
+    if (reps) {
         cJSON_AddNumberToObject(j, "sgemm_gflops", round4(gflops));
-        cJSON_AddNumberToObject(j, "sgemm_reps", o->gemm_reps);
+        cJSON_AddNumberToObject(j, "sgemm_reps", reps);
         cJSON_AddNumberToObject(j, "gemm_floor_ms", round4(floor_ms));
         cJSON_AddNumberToObject(j, "step_over_floor", round4(med / floor_ms));
+        /* the same by CPU time: the step's CPU time over the replay's */
+        cJSON_AddNumberToObject(j, "sgemm_gflops_cpu", round4(cpu_gflops));
+        cJSON_AddNumberToObject(j, "gemm_floor_cpu_ms", round4(floor_cpu_ms));
+        cJSON_AddNumberToObject(j, "step_cpu_over_floor", round4(cpu_med / floor_cpu_ms));
     }
     cJSON_AddNumberToObject(j, "cpu_ms_median", round4(cpu_med));
     cJSON_AddNumberToObject(j, "loss_first", loss_first);
     cJSON_AddNumberToObject(j, "loss_last", loss_last);
     cJSON_AddBoolToObject(j, "profiled", o->profile);
+    cJSON_AddNumberToObject(j, "max_rss_mib", round(max_rss_mib() * 10) / 10);
     char *txt = cJSON_PrintUnformatted(j);
     if (txt) {
         printf("%s\n", txt);
@@ -502,6 +543,11 @@ static int bench_model_dp(const char *name, const opts *o) {
     void *x = NULL, *y = NULL;
     double *times = NULL, *wait = NULL, *flight = NULL, *start = NULL, *poll = NULL, *cpu = NULL;
     int rc = -1, ranks[64];
+    if (g_nranks > 64 || !strcmp(name, "vgg") || !strcmp(name, "dlrm")) {
+        fprintf(stderr, "bench_core: data-parallel mode measures gpt-s and mlp on at most 64 ranks, not %s on %d\n",
+                name, g_nranks);
+        goto out;
+    }
     if (build_model(g, name, g_nranks, &spec, &io, &cfg)) goto out;
     adt_expert_opts xo = {.strategy = o->strategy, .devices = g_nranks, .batch = spec.batch * g_nranks};
     if (adt_expert_plan(g, &cfg, &xo, &xp)) {
@@ -597,6 +643,10 @@ static int bench_model_dp(const char *name, const opts *o) {
     int64_t ops;
     double bytes;
     adt_mesh_comm_counts(mc, &ops, &bytes);
+    /* every rank's peak resident set (each fills its own slot of a summed vector) */
+    double rss[64] = {0};
+    rss[g_rank] = max_rss_mib();
+    adt_comm_allreduce_f64(g_world, rss, g_nranks);
     if (g_rank == 0) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model", name);
@@ -627,6 +677,13 @@ static int bench_model_dp(const char *name, const opts *o) {
         cJSON_AddStringToObject(j, "optimizer", spec.optimizer);
         cJSON_AddNumberToObject(j, "loss_first", loss_first);
         cJSON_AddNumberToObject(j, "loss_last", loss_last);
+        double rss_max = 0;
+        cJSON *ra = cJSON_AddArrayToObject(j, "rank_max_rss_mib");
+        for (int r = 0; r < g_nranks; r++) {
+            cJSON_AddItemToArray(ra, cJSON_CreateNumber(round(rss[r] * 10) / 10));
+            rss_max = rss[r] > rss_max ? rss[r] : rss_max;
+        }
+        cJSON_AddNumberToObject(j, "max_rss_mib", round(rss_max * 10) / 10);
         char *txt = cJSON_PrintUnformatted(j);
         if (txt) printf("%s\n", txt);
         fflush(stdout);
@@ -665,10 +722,10 @@ int main(int argc, char **argv) {
         g_rank = adt_comm_rank(g_world);
         g_nranks = adt_comm_size(g_world);
     }
-    const char *all[] = {"gpt-s", "mlp"};
-    int first = 0, last = 1, rc = 0;
-    if (!strcmp(o.model, "gpt-s")) last = 0;
-    else if (!strcmp(o.model, "mlp")) first = 1;
+    const char *all[] = {"gpt-s", "mlp", "vgg", "dlrm"};
+    int first = 0, last = 3, rc = 0;
+    for (int m = 0; m <= 3; m++)
+        if (!strcmp(o.model, all[m])) first = last = m;
     for (int m = first; m <= last && !rc; m++)
         rc = g_nranks > 1 ? bench_model_dp(all[m], &o) : bench_model(all[m], &o);
     if (rc && g_world) adt_comm_abort(g_world, 1);

@@ -1,5 +1,6 @@
 /*
- * bench_models.h - the benchmark models (GPT-S and the MLP, as bench/torch_peer.py defines them)
+ * bench_models.h - the benchmark models (GPT-S, the MLP, the VGG and the DLRM, as
+ * bench/torch_peer.py defines them)
  * and the list of GEMM shapes one training step of a graph performs: shared by bench_core.c
  * (the step, and its GEMM floor) and bench_gemm.c (the GEMM backends on those shapes).
  */
@@ -25,6 +26,7 @@ typedef struct model_spec {
 enum { GPT_V = 65, GPT_T = 128, GPT_L = 4, GPT_C = 256, GPT_H = 4, GPT_B = 8 };
 static const int mlp_sizes[] = {784, 1024, 1024, 10};
 enum { MLP_B = 128, MLP_N = (int)(sizeof mlp_sizes / sizeof mlp_sizes[0]) };
+enum { VGG_B = 64, DLRM_B = 256 }; /* torch_peer.py VGG_BATCH, DLRM_BATCH */
 
 /* torch_peer.py gpt_matmul_flops: 3 * (L * (24 N C^2 + 4 B T^2 C) + 2 N C V), N = B T. */
 static inline double peer_gpt_flops(void) {
@@ -54,11 +56,22 @@ static inline int build_model(adt_graph *g, const char *name, int ranks, model_s
         /* torch.optim.AdamW(model.parameters(), ...) is one group: every parameter decays. */
         oc = adt_optim_adamw(0.9f, 0.95f, 1e-8f, 0.1f);
         oc.decay_1d = 1;
-    } else {
+    } else if (!strcmp(name, "mlp")) {
         cfg->type = ADT_MODEL_MLP;
         cfg->mlp = (adt_mlp_cfg){.n_sizes = MLP_N, .activation = ADT_ACT_RELU};
         for (int i = 0; i < MLP_N; i++) cfg->mlp.sizes[i] = mlp_sizes[i];
         *spec = (model_spec){name, MLP_B, 0.01f, "SGD", peer_mlp_flops()};
+        oc = adt_optim_sgd(0.9f, 0.0f);
+    } else {
+        /* vgg and dlrm: the peer reads the same files; its GEMM count leaves convolutions and the
+         * interaction out, so there is no closed form to check against (peer_flops < 0). */
+        int vgg = !strcmp(name, "vgg");
+        const char *path = vgg ? "configs/vgg-mnist.json" : "configs/dlrm-small.json";
+        if (adt_model_cfg_load(cfg, path)) {
+            fprintf(stderr, "%s (run from the repository root)\n", adt_error_message());
+            return -1;
+        }
+        *spec = (model_spec){name, vgg ? VGG_B : DLRM_B, 0.01f, "SGD", -1};
         oc = adt_optim_sgd(0.9f, 0.0f);
     }
     adt_model_build(g, cfg, spec->batch * ranks, io);

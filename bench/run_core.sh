@@ -5,7 +5,9 @@
 #   sh bench/run_core.sh [rounds]
 #
 # Builds bench_core, then runs ROUNDS rounds of: for each model, one adtrain run and one
-# PyTorch run (each WARMUP + STEPS whole training steps, median reported). The runs are
+# PyTorch run (each WARMUP + STEPS whole training steps, median reported; each its own process,
+# whose peak resident set both programs report). PyTorch runs the formulation torch_peer.py
+# found fastest for the model (its FASTEST table; bench/torch_formulations.py measures them). The runs are
 # interleaved so that whatever else the machine is doing hits both frameworks alike, and the
 # order within a pair alternates from round to round (adtrain first in odd rounds, PyTorch
 # first in even ones) so that neither always runs in the other's wake. Every JSON line goes to
@@ -13,9 +15,10 @@
 # describing the machine; the summary table goes to stdout, progress to stderr.
 #
 # Environment (all optional):
-#   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp"  PYTHON=/usr/bin/python3
-#   OPENBLAS_CORETYPE  the OpenBLAS kernel family for both frameworks (they load the same
-#                      libopenblas); unset: the family adtrain itself runs (see below)
+#   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp vgg dlrm"  PYTHON=/usr/bin/python3
+#   BLAS_CORE          the OpenBLAS kernel family for both frameworks (they load the same
+#                      libopenblas); unset: the one adtrain picks for this CPU on its own, whatever
+#                      OPENBLAS_CORETYPE the environment holds (bench/bench_env.sh)
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -24,7 +27,7 @@ ROUNDS=${1:-${ROUNDS:-3}}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-3}
 THREADS=${THREADS:-1}
-MODELS=${MODELS:-gpt-s mlp}
+MODELS=${MODELS:-gpt-s mlp vgg dlrm}
 # Debian's torch is installed for the system interpreter, not for a virtual environment.
 PYTHON=${PYTHON:-/usr/bin/python3}
 BIN=build/bench/bench_core
@@ -88,7 +91,7 @@ echo "raw results: $OUT" >&2
 "$PYTHON" - "$OUT" <<'EOF'
 """Summary of one run_core.sh results file: per model and framework, the median of the
 per-round medians and their spread, the ratio adtrain/pytorch (of those medians, and per round),
-the in-process sgemm rate and the GEMM-bound floor."""
+the in-process GEMM rate, the GEMM-bound floor, and each process's peak resident set."""
 import json, statistics, sys
 
 path = sys.argv[1]
@@ -101,7 +104,9 @@ with open(path) as f:
         else:
             rows.append(d)
 
-TARGET = {"gpt-s": 0.7, "mlp": 0.8}  # adtrain step time / PyTorch step time at 1 thread
+# adtrain step time / PyTorch step time at 1 thread; and step / GEMM floor (vgg, dlrm: recorded)
+TARGET = {"gpt-s": 0.70, "mlp": 0.75}
+FLOOR_TARGET = 1.15
 
 
 def pick(model, fw):
@@ -109,61 +114,78 @@ def pick(model, fw):
                   key=lambda r: r["round"])
 
 
-models = [m for m in ("gpt-s", "mlp") if any(r["model"] == m for r in rows)]
+def med(v):
+    return statistics.median(v)
+
+
+models = [m for m in ("gpt-s", "mlp", "vgg", "dlrm") if any(r["model"] == m for r in rows)]
 torch_v = next((r.get("torch_version") for r in rows if r["framework"] == "pytorch"), "?")
 blas_cfg = next((r.get("blas_config") for r in rows if r["framework"] == "adtrain"), "?")
 print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)  "
       f"load at start {meta.get('loadavg_at_start')}")
 print(f"OpenBLAS package {meta.get('openblas_package')}: {blas_cfg}  "
       f"OPENBLAS_CORETYPE={meta.get('openblas_coretype')} (from {meta.get('openblas_coretype_from')})")
-print(f"PyTorch {torch_v} (package {meta.get('torch_package')}); threads {meta.get('threads')}; {meta.get('rounds')} rounds x "
-      f"({meta.get('warmup')} warmup + {meta.get('steps')} timed steps) per run")
-if "Prescott" in blas_cfg:
-    print("note: both frameworks ran OpenBLAS's generic Prescott (SSE3) kernels "
-          "(docs/BENCHMARKS.md)")
+print(f"PyTorch {torch_v} (package {meta.get('torch_package')}); threads {meta.get('threads')}; "
+      f"{meta.get('rounds')} rounds x ({meta.get('warmup')} warmup + {meta.get('steps')} timed steps) per run")
+for m in models:
+    t = pick(m, "pytorch")
+    if t:
+        print(f"PyTorch {m}: formulation {t[0].get('formulation')}, optimizer update {t[0].get('optimizer_impl')}")
 print()
 print("| model | adtrain ms | (spread) | pytorch ms | (spread) | adtrain/pytorch | (per round) "
-      "| target | sgemm GFLOP/s | floor ms | adtrain/floor | pytorch/floor |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| target | GEMM GFLOP/s | floor ms | adtrain/floor | pytorch/floor | adtrain RSS MiB | pytorch RSS MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for m in models:
     a, t = pick(m, "adtrain"), pick(m, "pytorch")
     if not a or not t:
         continue
     am = [r["step_ms_median"] for r in a]
     tm = [r["step_ms_median"] for r in t]
-    a_med, t_med = statistics.median(am), statistics.median(tm)
+    a_med, t_med = med(am), med(tm)
     ratio = a_med / t_med
     by_round = {r["round"]: r["step_ms_median"] for r in t}
     paired = [r["step_ms_median"] / by_round[r["round"]] for r in a if r["round"] in by_round]
-    gflops = statistics.median(r["sgemm_gflops"] for r in a)
-    flops = a[0]["matmul_flops_per_step"]
-    floor = flops / (gflops * 1e9) * 1e3
-    met = "met" if ratio <= TARGET[m] else "not met"
+    if m in TARGET:
+        met = f"<= {TARGET[m]:.2f} {'met' if ratio <= TARGET[m] else 'not met'}"
+    else:
+        met = "recorded"
+    if "sgemm_gflops" in a[0]:
+        gflops = med([r["sgemm_gflops"] for r in a])
+        floor = a[0]["matmul_flops_per_step"] / (gflops * 1e9) * 1e3
+        fl = (f"{gflops:.1f} | {floor:.2f} | {a_med / floor:.2f} "
+              f"({'met' if a_med / floor <= FLOOR_TARGET else 'not met'}) | {t_med / floor:.2f}")
+    else:
+        fl = "- | - | - | -"
+    ar = max(r.get("max_rss_mib", float("nan")) for r in a)
+    tr = max(r.get("max_rss_mib", float("nan")) for r in t)
     print(f"| {m} | {a_med:.2f} | {min(am):.2f}..{max(am):.2f} | {t_med:.2f} | "
           f"{min(tm):.2f}..{max(tm):.2f} | {ratio:.3f} | {min(paired):.3f}..{max(paired):.3f} | "
-          f"<= {TARGET[m]:.2f} {met} | {gflops:.1f} | {floor:.2f} | {a_med / floor:.2f} | "
-          f"{t_med / floor:.2f} |")
-    if t[0]["matmul_flops_per_step"] != flops:
-        print(f"  note: {m}: matmul FLOPs per step differ: adtrain {flops}, "
+          f"{met} | {fl} | {ar:.1f} | {tr:.1f} |")
+    if t[0]["matmul_flops_per_step"] and t[0]["matmul_flops_per_step"] != a[0]["matmul_flops_per_step"]:
+        print(f"  note: {m}: matmul FLOPs per step differ: adtrain {a[0]['matmul_flops_per_step']}, "
               f"pytorch {t[0]['matmul_flops_per_step']}")
 print()
-print("ms: median over rounds of each run's median step time; spread: min..max of those "
-      "round medians;")
-print("sgemm: adtrain's in-process replay of the step's GEMM shapes (median over rounds); "
-      "floor = matmul FLOPs per step / sgemm rate.")
+print("ms: median over rounds of each run's median step time; spread: min..max of those round medians;")
+print(f"GEMM: adtrain's in-process replay of the step's GEMM shapes (median over rounds); "
+      f"floor = matmul FLOPs per step / that rate (target: step <= {FLOOR_TARGET} x floor);")
+print("RSS: the largest peak resident set (ru_maxrss) of the model's processes over the rounds.")
 print()
 # Less exposed to bursts of load from other processes: the fastest single step of all rounds,
-# and adtrain's CPU time per step (wall / CPU above 1 is time the scheduler gave to others).
+# and each process's CPU time per step (median over rounds of the runs' medians; wall / CPU above
+# 1 is time the scheduler gave to others).
 print("| model | adtrain best step ms | pytorch best step ms | adtrain/pytorch (best) "
-      "| adtrain cpu ms | adtrain wall/cpu |")
-print("|---|---|---|---|---|---|")
+      "| adtrain cpu ms | pytorch cpu ms | adtrain/pytorch (cpu) | adtrain/floor (cpu) | adtrain wall/cpu |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     a, t = pick(m, "adtrain"), pick(m, "pytorch")
     if not a or not t:
         continue
     ab = min(r["step_ms_min"] for r in a)
     tb = min(r["step_ms_min"] for r in t)
-    cpu = statistics.median(r["cpu_ms_median"] for r in a)
-    wall = statistics.median(r["step_ms_median"] for r in a)
-    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {wall / cpu:.2f} |")
+    cpu = med([r["cpu_ms_median"] for r in a])
+    tcpu = med([r.get("cpu_ms_median", float("nan")) for r in t])
+    wall = med([r["step_ms_median"] for r in a])
+    fcpu = (f"{med([r['step_cpu_over_floor'] for r in a]):.2f}" if "step_cpu_over_floor" in a[0] else "-")
+    print(f"| {m} | {ab:.2f} | {tb:.2f} | {ab / tb:.3f} | {cpu:.2f} | {tcpu:.2f} | {cpu / tcpu:.3f} | {fcpu} | "
+          f"{wall / cpu:.2f} |")
 EOF

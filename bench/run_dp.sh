@@ -26,8 +26,8 @@
 # Environment (all optional):
 #   ROUNDS=3  STEPS=20  WARMUP=3  THREADS=1  MODELS="gpt-s mlp"  PYTHON=/usr/bin/python3
 #   BIND="-bind-to core"   mpiexec's binding of the adtrain ranks (set BIND= for none)
-#   OPENBLAS_CORETYPE      the OpenBLAS kernel family for both frameworks; unset: the one
-#                          adtrain runs (as run_core.sh)
+#   BLAS_CORE              the OpenBLAS kernel family for both frameworks; unset: the one
+#                          adtrain picks for this CPU on its own (as run_core.sh)
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -123,7 +123,7 @@ print()
 
 
 def pick(model, config, key):
-    return [r[key] for r in sorted(rows, key=lambda r: r["round"]) if r["model"] == model and r["config"] == config]
+    return [r.get(key) for r in sorted(rows, key=lambda r: r["round"]) if r["model"] == model and r["config"] == config]
 
 
 def med(v):
@@ -135,8 +135,8 @@ def spread(v):
 
 
 models = [m for m in ("gpt-s", "mlp") if any(r["model"] == m for r in rows)]
-print("| model | config | ranks | batch/rank | step ms | (spread) | samples/s | (spread) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| model | config | ranks | batch/rank | step ms | (spread) | samples/s | (spread) | peak RSS MiB per rank |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     for c in ("adtrain-1", "adtrain-2", "adtrain-2-sync", "pytorch-1", "pytorch-2"):
         ms, sps = pick(m, c, "step_ms_median"), pick(m, c, "samples_per_s")
@@ -144,7 +144,9 @@ for m in models:
             continue
         world = 2 if c.startswith(("adtrain-2", "pytorch-2")) else 1
         b = pick(m, c, "batch_per_rank")[0]
-        print(f"| {m} | {c} | {world} | {b} | {med(ms):.2f} | {spread(ms)} | {med(sps):.1f} | {spread(sps)} |")
+        rss = [x for x in pick(m, c, "max_rss_mib") if x is not None]
+        print(f"| {m} | {c} | {world} | {b} | {med(ms):.2f} | {spread(ms)} | {med(sps):.1f} | {spread(sps)} | "
+              f"{max(rss) if rss else float('nan'):.1f} |")
 print()
 print("| model | adtrain efficiency | (per round) | PyTorch efficiency | (per round) | adtrain/PyTorch aggregate "
       "| (per round) | hidden (in flight) | hidden (vs blocking) | blocked ms overlap / blocking "
@@ -183,5 +185,6 @@ print("hidden (in flight): 1 - time blocked in waits / time collectives were in 
       "hidden (vs blocking): 1 - blocked time with overlap / blocked time without (medians).")
 print("CPU ms: the process CPU time of a step on rank 0 (2 ranks: its own run, before the closing barrier); wall "
       "time far above it is time the scheduler gave to other processes.")
-print("targets: adtrain aggregate >= 1.5 x PyTorch's, adtrain efficiency >= 0.85")
+print("RSS: the largest peak resident set (ru_maxrss) of any rank of the configuration over the rounds.")
+print("targets: adtrain aggregate >= 2.0 x PyTorch's, adtrain efficiency >= 0.9")
 EOF
