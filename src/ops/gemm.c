@@ -321,11 +321,10 @@ static void machine_key(char *buf, size_t n) {
         fclose(f);
     }
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    /* a key cut short still keys (it only makes a cache miss likelier): the length is not checked */
-    int k = snprintf(buf, n, "%s (family %s model %s stepping %s) | %s | %s | OPENBLAS_CORETYPE=%s", val[0], val[1],
-                     val[2], val[3], adt_gemm_backend_version(ADT_GEMM_OPENBLAS),
-                     adt_gemm_backend_version(ADT_GEMM_ONEDNN), ct ? ct : "(unset)");
-    (void)k;
+    /* each part held to a length that keeps the whole within the 512 bytes keys have */
+    snprintf(buf, n, "%.160s (family %.8s model %.8s stepping %.8s) | %.112s | %.112s | OPENBLAS_CORETYPE=%.32s",
+             val[0], val[1], val[2], val[3], adt_gemm_backend_version(ADT_GEMM_OPENBLAS),
+             adt_gemm_backend_version(ADT_GEMM_ONEDNN), ct ? ct : "(unset)");
 }
 
 int adt_gemm_cache_path(char *buf, size_t n, const char *key) {
