@@ -312,6 +312,8 @@ void adt_trainer_free(adt_trainer *t) {
     train_data_free(t);
     free(t->idx);
     free(t->plan_text);
+    free(t->spec_model_json);
+    adt_elastic_job_spec_free(&t->spec);
     if (t->log) fclose(t->log);
     free(t);
 }
