@@ -216,13 +216,6 @@ static void bal_exec_free(bal_exec *c) {
     memset(c, 0, sizeof *c);
 }
 
-static void sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
-    }
-}
-
 /* Starts, in the fixed order, the all-reduces of the gradient sums that are final. */
 static int start_ready(trainer *t) {
     train_bal *b = t->bal;
@@ -260,7 +253,7 @@ static void bal_after_node(void *ctx, int node) {
         double now = adt_now_s();
         b->slow_debt += (t->o.bal.slow_factor - 1) * (now - b->slow_mark);
         if (b->slow_debt >= 1e-3) { /* shorter sleeps would overshoot */
-            sleep_s(b->slow_debt);
+            train_sleep_s(b->slow_debt);
             double woke = adt_now_s();
             b->slow_debt -= woke - now, b->slept += woke - now;
             now = woke;
@@ -605,7 +598,7 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (rc) return rc;
     double compute = adt_now_s() - t0 - b->make_s;
     if (slow) { /* the rest of FACTOR x the work (and what ran outside the nodes), then any pause */
-        sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
+        train_sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
         compute = adt_now_s() - t0 - b->make_s;
     }
     b->last_compute_s = compute;

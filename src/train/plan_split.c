@@ -154,13 +154,6 @@ static void round_split(const train_psplit *s, const int64_t *want, long batch, 
     for (int i = 0; i < s->replicas; i++) out[i] *= s->micro;
 }
 
-static void sleep_s(double x) {
-    if (x <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)x, .tv_nsec = (long)((x - floor(x)) * 1e9)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
-    }
-}
-
 int train_psplit_after_step(trainer *t, long step) {
     train_psplit *s = t->psplit;
     if (!s) return 0;
@@ -171,7 +164,7 @@ int train_psplit_after_step(trainer *t, long step) {
     const adt_train_balance_opts *o = &t->o.bal;
     if (t->rank == o->slow_rank && step >= o->slow_first && step <= o->slow_last) { /* a slower device */
         double extra = (o->slow_factor > 1 ? (o->slow_factor - 1) * compute : 0) + o->slow_add_s;
-        sleep_s(extra);
+        train_sleep_s(extra);
         compute += extra;
     }
     memset(s->times, 0, (size_t)t->nranks * sizeof *s->times);

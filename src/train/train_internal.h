@@ -145,6 +145,9 @@ int train_psplit_after_step(trainer *t, long step);
 void train_psplit_banner(const trainer *t, FILE *f);
 void train_psplit_free(trainer *t);
 
+/* Sleeps s seconds (an injected slowdown), through interruptions. */
+void train_sleep_s(double s);
+
 /* A note for the caller (rank 0 only): formats and hands the line to opts.note. */
 void train_note(const trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

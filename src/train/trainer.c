@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -33,6 +34,13 @@ void train_note(const trainer *t, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     t->o.note(t->o.note_ctx, line);
+}
+
+void train_sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
 }
 
 int train_check_memory(const trainer *t) {
