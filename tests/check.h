@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int check_cur_failed;
@@ -37,11 +38,22 @@ static const char *check_cur_name;
               cb_);                                                                            \
     } while (0)
 
+/* Seconds on the monotonic clock: RUN prints each case's wall time ("case NAME S s") to stdout,
+ * the log tests/run.sh keeps, so a slow suite shows which case to look at. */
+static inline double check_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 #define RUN(fn)                                                                                \
     do {                                                                                       \
         check_cur_failed = 0;                                                                  \
         check_cur_name = #fn;                                                                  \
+        double check_t0_ = check_now_s();                                                      \
         fn();                                                                                  \
+        printf("case %s %.1f s\n", #fn, check_now_s() - check_t0_);                            \
+        fflush(stdout);                                                                        \
         if (check_cur_failed) {                                                                \
             check_n_failed++;                                                                  \
             fprintf(stderr, "FAILED %s\n", #fn);                                               \

@@ -774,9 +774,19 @@ static int pred_world_formed(const cJSON *r, const void *arg) {
 
 /* Starts the job on one agent of 3 slots with a world of 2, scales it to 1 once it reported
  * at2 steps and to 3 once the world of 1 reported at1 steps of its own, and waits for the end: no
- * failure, two planned changes. The second scale goes straight to the API: a world of one rank
- * runs a micro-step MLP at a round trip per step, and may finish the run while a command starts
- * (the first scale is `adtrain scale` itself). */
+ * failure, two planned changes. The world is held stopped while each change is asked for (the
+ * first through `adtrain scale` itself, the second straight to the API), so the change lands
+ * mid-run however slowly the machine starts a command. */
+/* Stops (sig SIGSTOP) or resumes (SIGCONT) every rank of the current world of n: the real
+ * trainer runs a tiny MLP at a millisecond a step, and a world left running while a scale command
+ * starts may finish the run before the change reaches it. */
+static void signal_world(const ejob *j, int n, int sig) {
+    for (int r = 0; r < n; r++) {
+        pid_t z = worker_pid(j, r);
+        if (z > 0) kill(z, sig);
+    }
+}
+
 static void scale_run(ejob *j, double at2, double at1, double timeout) {
     j->master_extra[j->n_master_extra++] = "--workers";
     j->master_extra[j->n_master_extra++] = "2";
@@ -786,11 +796,15 @@ static void scale_run(ejob *j, double at2, double at1, double timeout) {
     char log[700];
     snprintf(log, sizeof log, "%s/scale.log", j->dir);
     const char *s1[] = {g_adtrain, "scale", "--master", j->addr, "--workers", "1", NULL};
+    signal_world(j, 2, SIGSTOP);
     CHECK(run_cmd(log, s1, 10) == 0, "adtrain scale --workers 1 failed");
+    signal_world(j, 2, SIGCONT);
     double w2[3] = {2, 1, at1};
     CHECK(poll_until(j, "/v1/generation", pred_world, w2, timeout), "no world of 1");
     int st = 0;
+    signal_world(j, 1, SIGSTOP);
     cJSON *sr = api(j, "POST", "/v1/scale", "{\"workers\":3}", &st);
+    signal_world(j, 1, SIGCONT);
     CHECK(st == 200, "POST /v1/scale {workers: 3}: %d", st);
     cJSON_Delete(sr);
     /* the world of 3 may find the run complete (the world of 1 finished every step before the
