@@ -14,13 +14,13 @@
  * (SIGTERM); a master gone for good; a zombie (a worker SIGSTOPped holding a lease, past its
  * deadline, continued after the generation ended: its late report is refused); a rank stopped at
  * a random moment (the progress watchdog); planned scaling 2 -> 1 -> 3 workers (nothing
- * retrained); randomized trials of all three kills (ADT_ELASTIC_TRIALS, default 6;
- * scripts/soak_elastic.sh runs more); malformed HTTP; the token off loopback; `adtrain launch`
+ * retrained); randomized trials of all three kills (ADT_ELASTIC_TRIALS, default 6, 3 in the
+ * sanitizer build; scripts/soak_elastic.sh runs more); malformed HTTP; the token off loopback; `adtrain launch`
  * with the torchrun environment; flags the commands refuse. ADT_ELASTIC_ONLY=name,... runs some.
  *
  * With the real trainer (`adtrain train` under the agents, tiny GPT and MLP): a run without
  * faults logs mpiexec's loss at every step; randomized kill -9 trials of a worker, an agent or
- * the master (ADT_ELASTIC_TRAIN_TRIALS, default 20) each finish, audit clean with every step
+ * the master (ADT_ELASTIC_TRAIN_TRIALS, default 20, 6 in the sanitizer build) each finish, audit clean with every step
  * committed, and end at mpiexec's final loss (within 1e-3 relative; exactly when the world kept
  * its size); the time from a worker's kill to the next generation's first reported step.
  *
@@ -28,6 +28,16 @@
  * and counted: none may outlive its job.
  */
 #include "adtrain/base.h"
+
+/* The sanitizer build runs the same cases with fewer randomized trials: each costs two to three
+ * times as long there, and the optimised build runs the full soak in the same suite. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TRIALS_JOB 3
+#define TRIALS_TRAIN 6
+#else
+#define TRIALS_JOB 6
+#define TRIALS_TRAIN 20
+#endif
 #include "adtrain/data.h"
 #include "adtrain/elastic.h"
 #include "adtrain/ledger.h"
@@ -867,7 +877,7 @@ static int trial_kill(ejob *j, int t, int kind, int ranks, int agents, double wh
 
 /* Randomized trials: kill -9 of a worker, an agent or the master at a random moment. */
 static void test_random_trials(void) {
-    int trials = getenv("ADT_ELASTIC_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRIALS")) : 6;
+    int trials = getenv("ADT_ELASTIC_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRIALS")) : TRIALS_JOB;
     int kinds[3] = {0, 0, 0};
     for (int t = 0; t < trials; t++) {
         int failed_before = check_cur_failed;
@@ -1603,10 +1613,10 @@ static void test_train_hosts(void) {
 }
 
 /* Randomized trials with the trainer: kill -9 of a worker, an agent or the master at a random
- * moment, tiny GPT and MLP, 2 or 3 ranks (ADT_ELASTIC_TRAIN_TRIALS, default 20). */
+ * moment, tiny GPT and MLP, 2 or 3 ranks (ADT_ELASTIC_TRAIN_TRIALS, default TRIALS_TRAIN). */
 static void test_train_trials(void) {
     if (train_refs()) return;
-    int trials = getenv("ADT_ELASTIC_TRAIN_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRAIN_TRIALS")) : 20;
+    int trials = getenv("ADT_ELASTIC_TRAIN_TRIALS") ? atoi(getenv("ADT_ELASTIC_TRAIN_TRIALS")) : TRIALS_TRAIN;
     int kinds[3] = {0, 0, 0}, exact = 0;
     for (int t = 0; t < trials; t++) {
         int failed_before = check_cur_failed;
