@@ -2,7 +2,9 @@
  * test_train_ps.c - `adtrain train --mode ps` through the binary: a DLRM on 2 parameter servers +
  * 2 workers (mpiexec -n 4) in sync mode logs the one-process run's losses at every step (sparse
  * SGD is dense SGD on every row; with and without prefetch, with the dense parameters on the
- * workers or on the servers); an uneven batch over 3 workers too; bounded staleness and
+ * workers or on the servers); an uneven batch over 3 workers too; with --eval-every, every
+ * evaluation's val_loss and val_auc are the one-process run's (the holdout and --val, the dense
+ * parameters on the workers and on the servers); bounded staleness and
  * asynchronous runs lower the loss; every flag that cannot act is refused with exit 2, naming it.
  */
 #include "check.h"
@@ -26,6 +28,38 @@ static void run_world(int nranks, char *flagbuf, mpi_world *wd, const char **arg
     argv[k] = NULL;
     *wd = (mpi_world){.n = nranks, .argv = argv};
     mpi_run_world(wd, check_tmpdir(), 180);
+}
+
+/* The evaluation lines of a JSONL log: step, val_loss, val_auc (-1 when absent). */
+static int read_evals(const char *path, long *step, double *vloss, double *vauc, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < cap) {
+        const char *v = strstr(line, "\"val_loss\":"), *a = strstr(line, "\"val_auc\":"), *st = strstr(line, "\"step\":");
+        if (!v || !st) continue;
+        step[n] = atol(st + 7), vloss[n] = atof(v + 11), vauc[n] = a ? atof(a + 10) : -1;
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Every evaluation of the parameter-server run at the one-process run's steps, its loss within
+ * rtol and its AUC within 1e-4 (a pair of near-equal scores may swap). */
+static void compare_evals(const char *label, const char *slog, const char *plog, double rtol) {
+    long rs[64], ps[64];
+    double rl[64], ra[64], pl[64], pa[64];
+    int nr = read_evals(slog, rs, rl, ra, 64), np = read_evals(plog, ps, pl, pa, 64);
+    CHECK(nr == np, "%s: %d evaluations logged, the one-process run %d", label, np, nr);
+    for (int i = 0; i < nr && i < np; i++) {
+        CHECK(ps[i] == rs[i], "%s: evaluation %d after step %ld, the one-process run's after %ld", label, i, ps[i], rs[i]);
+        CHECK(fabs(pl[i] - rl[i]) <= rtol * fabs(rl[i]), "%s: step %ld: val_loss %.9g, the one-process run's %.9g",
+              label, rs[i], pl[i], rl[i]);
+        CHECK(ra[i] >= 0 && fabs(pa[i] - ra[i]) <= 1e-4, "%s: step %ld: val_auc %.6f, the one-process run's %.6f", label,
+              rs[i], pa[i], ra[i]);
+    }
 }
 
 /* The one-process run with `common`, then `ranks` ranks with `common` + `ps`: every step's loss
@@ -55,6 +89,7 @@ static void compare(const char *label, const char *common, const char *ps, int r
             if (!(fabs(got[i] - ref[i]) <= rtol * fabs(ref[i]))) bad++, first = first < 0 ? i : first;
         CHECK(bad == 0, "%s: %d steps' losses differ from the one-process run's by more than %g (first: step %d, %.9g "
               "vs %.9g)", label, bad, rtol, first + 1, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
+        if (contains(common, "--eval-every")) compare_evals(label, slog, plog, rtol);
     } else if (n >= 40 && n == n_ref) { /* trains: the last 10 steps' mean loss below the first 10's */
         double a = 0, b = 0, ra = 0, rb = 0;
         for (int i = 0; i < 10; i++) a += got[i] / 10, b += got[n - 1 - i] / 10, ra += ref[i] / 10, rb += ref[n - 1 - i] / 10;
@@ -76,6 +111,16 @@ static void test_sync_equals_one_process(void) {
             4, 1e-5);
     /* 32 samples over 3 workers: 11, 11, 10 */
     compare("sync, 1 server + 3 workers", SGD, "--mode ps --ps-servers 1 --ps-prefetch 2", 4, 1e-5);
+}
+
+static void test_sync_eval_equals_one_process(void) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    char flags[512];
+    snprintf(flags, sizeof flags, "%s --eval-every 3 --eval-batches 4", SGD); /* after steps 3, 6 and 8 */
+    compare("sync, evaluation on the holdout", flags, "--mode ps --ps-servers 2 --ps-sync sync", 4, 1e-5);
+    snprintf(flags, sizeof flags, "%s --eval-every 4 --eval-batches 3 --val synthetic:dlrm", SGD);
+    compare("sync, evaluation on --val, dense on the servers", flags, "--mode ps --ps-servers 2 --ps-dense servers",
+            4, 1e-5);
 }
 
 static void test_stale_modes_train(void) {
@@ -103,7 +148,6 @@ static void test_refusals(void) {
         {"--mode ps --warmup 2", "--warmup"},
         {"--mode ps --optimizer sgd --momentum 0.9", "--momentum"},
         {"--mode ps --weight-decay 0.1", "--weight-decay"},
-        {"--mode ps --eval-every 2", "--eval-every"},
         {"--mode ps --save x.safetensors", "--save"},
         {"--mode ps --split 16", "--split"},
         {"--mode parameter-server", "--mode: expected 'collective' or 'ps'"},
@@ -132,6 +176,7 @@ int main(void) {
     mpi_world_sanitizer_env();
     RUN(test_refusals);
     RUN(test_sync_equals_one_process);
+    RUN(test_sync_eval_equals_one_process);
     RUN(test_stale_modes_train);
     rmdir(check_tmpdir());
     return check_finish();

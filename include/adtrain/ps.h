@@ -210,8 +210,10 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
 /* Evaluation: the rows of ids [B, tables that are not whole] (and whole tables) as the servers
- * hold them now, outside the step clock, creating and touching nothing (an absent row reads as
- * its initial value). Blocking; may come between any two calls above. */
+ * hold them once every worker has pushed the steps this one has pushed (so under sync a lookup
+ * after step s reads the one-process rows of step s; under ssp/async pushes of later steps by
+ * faster workers may be in them too), outside the step clock, creating and touching nothing (an
+ * absent row reads as its initial value). Blocking; may come between any two calls above. */
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows);
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
 const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w);
@@ -255,7 +257,7 @@ adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss);
 /* Evaluation of a batch (ids [batch, n_tables], dense, labels) on the rows and dense parameters
- * as the servers hold them now (adt_ps_worker_lookup): the forward pass only; *loss the batch's
+ * the servers hold after every worker's pushes of the steps this one pushed (adt_ps_worker_lookup): the forward pass only; *loss the batch's
  * mean loss, logits[batch] (either may be NULL). With hybrid dense parameters, the worker's own. */
 int adt_ps_dlrm_eval(adt_ps_dlrm *d, adt_ps_worker *w, const int32_t *ids, const float *dense, const float *labels,
                      float *loss, float *logits);

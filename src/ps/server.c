@@ -96,6 +96,7 @@ typedef struct srv {
     adt_ps_clock clock;
     pend_msg **pulls, **pulls_tail; /* per worker, FIFO in step order */
     pend_msg **pushes;              /* sync: per worker, the push of the step being gathered */
+    pend_msg **peeks;               /* per worker, a lookup waiting for the pushes it must see */
     int *done;
     double *last_heard;
     out_send *sends;
@@ -188,6 +189,13 @@ static int serve_pull(srv *s, int w, pend_msg *m, int peek) {
 
 static int serve_ready(srv *s) {
     for (int w = 0; w < s->pw->n_workers; w++) {
+        pend_msg *pk = s->peeks[w];
+        if (pk && adt_ps_clock_min(&s->clock) >= pk->hdr[0]) {
+            s->peeks[w] = NULL;
+            int rc = serve_pull(s, w, pk, 1);
+            free(pk->hdr), free(pk);
+            if (rc) return rc;
+        }
         while (s->pulls[w] && adt_ps_clock_may_serve(&s->clock, s->pulls[w]->hdr[0])) {
             pend_msg *m = s->pulls[w];
             int rc = serve_pull(s, w, m, 0);
@@ -311,10 +319,14 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
         s->pulls_tail[w] = m;
         if (!adt_ps_clock_may_serve(&s->clock, m->hdr[0])) s->st.deferred++;
         return serve_ready(s);
-    case PS_TAG_PEEK:
+    case PS_TAG_PEEK: /* answered once every worker pushed the steps before hdr[0] */
         if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "lookup"))) break;
-        rc = serve_pull(s, w, m, 1);
-        break;
+        if (s->peeks[w]) {
+            rc = adt_error(ADT_ERR_COMM, "ps server %d: worker %d sent a lookup while its last one waits", s->pw->server, w);
+            break;
+        }
+        s->peeks[w] = m;
+        return serve_ready(s);
     case PS_TAG_PUSH:
         if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "push"))) break;
         if ((rc = recv_grads(s, src, m, timeout))) break;
@@ -357,6 +369,7 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     s.pulls = adt_calloc((size_t)W, sizeof *s.pulls);
     s.pulls_tail = adt_calloc((size_t)W, sizeof *s.pulls_tail);
     s.pushes = adt_calloc((size_t)W, sizeof *s.pushes);
+    s.peeks = adt_calloc((size_t)W, sizeof *s.peeks);
     s.done = adt_calloc((size_t)W, sizeof *s.done);
     s.last_heard = adt_malloc((size_t)W * sizeof *s.last_heard);
     double t0 = adt_now_s(), timeout = ps_timeout(pw, cfg);
@@ -391,8 +404,9 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     for (int w = 0; w < W; w++) {
         for (pend_msg *m = s.pulls[w], *nx; m; m = nx) nx = m->next, free(m->hdr), free(m);
         if (s.pushes[w]) free(s.pushes[w]->hdr), free(s.pushes[w]->g), free(s.pushes[w]);
+        if (s.peeks[w]) free(s.peeks[w]->hdr), free(s.peeks[w]);
     }
-    free(s.pulls), free(s.pulls_tail), free(s.pushes), free(s.done), free(s.last_heard), free(s.agg);
+    free(s.pulls), free(s.pulls_tail), free(s.pushes), free(s.peeks), free(s.done), free(s.last_heard), free(s.agg);
     ps_idmap_free(&s.agg_map);
     adt_ps_clock_free(&s.clock);
     if (stats) *stats = s.st;

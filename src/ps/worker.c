@@ -273,7 +273,8 @@ static void expand_rows(adt_ps_worker *w, const wslot *sl, float *const *rows) {
 
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows) {
     wslot *sl = &w->peek;
-    int rc = post_requests(w, sl, 0, ids, B, PS_TAG_PEEK, PS_TAG_PEEKROWS);
+    /* the step field: the server answers once every worker has pushed the steps this one has */
+    int rc = post_requests(w, sl, w->next_push, ids, B, PS_TAG_PEEK, PS_TAG_PEEKROWS);
     if (!rc) rc = wait_all(w, sl->rq, 2 * w->S, "a lookup", w->next_push);
     if (!rc) expand_rows(w, sl, rows);
     slot_release(w, sl);

@@ -12,12 +12,18 @@
  * Adam lazily on the rows a step touches, as PyTorch's SparseAdam). Pulls of the next
  * --ps-prefetch steps' rows are in flight while a step computes: their ids come from the
  * sampler, which knows every step's batch ahead. A server's step is its whole service: it
- * answers pulls and applies pushes until every worker is done, then the run is complete.
- * The first worker (rank S) prints and logs.
+ * answers pulls and applies pushes until every worker is done (after the final evaluation and
+ * checkpoint: the runner's finish), then the run is complete. The first worker (rank S) prints
+ * and logs.
  *
- * Not run in this mode yet (refused at start): evaluation, checkpoints, the elastic agent, a
- * learning-rate schedule (the servers' optimizers keep one lr), momentum and weight decay (their
- * sparse forms are not defined here).
+ * Evaluation (--eval-every, --val) runs on the workers: each takes its block of every validation
+ * batch, reads the rows with a lookup the servers answer once every worker has pushed the steps
+ * so far (adt_ps_worker_lookup), and the logits and labels are gathered in worker order, which
+ * is the batch's order, so the loss and AUC are the one-process run's under sync.
+ *
+ * Not run in this mode yet (refused at start): checkpoints, the elastic agent, a learning-rate
+ * schedule (the servers' optimizers keep one lr), momentum and weight decay (their sparse forms
+ * are not defined here).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +42,9 @@ struct train_ps {
     adt_ps_dlrm *d;      /* a worker's model  */
     int Bw;              /* this worker's samples per step, from `off` of each global batch */
     int64_t off;
+    int64_t *counts;     /* [workers] every worker's samples per batch (gathers) */
+    float *logits;       /* [Bw] an evaluation batch's */
+    int said_done;       /* the servers were told this worker stops */
     int64_t *idx;        /* [B] a future step's global batch */
     int32_t *ids;        /* [Bw, tables] */
     float *dense_in, *labels;
@@ -56,7 +65,6 @@ int train_ps_check(trainer *t) {
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
     else if (o->cosine || o->warmup) why = "--schedule cosine / --warmup: the servers' optimizers keep one learning "
                                           "rate; expected --schedule constant and no --warmup";
-    else if (o->eval_every) why = "--eval-every: evaluation is not run in --mode ps yet";
     else if (o->save_path || o->resume_path || o->init_path) why = "--save, --resume, --init: checkpoints of the "
                                                                   "servers' shards are not written in --mode ps yet";
     else if (o->profile) why = "--profile: not in --mode ps yet";
@@ -133,6 +141,11 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     int64_t B = t->o.batch;
     p->Bw = (int)(B / W + (w < B % W));
     p->off = (int64_t)w * (B / W) + (w < B % W ? w : B % W);
+    p->counts = adt_malloc((size_t)W * sizeof *p->counts);
+    for (int v = 0; v < W; v++) p->counts[v] = B / W + (v < B % W);
+    p->logits = adt_malloc((size_t)p->Bw * sizeof *p->logits);
+    int read[2] = {t->io.logits, t->io.label}; /* the whole batch's, for the metric (train_read) */
+    for (int i = 0; i < 2; i++) t->gathered[i] = adt_malloc((size_t)adt_value_bytes(t->g, read[i]));
     int T = t->model.dlrm.n_tables;
     p->idx = adt_malloc((size_t)B * sizeof *p->idx);
     p->ids = adt_malloc((size_t)p->Bw * (size_t)T * sizeof *p->ids);
@@ -149,7 +162,7 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (p->pw.is_server) { /* its whole service: until every worker is done */
         if (adt_ps_server_run(&p->pw, &p->pc, p->store, &p->served))
             return train_fail(EXIT_RUNTIME, "parameter server %d: %s", p->pw.server, adt_error_message());
-        t->finished = 1;
+        t->finished = t->serving = 1;
         *loss = 0;
         return 0;
     }
@@ -165,8 +178,42 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (p->pw.workers && adt_comm_allreduce_f64(p->pw.workers, &g, 1))
         return train_fail(EXIT_RUNTIME, "step %ld: the global loss: %s", step, adt_error_message());
     *loss = g;
-    if (step == t->o.steps && adt_ps_worker_done(p->wk))
-        return train_fail(EXIT_RUNTIME, "the parameter servers: %s", adt_error_message());
+    return 0;
+}
+
+/* One validation batch: this worker's block of it on the rows the servers hold once every worker
+ * pushed as many steps as this one; the loss the share-weighted sum of the workers' means, the
+ * logits and labels gathered in worker order (the batch's) for the metric. */
+static int ps_eval(trainer *t, const train_source *s, int64_t *idx, double *loss) {
+    train_ps *p = t->ps;
+    if (p->pw.is_server)
+        return train_fail(EXIT_USAGE, "evaluation: parameter server %d serves the workers, which evaluate",
+                          p->pw.server);
+    if (train_source_fill(s, idx + p->off, p->Bw, p->dense_in, p->ids, p->labels))
+        return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
+    float l = 0;
+    if (adt_ps_dlrm_eval(p->d, p->wk, p->ids, p->dense_in, p->labels, &l, p->logits))
+        return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
+    double g = (double)p->Bw / (double)t->o.batch * l;
+    int rc = 0;
+    if (p->pw.n_workers > 1)
+        rc = adt_comm_allreduce_f64(p->pw.workers, &g, 1) ||
+             adt_comm_allgather(p->pw.workers, p->logits, t->gathered[0], p->counts, ADT_F32) ||
+             adt_comm_allgather(p->pw.workers, p->labels, t->gathered[1], p->counts, ADT_F32);
+    else
+        memcpy(t->gathered[0], p->logits, (size_t)p->Bw * sizeof(float)),
+        memcpy(t->gathered[1], p->labels, (size_t)p->Bw * sizeof(float));
+    if (rc) return train_fail(EXIT_RUNTIME, "evaluation: gathering the workers' results: %s", adt_error_message());
+    *loss = g;
+    return 0;
+}
+
+/* After the final evaluation and checkpoint: the servers may stop once every worker said so. */
+static int ps_finish(trainer *t) {
+    train_ps *p = t->ps;
+    if (!p->wk || p->said_done) return 0;
+    p->said_done = 1;
+    if (adt_ps_worker_done(p->wk)) return train_fail(EXIT_RUNTIME, "the parameter servers: %s", adt_error_message());
     return 0;
 }
 
@@ -185,6 +232,7 @@ static void ps_banner(const trainer *t, FILE *f) {
 static void ps_free(trainer *t) {
     train_ps *p = t->ps;
     if (!p) return;
+    if (t->finished && !p->said_done) ps_finish(t); /* a caller that skipped adt_trainer_finish */
     if (p->pw.is_server && p->pw_ready && p->served.pulls)
         train_note(t, "ps: server statistics: %lld pulls, %lld pushes, %lld rows pulled", (long long)p->served.pulls,
                    (long long)p->served.pushes, (long long)p->served.rows_pulled);
@@ -192,10 +240,10 @@ static void ps_free(trainer *t) {
     adt_ps_worker_free(p->wk);
     adt_ps_store_free(p->store);
     if (p->pw_ready) adt_ps_world_free(&p->pw);
-    free(p->idx), free(p->ids), free(p->dense_in), free(p->labels);
+    free(p->idx), free(p->ids), free(p->dense_in), free(p->labels), free(p->counts), free(p->logits);
     free(p);
     t->ps = NULL;
 }
 
-const train_runner train_runner_ps = {"the parameter-server mode", ps_build, ps_executor, ps_step, NULL, ps_banner,
-                                      ps_free};
+const train_runner train_runner_ps = {"the parameter-server mode", ps_build, ps_executor, ps_step, ps_eval, ps_banner,
+                                      ps_free, ps_finish};

@@ -95,12 +95,14 @@ struct adt_trainer {
     train_psplit *psplit;     /* balanced data parallelism under a plan (plan_split.c), or NULL */
     train_ps *ps;             /* the parameter-server mode (ps.c), or NULL                     */
     int reporter;             /* the rank that logs and notes: 0, or the first worker (ps mode) */
+    int serving;              /* this rank's one step was its whole service (a parameter server) */
 };
 typedef struct adt_trainer trainer;
 
 /* How a step runs. build makes the graphs and plan (no communication), executor the executors
  * (collective), step one training step on the global batch idx, eval the forward pass of one
- * evaluation batch (NULL: the runner cannot evaluate). */
+ * evaluation batch (NULL: the runner cannot evaluate), finish what ends a run after its final
+ * checkpoint (NULL: nothing). */
 struct train_runner {
     const char *name;
     int (*build)(trainer *t);
@@ -109,6 +111,7 @@ struct train_runner {
     int (*eval)(trainer *t, const train_source *s, int64_t *idx, double *loss);
     void (*banner)(const trainer *t, FILE *f);
     void (*free)(trainer *t);
+    int (*finish)(trainer *t);
 };
 extern const train_runner train_runner_plan;    /* the partitioned graph of a plan (collective.c) */
 extern const train_runner train_runner_pipe;    /* a plan with stages or microbatches (collective.c) */

@@ -406,6 +406,10 @@ int adt_trainer_step(adt_trainer *t, adt_train_step_info *info) {
     if (s == t->start_step + 1) t->loop_t0 = adt_now_s();
     int rc = run_step(t, s, info);
     if (rc) return rc;
+    if (t->serving) { /* a parameter server served the whole run: nothing falls due after it */
+        t->next_step = t->o.steps + 1, t->finished = 1, t->saved_at_end = 1;
+        return 0;
+    }
     t->total_s += info->seconds;
     if (s == t->start_step + 1) {
         t->first_loss = info->loss;
@@ -461,9 +465,13 @@ int adt_trainer_save(adt_trainer *t, const char *path) {
 
 int adt_trainer_finish(adt_trainer *t) {
     train_dist_mem_report(t, "end");
-    if (!t->o.save_path || t->saved_at_end || t->next_step - 1 < t->o.steps) return 0;
-    t->saved_at_end = 1;
-    return train_ckpt_save(t, t->o.save_path, t->o.steps);
+    int rc = 0;
+    if (t->o.save_path && !t->saved_at_end && t->next_step - 1 >= t->o.steps) {
+        t->saved_at_end = 1;
+        rc = train_ckpt_save(t, t->o.save_path, t->o.steps);
+    }
+    if (!rc && t->run->finish) rc = t->run->finish(t);
+    return rc;
 }
 
 /* ---- what a caller prints -------------------------------------------------------------------- */
