@@ -4,7 +4,8 @@
  * SGD is dense SGD on every row; with and without prefetch, with the dense parameters on the
  * workers or on the servers); an uneven batch over 3 workers too; with --eval-every, every
  * evaluation's val_loss and val_auc are the one-process run's (the holdout and --val, the dense
- * parameters on the workers and on the servers); bounded staleness and
+ * parameters on the workers and on the servers); under --schedule cosine with --warmup the
+ * servers apply each step's rate, so the losses are the one-process run's again; bounded staleness and
  * asynchronous runs lower the loss; every flag that cannot act is refused with exit 2, naming it.
  */
 #include "check.h"
@@ -123,6 +124,17 @@ static void test_sync_eval_equals_one_process(void) {
             4, 1e-5);
 }
 
+static void test_sync_schedule_equals_one_process(void) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    /* the rate rises over 3 steps, then falls to lr/10 at step 10: a server keeping one rate, or
+     * the rate of another step, changes the loss from step 2 on */
+    const char *sched = "--data synthetic:dlrm --steps 10 --batch 32 --optimizer sgd --lr 0.5 --schedule cosine "
+                        "--warmup 3 --seed 7";
+    compare("sync, cosine with warmup", sched, "--mode ps --ps-servers 2", 4, 1e-5);
+    compare("sync, cosine with warmup, dense on the servers", sched, "--mode ps --ps-servers 2 --ps-dense servers", 4,
+            1e-5);
+}
+
 static void test_stale_modes_train(void) {
     if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
     const char *longer = "--data synthetic:dlrm --steps 60 --batch 32 --optimizer sgd --lr 0.5 --schedule constant";
@@ -144,8 +156,6 @@ static void test_refusals(void) {
         {"--mode ps --ps-optimizer lamb", "--ps-optimizer"},
         {"--mode ps --ps-dense both", "--ps-dense"},
         {"--mode ps", "--ps-servers 1: the world has 1 rank"},
-        {"--mode ps --schedule cosine", "--schedule cosine"},
-        {"--mode ps --warmup 2", "--warmup"},
         {"--mode ps --optimizer sgd --momentum 0.9", "--momentum"},
         {"--mode ps --weight-decay 0.1", "--weight-decay"},
         {"--mode ps --save x.safetensors", "--save"},
@@ -177,6 +187,7 @@ int main(void) {
     RUN(test_refusals);
     RUN(test_sync_equals_one_process);
     RUN(test_sync_eval_equals_one_process);
+    RUN(test_sync_schedule_equals_one_process);
     RUN(test_stale_modes_train);
     rmdir(check_tmpdir());
     return check_finish();

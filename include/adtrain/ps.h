@@ -144,6 +144,10 @@ int adt_ps_store_pull(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, fl
  * global step `step` (1-based); a row not present is created first. */
 int adt_ps_store_push(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, const float *g, int64_t step,
                       int64_t now);
+/* The learning rate of the pushes that follow, in place of the optimizer's: tables updated by
+ * the store's optimizer take `lr`, tables with their own (adt_ps_table.optim) theirs scaled by
+ * lr / the store's; 0: every optimizer's own rate again. */
+void adt_ps_store_set_lr(adt_ps_store *s, float lr);
 /* Row (t, id)'s weights and optimizer state (NULL when absent), for tests and inspection. */
 const float *adt_ps_store_row(const adt_ps_store *s, int t, uint64_t id, const float **state);
 void adt_ps_store_get_stats(const adt_ps_store *s, int t, adt_ps_store_stats *st);
@@ -167,6 +171,11 @@ typedef struct adt_ps_cfg {
     int prefetch; /* pulls of up to this many later steps in flight beside the current one */
     uint64_t seed;
     double timeout_s; /* 0: the world's communicator timeout */
+    /* A learning-rate schedule, or NULL (optim.lr throughout): the rate of global step `step`
+     * (1-based), with which a server applies the pushes of that step (adt_ps_store_set_lr). A
+     * pure function of the step, so a push applied late (ssp, async) gets its own step's rate. */
+    float (*lr_at)(void *ctx, int64_t step);
+    void *lr_ctx;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -246,6 +255,8 @@ float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t);
  * the batch's mean loss. Then adt_ps_dlrm_row_grad(t) is d(loss)/d(rows of table t). */
 int adt_ps_dlrm_compute(adt_ps_dlrm *d, const float *dense, const float *labels, float *loss);
 float *adt_ps_dlrm_row_grad(adt_ps_dlrm *d, int t);
+/* The dense parameters' learning rate from here on (a schedule's rate of the next update). */
+void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr);
 /* Scales the dense gradients by `scale` (this worker's share of the global batch), sums them
  * over `workers` (NULL: alone) and applies the update of global step `step` (1-based). */
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);

@@ -147,6 +147,8 @@ int adt_ps_dlrm_compute(adt_ps_dlrm *d, const float *dense, const float *labels,
     return ADT_OK;
 }
 
+void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr) { d->optim.lr = lr; }
+
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step) {
     int64_t off = 0;
     for (int i = 0; i < d->n_dense_params; i++) {

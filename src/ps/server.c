@@ -214,6 +214,7 @@ static int apply_lists(srv *s, pend_msg **msgs, int n_msgs, int64_t step) {
     int64_t *ids_at = adt_malloc((size_t)n_msgs * sizeof *ids_at), *g_at = adt_malloc((size_t)n_msgs * sizeof *g_at);
     for (int i = 0; i < n_msgs; i++) ids_at[i] = 1 + T, g_at[i] = 0;
     int rc = ADT_OK;
+    if (s->cfg->lr_at) adt_ps_store_set_lr(s->store, s->cfg->lr_at(s->cfg->lr_ctx, step + 1)); /* the push's step's */
     for (int t = 0; t < T && !rc; t++) {
         int dim = s->cfg->tables[t].dim;
         ps_idmap_clear(&s->agg_map);

@@ -21,9 +21,12 @@
  * so far (adt_ps_worker_lookup), and the logits and labels are gathered in worker order, which
  * is the batch's order, so the loss and AUC are the one-process run's under sync.
  *
- * Not run in this mode yet (refused at start): checkpoints, the elastic agent, a learning-rate
- * schedule (the servers' optimizers keep one lr), momentum and weight decay (their sparse forms
- * are not defined here).
+ * The learning-rate schedule (--schedule, --warmup) is the trainer's (train_lr_at, a pure function
+ * of the step): the servers apply each push with the rate of the step it belongs to, the workers
+ * their hybrid dense update with the rate of the step they run.
+ *
+ * Not run in this mode yet (refused at start): checkpoints, the elastic agent, momentum and weight
+ * decay (their sparse forms are not defined here).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +66,6 @@ int train_ps_check(trainer *t) {
     else if (o->bal.on) why = "--straggler-policy, --split, --micro-batch, --inject-slowdown: not in --mode ps yet";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
-    else if (o->cosine || o->warmup) why = "--schedule cosine / --warmup: the servers' optimizers keep one learning "
-                                          "rate; expected --schedule constant and no --warmup";
     else if (o->save_path || o->resume_path || o->init_path) why = "--save, --resume, --init: checkpoints of the "
                                                                   "servers' shards are not written in --mode ps yet";
     else if (o->profile) why = "--profile: not in --mode ps yet";
@@ -80,6 +81,9 @@ int train_ps_check(trainer *t) {
     return 0;
 }
 
+/* The trainer's schedule: the rate one process would use at the step a push belongs to. */
+static float ps_lr_at(void *ctx, int64_t step) { return (float)train_lr_at(ctx, (long)step); }
+
 /* The global graph (the banner's parameters and FLOPs) and the servers' configuration. */
 static int ps_build(trainer *t) {
     int rc = train_ps_check(t);
@@ -94,6 +98,7 @@ static int ps_build(trainer *t) {
     p->pc.n_servers = o->ps_servers;
     p->pc.prefetch = o->ps_prefetch;
     p->pc.seed = o->seed;
+    p->pc.lr_at = ps_lr_at, p->pc.lr_ctx = &t->o;
     if (adt_ps_sync_parse(o->ps_sync ? o->ps_sync : "sync", "--ps-sync", &p->pc.sync))
         return train_fail(EXIT_USAGE, "%s", adt_error_message());
     /* the sparse optimizer: --ps-optimizer, else the dense one's sparse form */
@@ -172,6 +177,7 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (fill_step(t, p, s, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     float l = 0;
     float share = (float)p->Bw / (float)t->o.batch;
+    adt_ps_dlrm_set_lr(p->d, ps_lr_at(&t->o, step)); /* the hybrid dense update's; the servers set the rows' */
     if (adt_ps_dlrm_step(p->d, p->wk, p->pw.workers, s, p->dense_in, p->labels, share, &l))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
     double g = (double)share * l; /* the global loss: the share-weighted sum of the workers' means */

@@ -151,6 +151,10 @@ void train_psplit_free(trainer *t);
 /* Sleeps s seconds (an injected slowdown), through interruptions. */
 void train_sleep_s(double s);
 
+/* Learning rate of step s (1-based): linear warmup, then constant or cosine down to lr/10. A pure
+ * function of the step, so parameter servers apply the rate of the step a push belongs to. */
+double train_lr_at(const train_opts *o, long s);
+
 /* A note for the caller (rank 0 only): formats and hands the line to opts.note. */
 void train_note(const trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -375,8 +375,7 @@ int adt_trainer_eval(adt_trainer *t, double *mean, char *json, size_t nj, char *
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
-/* Learning rate of step s (1-based): linear warmup, then constant or cosine down to lr/10. */
-static double lr_at(const train_opts *o, long s) {
+double train_lr_at(const train_opts *o, long s) {
     if (o->warmup > 0 && s <= o->warmup) return o->lr * (double)s / (double)o->warmup;
     if (!o->cosine || o->steps <= o->warmup) return o->lr;
     double p = (double)(s - o->warmup) / (double)(o->steps - o->warmup);
@@ -390,7 +389,7 @@ static int run_step(trainer *t, long step, adt_train_step_info *info) {
     double t0 = adt_now_s();
     int rc = t->feed->batch(t, step, idx);
     if (rc) return rc;
-    info->lr = lr_at(&t->o, step);
+    info->lr = train_lr_at(&t->o, step);
     if (t->ex) adt_exec_set_lr_step(t->ex, (float)info->lr, (int32_t)step);
     if ((rc = t->run->step(t, step, idx, &info->loss))) return rc;
     info->seconds = adt_now_s() - t0;
