@@ -86,6 +86,8 @@ void adt_ps_clock_leave(adt_ps_clock *c, int w);
 int64_t adt_ps_clock_min(const adt_ps_clock *c);
 /* Whether a pull of step `step` may be answered now: step - min <= K (always under async). */
 int adt_ps_clock_may_serve(const adt_ps_clock *c, int64_t step);
+/* A resumed run: every worker has pushed steps 0 .. step-1. */
+void adt_ps_clock_start(adt_ps_clock *c, int64_t step);
 /* Sync only: whether every worker has pushed step `step` (its summed update may be applied). */
 int adt_ps_clock_step_gathered(const adt_ps_clock *c, int64_t step);
 
@@ -176,6 +178,9 @@ typedef struct adt_ps_cfg {
      * pure function of the step, so a push applied late (ssp, async) gets its own step's rate. */
     float (*lr_at)(void *ctx, int64_t step);
     void *lr_ctx;
+    /* Steps run before this run (it resumes a checkpoint): the clock starts with every worker
+     * having pushed steps 0 .. first_step-1, and a worker's first pull is of step first_step. */
+    int64_t first_step;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -224,6 +229,15 @@ int adt_ps_worker_done(adt_ps_worker *w);
  * faster workers may be in them too), outside the step clock, creating and touching nothing (an
  * absent row reads as its initial value). Blocking; may come between any two calls above. */
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows);
+/* A consistent cut after the steps this worker has pushed: sends every server a cut marker with
+ * the path of its shard file (paths[k] for server k) and waits until each has written it
+ * (adt_ps_store_save) or failed (its message returned). Every worker must call it after the same
+ * step. A server writes once every working worker's marker has come: each worker's pushes come
+ * before its marker on the same channel and are applied on arrival (sync: the step's sum once
+ * its last push is in), so the shard holds every push of the steps before the cut; and no worker
+ * pushes again before its answer, so it holds none after. Under ssp/async the faster workers
+ * wait here for the slowest. */
+int adt_ps_worker_save(adt_ps_worker *w, const char *const *paths);
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
 const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w);
 
@@ -261,6 +275,11 @@ void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr);
  * over `workers` (NULL: alone) and applies the update of global step `step` (1-based). */
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
+/* The worker's dense parameters and their optimizer state as safetensors (tensor "<name>" and,
+ * for Adam, "<name>.state" [2 * numel]: m then v), with the given metadata pairs; load reads
+ * them back (a missing tensor or another shape is an error naming the file). */
+int adt_ps_dlrm_save(const adt_ps_dlrm *d, const char *path, const char *const *kv, int n_pairs);
+int adt_ps_dlrm_load(adt_ps_dlrm *d, const char *path);
 /* One step s (0-based) of a worker: rows of step s (pulled before, adt_ps_worker_pull), compute,
  * row gradients scaled by `scale` and pushed, dense update of step s+1 (or, when the worker's
  * config has the dense tables of adt_ps_tables_dlrm_dense, the dense parameters pulled with the

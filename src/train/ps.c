@@ -25,11 +25,28 @@
  * of the step): the servers apply each push with the rate of the step it belongs to, the workers
  * their hybrid dense update with the rate of the step they run.
  *
- * Not run in this mode yet (refused at start): checkpoints, the elastic agent, momentum and weight
- * decay (their sparse forms are not defined here).
+ * Checkpoints (--save, --save-every, --resume) are one consistent cut after step s: the reporter
+ * makes the directory and removes its run file, every worker sends every server a cut marker
+ * after its push of step s and waits for the answer (adt_ps_worker_save): a server writes its
+ * shard (rows, their optimizer state, the dense tables when it holds them) once every worker's
+ * marker came, which under sync is after step s's summed update and under ssp/async after every
+ * worker's pushes of steps <= s, none later (no worker pushes before its answer; the faster ones
+ * wait there for the slowest). Then the reporter writes the run file: the metadata (step, seed,
+ * batch, ..., servers) and the hybrid dense parameters with their optimizer state, the same on
+ * every worker. The step is the data position (the sampler is a function of seed and step) and
+ * the schedule's. A resume loads each server's shard, the dense state into every worker, and
+ * starts the servers' clock at step s. It needs as many servers (rows are placed by a hash
+ * modulo their number: refused otherwise, not re-sharded); the workers may differ in number.
+ *
+ * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
+ * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
+ * defined here).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "adtrain/base.h"
 #include "adtrain/ps.h"
@@ -66,8 +83,8 @@ int train_ps_check(trainer *t) {
     else if (o->bal.on) why = "--straggler-policy, --split, --micro-batch, --inject-slowdown: not in --mode ps yet";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
-    else if (o->save_path || o->resume_path || o->init_path) why = "--save, --resume, --init: checkpoints of the "
-                                                                  "servers' shards are not written in --mode ps yet";
+    else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
+                                 "--resume DIR of a run saved with --mode ps --save";
     else if (o->profile) why = "--profile: not in --mode ps yet";
     else if (getenv("ADT_MASTER")) why = "--mode ps: not under adtrain agent yet (run it under mpiexec)";
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
@@ -156,8 +173,14 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     p->ids = adt_malloc((size_t)p->Bw * (size_t)T * sizeof *p->ids);
     p->dense_in = adt_malloc((size_t)p->Bw * (size_t)t->model.dlrm.n_dense * sizeof *p->dense_in);
     p->labels = adt_malloc((size_t)p->Bw * sizeof *p->labels);
-    if (adt_ps_worker_create(&p->wk, &p->pw, &p->pc) ||
-        adt_ps_dlrm_create(&p->d, &t->model.dlrm, p->Bw, &p->dense, eo))
+    if (adt_ps_dlrm_create(&p->d, &t->model.dlrm, p->Bw, &p->dense, eo))
+        return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
+    return 0;
+}
+
+/* The worker's client, made at its first use: a resume sets the step it starts at before. */
+static int ps_client(train_ps *p) {
+    if (!p->wk && adt_ps_worker_create(&p->wk, &p->pw, &p->pc))
         return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
     return 0;
 }
@@ -172,7 +195,8 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
         return 0;
     }
     long s = step - 1; /* the servers count steps from 0 */
-    int rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
+    int rc = ps_client(p);
+    if (!rc) rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
     if (rc) return rc;
     if (fill_step(t, p, s, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     float l = 0;
@@ -195,13 +219,14 @@ static int ps_eval(trainer *t, const train_source *s, int64_t *idx, double *loss
     if (p->pw.is_server)
         return train_fail(EXIT_USAGE, "evaluation: parameter server %d serves the workers, which evaluate",
                           p->pw.server);
+    int rc = ps_client(p);
+    if (rc) return rc;
     if (train_source_fill(s, idx + p->off, p->Bw, p->dense_in, p->ids, p->labels))
         return train_fail(EXIT_RUNTIME, "--val: %s", adt_error_message());
     float l = 0;
     if (adt_ps_dlrm_eval(p->d, p->wk, p->ids, p->dense_in, p->labels, &l, p->logits))
         return train_fail(EXIT_RUNTIME, "evaluation: %s", adt_error_message());
     double g = (double)p->Bw / (double)t->o.batch * l;
-    int rc = 0;
     if (p->pw.n_workers > 1)
         rc = adt_comm_allreduce_f64(p->pw.workers, &g, 1) ||
              adt_comm_allgather(p->pw.workers, p->logits, t->gathered[0], p->counts, ADT_F32) ||
@@ -217,9 +242,61 @@ static int ps_eval(trainer *t, const train_source *s, int64_t *idx, double *loss
 /* After the final evaluation and checkpoint: the servers may stop once every worker said so. */
 static int ps_finish(trainer *t) {
     train_ps *p = t->ps;
-    if (!p->wk || p->said_done) return 0;
+    if (p->pw.is_server || !p->pw_ready || p->said_done) return 0;
     p->said_done = 1;
+    if (ps_client(p)) return EXIT_RUNTIME;
     if (adt_ps_worker_done(p->wk)) return train_fail(EXIT_RUNTIME, "the parameter servers: %s", adt_error_message());
+    return 0;
+}
+
+const char *train_ps_sparse_optimizer(const trainer *t) {
+    static const char *const name[] = {"sgd", "adagrad", "adam"};
+    return name[t->ps->pc.optim.kind];
+}
+
+int train_ps_save(trainer *t, const char *dir, long step, const char *const *kv, int n_pairs) {
+    train_ps *p = t->ps;
+    if (p->pw.is_server)
+        return train_fail(EXIT_USAGE, "--save: parameter server %d writes its shard when the workers ask for it",
+                          p->pw.server);
+    char run[4096];
+    snprintf(run, sizeof run, "%s/%s", dir, TRAIN_PS_RUN_FILE);
+    int rc = ps_client(p);
+    /* a save that does not complete leaves no run file: a resume refuses the directory */
+    if (!rc && t->rank == t->reporter && ((mkdir(dir, 0777) && errno != EEXIST) || (unlink(run) && errno != ENOENT)))
+        rc = train_fail(EXIT_RUNTIME, "--save %s: %s", dir, strerror(errno));
+    int32_t bad = rc != 0; /* no worker asks the servers for a cut into a directory that is not there */
+    if (p->pw.n_workers > 1 && adt_comm_allreduce_i32(p->pw.workers, &bad, 1))
+        return train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
+    if (bad) return rc ? rc : train_fail(EXIT_RUNTIME, "--save %s: the first worker could not prepare it", dir);
+    int S = p->pw.n_servers;
+    char **paths = adt_calloc((size_t)S, sizeof *paths);
+    for (int k = 0; k < S; k++) {
+        size_t n = strlen(dir) + 40;
+        paths[k] = adt_malloc(n);
+        snprintf(paths[k], n, "%s/server-%d.safetensors", dir, k);
+    }
+    if (adt_ps_worker_save(p->wk, (const char *const *)paths))
+        rc = train_fail(EXIT_RUNTIME, "--save %s (step %ld): %s", dir, step, adt_error_message());
+    for (int k = 0; k < S; k++) free(paths[k]);
+    free(paths);
+    if (!rc && t->rank == t->reporter && adt_ps_dlrm_save(p->d, run, kv, n_pairs))
+        rc = train_fail(EXIT_RUNTIME, "--save %s: %s", run, adt_error_message());
+    return rc;
+}
+
+int train_ps_resume(trainer *t, const char *dir, long step) {
+    train_ps *p = t->ps;
+    char path[4096];
+    p->pc.first_step = step;
+    p->pulled = step;
+    if (p->pw.is_server) {
+        snprintf(path, sizeof path, "%s/server-%d.safetensors", dir, p->pw.server);
+        if (adt_ps_store_load(p->store, path)) return train_fail(EXIT_USAGE, "--resume %s: %s", dir, adt_error_message());
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, TRAIN_PS_RUN_FILE);
+    if (adt_ps_dlrm_load(p->d, path)) return train_fail(EXIT_USAGE, "--resume %s: %s", dir, adt_error_message());
     return 0;
 }
 

@@ -119,6 +119,16 @@ extern const train_runner train_runner_balance; /* per-rank local batches (balan
 extern const train_runner train_runner_ps;      /* servers and workers, --mode ps (ps.c)         */
 /* ps.c: the options and world --mode ps needs, checked (ADT_ERR_ARG naming the flag). */
 int train_ps_check(trainer *t);
+/* A checkpoint of --mode ps: a directory with each server's shard (server-K.safetensors) and,
+ * written last, the run file: the metadata pairs kv and the workers' dense parameters with their
+ * optimizer state. Collective over the workers (servers write when asked, in their loop). */
+#define TRAIN_PS_CKPT_FORMAT "adtrain-ps-state-1"
+#define TRAIN_PS_RUN_FILE "run.safetensors"
+int train_ps_save(trainer *t, const char *dir, long step, const char *const *kv, int n_pairs);
+/* After the run file's metadata was checked: this rank's shard or dense state, the clock's start. */
+int train_ps_resume(trainer *t, const char *dir, long step);
+/* The rows' optimizer ("sgd", "adagrad", "adam"), saved with a checkpoint and checked on resume. */
+const char *train_ps_sparse_optimizer(const trainer *t);
 
 /* Where a step's samples come from and what follows it. plan: before the graph is partitioned,
  * the plan to run (NULL: --plan or data parallel); start: after the executor and checkpoints
