@@ -34,14 +34,15 @@ out=bench/results/ps-$(date -u +%Y%m%dT%H%M%SZ).jsonl
 common="--steps $STEPS --warmup $WARMUP --batch $BATCH --tables $TABLES --rows $ROWS --alpha $ALPHA"
 printf '{"meta": {"host": "%s", "cores": %s, "load_before": "%s", "rounds": %s}}\n' "$(hostname)" "$(nproc)" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" "$ROUNDS" >"$out"
+# The first round of a phase ($1: its name in PHASES), or past the last when it is not asked for.
+first_round() { case " $PHASES " in *" $1 "*) echo 1 ;; *) echo $((ROUNDS + 1)) ;; esac; }
+# The configurations $2 in round $1's order: reversed every other round.
+round_order() { if [ $(($1 % 2)) -eq 0 ]; then echo "$2" | tr ' ' '\n' | tac | tr '\n' ' '; else echo "$2"; fi; }
 # sync mode, prefetch depth, where the dense parameters live
 configs="sync,0,workers sync,2,workers ssp:2,2,workers async,0,workers async,2,workers sync,2,servers ssp:2,2,servers async,2,servers torch"
-r=1
-case " $PHASES " in *" speed "*) ;; *) r=$((ROUNDS + 1)) ;; esac
+r=$(first_round speed)
 while [ "$r" -le "$ROUNDS" ]; do
-    list=$configs
-    [ $((r % 2)) -eq 0 ] && list=$(echo "$configs" | tr ' ' '\n' | tac | tr '\n' ' ')
-    for c in $list; do
+    for c in $(round_order "$r" "$configs"); do
         echo "round $r: $c" >&2
         if [ "$c" = torch ]; then
             line=$("$PYTHON" bench/torch_ps_peer.py $common --threads "$TORCH_THREADS")
@@ -56,12 +57,9 @@ done
 # accuracy after a fixed number of samples: mode,dense (one: the one-process run)
 acc_configs="sync,workers ssp:2,workers async,workers sync,servers ssp:2,servers async,servers one"
 acc_log=$(mktemp /tmp/adt-ps-auc.XXXXXX)
-r=1
-case " $PHASES " in *" auc "*) ;; *) r=$((ROUNDS + 1)) ;; esac
+r=$(first_round auc)
 while [ "$r" -le "$ROUNDS" ]; do
-    list=$acc_configs
-    [ $((r % 2)) -eq 0 ] && list=$(echo "$acc_configs" | tr ' ' '\n' | tac | tr '\n' ' ')
-    for c in $list; do
+    for c in $(round_order "$r" "$acc_configs"); do
         echo "round $r: auc $c" >&2
         flags="--model $ACC_MODEL --data synthetic:criteo-zipf --optimizer sgd --lr $ACC_LR --schedule constant \
             --steps $ACC_STEPS --batch $ACC_BATCH --eval-every $ACC_STEPS --eval-batches $ACC_EVAL --seed $r --log $acc_log"
