@@ -8,7 +8,8 @@
  * servers apply each step's rate, so the losses are the one-process run's again; a sync run of 2s
  * steps saved at s and resumed from there logs the uninterrupted run's losses and evaluations bit
  * for bit and ends with the same shards (row by row, weights and optimizer state) and dense state
- * (lazy Adam with a schedule; the dense parameters on the workers or on the servers); an async
+ * (lazy Adam with a schedule; the dense parameters on the workers or on the servers), and 3
+ * workers resuming 2 workers' cut log the same losses within 1e-5; an async
  * run resumes and continues (its steps counted from the cut, finite losses); a checkpoint of 2
  * servers is refused by a run of 1, and a directory whose save did not complete (no run file)
  * is refused; bounded staleness and
@@ -254,11 +255,26 @@ static void test_resume(void) {
     snprintf(flags, sizeof flags, "%s --ps-dense servers --ps-prefetch 2", adam);
     resume_case("sync, lazy adam, dense on the servers", flags, "adam", 1);
     const char *dir = check_tmpdir();
+    /* 3 workers go on from the cut 2 workers made: the same steps (sums in another order) */
+    char more[2048], lc[512];
+    snprintf(more, sizeof more, "%s --resume %s/a5 --log %s/e.jsonl", flags, dir, dir);
+    int st = run_ps(5, more, err, sizeof err);
+    CHECK(st == 0, "resumed by 3 workers: exit %d\n%s", st, err);
+    double a[64], e[64];
+    int ne;
+    snprintf(lc, sizeof lc, "%s/a.jsonl", dir);
+    int na = read_losses(lc, a, 64, &ne);
+    snprintf(lc, sizeof lc, "%s/e.jsonl", dir);
+    int nw = read_losses(lc, e, 64, &ne);
+    CHECK(na == 10 && nw == 5, "resumed by 3 workers: %d and %d steps logged", na, nw);
+    for (int i = 0; i < 5 && na == 10 && nw == 5; i++)
+        CHECK(fabs(e[i] - a[5 + i]) <= 1e-5 * fabs(a[5 + i]), "resumed by 3 workers: step %d: loss %.9g, %.9g "
+              "uninterrupted", 6 + i, e[i], a[5 + i]);
     /* async: the cut waits for the slowest worker; the resumed run goes on from it */
     snprintf(flags, sizeof flags, "--data synthetic:dlrm --steps 20 --batch 32 --optimizer sgd --lr 0.3 --seed 3 "
              "--mode ps --ps-servers 2 --ps-sync async --ps-prefetch 2 --save %s/c{step} --save-every 10 --log %s/c.jsonl",
              dir, dir);
-    int st = run_ps(4, flags, err, sizeof err);
+    st = run_ps(4, flags, err, sizeof err);
     CHECK(st == 0, "async run: exit %d\n%s", st, err);
     snprintf(flags, sizeof flags, "--data synthetic:dlrm --steps 20 --batch 32 --optimizer sgd --lr 0.3 --seed 3 "
              "--mode ps --ps-servers 2 --ps-sync async --ps-prefetch 2 --resume %s/c10 --log %s/d.jsonl", dir, dir);
