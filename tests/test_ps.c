@@ -16,6 +16,9 @@
  *                  updated in double precision (all rows for SGD and Adagrad, whose zero gradient
  *                  leaves a row unchanged; the touched rows for lazy Adam); untouched rows keep
  *                  their bits; lazy Adam differs from dense Adam (the semantics is real);
+ *   store_lr       a schedule's rate (adt_ps_store_set_lr): SGD steps of exactly that rate on the
+ *                  store's tables, of the table's own rate scaled by it on a table with its own
+ *                  optimizer, the optimizer's own again after set_lr(0); the clock's start;
  *   save_load      a shard saved and loaded equals the original (rows, state, eviction order);
  *                  a file of another optimizer or table set is refused;
  *   dlrm_ps_graph  the DLRM with fed rows gives the plain DLRM's loss, and its row gradients
@@ -350,6 +353,38 @@ static void test_optim_adam(void) { optim_case(ADT_PS_ADAM); }
 
 /* ---- save and load ----------------------------------------------------------------------------- */
 
+static void test_store_lr(void) {
+    adt_ps_optim o = {ADT_PS_SGD, 0.1f, 0, 0, 0};
+    adt_ps_table tb[2] = {table("plain", 2, 0, 4, ADT_PS_REFUSE), table("own", 2, 0, 4, ADT_PS_REFUSE)};
+    tb[1].optim = (adt_ps_optim){ADT_PS_SGD, 0.4f, 0, 0, 0};
+    adt_ps_store *st;
+    CHECK(adt_ps_store_create(&st, tb, 2, &o, g_seed) == ADT_OK, "%s", adt_error_message());
+    float w0[2][2], g[2] = {1.0f, -2.0f};
+    for (int t = 0; t < 2; t++) adt_ps_store_pull(st, t, (uint64_t[]){3}, 1, w0[t], 0);
+    /* (lr, the plain table's rate, the own table's rate) for three pushes */
+    const float rates[3][3] = {{0.05f, 0.05f, 0.4f * (0.05f / 0.1f)}, {0.025f, 0.025f, 0.4f * (0.025f / 0.1f)},
+                               {0, 0.1f, 0.4f}};
+    for (int k = 0; k < 3; k++) {
+        adt_ps_store_set_lr(st, rates[k][0]);
+        for (int t = 0; t < 2; t++) {
+            adt_ps_store_push(st, t, (uint64_t[]){3}, 1, g, k + 1, k + 1);
+            const float *w = adt_ps_store_row(st, t, 3, NULL);
+            for (int j = 0; j < 2; j++) {
+                float want = w0[t][j] - rates[k][1 + t] * g[j]; /* adt_k_sgd_update's w - lr g in float */
+                CHECK(w[j] == want, "push %d, table %d, element %d: %.9g, expected %.9g", k, t, j, w[j], want);
+                w0[t][j] = w[j];
+            }
+        }
+    }
+    adt_ps_store_free(st);
+    adt_ps_clock c;
+    adt_ps_clock_init(&c, 2, (adt_ps_sync){ADT_PS_SYNC, 0});
+    adt_ps_clock_start(&c, 7);
+    CHECK(adt_ps_clock_may_serve(&c, 7) && !adt_ps_clock_may_serve(&c, 8) && adt_ps_clock_push(&c, 0, 7) == ADT_OK &&
+          adt_ps_clock_push(&c, 1, 6) == ADT_ERR_STATE, "a clock started at step 7");
+    adt_ps_clock_free(&c);
+}
+
 static void test_save_load(void) {
     CHECK(check_tmpdir_make("ps") == 0, "tmpdir");
     const char *path = check_tmp_path("shard.safetensors");
@@ -515,6 +550,7 @@ int main(void) {
     RUN(test_optim_sgd);
     RUN(test_optim_adagrad);
     RUN(test_optim_adam);
+    RUN(test_store_lr);
     RUN(test_save_load);
     RUN(test_dlrm_ps_graph);
     RUN(test_local_sgd);

@@ -86,6 +86,8 @@ void adt_ps_clock_leave(adt_ps_clock *c, int w);
 int64_t adt_ps_clock_min(const adt_ps_clock *c);
 /* Whether a pull of step `step` may be answered now: step - min <= K (always under async). */
 int adt_ps_clock_may_serve(const adt_ps_clock *c, int64_t step);
+/* A resumed run: every worker has pushed steps 0 .. step-1. */
+void adt_ps_clock_start(adt_ps_clock *c, int64_t step);
 /* Sync only: whether every worker has pushed step `step` (its summed update may be applied). */
 int adt_ps_clock_step_gathered(const adt_ps_clock *c, int64_t step);
 
@@ -144,6 +146,10 @@ int adt_ps_store_pull(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, fl
  * global step `step` (1-based); a row not present is created first. */
 int adt_ps_store_push(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, const float *g, int64_t step,
                       int64_t now);
+/* The learning rate of the pushes that follow, in place of the optimizer's: tables updated by
+ * the store's optimizer take `lr`, tables with their own (adt_ps_table.optim) theirs scaled by
+ * lr / the store's; 0: every optimizer's own rate again. */
+void adt_ps_store_set_lr(adt_ps_store *s, float lr);
 /* Row (t, id)'s weights and optimizer state (NULL when absent), for tests and inspection. */
 const float *adt_ps_store_row(const adt_ps_store *s, int t, uint64_t id, const float **state);
 void adt_ps_store_get_stats(const adt_ps_store *s, int t, adt_ps_store_stats *st);
@@ -167,6 +173,14 @@ typedef struct adt_ps_cfg {
     int prefetch; /* pulls of up to this many later steps in flight beside the current one */
     uint64_t seed;
     double timeout_s; /* 0: the world's communicator timeout */
+    /* A learning-rate schedule, or NULL (optim.lr throughout): the rate of global step `step`
+     * (1-based), with which a server applies the pushes of that step (adt_ps_store_set_lr). A
+     * pure function of the step, so a push applied late (ssp, async) gets its own step's rate. */
+    float (*lr_at)(void *ctx, int64_t step);
+    void *lr_ctx;
+    /* Steps run before this run (it resumes a checkpoint): the clock starts with every worker
+     * having pushed steps 0 .. first_step-1, and a worker's first pull is of step first_step. */
+    int64_t first_step;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -210,9 +224,20 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
 /* Evaluation: the rows of ids [B, tables that are not whole] (and whole tables) as the servers
- * hold them now, outside the step clock, creating and touching nothing (an absent row reads as
- * its initial value). Blocking; may come between any two calls above. */
+ * hold them once every worker has pushed the steps this one has pushed (so under sync a lookup
+ * after step s reads the one-process rows of step s; under ssp/async pushes of later steps by
+ * faster workers may be in them too), outside the step clock, creating and touching nothing (an
+ * absent row reads as its initial value). Blocking; may come between any two calls above. */
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows);
+/* A consistent cut after the steps this worker has pushed: sends every server a cut marker with
+ * the path of its shard file (paths[k] for server k) and waits until each has written it
+ * (adt_ps_store_save) or failed (its message returned). Every worker must call it after the same
+ * step. A server writes once every working worker's marker has come: each worker's pushes come
+ * before its marker on the same channel and are applied on arrival (sync: the step's sum once
+ * its last push is in), so the shard holds every push of the steps before the cut; and no worker
+ * pushes again before its answer, so it holds none after. Under ssp/async the faster workers
+ * wait here for the slowest. */
+int adt_ps_worker_save(adt_ps_worker *w, const char *const *paths);
 void adt_ps_worker_get_stats(const adt_ps_worker *w, adt_ps_worker_stats *st);
 const adt_ps_cfg *adt_ps_worker_cfg(const adt_ps_worker *w);
 
@@ -244,10 +269,17 @@ float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t);
  * the batch's mean loss. Then adt_ps_dlrm_row_grad(t) is d(loss)/d(rows of table t). */
 int adt_ps_dlrm_compute(adt_ps_dlrm *d, const float *dense, const float *labels, float *loss);
 float *adt_ps_dlrm_row_grad(adt_ps_dlrm *d, int t);
+/* The dense parameters' learning rate from here on (a schedule's rate of the next update). */
+void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr);
 /* Scales the dense gradients by `scale` (this worker's share of the global batch), sums them
  * over `workers` (NULL: alone) and applies the update of global step `step` (1-based). */
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
+/* The worker's dense parameters and their optimizer state as safetensors (tensor "<name>" and,
+ * for Adam, "<name>.state" [2 * numel]: m then v), with the given metadata pairs; load reads
+ * them back (a missing tensor or another shape is an error naming the file). */
+int adt_ps_dlrm_save(const adt_ps_dlrm *d, const char *path, const char *const *kv, int n_pairs);
+int adt_ps_dlrm_load(adt_ps_dlrm *d, const char *path);
 /* One step s (0-based) of a worker: rows of step s (pulled before, adt_ps_worker_pull), compute,
  * row gradients scaled by `scale` and pushed, dense update of step s+1 (or, when the worker's
  * config has the dense tables of adt_ps_tables_dlrm_dense, the dense parameters pulled with the
@@ -255,7 +287,7 @@ adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
 int adt_ps_dlrm_step(adt_ps_dlrm *d, adt_ps_worker *w, adt_comm *workers, int64_t step, const float *dense,
                      const float *labels, float scale, float *loss);
 /* Evaluation of a batch (ids [batch, n_tables], dense, labels) on the rows and dense parameters
- * as the servers hold them now (adt_ps_worker_lookup): the forward pass only; *loss the batch's
+ * the servers hold after every worker's pushes of the steps this one pushed (adt_ps_worker_lookup): the forward pass only; *loss the batch's
  * mean loss, logits[batch] (either may be NULL). With hybrid dense parameters, the worker's own. */
 int adt_ps_dlrm_eval(adt_ps_dlrm *d, adt_ps_worker *w, const int32_t *ids, const float *dense, const float *labels,
                      float *loss, float *logits);

@@ -79,4 +79,8 @@ int adt_ps_clock_may_serve(const adt_ps_clock *c, int64_t step) {
     return step - adt_ps_clock_min(c) <= (int64_t)c->sync.staleness;
 }
 
+void adt_ps_clock_start(adt_ps_clock *c, int64_t step) {
+    for (int w = 0; w < c->n_workers; w++) c->done[w] = step;
+}
+
 int adt_ps_clock_step_gathered(const adt_ps_clock *c, int64_t step) { return adt_ps_clock_min(c) > step; }

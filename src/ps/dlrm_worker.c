@@ -10,6 +10,7 @@
 #include "adtrain/base.h"
 #include "adtrain/models.h"
 #include "adtrain/ps.h"
+#include "adtrain/safetensors.h"
 
 struct adt_ps_dlrm {
     adt_dlrm_cfg cfg;
@@ -130,6 +131,39 @@ void adt_ps_dlrm_free(adt_ps_dlrm *d) {
 
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d) { return d->ex; }
 
+int adt_ps_dlrm_save(const adt_ps_dlrm *d, const char *path, const char *const *kv, int n_pairs) {
+    adt_st_writer *wr = adt_st_writer_create();
+    int rc = ADT_OK, k = adt_ps_optim_states(d->optim.kind);
+    for (int i = 0; i < n_pairs && !rc; i++) rc = adt_st_writer_set_metadata(wr, kv[2 * i], kv[2 * i + 1]);
+    for (int i = 0; i < d->n_dense_params && !rc; i++) {
+        const adt_value *val = &d->g->values[d->dense_params[i]];
+        int64_t n = adt_value_numel(d->g, d->dense_params[i]), kn = k * n;
+        char name[160];
+        rc = adt_st_writer_add(wr, val->name, ADT_ST_F32, 1, &n, adt_exec_data(d->ex, d->dense_params[i]));
+        snprintf(name, sizeof name, "%s.state", val->name);
+        if (!rc && k) rc = adt_st_writer_add(wr, name, ADT_ST_F32, 1, &kn, d->state[i]);
+    }
+    if (!rc) rc = adt_st_writer_save(wr, path);
+    adt_st_writer_free(wr);
+    return rc;
+}
+
+int adt_ps_dlrm_load(adt_ps_dlrm *d, const char *path) {
+    adt_st_file *f;
+    int rc = adt_st_open(&f, path), k = adt_ps_optim_states(d->optim.kind);
+    if (rc) return rc;
+    for (int i = 0; i < d->n_dense_params && !rc; i++) {
+        const adt_value *val = &d->g->values[d->dense_params[i]];
+        int64_t n = adt_value_numel(d->g, d->dense_params[i]), kn = k * n;
+        char name[160];
+        rc = adt_st_read_f32(f, val->name, adt_exec_data(d->ex, d->dense_params[i]), 1, &n);
+        snprintf(name, sizeof name, "%s.state", val->name);
+        if (!rc && k) rc = adt_st_read_f32(f, name, d->state[i], 1, &kn);
+    }
+    adt_st_close(f);
+    return rc;
+}
+
 float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t) {
     return t >= 0 && t < d->cfg.n_tables ? adt_exec_data(d->ex, d->rows[t]) : NULL;
 }
@@ -146,6 +180,8 @@ int adt_ps_dlrm_compute(adt_ps_dlrm *d, const float *dense, const float *labels,
     if (loss) *loss = *(const float *)adt_exec_data(d->ex, d->io.loss);
     return ADT_OK;
 }
+
+void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr) { d->optim.lr = lr; }
 
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step) {
     int64_t off = 0;

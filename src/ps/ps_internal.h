@@ -13,9 +13,13 @@
  * [step, count_0 .. count_{T-1}, ids of table 0, ids of table 1, ...]; a push is followed by its
  * gradients (f32, the ids' rows in that order), a pull answered by the rows (f32, same order). */
 enum { PS_TAG_PULL = 1, PS_TAG_ROWS = 2, PS_TAG_PUSH = 3, PS_TAG_GRAD = 4, PS_TAG_DONE = 5, PS_TAG_PEEK = 6,
-       PS_TAG_PEEKROWS = 7 };
-/* A peek is a pull answered at once, outside the clock, that creates and touches no row (an
- * absent row reads as its initial value): what evaluation reads. */
+       PS_TAG_PEEKROWS = 7, PS_TAG_SAVE = 8, PS_TAG_SAVED = 9 };
+/* A cut marker (SAVE) is int64 [steps pushed, the shard's path as bytes, NUL-terminated]; its
+ * answer (SAVED) int64 [status, the error message as bytes], at most PS_SAVED_WORDS words. */
+#define PS_SAVED_WORDS 130
+/* A peek is a pull outside the clock that creates and touches no row (an absent row reads as its
+ * initial value): what evaluation reads. Its step field s holds it until every worker has pushed
+ * steps 0 .. s-1 (the asker's own pushes), so that it sees them applied. */
 
 /* ids -> 0, 1, 2, ... in order of first insertion; cleared in time proportional to its entries. */
 typedef struct ps_idmap {

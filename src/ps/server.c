@@ -84,7 +84,7 @@ typedef struct pend_msg { /* a received pull or push, its ids and (push) gradien
 
 typedef struct out_send {
     MPI_Request req;
-    float *buf;
+    void *buf;
     struct out_send *next;
 } out_send;
 
@@ -96,6 +96,8 @@ typedef struct srv {
     adt_ps_clock clock;
     pend_msg **pulls, **pulls_tail; /* per worker, FIFO in step order */
     pend_msg **pushes;              /* sync: per worker, the push of the step being gathered */
+    pend_msg **peeks;               /* per worker, a lookup waiting for the pushes it must see */
+    pend_msg **cuts;                /* per worker, its cut marker while the others' are awaited */
     int *done;
     double *last_heard;
     out_send *sends;
@@ -188,6 +190,13 @@ static int serve_pull(srv *s, int w, pend_msg *m, int peek) {
 
 static int serve_ready(srv *s) {
     for (int w = 0; w < s->pw->n_workers; w++) {
+        pend_msg *pk = s->peeks[w];
+        if (pk && adt_ps_clock_min(&s->clock) >= pk->hdr[0]) {
+            s->peeks[w] = NULL;
+            int rc = serve_pull(s, w, pk, 1);
+            free(pk->hdr), free(pk);
+            if (rc) return rc;
+        }
         while (s->pulls[w] && adt_ps_clock_may_serve(&s->clock, s->pulls[w]->hdr[0])) {
             pend_msg *m = s->pulls[w];
             int rc = serve_pull(s, w, m, 0);
@@ -206,6 +215,7 @@ static int apply_lists(srv *s, pend_msg **msgs, int n_msgs, int64_t step) {
     int64_t *ids_at = adt_malloc((size_t)n_msgs * sizeof *ids_at), *g_at = adt_malloc((size_t)n_msgs * sizeof *g_at);
     for (int i = 0; i < n_msgs; i++) ids_at[i] = 1 + T, g_at[i] = 0;
     int rc = ADT_OK;
+    if (s->cfg->lr_at) adt_ps_store_set_lr(s->store, s->cfg->lr_at(s->cfg->lr_ctx, step + 1)); /* the push's step's */
     for (int t = 0; t < T && !rc; t++) {
         int dim = s->cfg->tables[t].dim;
         ps_idmap_clear(&s->agg_map);
@@ -265,6 +275,54 @@ static int on_push(srv *s, int w, pend_msg *m) {
     return rc;
 }
 
+/* A checkpoint's cut: once every worker still working has sent its marker (after its last push
+ * before the cut), the shard is written and each is answered with the outcome. A failed write
+ * leaves the server serving: the workers fail with its message and end the run. */
+static int cut_if_complete(srv *s) {
+    int W = s->pw->n_workers, first = -1;
+    for (int w = 0; w < W; w++) {
+        if (s->done[w]) continue;
+        if (!s->cuts[w]) return ADT_OK;
+        if (first < 0) first = w;
+    }
+    if (first < 0) return ADT_OK;
+    const char *path = (const char *)(s->cuts[first]->hdr + 1);
+    for (int w = 0; w < W; w++)
+        if (s->cuts[w] && (s->cuts[w]->hdr[0] != s->cuts[first]->hdr[0] || strcmp((const char *)(s->cuts[w]->hdr + 1), path)))
+            return adt_error(ADT_ERR_COMM, "ps server %d: worker %d's checkpoint is after step %lld into '%s', worker "
+                             "%d's after step %lld into '%s': expected the same cut", s->pw->server, w,
+                             (long long)s->cuts[w]->hdr[0], (const char *)(s->cuts[w]->hdr + 1), first,
+                             (long long)s->cuts[first]->hdr[0], path);
+    int64_t reply[PS_SAVED_WORDS] = {0};
+    reply[0] = adt_ps_store_save(s->store, path);
+    if (reply[0]) snprintf((char *)(reply + 1), sizeof reply - sizeof *reply, "%s", adt_error_message());
+    for (int w = 0; w < W; w++) {
+        if (!s->cuts[w]) continue;
+        out_send *o = adt_calloc(1, sizeof *o);
+        o->buf = adt_malloc(sizeof reply);
+        memcpy(o->buf, reply, sizeof reply);
+        MPI_Isend(o->buf, PS_SAVED_WORDS, MPI_INT64_T, s->pw->n_servers + w, PS_TAG_SAVED, s->comm, &o->req);
+        o->next = s->sends, s->sends = o;
+        free(s->cuts[w]->hdr), free(s->cuts[w]);
+        s->cuts[w] = NULL;
+    }
+    return ADT_OK;
+}
+
+/* A cut marker: [steps pushed, the path as bytes]; every push of this worker before the cut has
+ * been received (they precede the marker) and applied. */
+static int on_cut(srv *s, int w, pend_msg *m) {
+    const char *path = (const char *)(m->hdr + 1);
+    if (m->n_hdr < 2 || memchr(path, 0, (size_t)(m->n_hdr - 1) * sizeof *m->hdr) == NULL || s->cuts[w])
+        return adt_error(ADT_ERR_COMM, "ps server %d: a malformed checkpoint request from worker %d, expected [steps, "
+                         "path] and one at a time", s->pw->server, w);
+    if (m->hdr[0] != s->clock.done[w])
+        return adt_error(ADT_ERR_COMM, "ps server %d: worker %d asks for a checkpoint after step %lld but has pushed "
+                         "%lld steps", s->pw->server, w, (long long)m->hdr[0], (long long)s->clock.done[w]);
+    s->cuts[w] = m;
+    return cut_if_complete(s);
+}
+
 /* Receives the gradients that follow a push header, within the deadline. */
 static int recv_grads(srv *s, int src, pend_msg *m, double timeout) {
     int64_t floats;
@@ -311,15 +369,22 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
         s->pulls_tail[w] = m;
         if (!adt_ps_clock_may_serve(&s->clock, m->hdr[0])) s->st.deferred++;
         return serve_ready(s);
-    case PS_TAG_PEEK:
+    case PS_TAG_PEEK: /* answered once every worker pushed the steps before hdr[0] */
         if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "lookup"))) break;
-        rc = serve_pull(s, w, m, 1);
-        break;
+        if (s->peeks[w]) {
+            rc = adt_error(ADT_ERR_COMM, "ps server %d: worker %d sent a lookup while its last one waits", s->pw->server, w);
+            break;
+        }
+        s->peeks[w] = m;
+        return serve_ready(s);
     case PS_TAG_PUSH:
         if ((rc = check_msg(s, m->hdr, m->n_hdr, w, "push"))) break;
         if ((rc = recv_grads(s, src, m, timeout))) break;
         if ((rc = on_push(s, w, m))) return rc;
         return serve_ready(s);
+    case PS_TAG_SAVE: /* kept in s->cuts until the cut is complete */
+        if ((rc = on_cut(s, w, m)) && s->cuts[w] != m) break;
+        return rc;
     case PS_TAG_DONE:
         s->done[w] = 1;
         adt_ps_clock_leave(&s->clock, w);
@@ -339,10 +404,11 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
                 if (rc) return rc;
             }
         }
+        if ((rc = cut_if_complete(s))) return rc; /* the others' cut no longer waits for it */
         return serve_ready(s);
     default:
         rc = adt_error(ADT_ERR_COMM, "ps server %d: a message with tag %d from worker %d, expected a pull, lookup, "
-                       "push or done", s->pw->server, ps->MPI_TAG, w);
+                       "push, checkpoint or done", s->pw->server, ps->MPI_TAG, w);
     }
     free(m->hdr), free(m->g), free(m);
     return rc;
@@ -357,6 +423,9 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     s.pulls = adt_calloc((size_t)W, sizeof *s.pulls);
     s.pulls_tail = adt_calloc((size_t)W, sizeof *s.pulls_tail);
     s.pushes = adt_calloc((size_t)W, sizeof *s.pushes);
+    s.peeks = adt_calloc((size_t)W, sizeof *s.peeks);
+    s.cuts = adt_calloc((size_t)W, sizeof *s.cuts);
+    adt_ps_clock_start(&s.clock, cfg->first_step);
     s.done = adt_calloc((size_t)W, sizeof *s.done);
     s.last_heard = adt_malloc((size_t)W * sizeof *s.last_heard);
     double t0 = adt_now_s(), timeout = ps_timeout(pw, cfg);
@@ -391,8 +460,10 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     for (int w = 0; w < W; w++) {
         for (pend_msg *m = s.pulls[w], *nx; m; m = nx) nx = m->next, free(m->hdr), free(m);
         if (s.pushes[w]) free(s.pushes[w]->hdr), free(s.pushes[w]->g), free(s.pushes[w]);
+        if (s.peeks[w]) free(s.peeks[w]->hdr), free(s.peeks[w]);
+        if (s.cuts[w]) free(s.cuts[w]->hdr), free(s.cuts[w]);
     }
-    free(s.pulls), free(s.pulls_tail), free(s.pushes), free(s.done), free(s.last_heard), free(s.agg);
+    free(s.pulls), free(s.pulls_tail), free(s.pushes), free(s.peeks), free(s.cuts), free(s.done), free(s.last_heard), free(s.agg);
     ps_idmap_free(&s.agg_map);
     adt_ps_clock_free(&s.clock);
     if (stats) *stats = s.st;

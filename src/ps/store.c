@@ -42,6 +42,7 @@ struct adt_ps_store {
     ps_tab *tabs;
     adt_ps_optim optim;
     uint64_t seed;
+    float lr; /* adt_ps_store_set_lr's, 0: none */
 };
 
 static uint64_t tab_hash(uint64_t id) { return adt_rng_mix64(id ^ 0x5bd1e9955bd1e995ull); }
@@ -257,11 +258,13 @@ static int store_rows(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, fl
     if ((rc = check_table(s, t))) return rc;
     ps_tab *tb = &s->tabs[t];
     int dim = tb->cfg.dim;
+    adt_ps_optim o = tb->optim;
+    if (s->lr > 0) o.lr = o.lr == s->optim.lr ? s->lr : o.lr * (s->lr / s->optim.lr);
     for (int64_t i = 0; i < n; i++) {
         int64_t r = tab_get(tb, ids[i], now);
         if (r == NIL) return ADT_ERR_ARG;
         if (g)
-            adt_ps_optim_apply(&tb->optim, tb->w + r * dim, tb->n_state ? tb->st + r * tb->n_state : NULL, g + i * dim,
+            adt_ps_optim_apply(&o, tb->w + r * dim, tb->n_state ? tb->st + r * tb->n_state : NULL, g + i * dim,
                                dim, step);
         else
             memcpy(out + i * dim, tb->w + r * dim, (size_t)dim * sizeof *out);
@@ -293,6 +296,8 @@ int adt_ps_store_push(adt_ps_store *s, int t, const uint64_t *ids, int64_t n, co
                       int64_t now) {
     return store_rows(s, t, ids, n, NULL, g, step, now);
 }
+
+void adt_ps_store_set_lr(adt_ps_store *s, float lr) { s->lr = lr > 0 ? lr : 0; }
 
 const float *adt_ps_store_row(const adt_ps_store *s, int t, uint64_t id, const float **state) {
     if (state) *state = NULL;

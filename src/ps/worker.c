@@ -74,6 +74,7 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
     w->T = cfg->n_tables;
     w->n_slots = cfg->prefetch + 1;
     w->timeout = ps_timeout(pw, cfg);
+    w->next_pull = w->next_push = cfg->first_step < 0 ? 0 : cfg->first_step;
     w->slots = adt_calloc((size_t)w->n_slots, sizeof *w->slots);
     for (int i = -1; i < w->n_slots; i++) {
         wslot *sl = i < 0 ? &w->peek : &w->slots[i];
@@ -273,7 +274,8 @@ static void expand_rows(adt_ps_worker *w, const wslot *sl, float *const *rows) {
 
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows) {
     wslot *sl = &w->peek;
-    int rc = post_requests(w, sl, 0, ids, B, PS_TAG_PEEK, PS_TAG_PEEKROWS);
+    /* the step field: the server answers once every worker has pushed the steps this one has */
+    int rc = post_requests(w, sl, w->next_push, ids, B, PS_TAG_PEEK, PS_TAG_PEEKROWS);
     if (!rc) rc = wait_all(w, sl->rq, 2 * w->S, "a lookup", w->next_push);
     if (!rc) expand_rows(w, sl, rows);
     slot_release(w, sl);
@@ -336,6 +338,32 @@ int adt_ps_worker_done(adt_ps_worker *w) {
     for (int p = 0; p < w->S; p++) MPI_Isend(&msg, 1, MPI_INT64_T, p, PS_TAG_DONE, w->comm, &rq[p]);
     rc = wait_all(w, rq, w->S, "the end of work", msg);
     free(rq);
+    return rc;
+}
+
+int adt_ps_worker_save(adt_ps_worker *w, const char *const *paths) {
+    int S = w->S;
+    int64_t **msg = adt_calloc((size_t)S, sizeof *msg), **rep = adt_calloc((size_t)S, sizeof *rep);
+    MPI_Request *rq = adt_malloc((size_t)(2 * S) * sizeof *rq);
+    for (int p = 0; p < S; p++) {
+        size_t len = strlen(paths[p]) + 1, words = (len + 7) / 8;
+        msg[p] = adt_calloc(1 + words, sizeof **msg);
+        msg[p][0] = w->next_push;
+        memcpy(msg[p] + 1, paths[p], len);
+        rep[p] = adt_calloc(PS_SAVED_WORDS, sizeof **rep);
+        MPI_Irecv(rep[p], PS_SAVED_WORDS, MPI_INT64_T, p, PS_TAG_SAVED, w->comm, &rq[S + p]);
+        MPI_Isend(msg[p], (int)(1 + words), MPI_INT64_T, p, PS_TAG_SAVE, w->comm, &rq[p]);
+    }
+    int rc = wait_all(w, rq, 2 * S, "a checkpoint's cut", w->next_push);
+    if (rc)
+        for (int k = 0; k < 2 * S; k++) drop_request(&rq[k]);
+    for (int p = 0; p < S && !rc; p++)
+        if (rep[p][0]) {
+            ((char *)rep[p])[PS_SAVED_WORDS * sizeof **rep - 1] = 0;
+            rc = adt_error(ADT_ERR_IO, "ps server %d: writing its shard %s: %s", p, paths[p], (const char *)(rep[p] + 1));
+        }
+    for (int p = 0; p < S; p++) free(msg[p]), free(rep[p]);
+    free(msg), free(rep), free(rq);
     return rc;
 }
 

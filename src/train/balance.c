@@ -702,4 +702,4 @@ static void balance_free(trainer *t) {
 }
 
 const train_runner train_runner_balance = {"balanced data parallel", train_balance_build, train_balance_executor,
-                                           train_balance_step, NULL, train_balance_banner, balance_free};
+                                           train_balance_step, NULL, train_balance_banner, balance_free, NULL};

@@ -15,6 +15,11 @@
  * --init and --resume read either kind under any plan and world size: each rank loads its own
  * blocks (the boxes of its layouts; a tied parameter into every stage holding it) from whichever
  * files hold them.
+ *
+ * --mode ps writes a directory of its own (ps.c): every server's shard and a run file with the
+ * same metadata (format TRAIN_PS_CKPT_FORMAT, and the servers' count, where the dense parameters
+ * live and the rows' optimizer, which a resume must match: rows are placed by a hash modulo the
+ * number of servers, and are not re-sharded).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -62,10 +67,10 @@ static void save_path_for(const char *pattern, long step, char *buf, size_t n) {
 
 /* The metadata pairs of a checkpoint at `step` (the strings live in m). */
 typedef struct ckpt_meta {
-    char step[32], seed[32], batch[32], samples[32], vocab[520];
+    char step[32], seed[32], batch[32], samples[32], vocab[520], servers[32];
     char *model_json;
     char *split;    /* "b0,b1,..." the balanced runner's split, or NULL */
-    const char *kv[24];
+    const char *kv[34];
     int n_pairs;
 } ckpt_meta;
 
@@ -94,6 +99,15 @@ static void meta_make(trainer *t, long step, const int64_t *split, ckpt_meta *m)
     memcpy(m->kv, kv, sizeof kv);
     m->n_pairs = 11;
     m->split = NULL;
+    if (t->ps) {
+        snprintf(m->servers, sizeof m->servers, "%d", t->o.ps_servers);
+        const char *ps[] = {"adtrain.ps_servers", m->servers, "adtrain.ps_dense",
+                            t->o.ps_dense_servers ? "servers" : "workers", "adtrain.ps_optimizer",
+                            train_ps_sparse_optimizer(t)};
+        m->kv[1] = TRAIN_PS_CKPT_FORMAT;
+        memcpy(m->kv + 2 * m->n_pairs, ps, sizeof ps);
+        m->n_pairs += 3;
+    }
     if (split) {
         size_t cap = (size_t)t->nranks * 21 + 1, k = 0;
         m->split = adt_malloc(cap);
@@ -169,12 +183,14 @@ int train_ckpt_save(trainer *t, const char *pattern, long step) {
     int rc = 0;
     int dist = t->world && (t->loc.g || t->pipe); /* partitioned, or pipeline stages: each rank its blocks; else
                                                    * every rank holds the whole state and rank 0 writes one file */
-    if (dist) rc = save_distributed(t, path, step, &m);
+    if (t->ps) rc = train_ps_save(t, path, step, m.kv, m.n_pairs);
+    else if (dist) rc = save_distributed(t, path, step, &m);
     else if (t->rank == 0 && adt_ckpt_save(path, t->g, exec_data, t, 1, m.kv, m.n_pairs)) /* metadata made once */
         rc = train_fail(EXIT_RUNTIME, "--save: %s", adt_error_message());
     meta_free(&m);
     if (rc) return rc;
-    train_note(t, "saved %s%s (step %ld)", path, dist ? " (distributed checkpoint)" : "", step);
+    train_note(t, "saved %s%s (step %ld)", path,
+               t->ps ? " (the servers' shards and the workers' state)" : dist ? " (distributed checkpoint)" : "", step);
     return 0;
 }
 
@@ -271,12 +287,25 @@ static int check_same(const ckpt_src *c, const char *key, const char *have, cons
     return 0;
 }
 
+/* --mode ps: the same servers, the dense parameters in the same place, the same rows' optimizer. */
+static int check_ps(trainer *t, const ckpt_src *c) {
+    const char *s = src_meta(c, "adtrain.ps_servers");
+    if (!s || atoi(s) != t->o.ps_servers)
+        return train_fail(EXIT_USAGE, "--resume %s: saved by %s parameter server%s, this run has --ps-servers %d; "
+                          "expected --ps-servers %s (rows are placed by a hash modulo the number of servers and are "
+                          "not re-sharded)", c->path, s ? s : "(unknown)", s && !strcmp(s, "1") ? "" : "s",
+                          t->o.ps_servers, s ? s : "as saved");
+    int rc = check_same(c, "adtrain.ps_dense", t->o.ps_dense_servers ? "servers" : "workers", "--ps-dense");
+    if (!rc) rc = check_same(c, "adtrain.ps_optimizer", train_ps_sparse_optimizer(t), "the rows' optimizer");
+    return rc;
+}
+
 static int resume_from(trainer *t, const ckpt_src *c) {
-    const char *fmt = src_meta(c, "adtrain.format");
-    if (!fmt || strcmp(fmt, CKPT_FORMAT))
+    const char *fmt = src_meta(c, "adtrain.format"), *want = t->ps ? TRAIN_PS_CKPT_FORMAT : CKPT_FORMAT;
+    if (!fmt || strcmp(fmt, want))
         return train_fail(EXIT_USAGE, "--resume %s: format '%s', expected '%s' (a checkpoint written by adtrain train "
-                          "--save; use --init to start from bare weights)", c->path, fmt ? fmt : "(none)",
-                          CKPT_FORMAT);
+                          "%s--save%s)", c->path, fmt ? fmt : "(none)", want, t->ps ? "--mode ps " : "",
+                          t->ps ? "" : "; use --init to start from bare weights");
     char s_seed[32], s_batch[32], s_samples[32];
     snprintf(s_seed, sizeof s_seed, "%" PRIu64, t->o.seed);
     snprintf(s_batch, sizeof s_batch, "%ld", t->o.batch);
@@ -285,7 +314,8 @@ static int resume_from(trainer *t, const ckpt_src *c) {
     if ((rc = check_same(c, "adtrain.seed", s_seed, "--seed")) || (rc = check_same(c, "adtrain.batch", s_batch, "--batch")) ||
         (rc = check_same(c, "adtrain.shuffle", t->o.shuffle ? "on" : "off", "--shuffle")) ||
         (rc = check_same(c, "adtrain.optimizer", t->o.optimizer == ADT_OPTIM_SGD ? "sgd" : "adamw", "--optimizer")) ||
-        (rc = check_same(c, "adtrain.train_samples", s_samples, "training samples")) || (rc = check_vocab(t, c)))
+        (rc = check_same(c, "adtrain.train_samples", s_samples, "training samples")) || (rc = check_vocab(t, c)) ||
+        (t->ps && (rc = check_ps(t, c))))
         return rc;
     const char *s = src_meta(c, "adtrain.step");
     char *end;
@@ -297,7 +327,7 @@ static int resume_from(trainer *t, const ckpt_src *c) {
     if (step >= t->o.steps)
         return train_fail(EXIT_USAGE, "--resume %s: the checkpoint is at step %ld already; expected --steps above it "
                           "(the total for the whole run)", c->path, step);
-    if ((rc = src_load(t, c, 1))) return rc;
+    if ((rc = t->ps ? train_ps_resume(t, t->o.resume_path, step) : src_load(t, c, 1))) return rc;
     t->start_step = step;
     const char *split = src_meta(c, "adtrain.balance_split");
     if (split && t->bal) train_balance_adopt_split(t, split); /* a split of another world is left */
@@ -307,7 +337,17 @@ static int resume_from(trainer *t, const ckpt_src *c) {
 int train_ckpt_resume(trainer *t) {
     if (!t->o.resume_path) return 0;
     ckpt_src c;
-    int rc = src_open(&c, "--resume", t->o.resume_path);
+    char run[4096];
+    const char *path = t->o.resume_path;
+    struct stat st;
+    if (t->ps) { /* the run file holds the metadata; it is written last */
+        snprintf(run, sizeof run, "%s/%s", path, TRAIN_PS_RUN_FILE);
+        if (stat(path, &st) || !S_ISDIR(st.st_mode) || stat(run, &st))
+            return train_fail(EXIT_USAGE, "--resume %s: no %s in it; expected a directory written by adtrain train "
+                              "--mode ps --save (one whose save did not complete has none)", path, TRAIN_PS_RUN_FILE);
+        path = run;
+    }
+    int rc = src_open(&c, "--resume", path);
     if (rc) return rc;
     rc = resume_from(t, &c);
     src_close(&c);

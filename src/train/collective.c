@@ -264,7 +264,7 @@ int train_fill(trainer *t, const train_source *s, int64_t *idx) {
 }
 
 int train_read(trainer *t, int v, int slot, const void **out) {
-    if (t->pipe) { /* train_pipe_eval gathered the batch */
+    if (t->pipe || t->ps) { /* train_pipe_eval (the ps runner's eval) gathered the batch */
         *out = t->gathered[slot];
         return 0;
     }
@@ -433,5 +433,7 @@ static int pipe_eval(trainer *t, const train_source *s, int64_t *idx, double *lo
     return 0;
 }
 
-const train_runner train_runner_plan = {"plan", plan_build, plan_executor, plan_step, plan_eval, plan_banner, plan_free};
-const train_runner train_runner_pipe = {"pipeline", plan_build, plan_executor, pipe_step, pipe_eval, plan_banner, plan_free};
+const train_runner train_runner_plan = {"plan", plan_build, plan_executor, plan_step, plan_eval, plan_banner, plan_free,
+                                        NULL};
+const train_runner train_runner_pipe = {"pipeline", plan_build, plan_executor, pipe_step, pipe_eval, plan_banner,
+                                        plan_free, NULL};

@@ -162,7 +162,6 @@ int adt_train_opts_check(adt_train_opts *o) {
         if (o->given >> flag_index(ps_flags[i]) & 1)
             return train_fail(EXIT_USAGE, "%s: only acts with --mode ps; expected --mode ps, or no %s", ps_flags[i],
                               ps_flags[i]);
-    if (o->ps_mode && !(o->given >> flag_index("--schedule") & 1)) o->cosine = 0; /* ps: one lr (the servers') */
     if (o->momentum_given && o->optimizer != ADT_OPTIM_SGD)
         return train_fail(EXIT_USAGE, "--momentum: only applies to --optimizer sgd (adamw uses betas 0.9, 0.95)");
     if (!o->lr_given) o->lr = o->optimizer == ADT_OPTIM_SGD ? 0.1 : 1e-3;

@@ -95,12 +95,14 @@ struct adt_trainer {
     train_psplit *psplit;     /* balanced data parallelism under a plan (plan_split.c), or NULL */
     train_ps *ps;             /* the parameter-server mode (ps.c), or NULL                     */
     int reporter;             /* the rank that logs and notes: 0, or the first worker (ps mode) */
+    int serving;              /* this rank's one step was its whole service (a parameter server) */
 };
 typedef struct adt_trainer trainer;
 
 /* How a step runs. build makes the graphs and plan (no communication), executor the executors
  * (collective), step one training step on the global batch idx, eval the forward pass of one
- * evaluation batch (NULL: the runner cannot evaluate). */
+ * evaluation batch (NULL: the runner cannot evaluate), finish what ends a run after its final
+ * checkpoint (NULL: nothing). */
 struct train_runner {
     const char *name;
     int (*build)(trainer *t);
@@ -109,6 +111,7 @@ struct train_runner {
     int (*eval)(trainer *t, const train_source *s, int64_t *idx, double *loss);
     void (*banner)(const trainer *t, FILE *f);
     void (*free)(trainer *t);
+    int (*finish)(trainer *t);
 };
 extern const train_runner train_runner_plan;    /* the partitioned graph of a plan (collective.c) */
 extern const train_runner train_runner_pipe;    /* a plan with stages or microbatches (collective.c) */
@@ -116,6 +119,16 @@ extern const train_runner train_runner_balance; /* per-rank local batches (balan
 extern const train_runner train_runner_ps;      /* servers and workers, --mode ps (ps.c)         */
 /* ps.c: the options and world --mode ps needs, checked (ADT_ERR_ARG naming the flag). */
 int train_ps_check(trainer *t);
+/* A checkpoint of --mode ps: a directory with each server's shard (server-K.safetensors) and,
+ * written last, the run file: the metadata pairs kv and the workers' dense parameters with their
+ * optimizer state. Collective over the workers (servers write when asked, in their loop). */
+#define TRAIN_PS_CKPT_FORMAT "adtrain-ps-state-1"
+#define TRAIN_PS_RUN_FILE "run.safetensors"
+int train_ps_save(trainer *t, const char *dir, long step, const char *const *kv, int n_pairs);
+/* After the run file's metadata was checked: this rank's shard or dense state, the clock's start. */
+int train_ps_resume(trainer *t, const char *dir, long step);
+/* The rows' optimizer ("sgd", "adagrad", "adam"), saved with a checkpoint and checked on resume. */
+const char *train_ps_sparse_optimizer(const trainer *t);
 
 /* Where a step's samples come from and what follows it. plan: before the graph is partitioned,
  * the plan to run (NULL: --plan or data parallel); start: after the executor and checkpoints
@@ -147,6 +160,10 @@ void train_psplit_free(trainer *t);
 
 /* Sleeps s seconds (an injected slowdown), through interruptions. */
 void train_sleep_s(double s);
+
+/* Learning rate of step s (1-based): linear warmup, then constant or cosine down to lr/10. A pure
+ * function of the step, so parameter servers apply the rate of the step a push belongs to. */
+double train_lr_at(const train_opts *o, long s);
 
 /* A note for the caller (rank 0 only): formats and hands the line to opts.note. */
 void train_note(const trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

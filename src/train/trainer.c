@@ -375,8 +375,7 @@ int adt_trainer_eval(adt_trainer *t, double *mean, char *json, size_t nj, char *
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
-/* Learning rate of step s (1-based): linear warmup, then constant or cosine down to lr/10. */
-static double lr_at(const train_opts *o, long s) {
+double train_lr_at(const train_opts *o, long s) {
     if (o->warmup > 0 && s <= o->warmup) return o->lr * (double)s / (double)o->warmup;
     if (!o->cosine || o->steps <= o->warmup) return o->lr;
     double p = (double)(s - o->warmup) / (double)(o->steps - o->warmup);
@@ -390,7 +389,7 @@ static int run_step(trainer *t, long step, adt_train_step_info *info) {
     double t0 = adt_now_s();
     int rc = t->feed->batch(t, step, idx);
     if (rc) return rc;
-    info->lr = lr_at(&t->o, step);
+    info->lr = train_lr_at(&t->o, step);
     if (t->ex) adt_exec_set_lr_step(t->ex, (float)info->lr, (int32_t)step);
     if ((rc = t->run->step(t, step, idx, &info->loss))) return rc;
     info->seconds = adt_now_s() - t0;
@@ -406,6 +405,10 @@ int adt_trainer_step(adt_trainer *t, adt_train_step_info *info) {
     if (s == t->start_step + 1) t->loop_t0 = adt_now_s();
     int rc = run_step(t, s, info);
     if (rc) return rc;
+    if (t->serving) { /* a parameter server served the whole run: nothing falls due after it */
+        t->next_step = t->o.steps + 1, t->finished = 1, t->saved_at_end = 1;
+        return 0;
+    }
     t->total_s += info->seconds;
     if (s == t->start_step + 1) {
         t->first_loss = info->loss;
@@ -461,9 +464,13 @@ int adt_trainer_save(adt_trainer *t, const char *path) {
 
 int adt_trainer_finish(adt_trainer *t) {
     train_dist_mem_report(t, "end");
-    if (!t->o.save_path || t->saved_at_end || t->next_step - 1 < t->o.steps) return 0;
-    t->saved_at_end = 1;
-    return train_ckpt_save(t, t->o.save_path, t->o.steps);
+    int rc = 0;
+    if (t->o.save_path && !t->saved_at_end && t->next_step - 1 >= t->o.steps) {
+        t->saved_at_end = 1;
+        rc = train_ckpt_save(t, t->o.save_path, t->o.steps);
+    }
+    if (!rc && t->run->finish) rc = t->run->finish(t);
+    return rc;
 }
 
 /* ---- what a caller prints -------------------------------------------------------------------- */
