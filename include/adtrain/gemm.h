@@ -20,6 +20,7 @@
 typedef enum adt_gemm_backend {
     ADT_GEMM_OPENBLAS = 0, /* cblas_sgemm (Debian's pthread build; OPENBLAS_CORETYPE applies) */
     ADT_GEMM_ONEDNN = 1,   /* dnnl_sgemm (Debian's libdnnl, OpenMP-threaded) */
+    ADT_GEMM_ONEDNN_MATMUL = 2, /* oneDNN's matmul primitive (brgemm kernels), one kept per shape */
     ADT_GEMM_N_BACKENDS
 } adt_gemm_backend;
 
@@ -62,7 +63,12 @@ int adt_gemm_with(adt_gemm_backend b, int transA, int transB, int64_t M, int64_t
  * product with beta = 0), for every C: what lets the executor fold a gradient product into an
  * SGD momentum buffer (src/exec/README.md). The rule per backend is in gemm.c. */
 int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K);
+/* The same rule for backend b alone. */
+int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K);
 
+/* The backend adt_gemm runs for this shape at the layer's thread count: the forced one, or under
+ * auto the one its first product chose; -1 for a shape not yet run (tests, benchmarks). */
+int adt_gemm_route(int transA, int transB, int64_t M, int64_t N, int64_t K);
 /* Chooses the backend once (idempotent, thread-safe). ADT_ERR_ARG naming ADT_GEMM and the
  * accepted values when the variable holds anything else, or when the backend it names fails the
  * correctness check; the layer then runs OpenBLAS. adt_gemm calls it on first use and logs such
@@ -88,7 +94,7 @@ int adt_gemm_self_check(adt_gemm_backend b);
 const adt_gemm_shape *adt_gemm_probe_shapes(void);
 
 const adt_gemm_info *adt_gemm_get_info(void);      /* the layer's decision (inits) */
-const char *adt_gemm_backend_name(void);           /* "openblas" or "onednn" (inits) */
+const char *adt_gemm_backend_name(void);           /* "openblas", "onednn" or "onednn-matmul" (inits) */
 const char *adt_gemm_backend_str(adt_gemm_backend b);
 /* "OpenBLAS 0.3.21 (Haswell)", "oneDNN 2.6.3 (OpenMP)": what a banner prints for b. */
 const char *adt_gemm_backend_version(adt_gemm_backend b);
