@@ -1,15 +1,16 @@
 /*
  * adtrain/gemm.h - the one entry point for single-precision matrix products, and the backends
- * behind it (OpenBLAS's cblas_sgemm, oneDNN's dnnl_sgemm).
+ * behind it (OpenBLAS's cblas_sgemm, oneDNN's dnnl_sgemm and its matmul primitive).
  *
  * Every kernel that multiplies matrices calls adt_gemm (row-major, BLAS semantics). At the first
- * call (or adt_gemm_init) the layer picks a backend: the one ADT_GEMM names
- * (openblas|onednn|auto, default auto), or under auto the fastest one that passed a correctness
- * check against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
- * leading dimensions). The check and a short speed probe on training shapes are cached per
- * machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...), the key naming the CPU
- * model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or corrupt file is
- * ignored and rewritten.
+ * call (or adt_gemm_init) the layer decides: the backend ADT_GEMM names
+ * (openblas|onednn|onednn-matmul) runs every product; under auto (the default) each backend is
+ * checked against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
+ * leading dimensions), a short speed probe on training shapes names the default one, and each
+ * product shape is run by the backend that was fastest on its first call (see gemm.c). The check
+ * and probe are cached per machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...),
+ * the key naming the CPU model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or
+ * corrupt file is ignored and rewritten.
  */
 #ifndef ADTRAIN_GEMM_H
 #define ADTRAIN_GEMM_H
@@ -37,7 +38,7 @@ typedef struct adt_gemm_shape {
  * rate[b][s] is backend b's median GFLOP/s on probe shape s at one thread; 0 where it was not
  * measured (a forced choice measures nothing, a backend that failed its check is not timed). */
 typedef struct adt_gemm_info {
-    adt_gemm_backend backend;              /* the one adt_gemm runs */
+    adt_gemm_backend backend;              /* forced: the one adt_gemm runs; auto: the probe's default */
     int forced;                            /* 1: ADT_GEMM named it */
     int from_cache;                        /* 1: the check and probe came from the cache file */
     int check_ok[ADT_GEMM_N_BACKENDS];     /* 1: passed the correctness check */

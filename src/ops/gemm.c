@@ -1,13 +1,14 @@
 /*
- * gemm.c - the GEMM layer: one row-major sgemm entry point over two backends (OpenBLAS and
- * oneDNN), the choice between them at start, and its cache file.
+ * gemm.c - the GEMM layer: one row-major sgemm entry point over three backends (OpenBLAS,
+ * oneDNN's sgemm and oneDNN's matmul primitive), the choice among them, and its cache file.
  *
- * Why two: Debian 12's OpenBLAS 0.3.21 knows no Zen 4 / Sapphire Rapids kernels, so on such a
+ * Why several: Debian 12's OpenBLAS 0.3.21 knows no Zen 4 / Sapphire Rapids kernels, so on such a
  * CPU it runs its AVX2 (Haswell) ones at about half the FMA peak, while oneDNN's JIT sgemm uses
- * AVX-512. Neither wins on every CPU, so the layer measures: a correctness check against a naive
- * double product (a backend that is wrong is never chosen, however fast), then a speed probe on
- * the training steps' own shapes at one thread. Both take a fraction of a second and are cached
- * per machine; ADT_GEMM=openblas|onednn skips the choice.
+ * AVX-512. Neither wins on every CPU, nor on every shape of one CPU, so the layer measures: a
+ * correctness check against a naive double product (a backend that is wrong is never chosen,
+ * however fast), a speed probe on training shapes at one thread (the default backend; both
+ * cached per machine), and under auto each product shape's own timing on its first call, which
+ * picks the backend that shape runs. ADT_GEMM=openblas|onednn|onednn-matmul skips the choice.
  *
  * Threads: OpenBLAS (pthread build) has one global pool, sized by openblas_set_num_threads.
  * Debian's libdnnl is built on OpenMP (libgomp, DNNL_CPU_RUNTIME_OMP) and sizes each product's
@@ -429,16 +430,20 @@ static void probe(adt_gemm_info *info) {
  * the matmul primitive on x W^T, dnnl_sgemm on the 1024-square weight gradient, OpenBLAS on
  * the 1024 x 784 one; bench/run_gemm.sh). A shape's first product times every backend that
  * passed its check on the caller's own operands (ROUTE_REPS interleaved rounds after a warm-up
- * one, the median; thread CPU time at one thread, where the product runs on the calling thread,
- * wall time above), about ten products' time once per shape and process, and keeps the fastest
- * for the process's life. The choice depends on the shape alone (sizes, transposes, thread
- * count), never on beta: an accumulating product and its beta = 0 form run the same backend,
- * which the momentum fold relies on (adt_gemm_acc_exact). Products of more than ROUTE_MAX_WORK
+ * one, each backend first in turn; thread CPU time at one thread, where the product runs on the
+ * calling thread, wall time above) and keeps the one of least best time for the process's life:
+ * the best of several is what the kernel costs, where a median still carries the bursts of other
+ * work on a shared machine. About twenty products' time, once per shape and process. The product is timed in the form of the shape's first call (beta = 0, or
+ * accumulating with beta = 1), the form a training step repeats: an accumulating product costs
+ * some backends more than others (the matmul primitive's sum post-op, 30% on the MLP's weight
+ * gradients). Once chosen, the backend depends on the shape alone (sizes, transposes, thread
+ * count), never on beta: a process runs a shape's accumulating product and its beta = 0 form
+ * through the same backend, which the momentum fold relies on (adt_gemm_acc_exact). Products of more than ROUTE_MAX_WORK
  * multiply-adds (a measurement would take seconds) and shapes past the table run the probe's
  * choice. The timing runs write C where beta = 0 (the product then writes it again), else a
- * scratch matrix of C's size. */
+ * zeroed scratch matrix of C's size. */
 #define ROUTES 512
-#define ROUTE_REPS 3
+#define ROUTE_REPS 6
 #define ROUTE_MAX_WORK 4e9
 
 typedef struct gemm_route {
@@ -456,23 +461,26 @@ static int route_same(const gemm_route *r, int ta, int tb, int64_t M, int64_t N,
 }
 
 static adt_gemm_backend route_measure(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                                      const float *B, int64_t ldb, float *C, int64_t ldc, int one_thread) {
-    double t[ADT_GEMM_N_BACKENDS][ROUTE_REPS];
+                                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                                      int one_thread) {
+    double best_of[ADT_GEMM_N_BACKENDS];
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) best_of[b] = INFINITY;
     for (int r = -1; r < ROUTE_REPS; r++) /* round -1 makes oneDNN's kernels and primitives */
-        for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+        for (int j = 0; j < ADT_GEMM_N_BACKENDS; j++) {
+            int b = (j + (r < 0 ? 0 : r)) % ADT_GEMM_N_BACKENDS; /* each backend first in turn */
             if (!g_info.check_ok[b]) continue;
             double t0 = one_thread ? thread_cpu_s() : adt_now_s();
-            int rc = adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+            int rc = adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
             double dt = (one_thread ? thread_cpu_s() : adt_now_s()) - t0;
-            if (r >= 0) t[b][r] = rc == 0 ? dt : INFINITY;
+            if (r >= 0 && rc == 0 && dt < best_of[b]) best_of[b] = dt;
         }
     adt_gemm_backend best = g_info.backend;
     double best_t = INFINITY;
-    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
-        if (!g_info.check_ok[b]) continue;
-        qsort(t[b], ROUTE_REPS, sizeof(double), cmp_double);
-        if (t[b][ROUTE_REPS / 2] < best_t) best_t = t[b][ROUTE_REPS / 2], best = (adt_gemm_backend)b;
-    }
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        if (best_of[b] < best_t) best_t = best_of[b], best = (adt_gemm_backend)b;
+    adt_log(ADT_LOG_DEBUG, "gemm: %lldx%lldx%lld %c%c beta %g: %s (us: openblas %.0f, onednn %.0f, onednn-matmul %.0f)",
+            (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N', beta, adt_gemm_backend_str(best),
+            best_of[0] * 1e6, best_of[1] * 1e6, best_of[2] * 1e6);
     return best;
 }
 
@@ -490,11 +498,11 @@ static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K
     while (i < n && !route_same(&routes[i], ta, tb, M, N, K, threads)) i++;
     if (i < n) b = routes[i].b;
     else if (n < ROUTES) {
-        float *scratch = beta == 0.0f ? C : malloc((size_t)(M * ldc) * sizeof *scratch);
+        float *scratch = beta == 0.0f ? C : calloc((size_t)(M * ldc), sizeof *scratch);
         if (scratch) {
             int one_thread = threads == 1 ||
                              (threads == 0 && openblas_get_num_threads() == 1 && omp_get_max_threads() == 1);
-            b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, scratch, ldc, one_thread);
+            b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc, one_thread);
             if (scratch != C) free(scratch);
             routes[n] = (gemm_route){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .threads = threads, .b = b};
             atomic_store_explicit(&route_count, n + 1, memory_order_release);
