@@ -127,6 +127,33 @@ static void test_onednn_matmul(void) {
           "lda 2 < K 4 accepted");
 }
 
+/* A thread that reaches a primitive another thread made runs it too (on a stream of its own),
+ * not dnnl_sgemm: the same bits as the first thread, where dnnl_sgemm's differ. */
+enum { MT_M = 64, MT_N = 96, MT_K = 700 };
+static float mt_A[MT_M * MT_K], mt_B[MT_N * MT_K];
+
+static void *thread_matmul(void *arg) {
+    adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 1, MT_M, MT_N, MT_K, 1.0f, mt_A, MT_K, mt_B, MT_K, 0.0f, arg, MT_N);
+    return NULL;
+}
+
+static void test_matmul_threads(void) {
+    static float here[MT_M * MT_N], there[MT_M * MT_N], sg[MT_M * MT_N];
+    for (int i = 0; i < MT_M * MT_K; i++) mt_A[i] = urand(-1, 1);
+    for (int i = 0; i < MT_N * MT_K; i++) mt_B[i] = urand(-1, 1);
+    thread_matmul(here);
+    pthread_t t;
+    pthread_create(&t, NULL, thread_matmul, there);
+    pthread_join(t, NULL);
+    CHECK(!memcmp(here, there, sizeof here), "another thread's product through the same primitive differs");
+    adt_gemm_with(ADT_GEMM_ONEDNN, 0, 1, MT_M, MT_N, MT_K, 1.0f, mt_A, MT_K, mt_B, MT_K, 0.0f, sg, MT_N);
+    if (!memcmp(sg, here, sizeof sg))
+        fprintf(stderr, "test_gemm: note: dnnl_sgemm and the primitive agree bitwise on %dx%dx%d this run\n", MT_M,
+                MT_N, MT_K);
+    else
+        CHECK(memcmp(sg, there, sizeof sg), "the other thread ran dnnl_sgemm, not the primitive");
+}
+
 /* Under auto each shape runs the backend its first product chose (adt_gemm_route): a backend
  * that passed its check, the same one for every later product of the shape whatever beta, and
  * its result is that backend's, bit for bit. Forced, the route is the forced backend. */
@@ -427,6 +454,7 @@ int main(void) {
     RUN(test_onednn);
     RUN(test_onednn_matmul);
     RUN(test_routes);
+    RUN(test_matmul_threads);
     RUN(test_layer);
     RUN(test_reference_catches);
     RUN(test_acc_exact);

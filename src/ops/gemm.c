@@ -180,16 +180,22 @@ static const mm_prim *mm_find(int ta, int tb, int64_t M, int64_t N, int64_t K, f
         atomic_store_explicit(&mm_count, n + 1, memory_order_release);
         found = p;
     }
-    if (!mm_stream_here && mm_engine) {
-        mm_stream *s = malloc(sizeof *s);
-        if (s && dnnl_stream_create(&s->s, mm_engine, dnnl_stream_default_flags) == dnnl_success) {
-            s->next = mm_streams, mm_streams = s;
-            mm_stream_here = s->s;
-        } else
-            free(s);
-    }
     pthread_mutex_unlock(&mm_lock);
     return found;
+}
+
+/* This thread's stream, made on its first primitive (NULL if oneDNN cannot make one). */
+static dnnl_stream_t mm_stream_get(void) {
+    if (mm_stream_here) return mm_stream_here;
+    pthread_mutex_lock(&mm_lock);
+    mm_stream *s = mm_engine ? malloc(sizeof *s) : NULL;
+    if (s && dnnl_stream_create(&s->s, mm_engine, dnnl_stream_default_flags) == dnnl_success) {
+        s->next = mm_streams, mm_streams = s;
+        mm_stream_here = s->s;
+    } else
+        free(s);
+    pthread_mutex_unlock(&mm_lock);
+    return mm_stream_here;
 }
 
 static int run_onednn_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -198,15 +204,16 @@ static int run_onednn_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, fl
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N) return -1;
     int threads = omp_apply();
     const mm_prim *p = mm_find(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads);
-    if (!p || !p->prim || !mm_stream_here) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dnnl_stream_t stream = p && p->prim ? mm_stream_get() : NULL;
+    if (!stream) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
     int ok = dnnl_memory_create(&ma, &p->a, mm_engine, (void *)A) == dnnl_success &&
              dnnl_memory_create(&mb, &p->b, mm_engine, (void *)B) == dnnl_success &&
              dnnl_memory_create(&mc, &p->c, mm_engine, C) == dnnl_success;
     if (ok) {
         dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        ok = dnnl_primitive_execute(p->prim, mm_stream_here, 3, args) == dnnl_success &&
-             dnnl_stream_wait(mm_stream_here) == dnnl_success;
+        ok = dnnl_primitive_execute(p->prim, stream, 3, args) == dnnl_success &&
+             dnnl_stream_wait(stream) == dnnl_success;
     }
     if (ma) dnnl_memory_destroy(ma);
     if (mb) dnnl_memory_destroy(mb);
