@@ -363,8 +363,8 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
     /* matmul nodes by shape, next to the rate the replay reached on the same shape: a node much
      * slower than its replay points at layout or cache effects rather than at OpenBLAS */
     fprintf(stderr, "  matmul nodes by shape (C[M,N] = op(A) op(B), K inner):\n");
-    fprintf(stderr, "    %-9s %6s %6s %6s %-2s %5s %9s %9s %9s\n", "phase", "M", "N", "K", "tr", "nodes", "ms/step",
-            "GFLOP/s", "replay");
+    fprintf(stderr, "    %-9s %6s %6s %6s %-2s %5s %9s %9s %9s  %s\n", "phase", "M", "N", "K", "tr", "nodes", "ms/step",
+            "GFLOP/s", "replay", "backend");
     for (int si = 0; si < gl->n; si++) {
         const gemm_shape *s = &gl->s[si];
         double t = 0;
@@ -380,9 +380,11 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
         }
         if (!cnt) continue; /* attention-internal shapes have no matmul node of their own */
         double fl = 2.0 * (double)(s->count * s->M * s->N * s->K);
-        fprintf(stderr, "    %-9s %6lld %6lld %6lld %c%c %5d %9.3f %9.2f %9.2f\n", s->phase ? "backward" : "forward",
+        int route = adt_gemm_route(s->ta, s->tb, s->M, s->N, s->K);
+        fprintf(stderr, "    %-9s %6lld %6lld %6lld %c%c %5d %9.3f %9.2f %9.2f  %s\n", s->phase ? "backward" : "forward",
                 (long long)s->M, (long long)s->N, (long long)s->K, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', cnt,
-                t * per, t > 0 ? fl * steps / t / 1e9 : 0, s->med_s > 0 ? fl / s->med_s / 1e9 : 0);
+                t * per, t > 0 ? fl * steps / t / 1e9 : 0, s->med_s > 0 ? fl / s->med_s / 1e9 : 0,
+                route < 0 ? "-" : adt_gemm_backend_str((adt_gemm_backend)route));
     }
     free(rows);
 }

@@ -112,6 +112,81 @@ static void test_onednn(void) {
     CHECK(adt_gemm_with(ADT_GEMM_ONEDNN, 0, 0, 4, 4, 4, 1.0f, a, 2, b, 4, 0.0f, c, 4) == -1, "lda 2 < K 4 accepted");
 }
 
+static void test_onednn_matmul(void) {
+    CHECK(adt_gemm_self_check(ADT_GEMM_ONEDNN_MATMUL), "the self-check fails");
+    random_cases(ADT_GEMM_ONEDNN_MATMUL, 120);
+    /* the same shape again runs the primitive made for it: the same bits */
+    float A[6 * 5], B[5 * 7], C1[6 * 7], C2[6 * 7];
+    for (int i = 0; i < 30; i++) A[i] = urand(-1, 1);
+    for (int i = 0; i < 35; i++) B[i] = urand(-1, 1);
+    adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 0, 6, 7, 5, 1.0f, A, 5, B, 7, 0.0f, C1, 7);
+    adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 0, 6, 7, 5, 1.0f, A, 5, B, 7, 0.0f, C2, 7);
+    CHECK(!memcmp(C1, C2, sizeof C1), "the same product twice differs");
+    float a[16] = {0}, b[16] = {0}, c[16] = {0};
+    CHECK(adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 0, 4, 4, 4, 1.0f, a, 2, b, 4, 0.0f, c, 4) == -1,
+          "lda 2 < K 4 accepted");
+}
+
+/* A thread that reaches a primitive another thread made runs it too (on a stream of its own),
+ * not dnnl_sgemm: the same bits as the first thread, where dnnl_sgemm's differ. */
+enum { MT_M = 64, MT_N = 96, MT_K = 700 };
+static float mt_A[MT_M * MT_K], mt_B[MT_N * MT_K];
+
+static void *thread_matmul(void *arg) {
+    adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 1, MT_M, MT_N, MT_K, 1.0f, mt_A, MT_K, mt_B, MT_K, 0.0f, arg, MT_N);
+    return NULL;
+}
+
+static void test_matmul_threads(void) {
+    static float here[MT_M * MT_N], there[MT_M * MT_N], sg[MT_M * MT_N];
+    for (int i = 0; i < MT_M * MT_K; i++) mt_A[i] = urand(-1, 1);
+    for (int i = 0; i < MT_N * MT_K; i++) mt_B[i] = urand(-1, 1);
+    thread_matmul(here);
+    pthread_t t;
+    pthread_create(&t, NULL, thread_matmul, there);
+    pthread_join(t, NULL);
+    CHECK(!memcmp(here, there, sizeof here), "another thread's product through the same primitive differs");
+    adt_gemm_with(ADT_GEMM_ONEDNN, 0, 1, MT_M, MT_N, MT_K, 1.0f, mt_A, MT_K, mt_B, MT_K, 0.0f, sg, MT_N);
+    if (!memcmp(sg, here, sizeof sg))
+        fprintf(stderr, "test_gemm: note: dnnl_sgemm and the primitive agree bitwise on %dx%dx%d this run\n", MT_M,
+                MT_N, MT_K);
+    else
+        CHECK(memcmp(sg, there, sizeof sg), "the other thread ran dnnl_sgemm, not the primitive");
+}
+
+/* Under auto each shape runs the backend its first product chose (adt_gemm_route): a backend
+ * that passed its check, the same one for every later product of the shape whatever beta, and
+ * its result is that backend's, bit for bit. Forced, the route is the forced backend. */
+static void test_routes(void) {
+    const adt_gemm_info *info = adt_gemm_get_info();
+    for (int c = 0; c < 12; c++) {
+        int64_t M = irand(1, 160), N = irand(1, 160), K = irand(1, 300);
+        int ta = (int)irand(0, 1), tb = (int)irand(0, 1);
+        float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B);
+        float *C = malloc((size_t)(M * N) * sizeof *C), *R = malloc((size_t)(M * N) * sizeof *R);
+        for (int64_t i = 0; i < M * K; i++) A[i] = urand(-1, 1);
+        for (int64_t i = 0; i < K * N; i++) B[i] = urand(-1, 1);
+        int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        adt_gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+        int r = adt_gemm_route(ta, tb, M, N, K);
+        CHECK(r >= 0 && r < ADT_GEMM_N_BACKENDS && info->check_ok[r], "%lldx%lldx%lld: route %d", (long long)M,
+              (long long)N, (long long)K, r);
+        if (info->forced) CHECK(r == (int)info->backend, "forced %d, route %d", info->backend, r);
+        if (r < 0 || r >= ADT_GEMM_N_BACKENDS) continue;
+        adt_gemm_with((adt_gemm_backend)r, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, R, N);
+        CHECK(!memcmp(C, R, (size_t)(M * N) * sizeof *C), "%lldx%lldx%lld: adt_gemm is not its route %s",
+              (long long)M, (long long)N, (long long)K, adt_gemm_backend_str((adt_gemm_backend)r));
+        for (int64_t i = 0; i < M * N; i++) C[i] = R[i] = urand(-1, 1);
+        adt_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, C, N);
+        adt_gemm_with((adt_gemm_backend)r, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, R, N);
+        CHECK(adt_gemm_route(ta, tb, M, N, K) == r && !memcmp(C, R, (size_t)(M * N) * sizeof *C),
+              "%lldx%lldx%lld with beta 1: not its route's result", (long long)M, (long long)N, (long long)K);
+        free(A), free(B), free(C), free(R);
+    }
+    CHECK(adt_gemm_route(0, 0, 3, 3, 100003) == (info->forced ? (int)info->backend : -1),
+          "a shape never run has a route");
+}
+
 /* the entry point the kernels call, through whichever backend the layer chose */
 static void test_layer(void) { random_cases(-1, 60); }
 
@@ -137,13 +212,14 @@ static void test_reference_catches(void) {
 }
 
 /* The momentum fold's premise (adt_gemm_acc_exact): where the rule says so, the beta = 1
- * product is bitwise C + (the beta = 0 product), for the running backend. */
-static void test_acc_exact(void) {
+ * product is bitwise C + (the beta = 0 product), for the layer (b < 0: whatever runs each shape)
+ * and for each backend on its own rule. */
+static void acc_exact_cases(int b) {
     int checked = 0;
     for (int c = 0; c < 200; c++) {
         int64_t M = irand(1, c % 4 == 0 ? 3 : 200), N = irand(1, c % 5 == 0 ? 3 : 200), K = irand(1, 300);
         int ta = (int)irand(0, 1), tb = (int)irand(0, 1);
-        if (!adt_gemm_acc_exact(M, N, K)) continue;
+        if (b < 0 ? !adt_gemm_acc_exact(M, N, K) : !adt_gemm_acc_exact_with((adt_gemm_backend)b, M, N, K)) continue;
         checked++;
         float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(K * N) * sizeof *B);
         float *C = malloc((size_t)(M * N) * sizeof *C), *P = malloc((size_t)(M * N) * sizeof *P),
@@ -151,16 +227,30 @@ static void test_acc_exact(void) {
         for (int64_t i = 0; i < M * K; i++) A[i] = urand(-1, 1);
         for (int64_t i = 0; i < K * N; i++) B[i] = urand(-1, 1);
         for (int64_t i = 0; i < M * N; i++) F[i] = C[i] = urand(-3, 3);
-        adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, P, N);
-        adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, F, N);
+        if (b < 0) {
+            adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, P, N);
+            adt_gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, F, N);
+        } else {
+            adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, P, N);
+            adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 1.0f, F, N);
+        }
         int64_t bad = 0;
         for (int64_t i = 0; i < M * N; i++) bad += F[i] != C[i] + P[i];
         CHECK(bad == 0, "%s %lldx%lldx%lld %c%c: %lld elements of C + AB differ from C + (AB) (seed %llu)",
-              adt_gemm_backend_name(), (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N',
+              b < 0 ? "adt_gemm" : adt_gemm_backend_str((adt_gemm_backend)b), (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N',
               (long long)bad, (unsigned long long)g_seed);
         free(A), free(B), free(C), free(P), free(F);
     }
     CHECK(checked > 50, "only %d shapes were in the rule's domain", checked);
+}
+
+static void test_acc_exact(void) {
+    acc_exact_cases(-1);
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+        acc_exact_cases(b);
+        CHECK(!adt_gemm_acc_exact_with((adt_gemm_backend)b, 8, 8, 257), "%s: past one block of the inner dimension",
+              adt_gemm_backend_str((adt_gemm_backend)b));
+    }
     CHECK(!adt_gemm_acc_exact(8, 8, 257), "past one block of the inner dimension it cannot hold");
 }
 
@@ -258,17 +348,19 @@ static void test_cache(void) {
         CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) == 0, "corrupt file %zu not rewritten: %s", c,
               adt_error_message());
     }
-    /* a hand-made valid file decides: oneDNN failing its check means OpenBLAS, whatever the rates */
+    /* a hand-made valid file decides: oneDNN failing its checks means OpenBLAS, whatever the rates */
     char text[1024];
     snprintf(text, sizeof text,
-             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": false}, "
-             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [0,0,0,0]}}", a.key);
+             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": false, \"onednn-matmul\": false}, "
+             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [0,0,0,0], \"onednn-matmul\": [0,0,0,0]}}",
+             a.key);
     check_write_file(a.cache_path, text, strlen(text));
     CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_OPENBLAS, "from_cache %d backend %d",
           b.from_cache, b.backend);
     snprintf(text, sizeof text,
-             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true}, "
-             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [20,20,20,20]}}", a.key);
+             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true, \"onednn-matmul\": true}, "
+             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [20,20,20,20], \"onednn-matmul\": [15,15,15,15]}}",
+             a.key);
     check_write_file(a.cache_path, text, strlen(text));
     CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_ONEDNN, "from_cache %d backend %d",
           b.from_cache, b.backend);
@@ -305,7 +397,10 @@ static void test_env(void) {
     CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "auto is not forcing");
     env_set("ADT_GEMM", "");
     CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "empty is auto");
-    const char *bad[] = {"mkl", "OneDNN", "openblas ", "1"};
+    env_set("ADT_GEMM", "onednn-matmul");
+    CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_ONEDNN_MATMUL, "forced onednn-matmul: %d %d",
+          a.forced, a.backend);
+    const char *bad[] = {"mkl", "OneDNN", "openblas ", "1", "onednn-"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         env_set("ADT_GEMM", bad[i]);
         int forced = 5;
@@ -326,11 +421,11 @@ static void test_cli(void) {
     env_set("ADT_GEMM", "cublas");
     int rc = run_adtrain("--version", out, sizeof out);
     CHECK(rc == 2, "exit %d for ADT_GEMM=cublas: %s", rc, out);
-    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn or auto"), "%s", out);
+    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn, onednn-matmul or auto"), "%s", out);
     rc = run_adtrain("status --help", out, sizeof out);
     CHECK(rc == 2 && contains(out, "ADT_GEMM"), "status with a bad ADT_GEMM: exit %d: %s", rc, out);
-    const char *names[] = {"openblas", "onednn"};
-    for (int b = 0; b < 2; b++) {
+    const char *names[] = {"openblas", "onednn", "onednn-matmul"};
+    for (int b = 0; b < 3; b++) {
         env_set("ADT_GEMM", names[b]);
         rc = run_adtrain("--version", out, sizeof out);
         char want[64];
@@ -357,6 +452,9 @@ int main(void) {
             adt_gemm_backend_name());
     RUN(test_openblas);
     RUN(test_onednn);
+    RUN(test_onednn_matmul);
+    RUN(test_routes);
+    RUN(test_matmul_threads);
     RUN(test_layer);
     RUN(test_reference_catches);
     RUN(test_acc_exact);

@@ -1,15 +1,16 @@
 /*
  * adtrain/gemm.h - the one entry point for single-precision matrix products, and the backends
- * behind it (OpenBLAS's cblas_sgemm, oneDNN's dnnl_sgemm).
+ * behind it (OpenBLAS's cblas_sgemm, oneDNN's dnnl_sgemm and its matmul primitive).
  *
  * Every kernel that multiplies matrices calls adt_gemm (row-major, BLAS semantics). At the first
- * call (or adt_gemm_init) the layer picks a backend: the one ADT_GEMM names
- * (openblas|onednn|auto, default auto), or under auto the fastest one that passed a correctness
- * check against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
- * leading dimensions). The check and a short speed probe on training shapes are cached per
- * machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...), the key naming the CPU
- * model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or corrupt file is
- * ignored and rewritten.
+ * call (or adt_gemm_init) the layer decides: the backend ADT_GEMM names
+ * (openblas|onednn|onednn-matmul) runs every product; under auto (the default) each backend is
+ * checked against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
+ * leading dimensions), a short speed probe on training shapes names the default one, and each
+ * product shape is run by the backend that was fastest on its first call (see gemm.c). The check
+ * and probe are cached per machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...),
+ * the key naming the CPU model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or
+ * corrupt file is ignored and rewritten.
  */
 #ifndef ADTRAIN_GEMM_H
 #define ADTRAIN_GEMM_H
@@ -20,6 +21,7 @@
 typedef enum adt_gemm_backend {
     ADT_GEMM_OPENBLAS = 0, /* cblas_sgemm (Debian's pthread build; OPENBLAS_CORETYPE applies) */
     ADT_GEMM_ONEDNN = 1,   /* dnnl_sgemm (Debian's libdnnl, OpenMP-threaded) */
+    ADT_GEMM_ONEDNN_MATMUL = 2, /* oneDNN's matmul primitive (brgemm kernels), one kept per shape */
     ADT_GEMM_N_BACKENDS
 } adt_gemm_backend;
 
@@ -36,7 +38,7 @@ typedef struct adt_gemm_shape {
  * rate[b][s] is backend b's median GFLOP/s on probe shape s at one thread; 0 where it was not
  * measured (a forced choice measures nothing, a backend that failed its check is not timed). */
 typedef struct adt_gemm_info {
-    adt_gemm_backend backend;              /* the one adt_gemm runs */
+    adt_gemm_backend backend;              /* forced: the one adt_gemm runs; auto: the probe's default */
     int forced;                            /* 1: ADT_GEMM named it */
     int from_cache;                        /* 1: the check and probe came from the cache file */
     int check_ok[ADT_GEMM_N_BACKENDS];     /* 1: passed the correctness check */
@@ -62,7 +64,12 @@ int adt_gemm_with(adt_gemm_backend b, int transA, int transB, int64_t M, int64_t
  * product with beta = 0), for every C: what lets the executor fold a gradient product into an
  * SGD momentum buffer (src/exec/README.md). The rule per backend is in gemm.c. */
 int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K);
+/* The same rule for backend b alone. */
+int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K);
 
+/* The backend adt_gemm runs for this shape at the layer's thread count: the forced one, or under
+ * auto the one its first product chose; -1 for a shape not yet run (tests, benchmarks). */
+int adt_gemm_route(int transA, int transB, int64_t M, int64_t N, int64_t K);
 /* Chooses the backend once (idempotent, thread-safe). ADT_ERR_ARG naming ADT_GEMM and the
  * accepted values when the variable holds anything else, or when the backend it names fails the
  * correctness check; the layer then runs OpenBLAS. adt_gemm calls it on first use and logs such
@@ -88,7 +95,7 @@ int adt_gemm_self_check(adt_gemm_backend b);
 const adt_gemm_shape *adt_gemm_probe_shapes(void);
 
 const adt_gemm_info *adt_gemm_get_info(void);      /* the layer's decision (inits) */
-const char *adt_gemm_backend_name(void);           /* "openblas" or "onednn" (inits) */
+const char *adt_gemm_backend_name(void);           /* "openblas", "onednn" or "onednn-matmul" (inits) */
 const char *adt_gemm_backend_str(adt_gemm_backend b);
 /* "OpenBLAS 0.3.21 (Haswell)", "oneDNN 2.6.3 (OpenMP)": what a banner prints for b. */
 const char *adt_gemm_backend_version(adt_gemm_backend b);

@@ -1,13 +1,14 @@
 /*
- * gemm.c - the GEMM layer: one row-major sgemm entry point over two backends (OpenBLAS and
- * oneDNN), the choice between them at start, and its cache file.
+ * gemm.c - the GEMM layer: one row-major sgemm entry point over three backends (OpenBLAS,
+ * oneDNN's sgemm and oneDNN's matmul primitive), the choice among them, and its cache file.
  *
- * Why two: Debian 12's OpenBLAS 0.3.21 knows no Zen 4 / Sapphire Rapids kernels, so on such a
+ * Why several: Debian 12's OpenBLAS 0.3.21 knows no Zen 4 / Sapphire Rapids kernels, so on such a
  * CPU it runs its AVX2 (Haswell) ones at about half the FMA peak, while oneDNN's JIT sgemm uses
- * AVX-512. Neither wins on every CPU, so the layer measures: a correctness check against a naive
- * double product (a backend that is wrong is never chosen, however fast), then a speed probe on
- * the training steps' own shapes at one thread. Both take a fraction of a second and are cached
- * per machine; ADT_GEMM=openblas|onednn skips the choice.
+ * AVX-512. Neither wins on every CPU, nor on every shape of one CPU, so the layer measures: a
+ * correctness check against a naive double product (a backend that is wrong is never chosen,
+ * however fast), a speed probe on training shapes at one thread (the default backend; both
+ * cached per machine), and under auto each product shape's own timing on its first call, which
+ * picks the backend that shape runs. ADT_GEMM=openblas|onednn|onednn-matmul skips the choice.
  *
  * Threads: OpenBLAS (pthread build) has one global pool, sized by openblas_set_num_threads.
  * Debian's libdnnl is built on OpenMP (libgomp, DNNL_CPU_RUNTIME_OMP) and sizes each product's
@@ -31,7 +32,7 @@
 #include "adtrain/base.h"
 #include "adtrain/gemm.h"
 
-static const char *const backend_names[ADT_GEMM_N_BACKENDS] = {"openblas", "onednn"};
+static const char *const backend_names[ADT_GEMM_N_BACKENDS] = {"openblas", "onednn", "onednn-matmul"};
 
 static atomic_int g_threads;             /* 0: the libraries' own settings */
 static _Thread_local int omp_applied;    /* the count this thread's OpenMP ICV holds (0: none) */
@@ -54,10 +55,11 @@ const char *adt_gemm_backend_version(adt_gemm_backend b) {
         snprintf(s[b], sizeof s[b], "OpenBLAS %s (%s)", ver, openblas_get_corename());
         return s[b];
     }
-    if (b == ADT_GEMM_ONEDNN) {
+    if (b == ADT_GEMM_ONEDNN || b == ADT_GEMM_ONEDNN_MATMUL) {
         const dnnl_version_t *v = dnnl_version();
-        snprintf(s[b], sizeof s[b], "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch,
-                 v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB" : "sequential");
+        snprintf(s[b], sizeof s[b], "oneDNN %d.%d.%d (%s%s)", v->major, v->minor, v->patch,
+                 v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB" : "sequential",
+                 b == ADT_GEMM_ONEDNN_MATMUL ? ", matmul primitive" : "");
         return s[b];
     }
     return "?";
@@ -77,17 +79,146 @@ static void run_openblas(int ta, int tb, int64_t M, int64_t N, int64_t K, float 
                 (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
-/* dnnl_sgemm is row-major (unlike Fortran BLAS), so the arguments pass through unchanged. */
-static int run_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* The calling thread's OpenMP team to the layer's count before a oneDNN call (see the header). */
+static int omp_apply(void) {
     int want = atomic_load_explicit(&g_threads, memory_order_relaxed);
     if (want > 0 && omp_applied != want) {
         omp_set_num_threads(want);
         omp_applied = want;
     }
+    return want > 0 ? want : omp_get_max_threads();
+}
+
+/* dnnl_sgemm is row-major (unlike Fortran BLAS), so the arguments pass through unchanged. */
+static int run_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    omp_apply();
     return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success
                ? 0
                : -1;
+}
+
+/* oneDNN's matmul primitive: the same product through its brgemm kernels, which on AVX-512 run
+ * a product whose B is stored transposed (a linear layer's forward, x W^T) 10-20% faster than
+ * dnnl_sgemm does. A primitive is made for one shape (sizes, transposes as strides, leading
+ * dimensions, alpha as its output scale, beta as a sum post-op, the thread count) and kept:
+ * MM_PRIMS of them, published through an atomic count so that a lookup takes no lock; a shape
+ * past the table, or one oneDNN cannot make, runs dnnl_sgemm instead. Each calling thread has a
+ * stream of its own (oneDNN streams are not shared between threads), kept on a list so that
+ * none is lost when its thread ends. */
+#define MM_PRIMS 256
+
+typedef struct mm_prim {
+    int64_t M, N, K, lda, ldb, ldc;
+    int ta, tb, threads;
+    float alpha, beta;
+    dnnl_primitive_t prim; /* NULL: oneDNN could not make it (dnnl_sgemm runs the shape) */
+    dnnl_memory_desc_t a, b, c;
+} mm_prim;
+
+typedef struct mm_stream {
+    dnnl_stream_t s;
+    struct mm_stream *next;
+} mm_stream;
+
+static mm_prim mm_prims[MM_PRIMS];
+static atomic_int mm_count;
+static pthread_mutex_t mm_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t mm_engine;
+static mm_stream *mm_streams;
+static _Thread_local dnnl_stream_t mm_stream_here;
+
+static int mm_same(const mm_prim *p, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
+                   int64_t ldb, float beta, int64_t ldc, int threads) {
+    return p->M == M && p->N == N && p->K == K && p->ta == ta && p->tb == tb && p->lda == lda && p->ldb == ldb &&
+           p->ldc == ldc && p->threads == threads && !memcmp(&p->alpha, &alpha, sizeof alpha) &&
+           !memcmp(&p->beta, &beta, sizeof beta);
+}
+
+/* Makes the primitive of one entry (under mm_lock); leaves prim NULL where oneDNN refuses. */
+static void mm_make(mm_prim *p) {
+    if (!mm_engine && dnnl_engine_create(&mm_engine, dnnl_cpu, 0) != dnnl_success) return;
+    dnnl_dims_t da = {p->M, p->K}, db = {p->K, p->N}, dc = {p->M, p->N};
+    dnnl_dims_t sa = {p->ta ? 1 : p->lda, p->ta ? p->lda : 1}, sb = {p->tb ? 1 : p->ldb, p->tb ? p->ldb : 1},
+                sc = {p->ldc, 1};
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = dnnl_memory_desc_init_by_strides(&p->a, 2, da, dnnl_f32, sa) == dnnl_success &&
+             dnnl_memory_desc_init_by_strides(&p->b, 2, db, dnnl_f32, sb) == dnnl_success &&
+             dnnl_memory_desc_init_by_strides(&p->c, 2, dc, dnnl_f32, sc) == dnnl_success &&
+             dnnl_matmul_desc_init(&d, &p->a, &p->b, NULL, &p->c) == dnnl_success &&
+             dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok && p->alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &p->alpha) == dnnl_success;
+    if (ok && p->beta != 0.0f)
+        ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, p->beta) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    if (ok) ok = dnnl_primitive_desc_create(&pd, &d, attr, mm_engine, NULL) == dnnl_success;
+    if (ok && dnnl_primitive_create(&p->prim, pd) != dnnl_success) p->prim = NULL;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+}
+
+/* The entry for a product, made on first use; NULL when the table is full. */
+static const mm_prim *mm_find(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
+                              int64_t ldb, float beta, int64_t ldc, int threads) {
+    int n = atomic_load_explicit(&mm_count, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (mm_same(&mm_prims[i], ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads)) return &mm_prims[i];
+    const mm_prim *found = NULL;
+    pthread_mutex_lock(&mm_lock);
+    n = atomic_load_explicit(&mm_count, memory_order_relaxed);
+    for (int i = 0; i < n && !found; i++)
+        if (mm_same(&mm_prims[i], ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads)) found = &mm_prims[i];
+    if (!found && n < MM_PRIMS) {
+        mm_prim *p = &mm_prims[n];
+        *p = (mm_prim){.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb,
+                       .threads = threads, .alpha = alpha, .beta = beta};
+        mm_make(p);
+        atomic_store_explicit(&mm_count, n + 1, memory_order_release);
+        found = p;
+    }
+    pthread_mutex_unlock(&mm_lock);
+    return found;
+}
+
+/* This thread's stream, made on its first primitive (NULL if oneDNN cannot make one). */
+static dnnl_stream_t mm_stream_get(void) {
+    if (mm_stream_here) return mm_stream_here;
+    pthread_mutex_lock(&mm_lock);
+    mm_stream *s = mm_engine ? malloc(sizeof *s) : NULL;
+    if (s && dnnl_stream_create(&s->s, mm_engine, dnnl_stream_default_flags) == dnnl_success) {
+        s->next = mm_streams, mm_streams = s;
+        mm_stream_here = s->s;
+    } else
+        free(s);
+    pthread_mutex_unlock(&mm_lock);
+    return mm_stream_here;
+}
+
+static int run_onednn_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    /* the leading dimensions dnnl_sgemm refuses are refused here too (a caller's bug) */
+    if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N) return -1;
+    int threads = omp_apply();
+    const mm_prim *p = mm_find(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads);
+    dnnl_stream_t stream = p && p->prim ? mm_stream_get() : NULL;
+    if (!stream) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    int ok = dnnl_memory_create(&ma, &p->a, mm_engine, (void *)A) == dnnl_success &&
+             dnnl_memory_create(&mb, &p->b, mm_engine, (void *)B) == dnnl_success &&
+             dnnl_memory_create(&mc, &p->c, mm_engine, C) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+        ok = dnnl_primitive_execute(p->prim, stream, 3, args) == dnnl_success &&
+             dnnl_stream_wait(stream) == dnnl_success;
+    }
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    return ok ? 0 : -1;
 }
 
 /* The cases every backend must get right without help: no rows, no columns, an empty sum. The
@@ -100,30 +231,37 @@ static int degenerate(int64_t M, int64_t N, int64_t K, float beta, float *C, int
     return 1;
 }
 
-int adt_gemm_with(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    if (degenerate(M, N, K, beta, C, ldc)) return 0;
+static int run_backend(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (b == ADT_GEMM_ONEDNN) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (b == ADT_GEMM_ONEDNN_MATMUL) return run_onednn_matmul(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     run_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return 0;
 }
 
+int adt_gemm_with(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (degenerate(M, N, K, beta, C, ldc)) return 0;
+    return run_backend(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static void init_once(void);
+static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 void adt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     pthread_once(&g_once, init_once);
     if (degenerate(M, N, K, beta, C, ldc)) return;
-    if (g_info.backend == ADT_GEMM_ONEDNN) {
-        if (run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0) return;
-        /* oneDNN checks its arguments and refuses bad ones (a caller's bug); OpenBLAS's xerbla
-         * then names the fault, and the product still comes out where OpenBLAS can make it */
-        static atomic_int warned;
-        if (!atomic_exchange(&warned, 1))
-            adt_log(ADT_LOG_WARN, "gemm: oneDNN refused a %lldx%lldx%lld %c%c product (lda %lld, ldb %lld, ldc %lld); "
-                    "running OpenBLAS for it", (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N',
-                    tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
-    }
+    adt_gemm_backend b = g_info.forced ? g_info.backend : route_of(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    if (run_backend(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0) return;
+    /* oneDNN checks its arguments and refuses bad ones (a caller's bug); OpenBLAS's xerbla
+     * then names the fault, and the product still comes out where OpenBLAS can make it */
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1))
+        adt_log(ADT_LOG_WARN, "gemm: oneDNN refused a %lldx%lldx%lld %c%c product (lda %lld, ldb %lld, ldc %lld); "
+                "running OpenBLAS for it", (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N',
+                tb ? 'T' : 'N', (long long)lda, (long long)ldb, (long long)ldc);
     run_openblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -131,10 +269,21 @@ void adt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, cons
  * family) and adds each block's sum to C, so up to 256 the accumulating product is C + (the
  * product's one rounding). oneDNN 2.6's sgemm measured the same up to K = 384 on every shape
  * with M, N > 1 (1, 2 threads); its matrix-vector path (M or N = 1) folds C into the sum and
- * rounds differently (tests/test_gemm.c holds both to this). */
-int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K) {
+ * rounds differently. Its matmul primitive (beta C as a sum post-op) measured the same with M, N > 1,
+ * and not with one row or column (tests/test_gemm.c holds each backend to its rule). */
+int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K) {
     if (K > 256) return 0;
-    if (adt_gemm_get_info()->backend == ADT_GEMM_ONEDNN) return M > 1 && N > 1;
+    if (b == ADT_GEMM_ONEDNN || b == ADT_GEMM_ONEDNN_MATMUL) return M > 1 && N > 1;
+    return 1;
+}
+
+/* Under auto any backend that passed its check may run a shape (route_of), so the rule must
+ * hold for each of them. */
+int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K) {
+    const adt_gemm_info *info = adt_gemm_get_info();
+    if (info->forced) return adt_gemm_acc_exact_with(info->backend, M, N, K);
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        if (info->check_ok[b] && !adt_gemm_acc_exact_with((adt_gemm_backend)b, M, N, K)) return 0;
     return 1;
 }
 
@@ -281,6 +430,105 @@ static void probe(adt_gemm_info *info) {
     free(A), free(B), free(C);
 }
 
+/* ---- the per-shape choice ------------------------------------------------------------------ */
+
+/* Under auto the backend is chosen per product shape, not once: on this kind of machine
+ * (AVX-512, one thread) no backend is fastest on every shape of one training step (the MLP's:
+ * the matmul primitive on x W^T, dnnl_sgemm on the 1024-square weight gradient, OpenBLAS on
+ * the 1024 x 784 one; bench/run_gemm.sh). A shape's first product times every backend that
+ * passed its check on the caller's own operands (ROUTE_REPS interleaved rounds after a warm-up
+ * one, each backend first in turn; thread CPU time at one thread, where the product runs on the
+ * calling thread, wall time above) and keeps the one of least best time for the process's life:
+ * the best of several is what the kernel costs, where a median still carries the bursts of other
+ * work on a shared machine. About twenty products' time, once per shape and process. The product is timed in the form of the shape's first call (beta = 0, or
+ * accumulating with beta = 1), the form a training step repeats: an accumulating product costs
+ * some backends more than others (the matmul primitive's sum post-op, 30% on the MLP's weight
+ * gradients). Once chosen, the backend depends on the shape alone (sizes, transposes, thread
+ * count), never on beta: a process runs a shape's accumulating product and its beta = 0 form
+ * through the same backend, which the momentum fold relies on (adt_gemm_acc_exact). Products of more than ROUTE_MAX_WORK
+ * multiply-adds (a measurement would take seconds) and shapes past the table run the probe's
+ * choice. The timing runs write C where beta = 0 (the product then writes it again), else a
+ * zeroed scratch matrix of C's size. */
+#define ROUTES 512
+#define ROUTE_REPS 6
+#define ROUTE_MAX_WORK 4e9
+
+typedef struct gemm_route {
+    int64_t M, N, K;
+    int ta, tb, threads;
+    adt_gemm_backend b;
+} gemm_route;
+
+static gemm_route routes[ROUTES];
+static atomic_int route_count;
+static pthread_mutex_t route_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int route_same(const gemm_route *r, int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
+    return r->M == M && r->N == N && r->K == K && r->ta == ta && r->tb == tb && r->threads == threads;
+}
+
+static adt_gemm_backend route_measure(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                                      int one_thread) {
+    double best_of[ADT_GEMM_N_BACKENDS];
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) best_of[b] = INFINITY;
+    for (int r = -1; r < ROUTE_REPS; r++) /* round -1 makes oneDNN's kernels and primitives */
+        for (int j = 0; j < ADT_GEMM_N_BACKENDS; j++) {
+            int b = (j + (r < 0 ? 0 : r)) % ADT_GEMM_N_BACKENDS; /* each backend first in turn */
+            if (!g_info.check_ok[b]) continue;
+            double t0 = one_thread ? thread_cpu_s() : adt_now_s();
+            int rc = adt_gemm_with((adt_gemm_backend)b, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+            double dt = (one_thread ? thread_cpu_s() : adt_now_s()) - t0;
+            if (r >= 0 && rc == 0 && dt < best_of[b]) best_of[b] = dt;
+        }
+    adt_gemm_backend best = g_info.backend;
+    double best_t = INFINITY;
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        if (best_of[b] < best_t) best_t = best_of[b], best = (adt_gemm_backend)b;
+    adt_log(ADT_LOG_DEBUG, "gemm: %lldx%lldx%lld %c%c beta %g: %s (us: openblas %.0f, onednn %.0f, onednn-matmul %.0f)",
+            (long long)M, (long long)N, (long long)K, ta ? 'T' : 'N', tb ? 'T' : 'N', beta, adt_gemm_backend_str(best),
+            best_of[0] * 1e6, best_of[1] * 1e6, best_of[2] * 1e6);
+    return best;
+}
+
+static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
+    int n = atomic_load_explicit(&route_count, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return routes[i].b;
+    if ((double)M * (double)N * (double)K > ROUTE_MAX_WORK) return g_info.backend;
+    pthread_mutex_lock(&route_lock);
+    adt_gemm_backend b = g_info.backend;
+    n = atomic_load_explicit(&route_count, memory_order_relaxed);
+    int i = 0;
+    while (i < n && !route_same(&routes[i], ta, tb, M, N, K, threads)) i++;
+    if (i < n) b = routes[i].b;
+    else if (n < ROUTES) {
+        float *scratch = beta == 0.0f ? C : calloc((size_t)(M * ldc), sizeof *scratch);
+        if (scratch) {
+            int one_thread = threads == 1 ||
+                             (threads == 0 && openblas_get_num_threads() == 1 && omp_get_max_threads() == 1);
+            b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc, one_thread);
+            if (scratch != C) free(scratch);
+            routes[n] = (gemm_route){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .threads = threads, .b = b};
+            atomic_store_explicit(&route_count, n + 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&route_lock);
+    return b;
+}
+
+int adt_gemm_route(int ta, int tb, int64_t M, int64_t N, int64_t K) {
+    const adt_gemm_info *info = adt_gemm_get_info();
+    if (info->forced) return (int)info->backend;
+    int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
+    int n = atomic_load_explicit(&route_count, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return (int)routes[i].b;
+    return -1;
+}
+
 /* The backend that does the probe's shapes in the least total time (each shape once). */
 static adt_gemm_backend fastest(const adt_gemm_info *info) {
     adt_gemm_backend best = ADT_GEMM_OPENBLAS;
@@ -420,7 +668,7 @@ int adt_gemm_env(int *forced) {
     if (!env || !*env || !strcmp(env, "auto")) return 0;
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
         if (!strcmp(env, backend_names[b])) *forced = b;
-    if (*forced < 0) return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn or auto (the default)", env);
+    if (*forced < 0) return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn, onednn-matmul or auto (the default)", env);
     return 0;
 }
 

@@ -57,14 +57,14 @@ void adt_k_matmul_bias(float *C, const float *A, const float *B, const float *bi
  * product in turn), as PyTorch's buf.mul_(momentum).add_(grad) rounds. The scaling is done here:
  * OpenBLAS does it in a pass of its own for large matrices, but its small-matrix kernels
  * (SkylakeX and Cooperlake, OpenBLAS 0.3.21) compute beta C + A B with one rounding, which is
- * not the unfused update's result. beta = 0 and 1 need no pass. */
+ * not the unfused update's result. beta = 1 needs no pass; beta = 0 (the first step) zeroes C
+ * and adds the product all the same (0 + x is x), so that every step hands the GEMM layer the
+ * same accumulating product, the form its per-shape choice times on the first call. */
 void adt_k_matmul_acc(float *C, const float *A, const float *B, float beta, int64_t M, int64_t N,
                       int64_t K, int transA, int transB) {
     if (M <= 0 || N <= 0) return;
-    if (beta != 0.0f && beta != 1.0f) {
+    if (beta == 0.0f) memset(C, 0, (size_t)(M * N) * sizeof(float));
+    else if (beta != 1.0f)
         for (int64_t i = 0; i < M * N; i++) C[i] *= beta;
-        beta = 1.0f;
-    }
-    if (K > 0) gemm(C, A, B, beta, M, N, K, transA, transB);
-    else if (beta == 0.0f) memset(C, 0, (size_t)(M * N) * sizeof(float)); /* the empty product */
+    if (K > 0) gemm(C, A, B, 1.0f, M, N, K, transA, transB);
 }
