@@ -154,9 +154,10 @@ static void test_matmul_threads(void) {
         CHECK(memcmp(sg, there, sizeof sg), "the other thread ran dnnl_sgemm, not the primitive");
 }
 
-/* Under auto each shape runs the backend its first product chose (adt_gemm_route): a backend
- * that passed its check, the same one for every later product of the shape whatever beta, and
- * its result is that backend's, bit for bit. Forced, the route is the forced backend. */
+/* Under ADT_GEMM=tune each shape runs the backend its first product chose (adt_gemm_route): a
+ * backend that passed its check, the same one for every later product of the shape whatever
+ * beta, and its result is that backend's, bit for bit. Otherwise (auto, forced) the route of every
+ * shape is the chosen backend. */
 static void test_routes(void) {
     const adt_gemm_info *info = adt_gemm_get_info();
     for (int c = 0; c < 12; c++) {
@@ -171,7 +172,7 @@ static void test_routes(void) {
         int r = adt_gemm_route(ta, tb, M, N, K);
         CHECK(r >= 0 && r < ADT_GEMM_N_BACKENDS && info->check_ok[r], "%lldx%lldx%lld: route %d", (long long)M,
               (long long)N, (long long)K, r);
-        if (info->forced) CHECK(r == (int)info->backend, "forced %d, route %d", info->backend, r);
+        if (!info->per_shape) CHECK(r == (int)info->backend, "backend %d, route %d", info->backend, r);
         if (r < 0 || r >= ADT_GEMM_N_BACKENDS) continue;
         adt_gemm_with((adt_gemm_backend)r, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, R, N);
         CHECK(!memcmp(C, R, (size_t)(M * N) * sizeof *C), "%lldx%lldx%lld: adt_gemm is not its route %s",
@@ -183,8 +184,8 @@ static void test_routes(void) {
               "%lldx%lldx%lld with beta 1: not its route's result", (long long)M, (long long)N, (long long)K);
         free(A), free(B), free(C), free(R);
     }
-    CHECK(adt_gemm_route(0, 0, 3, 3, 100003) == (info->forced ? (int)info->backend : -1),
-          "a shape never run has a route");
+    CHECK(adt_gemm_route(0, 0, 3, 3, 100003) == (info->per_shape ? -1 : (int)info->backend),
+          "a shape never run: route %d", adt_gemm_route(0, 0, 3, 3, 100003));
 }
 
 /* the entry point the kernels call, through whichever backend the layer chose */
@@ -394,7 +395,10 @@ static void test_env(void) {
     CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_OPENBLAS, "forced openblas: %d %d",
           a.forced, a.backend);
     env_set("ADT_GEMM", "auto");
-    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "auto is not forcing");
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && !a.per_shape, "auto is not forcing, nor per shape");
+    env_set("ADT_GEMM", "tune");
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && a.per_shape, "tune: forced %d, per shape %d", a.forced,
+          a.per_shape);
     env_set("ADT_GEMM", "");
     CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "empty is auto");
     env_set("ADT_GEMM", "onednn-matmul");
@@ -403,8 +407,8 @@ static void test_env(void) {
     const char *bad[] = {"mkl", "OneDNN", "openblas ", "1", "onednn-"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         env_set("ADT_GEMM", bad[i]);
-        int forced = 5;
-        CHECK(adt_gemm_env(&forced) == ADT_ERR_ARG, "ADT_GEMM=%s accepted", bad[i]);
+        int forced = 5, per_shape = 5;
+        CHECK(adt_gemm_env(&forced, &per_shape) == ADT_ERR_ARG, "ADT_GEMM=%s accepted", bad[i]);
         CHECK(adt_gemm_select(&a, 1) == ADT_ERR_ARG, "ADT_GEMM=%s accepted by select", bad[i]);
         const char *m = adt_error_message();
         CHECK(strstr(m, "ADT_GEMM") && strstr(m, "openblas") && strstr(m, "onednn") && strstr(m, "auto"),
@@ -421,7 +425,7 @@ static void test_cli(void) {
     env_set("ADT_GEMM", "cublas");
     int rc = run_adtrain("--version", out, sizeof out);
     CHECK(rc == 2, "exit %d for ADT_GEMM=cublas: %s", rc, out);
-    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn, onednn-matmul or auto"), "%s", out);
+    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn, onednn-matmul, tune"), "%s", out);
     rc = run_adtrain("status --help", out, sizeof out);
     CHECK(rc == 2 && contains(out, "ADT_GEMM"), "status with a bad ADT_GEMM: exit %d: %s", rc, out);
     const char *names[] = {"openblas", "onednn", "onednn-matmul"};

@@ -40,6 +40,10 @@ typedef struct adt_gemm_shape {
 typedef struct adt_gemm_info {
     adt_gemm_backend backend;              /* forced: the one adt_gemm runs; auto: the probe's default */
     int forced;                            /* 1: ADT_GEMM named it */
+    int per_shape;                         /* 1: ADT_GEMM=tune: each shape's first product times
+                                            * every backend and the shape keeps the fastest, so
+                                            * two processes may round differently (as
+                                            * cudnn.benchmark); 0: `backend` runs every shape */
     int from_cache;                        /* 1: the check and probe came from the cache file */
     int check_ok[ADT_GEMM_N_BACKENDS];     /* 1: passed the correctness check */
     double rate[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES];
@@ -67,8 +71,8 @@ int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K);
 /* The same rule for backend b alone. */
 int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K);
 
-/* The backend adt_gemm runs for this shape at the layer's thread count: the forced one, or under
- * auto the one its first product chose; -1 for a shape not yet run (tests, benchmarks). */
+/* The backend adt_gemm runs for this shape at the layer's thread count: the chosen one, or under
+ * ADT_GEMM=tune the one its first product chose (-1 for a shape not yet run); tests, benchmarks. */
 int adt_gemm_route(int transA, int transB, int64_t M, int64_t N, int64_t K);
 /* Chooses the backend once (idempotent, thread-safe). ADT_ERR_ARG naming ADT_GEMM and the
  * accepted values when the variable holds anything else, or when the backend it names fails the
@@ -76,8 +80,9 @@ int adt_gemm_route(int transA, int transB, int64_t M, int64_t N, int64_t K);
  * an error, so programs that can report errors (the CLI, adt_exec_create) call it first. */
 int adt_gemm_init(void);
 /* Reads ADT_GEMM only (cheap: no check, no probe): *forced = the backend it names, or -1 for
- * auto or unset. ADT_ERR_ARG naming ADT_GEMM and the accepted values otherwise. */
-int adt_gemm_env(int *forced);
+ * auto, tune or unset; *per_shape = 1 for tune. ADT_ERR_ARG naming ADT_GEMM and the accepted
+ * values otherwise. */
+int adt_gemm_env(int *forced, int *per_shape);
 /* The decision without touching the layer's state: reads ADT_GEMM and the cache (unless
  * use_cache is 0), checks and probes what it must, rewrites the cache file. Same errors. */
 int adt_gemm_select(adt_gemm_info *out, int use_cache);

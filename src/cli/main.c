@@ -35,8 +35,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    int forced;
-    if (adt_gemm_env(&forced)) { /* refused up front, whatever the command */
+    int forced, per_shape;
+    if (adt_gemm_env(&forced, &per_shape)) { /* refused up front, whatever the command */
         fprintf(stderr, "adtrain: %s\n", adt_error_message());
         return 2;
     }
@@ -51,8 +51,9 @@ int main(int argc, char **argv) {
             return 2;
         }
         const adt_gemm_info *gi = adt_gemm_get_info();
-        printf("gemm %s: %s (%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
-               gi->forced ? "ADT_GEMM" : gi->from_cache ? "chosen by the cached probe" : "chosen by the probe");
+        printf("gemm %s: %s (%s%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
+               gi->forced ? "ADT_GEMM" : gi->from_cache ? "chosen by the cached probe" : "chosen by the probe",
+               gi->per_shape ? "; ADT_GEMM=tune: each shape runs the backend its first product times fastest" : "");
         for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
             if (b != (int)gi->backend) printf("gemm %s: %s (available)\n", adt_gemm_backend_str(b), adt_gemm_backend_version(b));
         return 0;

@@ -7,8 +7,11 @@
  * AVX-512. Neither wins on every CPU, nor on every shape of one CPU, so the layer measures: a
  * correctness check against a naive double product (a backend that is wrong is never chosen,
  * however fast), a speed probe on training shapes at one thread (the default backend; both
- * cached per machine), and under auto each product shape's own timing on its first call, which
- * picks the backend that shape runs. ADT_GEMM=openblas|onednn|onednn-matmul skips the choice.
+ * cached per machine) that names the backend every product runs. ADT_GEMM=tune adds each product
+ * shape's own timing on its first call, which picks the backend that shape runs: faster where
+ * backends split the shapes, but a near tie may fall either way in another process, so runs that
+ * resume or compare bit for bit keep the default (as PyTorch keeps cudnn.benchmark off).
+ * ADT_GEMM=openblas|onednn|onednn-matmul skips the choice.
  *
  * Threads: OpenBLAS (pthread build) has one global pool, sized by openblas_set_num_threads.
  * Debian's libdnnl is built on OpenMP (libgomp, DNNL_CPU_RUNTIME_OMP) and sizes each product's
@@ -253,7 +256,7 @@ void adt_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, cons
               const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     pthread_once(&g_once, init_once);
     if (degenerate(M, N, K, beta, C, ldc)) return;
-    adt_gemm_backend b = g_info.forced ? g_info.backend : route_of(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    adt_gemm_backend b = g_info.per_shape ? route_of(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) : g_info.backend;
     if (run_backend(b, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == 0) return;
     /* oneDNN checks its arguments and refuses bad ones (a caller's bug); OpenBLAS's xerbla
      * then names the fault, and the product still comes out where OpenBLAS can make it */
@@ -277,11 +280,11 @@ int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K)
     return 1;
 }
 
-/* Under auto any backend that passed its check may run a shape (route_of), so the rule must
+/* Under tune any backend that passed its check may run a shape (route_of), so the rule must
  * hold for each of them. */
 int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K) {
     const adt_gemm_info *info = adt_gemm_get_info();
-    if (info->forced) return adt_gemm_acc_exact_with(info->backend, M, N, K);
+    if (!info->per_shape) return adt_gemm_acc_exact_with(info->backend, M, N, K);
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
         if (info->check_ok[b] && !adt_gemm_acc_exact_with((adt_gemm_backend)b, M, N, K)) return 0;
     return 1;
@@ -521,7 +524,7 @@ static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K
 
 int adt_gemm_route(int ta, int tb, int64_t M, int64_t N, int64_t K) {
     const adt_gemm_info *info = adt_gemm_get_info();
-    if (info->forced) return (int)info->backend;
+    if (!info->per_shape) return (int)info->backend;
     int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
     int n = atomic_load_explicit(&route_count, memory_order_acquire);
     for (int i = 0; i < n; i++)
@@ -662,13 +665,16 @@ int adt_gemm_cache_read(const char *path, const char *key, adt_gemm_info *out) {
 
 /* ---- the choice ----------------------------------------------------------------------------- */
 
-int adt_gemm_env(int *forced) {
+int adt_gemm_env(int *forced, int *per_shape) {
     const char *env = getenv("ADT_GEMM");
-    *forced = -1;
+    *forced = -1, *per_shape = 0;
     if (!env || !*env || !strcmp(env, "auto")) return 0;
+    if (!strcmp(env, "tune")) return *per_shape = 1, 0;
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
         if (!strcmp(env, backend_names[b])) *forced = b;
-    if (*forced < 0) return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn, onednn-matmul or auto (the default)", env);
+    if (*forced < 0)
+        return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn, onednn-matmul, tune (a backend per "
+                         "shape, timed) or auto (the default)", env);
     return 0;
 }
 
@@ -676,9 +682,10 @@ int adt_gemm_select(adt_gemm_info *out, int use_cache) {
     memset(out, 0, sizeof *out);
     out->backend = ADT_GEMM_OPENBLAS;
     const char *env = getenv("ADT_GEMM");
-    int forced = -1;
-    int rc = adt_gemm_env(&forced);
+    int forced = -1, per_shape = 0;
+    int rc = adt_gemm_env(&forced, &per_shape);
     if (rc) return rc;
+    out->per_shape = per_shape;
     machine_key(out->key, sizeof out->key);
     double t0 = adt_now_s();
     if (forced >= 0) {
@@ -723,6 +730,8 @@ static void init_once(void) {
     } else
         adt_log(ADT_LOG_DEBUG, "gemm: %s (%s)", adt_gemm_backend_str(g_info.backend),
                 g_info.forced ? "ADT_GEMM" : g_info.from_cache ? "cached choice" : "measured");
+    if (!g_init_status && g_info.per_shape)
+        adt_log(ADT_LOG_DEBUG, "gemm: ADT_GEMM=tune: each shape runs the backend its first product times fastest");
 }
 
 int adt_gemm_init(void) {
