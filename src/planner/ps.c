@@ -8,7 +8,8 @@
  *    plus the worker's samples produced (input_s each) and the pulled rows copied into batch order;
  *  - push: the worker's distinct rows, each an 8-byte id and its gradient, to the servers; the
  *    servers sum the W workers' pushes per row and update every row the batch touched (Adam: read
- *    weight, moments and gradient, write three: 7 values a row; SGD 3), memory-bound;
+ *    weight, moments and gradient, write three: 7 values a row; SGD 3), memory-bound, each row
+ *    array moved in whole cache lines and found through one hash-slot line;
  *  - pull: the next step's rows come back once every push is applied (sync: a pull of step s is
  *    answered after all pushes of s-1); with prefetch its ids left during the compute;
  *  - the dense gradients all-reduced among the workers.
@@ -26,6 +27,7 @@
 
 #define PS_ID_BYTES 8.0  /* ids travel as int64 (src/ps/ps_internal.h) */
 #define PS_ROW_EXTRA 24.0 /* a stored row's hash slot and bookkeeping (src/ps/README.md) */
+#define PS_LINE_BYTES 64.0 /* a cache line: what a random row access moves at least */
 #define PS_EXACT_ROWS 4096 /* rows summed one by one; the rest by the integral (zipf_tail) */
 
 /* 1 - (1 - p)^n without cancellation for small p */
@@ -129,8 +131,10 @@ static int ps_price(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_o
     r->pull_s = (wk > sv ? wk : sv) + lat;
     wk = r->push_bytes / bw_link + S * lat, sv = (double)W * r->push_bytes / S / bw_link + W * lat;
     r->push_s = wk > sv ? wk : sv;
-    double per_row = o->optim == ADT_OPTIM_SGD ? 3.0 : 7.0;
-    r->update_s = (rows_b / S * per_row * row_b + 2.0 * W * rows_w / S * row_b) / mem_bw * share;
+    /* rows are touched at random: each array of a row moves whole cache lines, and finding it
+     * costs its hash slot's line */
+    double line = PS_LINE_BYTES * ceil(row_b / PS_LINE_BYTES), per_row = o->optim == ADT_OPTIM_SGD ? 3.0 : 7.0;
+    r->update_s = (rows_b / S * (per_row * line + PS_LINE_BYTES) + 2.0 * W * rows_w / S * line) / mem_bw * share;
     r->dense_s = adt_cluster_coll_time(c, adt_cluster_level(c, S, N - 1), ADT_BOXING_ALL_REDUCE, W, 4.0 * dense_p, N);
     r->step_s = r->compute_s + r->push_s + r->update_s + r->pull_s + r->dense_s;
     double opt_vals = o->optim == ADT_OPTIM_SGD ? 1.0 : 3.0; /* weight (+ Adam's two moments) */
