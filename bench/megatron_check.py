@@ -48,6 +48,23 @@ RUNS_MORE = [
     ("MT-NLG 530B, 420 nodes", 51200, 2048, 128, 20480, 105, 8, 35, 3360, 1920, 1, 113),
 ]
 
+# Megatron-LM itself on MT-NLG's shapes and GPU count, held to the tolerance: Korthikanti et al.
+# 2022, "Reducing Activation Recomputation in Large Transformer Models", abstract: the 530B GPT on
+# 2240 A100 GPUs with full recomputation reaches a model FLOPs utilization of 42.1% (their MFU:
+# 72 B s l h^2 (1 + s/6h + V/12lh) model FLOPs per step, no recomputation counted, over the time
+# and 312 TFLOP/s per GPU); their Table 3 gives the 530B model t=8, p=35 (dp=8 on 2240 GPUs). The
+# global batch of that run is not in the abstract: MT-NLG's 1920 and one sequence per GPU (2240)
+# bracket it, micro-batch 1. (name, vocab, seq, heads, hidden, layers, TP, PP, GPUs, batches,
+# micro-batch, published MFU)
+RUNS_MFU = [
+    ("Megatron-LM 530B, 2240 GPUs, full recompute", 51200, 2048, 128, 20480, 105, 8, 35, 2240, (1920, 2240), 1, 0.421),
+]
+A100_PEAK = 312e12
+
+
+def korthikanti_mfu(V, s, l, h, batch, step_s, gpus):
+    return 72.0 * batch * s * l * h * h * (1 + s / (6.0 * h) + V / (12.0 * l * h)) / step_s / gpus / A100_PEAK
+
 
 def plan(adtrain, model, cluster, devices, batch, strategy, extra):
     cmd = [adtrain, "plan", "--model", model, "--cluster", cluster, "--devices", str(devices), "--batch", str(batch),
@@ -112,6 +129,20 @@ def main():
                        ["--recompute", "full", "--micro-batch", str(mb)])
             print("%-26s %5d GPUs  published %5.0f  predicted %6.1f  error %+6.1f%%" %
                   (name, gpus, tflops, own["tflops_per_device"], 100 * (own["tflops_per_device"] / tflops - 1)))
+        print()
+        print("Megatron-LM on MT-NLG's configuration (Korthikanti et al. 2022), model FLOPs utilization, held to "
+              "the tolerance")
+        for (name, V, seq, heads, hidden, layers, tp, pp, gpus, batches, mb, mfu) in RUNS_MFU:
+            model = gpt(tmp, "mfu", V, seq, layers, hidden, heads)
+            for batch in batches:
+                own = plan(a.adtrain, model, cluster, gpus, batch, "dp=%d,tp=%d,pp=%d" % (gpus // (tp * pp), tp, pp),
+                           ["--recompute", "full", "--micro-batch", str(mb)])
+                got = korthikanti_mfu(V, seq, layers, hidden, batch, own["predicted_step_s"], gpus)
+                err = got / mfu - 1
+                ok = abs(err) <= a.tolerance
+                bad += not ok
+                print("%-46s batch %5d  published MFU %.1f%%  predicted %.1f%%  error %+6.1f%%%s" %
+                      (name, batch, 100 * mfu, 100 * got, 100 * err, "" if ok else "  <- FAIL"))
         print()
         model = gpt(tmp, "gpt-1t", 51200, 2048, 128, 25600, 160)
         times = sorted(plan(a.adtrain, model, cluster, 3072, 3072, "auto", [])["search_s"] for _ in range(5))

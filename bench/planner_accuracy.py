@@ -2,6 +2,7 @@
 
     python3 bench/planner_accuracy.py WORKDIR CLUSTER.json|calibrate OUT.jsonl
     python3 bench/planner_accuracy.py --summary OUT.jsonl      the summary of a stored run
+        (with RANKS=N in the environment, of its plans of at most N ranks; --reprice too)
     python3 bench/planner_accuracy.py --reprice OUT.jsonl [CLUSTER.json]   the stored measurements against
         today's binary's predictions, on the run's own cluster (its meta line): each model's input
         priced once now (its "input_s" where the run stored it), or on CLUSTER.json; auto rows are left out, since
@@ -46,6 +47,9 @@ if not SUMMARY_ONLY and not REPRICE:
     STEPS, WARMUP = int(os.environ["STEPS"]), int(os.environ["WARMUP"])
     TIME_S = float(os.environ.get("TIME_S", "0"))
     MODELS = os.environ["MODELS"].split()
+# --summary and --reprice: only the rows of at most RANKS ranks (RANKS=2: the 1- and 2-rank plans
+# of a run made with more)
+MAX_RANKS = int(os.environ.get("RANKS", "0")) or 1 << 30
 DATA = {"mlp": ("synthetic:mlp", 64), "gpt": ("synthetic:text", 16), "vgg": ("synthetic:vgg", 32),
         "dlrm": ("synthetic:dlrm", 256)}
 
@@ -346,7 +350,7 @@ def reprice(path):
         if set(after) != set(own):
             raise SystemExit(f"REPRICE_CLUSTER={which}: {path} has no calibration after the rounds of every model")
         own = {m: after[m] if which == "after" else mean_cluster(own[m], after[m]) for m in own}
-    stored = [r for r in lines if "model" in r and not r["plan"].startswith("auto")]
+    stored = [r for r in lines if "model" in r and not r["plan"].startswith("auto") and r["ranks"] <= MAX_RANKS]
     models = list(dict.fromkeys(r["model"] for r in stored))
     rows = []
     # a run stored without its input prices gets them timed once and kept beside it, so that
@@ -380,7 +384,7 @@ if REPRICE:
     reprice(sys.argv[2])
 elif SUMMARY_ONLY:
     stored = [json.loads(line) for line in open(sys.argv[2])]
-    stored = [r for r in stored if "model" in r]
+    stored = [r for r in stored if "model" in r and r["ranks"] <= MAX_RANKS]
     summarize(stored, list(dict.fromkeys(r["model"] for r in stored)))
 else:
     main()

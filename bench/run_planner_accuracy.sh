@@ -12,6 +12,10 @@
 # measured best, and the predicted peak memory per rank over the measured one (min and max).
 #
 #   sh bench/run_planner_accuracy.sh       (about 55 minutes on a 2-core machine)
+#   RANKS=2 ROUNDS=3 sh bench/run_planner_accuracy.sh   the 1- and 2-rank plans only (one rank per
+#       core on 2 cores: dp and pp=1 with 2 microbatches on 1 rank; dp, zero, tp, pp=2 with 1/2/4
+#       microbatches and auto on 2), calibrated with --ranks 2; about 20 minutes
+# RANKS=2 also limits `planner_accuracy.py --summary / --reprice` of a stored run to those plans.
 #
 # Measured step time: ROUNDS runs per plan (WARMUP steps, then max(STEPS, TIME_S / the predicted
 # step) timed: about half a second of steps), interleaved across all plans of a model (round robin,

@@ -147,6 +147,12 @@ int adt_dataset_fill(const adt_dataset *ds, const int64_t *ids, int n, void *inp
  * i.e. the Bayes-optimal score (its AUC is the best any model can reach); ADT_ERR_UNSUPPORTED
  * for other kinds. */
 int adt_dataset_planted_prob(const adt_dataset *ds, const int64_t *ids, int n, float *prob);
+/* How data `spec` draws the ids of categorical field `table`, for pricing (the planner's
+ * parameter-server estimate): ADT_IDS_ZIPF (row k-1 with weight k^-param; synthetic:criteo-zipf),
+ * ADT_IDS_SQUARE (a value floor(param u^2), u uniform, hashed to a row; synthetic:dlrm), or
+ * ADT_IDS_UNKNOWN (a file's ids: no law is known). A bad spec's options are an error. */
+enum { ADT_IDS_UNKNOWN, ADT_IDS_ZIPF, ADT_IDS_SQUARE };
+int adt_data_id_law(const char *spec, int table, int *kind, double *param);
 
 /* ---- evaluation --------------------------------------------------------------------------- */
 /* ROC AUC of scores[0..n) against labels in {0, 1}: the probability that a random positive

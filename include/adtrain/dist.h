@@ -497,6 +497,19 @@ int adt_plan_load(adt_plan *p, const char *path);
 int adt_plan_bind(adt_plan *p, const adt_graph *g);
 char *adt_plan_to_json(const adt_plan *p, const adt_graph *g); /* free() it */
 int adt_plan_save(const adt_plan *p, const adt_graph *g, const char *path);
+
+/* A parameter-server plan (plan_ps.c): a DLRM's tables on `servers` ranks, the dense part on the
+ * other devices - servers workers; what `adtrain train --plan` runs as --mode ps. read: *is_ps 1
+ * and the plan read when the file's "mode" is "ps", else *is_ps 0 and nothing read (a collective
+ * plan, for adt_plan_load); a bad ps plan is an error naming the field. */
+typedef struct adt_ps_plan {
+    char name[256];
+    adt_model_cfg model;
+    int batch, devices, servers, prefetch, dense_servers;
+    char sync[32]; /* as --ps-sync: sync, ssp:K or async */
+} adt_ps_plan;
+int adt_ps_plan_read(const char *path, adt_ps_plan *p, int *is_ps);
+int adt_ps_plan_save(const adt_ps_plan *p, const char *path);
 /* group_of[t] (n_layers entries): the first layer with layer t's structure and layouts (t itself
  * when none before it has them); the file ties such layers into one entry. */
 void adt_plan_layer_groups(const adt_plan *p, const adt_graph *g, int *group_of);

@@ -450,6 +450,51 @@ int adt_lm_cost(const adt_lm_shape *s, const adt_cluster *c, int batch, const ad
 int adt_lm_search(const adt_lm_shape *s, const adt_cluster *c, int devices, int batch, double mem_limit,
                   const adt_lm_plan *fixed, adt_lm_plan *best, adt_lm_report *out, long *evaluated);
 
+/* ---- parameter-server mode (ps.c) -------------------------------------------------------------
+ * A DLRM on S server ranks holding its embedding tables (sharded by row) and W = devices - S
+ * workers that pull the rows their samples touch, run the dense part, push the rows' gradients
+ * and all-reduce the dense gradients among themselves (adtrain train --mode ps, --ps-dense
+ * workers, --ps-sync sync). Priced from the distribution of the ids: the expected number of
+ * distinct rows of a table among n draws, sum over rows of 1 - (1 - p_r)^n. */
+typedef enum adt_ps_ids_kind {
+    ADT_PS_IDS_UNIFORM, /* every row alike (also the law assumed for ids of unknown law: the most rows) */
+    ADT_PS_IDS_ZIPF,    /* row k-1 with weight k^-param (param: the exponent) */
+    ADT_PS_IDS_SQUARE   /* a value floor(param u^2), u uniform (param values), hashed to a row */
+} adt_ps_ids_kind;
+typedef struct adt_ps_ids {
+    adt_ps_ids_kind kind;
+    double param;
+} adt_ps_ids;
+/* Expected distinct rows among n independent draws from a table of `rows` rows. */
+double adt_ps_expected_distinct(const adt_ps_ids *law, int64_t rows, double n);
+
+typedef struct adt_ps_opts {
+    int devices, servers;   /* servers 0: searched (1 .. devices - 1) */
+    int batch;              /* global samples per step, split over the workers */
+    int prefetch;           /* steps of rows asked ahead (--ps-prefetch) */
+    const adt_ps_ids *ids;  /* [n_tables] the law of each table's ids; NULL: uniform */
+    adt_optim_kind optim;   /* the sparse optimizer: SGD or Adam (lazy) */
+    double mem_limit;       /* per device, 0: the cluster's */
+} adt_ps_opts;
+
+typedef struct adt_ps_report {
+    int servers, workers, feasible;
+    double step_s;
+    double compute_s;        /* a worker's dense forward, backward and update, its rows copied */
+    double pull_s, push_s;   /* rows over the network, the busier NIC (a worker's or a server's) */
+    double update_s;         /* a server's row updates, pushes summed, memory-bound */
+    double dense_s;          /* the dense gradients' all-reduce among the workers */
+    double rows_worker;      /* distinct rows a worker touches per step, all tables */
+    double rows_step;        /* distinct rows of the whole batch (what the servers update) */
+    double pull_bytes, push_bytes; /* per worker per step: ids out and rows back; ids and gradients out */
+    double server_bytes;     /* per server per step, in and out */
+    double server_mem_bytes, worker_mem_bytes;
+} adt_ps_report;
+
+/* Prices the ps mode of DLRM `m` with opts->servers servers, or (servers 0) the fastest feasible
+ * server count; an error for a model without tables or a split that cannot run. */
+int adt_ps_cost(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_opts *o, adt_ps_report *out);
+
 #ifdef __cplusplus
 }
 #endif

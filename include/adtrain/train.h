@@ -94,6 +94,8 @@ typedef struct adt_train_opts {
     int ps_prefetch;          /* later steps' rows pulled while a step computes (default 1)     */
     const char *ps_optimizer; /* the rows' optimizer: sgd, adagrad, adam; NULL: the dense one's */
     int ps_dense_servers;     /* dense parameters on the servers too (default: all-reduced)      */
+    int ps_plan_devices;      /* --plan is a parameter-server plan for this many ranks (0: not)  */
+    char ps_plan_sync[32];    /* its sync setting (ps_sync points here then)                     */
     /* bit i: the i-th option of adt_train_opts_set was set through it (an elastic job's spec
      * yields to none of them); a field set directly counts as given when it differs from its
      * default */

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/data.h"
+#include "adtrain/dist.h"
 #include "adtrain/planner.h"
 #include "adtrain/train.h"
 #include "cli.h"
@@ -63,14 +65,26 @@ static cJSON *report_json(const adt_cost_report *r) {
     return j;
 }
 
-static void print_json(const adt_planner_result *res, const adt_cluster *cl, const char *label) {
+static void ps_json(cJSON *j, const adt_ps_report *r, int chosen);
+
+/* ps: the parameter-server estimate beside (NULL: none); use_ps: it is the plan chosen */
+static void print_json(const adt_planner_result *res, const adt_cluster *cl, const char *label, const adt_ps_report *ps,
+                       int use_ps) {
     cJSON *root = report_json(&res->cost), *ex = cJSON_CreateArray();
+    if (use_ps) { /* the chosen plan's figures at the top, the collective plan's under "collective" */
+        cJSON_AddItemToObject(root, "collective", report_json(&res->cost));
+        cJSON_ReplaceItemInObject(root, "predicted_step_s", cJSON_CreateNumber(ps->step_s));
+        cJSON_ReplaceItemInObject(root, "peak_mem_bytes", cJSON_CreateNumber(
+            ps->server_mem_bytes > ps->worker_mem_bytes ? ps->server_mem_bytes : ps->worker_mem_bytes));
+        cJSON_ReplaceItemInObject(root, "feasible", cJSON_CreateBool(ps->feasible));
+    }
+    if (ps) ps_json(root, ps, use_ps);
     char mb[64];
     cJSON_AddStringToObject(root, "model", label);
     cJSON_AddStringToObject(root, "cluster", cl->name);
     cJSON_AddNumberToObject(root, "input_per_sample_s", cl->input_s);
     cJSON_AddNumberToObject(root, "devices", res->plan.mesh.nranks);
-    cJSON_AddStringToObject(root, "strategy", res->plan.strategy);
+    cJSON_AddStringToObject(root, "strategy", use_ps ? "ps" : res->plan.strategy);
     cJSON_AddStringToObject(root, "mesh", adt_mesh_str(&res->plan.mesh, mb, sizeof mb));
     cJSON_AddNumberToObject(root, "stages", res->plan.n_stages);
     cJSON_AddNumberToObject(root, "microbatches", res->plan.microbatches);
@@ -104,6 +118,85 @@ static int load_cluster(const cli_plan_auto_opts *o, const adt_model_cfg *m, lon
     return 0;
 }
 
+/* The parameter-server mode of a DLRM priced beside the collective plans (planner.h): the ids'
+ * law per table from the run's data (a file's: uniform, the most distinct rows), the servers
+ * searched, sync, the trainer's default prefetch, the dense part on the workers. 0 and *ok 0 for
+ * a model without tables or a world too small for servers and workers. */
+#define PS_PREFETCH 1
+static int ps_estimate(const cli_plan_auto_opts *o, const adt_model_cfg *m, const adt_cluster *cl, int devices, int batch,
+                       adt_ps_report *r, int *ok, int *law_known) {
+    *ok = 0, *law_known = 1;
+    if (m->type != ADT_MODEL_DLRM || devices < 2) return 0;
+    const char *spec = o->data ? o->data : adt_train_default_data(m, NULL);
+    adt_ps_ids ids[ADT_DLRM_MAX_TABLES];
+    for (int t = 0; t < m->dlrm.n_tables; t++) {
+        int kind;
+        double param;
+        if (adt_data_id_law(spec, t, &kind, &param)) return auto_fail(2, "--data %s: %s", spec, adt_error_message());
+        ids[t].kind = kind == ADT_IDS_ZIPF ? ADT_PS_IDS_ZIPF : kind == ADT_IDS_SQUARE ? ADT_PS_IDS_SQUARE : ADT_PS_IDS_UNIFORM;
+        ids[t].param = param;
+        if (kind == ADT_IDS_UNKNOWN) *law_known = 0;
+    }
+    adt_ps_opts po = {.devices = devices, .batch = batch, .prefetch = PS_PREFETCH, .ids = ids, .optim = o->optimizer,
+                      .mem_limit = o->mem_limit};
+    if (batch < 2) return 0;
+    if (adt_ps_cost(m, cl, &po, r)) return auto_fail(2, "the parameter-server estimate: %s", adt_error_message());
+    *ok = 1;
+    return 0;
+}
+
+static void print_ps(const adt_ps_report *r, int law_known, double collective_s) {
+    char b1[32], b2[32];
+    printf("\nparameter-server mode (--mode ps, sync, prefetch %d, dense on the workers): %d servers + %d workers\n",
+           PS_PREFETCH, r->servers, r->workers);
+    printf("  predicted             %10.4f ms per step (%.3f x the collective plan)%s\n", r->step_s * 1e3,
+           r->step_s / collective_s, r->feasible ? "" : " OVER MEMORY");
+    printf("  worker compute        %10.4f ms (dense part, rows copied)\n", r->compute_s * 1e3);
+    printf("  push + server update  %10.4f + %.4f ms\n", r->push_s * 1e3, r->update_s * 1e3);
+    printf("  pull                  %10.4f ms\n", r->pull_s * 1e3);
+    printf("  dense all-reduce      %10.4f ms among the workers\n", r->dense_s * 1e3);
+    printf("  rows per step         %.1f distinct per worker, %.1f over the batch%s\n", r->rows_worker, r->rows_step,
+           law_known ? "" : " (ids of unknown law priced as uniform)");
+    printf("  bytes per step        pull %.0f, push %.0f per worker; %.0f per server\n", r->pull_bytes, r->push_bytes,
+           r->server_bytes);
+    printf("  memory                %s per server, %s per worker\n", gib(r->server_mem_bytes, b1, sizeof b1),
+           gib(r->worker_mem_bytes, b2, sizeof b2));
+}
+
+static void ps_json(cJSON *j, const adt_ps_report *r, int chosen) {
+    cJSON_AddStringToObject(j, "mode", chosen ? "ps" : "collective");
+    if (chosen) {
+        cJSON_AddNumberToObject(j, "ps_servers", r->servers);
+        cJSON_AddStringToObject(j, "ps_sync", "sync");
+    }
+    cJSON *p = cJSON_AddObjectToObject(j, "ps");
+    cJSON_AddNumberToObject(p, "servers", r->servers);
+    cJSON_AddNumberToObject(p, "workers", r->workers);
+    cJSON_AddStringToObject(p, "sync", "sync");
+    cJSON_AddNumberToObject(p, "prefetch", PS_PREFETCH);
+    cJSON_AddNumberToObject(p, "predicted_step_s", r->step_s);
+    cJSON_AddBoolToObject(p, "feasible", r->feasible);
+    cJSON_AddNumberToObject(p, "compute_s", r->compute_s);
+    cJSON_AddNumberToObject(p, "pull_s", r->pull_s);
+    cJSON_AddNumberToObject(p, "push_s", r->push_s);
+    cJSON_AddNumberToObject(p, "update_s", r->update_s);
+    cJSON_AddNumberToObject(p, "dense_s", r->dense_s);
+    cJSON_AddNumberToObject(p, "rows_worker", r->rows_worker);
+    cJSON_AddNumberToObject(p, "rows_step", r->rows_step);
+    cJSON_AddNumberToObject(p, "pull_bytes", r->pull_bytes);
+    cJSON_AddNumberToObject(p, "push_bytes", r->push_bytes);
+    cJSON_AddNumberToObject(p, "server_bytes", r->server_bytes);
+    cJSON_AddNumberToObject(p, "server_mem_bytes", r->server_mem_bytes);
+    cJSON_AddNumberToObject(p, "worker_mem_bytes", r->worker_mem_bytes);
+}
+
+static int save_ps(const adt_model_cfg *m, const adt_ps_report *r, int devices, int batch, const char *path) {
+    adt_ps_plan pp = {.model = *m, .batch = batch, .devices = devices, .servers = r->servers, .prefetch = PS_PREFETCH};
+    snprintf(pp.sync, sizeof pp.sync, "sync");
+    if (adt_ps_plan_save(&pp, path)) return auto_fail(1, "-o: %s", adt_error_message());
+    return 0;
+}
+
 /* An expert plan priced on a cluster (--cluster with another strategy): what the cost model
  * predicts for exactly the plan written, so that it can be set beside a measured run. */
 int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_graph *g) {
@@ -115,9 +208,13 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
                          adt_cluster_devices(&cl));
     adt_cost_report r;
     if (adt_plan_cost(p, g, &cl, &r)) return auto_fail(2, "pricing the plan: %s", adt_error_message());
+    adt_ps_report ps;
+    int ps_ok, law_known;
+    if ((rc = ps_estimate(o, &p->model, &cl, p->mesh.nranks, p->batch, &ps, &ps_ok, &law_known))) return rc;
     if (o->json) {
         cJSON *j = report_json(&r);
         char mb[64];
+        if (ps_ok) ps_json(j, &ps, 0);
         cJSON_AddStringToObject(j, "cluster", cl.name);
         cJSON_AddNumberToObject(j, "input_per_sample_s", cl.input_s);
         cJSON_AddNumberToObject(j, "devices", p->mesh.nranks);
@@ -137,6 +234,7 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
     printf("predicted   %.4f ms per step, peak %s per device%s\n", r.step_s * 1e3, gib(r.peak_mem_bytes, b1, sizeof b1),
            r.feasible ? "" : " OVER MEMORY");
     if (o->explain) print_explain(&r);
+    if (o->explain && ps_ok) print_ps(&ps, law_known, r.step_s);
     return 0;
 }
 
@@ -151,10 +249,46 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
     adt_planner_opts po = {.devices = (int)o->devices, .batch = (int)o->batch, .optim = o->optimizer,
                            .momentum = o->momentum, .mem_limit = o->mem_limit, .max_pp = (int)o->max_pp};
     adt_planner_result res;
-    if (adt_planner_search(m, &cl, &po, &res)) return auto_fail(2, "%s", adt_error_message());
+    int have = !adt_planner_search(m, &cl, &po, &res);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", have ? "" : adt_error_message());
+    /* the parameter-server mode beside the collective plans: chosen when predicted faster, or
+     * when it alone fits */
+    adt_ps_report ps;
+    int ps_ok, law_known, devices = o->devices ? (int)o->devices : adt_cluster_devices(&cl);
+    if ((rc = ps_estimate(o, m, &cl, devices, (int)o->batch, &ps, &ps_ok, &law_known))) goto done;
+    int use_ps = ps_ok && ps.feasible && (!have || !res.cost.feasible || ps.step_s < res.cost.step_s);
+    if (!have && !use_ps) return auto_fail(2, "%s", why);
     char b1[32], b2[32];
+    if (!have) { /* only the ps mode: its estimate */
+        if (o->json) {
+            cJSON *root = cJSON_CreateObject();
+            cJSON_AddNumberToObject(root, "predicted_step_s", ps.step_s);
+            cJSON_AddNumberToObject(root, "peak_mem_bytes", ps.server_mem_bytes > ps.worker_mem_bytes ? ps.server_mem_bytes
+                                                                                                     : ps.worker_mem_bytes);
+            cJSON_AddBoolToObject(root, "feasible", 1);
+            cJSON_AddStringToObject(root, "model", label);
+            cJSON_AddStringToObject(root, "cluster", cl.name);
+            cJSON_AddNumberToObject(root, "devices", devices);
+            cJSON_AddStringToObject(root, "strategy", "ps");
+            cJSON_AddNumberToObject(root, "microbatches", 1);
+            cJSON_AddStringToObject(root, "collective", why);
+            ps_json(root, &ps, 1);
+            char *txt = cJSON_Print(root);
+            printf("%s\n", txt);
+            free(txt);
+            cJSON_Delete(root);
+        } else {
+            printf("no collective plan: %s\n", why);
+            print_ps(&ps, law_known, ps.step_s);
+            printf("\nchosen      the parameter-server mode\n");
+        }
+        if (o->out_path && (rc = save_ps(m, &ps, devices, (int)o->batch, o->out_path))) return rc;
+        if (o->out_path && !o->json) printf("\nwrote       %s\n", o->out_path);
+        return 0;
+    }
     if (o->json) {
-        print_json(&res, &cl, label);
+        print_json(&res, &cl, label, ps_ok ? &ps : NULL, use_ps);
     } else {
         if ((rc = cli_plan_print(&res.plan, res.graph, label))) goto done;
         printf("\ncluster     %s: %d devices (%s), %d per node\n", cl.name, res.plan.mesh.nranks, cl.device_kind,
@@ -176,8 +310,14 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
                    r->step_s / res.cost.step_s, r->feasible ? "" : " over memory");
         }
         if (o->explain) print_explain(&res.cost);
+        if (ps_ok && (o->explain || use_ps)) print_ps(&ps, law_known, res.cost.step_s);
+        if (use_ps) printf("\nchosen      the parameter-server mode (predicted %.3f x the collective plan)\n",
+                           ps.step_s / res.cost.step_s);
     }
-    if (o->out_path) {
+    if (o->out_path && use_ps) {
+        if (!(rc = save_ps(m, &ps, devices, (int)o->batch, o->out_path)) && !o->json)
+            printf("\nwrote       %s\n", o->out_path);
+    } else if (o->out_path) {
         if (adt_plan_save(&res.plan, res.graph, o->out_path)) rc = auto_fail(1, "-o: %s", adt_error_message());
         else if (!o->json) printf("\nwrote       %s\n", o->out_path);
     }

@@ -58,6 +58,8 @@ int data_synthetic_vgg(data_source *src, const adt_data_shape *shape, uint64_t s
 int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t stream);
 /* opts: "" or ",alpha=A,signal=S,samples=N" (zipf.c) */
 int data_synthetic_zipf(data_source *src, const adt_data_shape *shape, uint64_t stream, const char *opts);
+/* the exponent ",alpha=A" of those options sets (default 1.05); *rc: the options' error */
+double data_zipf_alpha(const char *opts, int *rc);
 
 /* ---- click generators (synthetic:dlrm, synthetic:criteo-zipf) ------------------------------
  * Both plant z = -1.2 + sum_j a_j (x_j - 2.4) + (their categorical part), dense features

@@ -301,3 +301,20 @@ int data_synthetic_dlrm(data_source *src, const adt_data_shape *shape, uint64_t 
              "(stream %llu)", (long long)src->n, g->D, g->K, (unsigned long long)stream);
     return ADT_OK;
 }
+
+int adt_data_id_law(const char *spec, int table, int *kind, double *param) {
+    *kind = ADT_IDS_UNKNOWN, *param = 0;
+    if (!strcmp(spec, "synthetic:dlrm")) { /* dlrm_cat: floor(V u^2) over V values, hashed */
+        *kind = ADT_IDS_SQUARE, *param = table < DLRM_EFFECT_TABLES ? DLRM_SIGNAL_VALUES : DLRM_VALUES;
+        return ADT_OK;
+    }
+    const char *z = "synthetic:criteo-zipf";
+    size_t n = strlen(z);
+    if (!strncmp(spec, z, n) && (spec[n] == 0 || spec[n] == ',')) {
+        int rc;
+        *param = data_zipf_alpha(spec + n, &rc);
+        *kind = ADT_IDS_ZIPF;
+        return rc;
+    }
+    return ADT_OK;
+}

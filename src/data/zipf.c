@@ -119,8 +119,17 @@ bad:
                      opts);
 }
 
+#define ZIPF_ALPHA 1.05
+
+double data_zipf_alpha(const char *opts, int *rc) {
+    double alpha = ZIPF_ALPHA, signal;
+    int64_t samples;
+    *rc = parse_opts(opts, &alpha, &signal, &samples);
+    return alpha;
+}
+
 int data_synthetic_zipf(data_source *src, const adt_data_shape *shape, uint64_t stream, const char *opts) {
-    double alpha = 1.05, signal = 1.0;
+    double alpha = ZIPF_ALPHA, signal = 1.0;
     int64_t samples = (int64_t)1 << 24;
     int rc = parse_opts(opts, &alpha, &signal, &samples);
     if (rc) return rc;

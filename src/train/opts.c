@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "adtrain/base.h"
+#include "adtrain/dist.h"
+#include "adtrain/models.h"
 #include "adtrain/ps.h"
 #include "train_internal.h"
 
@@ -155,7 +157,49 @@ int adt_train_opts_set(adt_train_opts *o, const char *name, const char *v) {
     return rc;
 }
 
+/* --plan with a parameter-server plan (adtrain plan chose the ps mode): the run takes its
+ * settings as --mode ps; a flag that says otherwise, another model or batch, is refused. */
+static int ps_plan_apply(adt_train_opts *o) {
+    adt_ps_plan pp;
+    int is_ps;
+    if (!o->plan_path) return 0;
+    if (adt_ps_plan_read(o->plan_path, &pp, &is_ps)) return train_fail(EXIT_USAGE, "--plan: %s", adt_error_message());
+    if (!is_ps) return 0;
+    char want[64], got[64];
+    const char *flag = NULL;
+    if (o->given >> flag_index("--mode") & 1 && !o->ps_mode)
+        flag = "--mode", snprintf(want, sizeof want, "ps"), snprintf(got, sizeof got, "collective");
+    else if (o->given >> flag_index("--ps-servers") & 1 && o->ps_servers != pp.servers)
+        flag = "--ps-servers", snprintf(want, sizeof want, "%d", pp.servers), snprintf(got, sizeof got, "%d", o->ps_servers);
+    else if (o->given >> flag_index("--ps-sync") & 1 && strcmp(o->ps_sync, pp.sync))
+        flag = "--ps-sync", snprintf(want, sizeof want, "%s", pp.sync), snprintf(got, sizeof got, "%.40s", o->ps_sync);
+    else if (o->given >> flag_index("--ps-prefetch") & 1 && o->ps_prefetch != pp.prefetch)
+        flag = "--ps-prefetch", snprintf(want, sizeof want, "%d", pp.prefetch), snprintf(got, sizeof got, "%d", o->ps_prefetch);
+    else if (o->given >> flag_index("--ps-dense") & 1 && o->ps_dense_servers != pp.dense_servers)
+        flag = "--ps-dense", snprintf(want, sizeof want, "%s", pp.dense_servers ? "servers" : "workers"),
+        snprintf(got, sizeof got, "%s", o->ps_dense_servers ? "servers" : "workers");
+    else if (o->batch != pp.batch)
+        flag = "--batch", snprintf(want, sizeof want, "%d", pp.batch), snprintf(got, sizeof got, "%ld", o->batch);
+    if (flag)
+        return train_fail(EXIT_USAGE, "%s %s: the parameter-server plan %s says %s; expected %s %s or no %s", flag, got,
+                          o->plan_path, want, flag, want, flag);
+    adt_model_cfg m;
+    if (!o->model_path || adt_model_cfg_load(&m, o->model_path))
+        return train_fail(EXIT_USAGE, "--plan %s: a parameter-server plan for a DLRM; expected --model with its config%s%s",
+                          o->plan_path, o->model_path ? ": " : "", o->model_path ? adt_error_message() : "");
+    char *a = adt_model_cfg_to_json(&m), *b = adt_model_cfg_to_json(&pp.model);
+    int same = !strcmp(a, b);
+    free(a), free(b);
+    if (!same) return train_fail(EXIT_USAGE, "--plan %s: made for another model than --model %s", o->plan_path, o->model_path);
+    snprintf(o->ps_plan_sync, sizeof o->ps_plan_sync, "%s", pp.sync);
+    o->ps_mode = 1, o->ps_servers = pp.servers, o->ps_sync = o->ps_plan_sync, o->ps_prefetch = pp.prefetch;
+    o->ps_dense_servers = pp.dense_servers, o->ps_plan_devices = pp.devices;
+    return 0;
+}
+
 int adt_train_opts_check(adt_train_opts *o) {
+    int prc = ps_plan_apply(o);
+    if (prc) return prc;
     static const char *const ps_flags[] = {"--ps-servers", "--ps-sync", "--ps-prefetch", "--ps-optimizer", "--ps-dense",
                                            NULL};
     for (int i = 0; ps_flags[i] && !o->ps_mode; i++)

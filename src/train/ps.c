@@ -79,7 +79,11 @@ int train_ps_check(trainer *t) {
     if (t->model.type != ADT_MODEL_DLRM)
         snprintf(buf, sizeof buf, "--model %s is a %s; the parameter servers hold a DLRM's embedding tables",
                  t->model_label, adt_model_type_name(t->model.type)), why = buf;
-    else if (o->plan_path) why = "--plan: the parameter-server mode places the model itself (tables on the servers)";
+    else if (o->plan_path && o->ps_plan_devices != t->nranks)
+        why = !o->ps_plan_devices ? "--plan: a collective plan; the parameter-server mode runs a parameter-server plan "
+                                    "(adtrain plan writes one when it chooses ps) or the --ps-* flags"
+                                  : (snprintf(buf, sizeof buf, "--plan %s: made for %d ranks, %d started; expected mpiexec -n %d",
+                                              o->plan_path, o->ps_plan_devices, t->nranks, o->ps_plan_devices), buf);
     else if (o->bal.on) why = "--straggler-policy, --split, --micro-batch, --inject-slowdown: not in --mode ps yet";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
