@@ -1,6 +1,6 @@
 /*
  * fuzz_plan.c - libFuzzer target for plan files (adt_plan_parse, then the graph the plan names
- * and adt_plan_bind).
+ * and adt_plan_bind; a parameter-server plan through adt_ps_plan_parse).
  *
  * Any byte string must parse or fail with ADT_ERR_ARG / ADT_ERR_FORMAT and a message that starts
  * with the file's name; never crash, leak or hang. A plan that parses and is small enough to bind
@@ -34,6 +34,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1);
     memcpy(text, data, size);
     text[size] = 0;
+    adt_error_clear();
+    /* a parameter-server plan ("mode": "ps") parses or is refused the same way */
+    adt_ps_plan pp;
+    int is_ps = 0, prc = adt_ps_plan_parse(&pp, text, "fuzz.json", &is_ps);
+    if (prc) refused(prc);
+    else if (is_ps) FUZZ_ASSERT(pp.servers >= 1 && pp.servers < pp.devices && pp.batch >= 1);
     adt_error_clear();
     adt_plan p;
     int rc = adt_plan_parse(&p, text, "fuzz.json");

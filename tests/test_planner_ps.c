@@ -201,6 +201,20 @@ static void test_plan_file_runs(void) {
     for (int i = 0; i < na && i < nb; i++) CHECK(ra[i] == rb[i], "step %d: loss %.9g with the plan, %.9g with flags", i + 1, ra[i], rb[i]);
     mpi_world_free(&a);
     mpi_world_free(&b);
+    /* no --batch: the plan's batch, the same run */
+    char lc[512];
+    snprintf(lc, sizeof lc, "%s", check_tmp_path("nobatch.jsonl"));
+    snprintf(flags, sizeof flags, "--model %s --data synthetic:dlrm --steps 8 --optimizer sgd --lr 0.5 --schedule "
+             "constant --seed 5 --plan %s --log %s", cfg, plan, lc);
+    run_world(4, flags, &a);
+    double rc_[64];
+    int nc = read_losses(lc, rc_, 64, &ne);
+    CHECK(a.status == 0 && nc == 8, "the plan without --batch: exit %d, %d steps logged", a.status, nc);
+    for (int i = 0; i < nc && i < nb; i++)
+        CHECK(rc_[i] == rb[i], "step %d without --batch: loss %.9g, %.9g with flags", i + 1, rc_[i], rb[i]);
+    if (check_cur_failed) mpi_print_tail("stderr", a.err, 20);
+    mpi_world_free(&a);
+    unlink(lc);
     /* the plan made for 4 ranks on 3 */
     snprintf(flags, sizeof flags, "--model %s %s --plan %s", cfg, COMMON, plan);
     run_world(3, flags, &a);
@@ -237,6 +251,14 @@ static void test_plan_file_runs(void) {
     snprintf(args, sizeof args, "train --model %s %s --plan %s", cfg, COMMON, plan);
     rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 2 && contains(out, "servers"), "servers 4 of 4 devices: exit %d:\n%s", rc, out);
+    text = mpi_slurp(cfg);
+    char bad[4096];
+    snprintf(bad, sizeof bad, "{\"format\":\"adtrain-plan\",\"version\":1,\"mode\":\"ps\",\"model\":%s,\"batch\":32,"
+             "\"devices\":4,\"ps\":{\"servers\":1,\"sync\":\"ssp:0\",\"prefetch\":1,\"dense\":\"workers\"}}", text);
+    free(text);
+    write_text(plan, bad);
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 2 && contains(out, "field \"ps.sync\": 'ssp:0'"), "sync ssp:0: exit %d:\n%s", rc, out);
     unlink(cfg), unlink(plan), unlink(la), unlink(lb);
 }
 

@@ -509,6 +509,8 @@ typedef struct adt_ps_plan {
     char sync[32]; /* as --ps-sync: sync, ssp:K or async */
 } adt_ps_plan;
 int adt_ps_plan_read(const char *path, adt_ps_plan *p, int *is_ps);
+/* The same from the file's text (path names it in errors). */
+int adt_ps_plan_parse(adt_ps_plan *p, const char *text, const char *path, int *is_ps);
 int adt_ps_plan_save(const adt_ps_plan *p, const char *path);
 /* group_of[t] (n_layers entries): the first layer with layer t's structure and layouts (t itself
  * when none before it has them); the file ties such layers into one entry. */

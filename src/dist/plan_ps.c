@@ -71,10 +71,18 @@ static int parse_ps(adt_ps_plan *p, const cJSON *root) {
 int adt_ps_plan_read(const char *path, adt_ps_plan *p, int *is_ps) {
     memset(p, 0, sizeof *p);
     *is_ps = 0;
-    snprintf(p->name, sizeof p->name, "%s", path);
     char *text;
     int rc = adt_cfg_read_text(path, "plan file", PS_PLAN_MAX_BYTES * 64, &text);
-    if (rc) return rc;
+    if (!rc) rc = adt_ps_plan_parse(p, text, path, is_ps);
+    free(text);
+    return rc;
+}
+
+int adt_ps_plan_parse(adt_ps_plan *p, const char *text, const char *path, int *is_ps) {
+    memset(p, 0, sizeof *p);
+    *is_ps = 0;
+    snprintf(p->name, sizeof p->name, "%s", path);
+    int rc = 0;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
     if (!root) rc = adt_cfg_json_error(text, end, path);
@@ -90,7 +98,6 @@ int adt_ps_plan_read(const char *path, adt_ps_plan *p, int *is_ps) {
         }
     }
     cJSON_Delete(root);
-    free(text);
     return rc;
 }
 

@@ -178,7 +178,7 @@ static int ps_plan_apply(adt_train_opts *o) {
     else if (o->given >> flag_index("--ps-dense") & 1 && o->ps_dense_servers != pp.dense_servers)
         flag = "--ps-dense", snprintf(want, sizeof want, "%s", pp.dense_servers ? "servers" : "workers"),
         snprintf(got, sizeof got, "%s", o->ps_dense_servers ? "servers" : "workers");
-    else if (o->batch != pp.batch)
+    else if (o->given >> flag_index("--batch") & 1 && o->batch != pp.batch)
         flag = "--batch", snprintf(want, sizeof want, "%d", pp.batch), snprintf(got, sizeof got, "%ld", o->batch);
     if (flag)
         return train_fail(EXIT_USAGE, "%s %s: the parameter-server plan %s says %s; expected %s %s or no %s", flag, got,
@@ -191,7 +191,12 @@ static int ps_plan_apply(adt_train_opts *o) {
     int same = !strcmp(a, b);
     free(a), free(b);
     if (!same) return train_fail(EXIT_USAGE, "--plan %s: made for another model than --model %s", o->plan_path, o->model_path);
+    char what[300];
+    adt_ps_sync sync;
+    snprintf(what, sizeof what, "--plan %.200s: field \"ps.sync\"", o->plan_path);
+    if (adt_ps_sync_parse(pp.sync, what, &sync)) return train_fail(EXIT_USAGE, "%s", adt_error_message());
     snprintf(o->ps_plan_sync, sizeof o->ps_plan_sync, "%s", pp.sync);
+    o->batch = pp.batch;
     o->ps_mode = 1, o->ps_servers = pp.servers, o->ps_sync = o->ps_plan_sync, o->ps_prefetch = pp.prefetch;
     o->ps_dense_servers = pp.dense_servers, o->ps_plan_devices = pp.devices;
     return 0;
