@@ -341,6 +341,19 @@ int adt_ps_worker_done(adt_ps_worker *w) {
     return rc;
 }
 
+int adt_ps_worker_next_chunk(adt_ps_worker *w, int64_t *chunk) {
+    if (w->cfg.chunks <= 0)
+        return adt_error(ADT_ERR_STATE, "ps worker %d: a chunk asked for, but the run has no dynamic sharding "
+                         "(adt_ps_cfg.chunks 0)", w->pw->worker);
+    int64_t ask = 0;
+    MPI_Request rq[2];
+    MPI_Irecv(chunk, 1, MPI_INT64_T, 0, PS_TAG_CHUNK, w->comm, &rq[1]);
+    MPI_Isend(&ask, 1, MPI_INT64_T, 0, PS_TAG_NEXT, w->comm, &rq[0]);
+    int rc = wait_all(w, rq, 2, "a chunk request", w->next_pull);
+    if (rc) drop_request(&rq[0]), drop_request(&rq[1]);
+    return rc;
+}
+
 int adt_ps_worker_save(adt_ps_worker *w, const char *const *paths) {
     int S = w->S;
     int64_t **msg = adt_calloc((size_t)S, sizeof *msg), **rep = adt_calloc((size_t)S, sizeof *rep);
