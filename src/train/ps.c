@@ -38,9 +38,26 @@
  * starts the servers' clock at step s. It needs as many servers (rows are placed by a hash
  * modulo their number: refused otherwise, not re-sharded); the workers may differ in number.
  *
+ * Straggler mitigation (--straggler-policy dd: dynamic sharding; --ps-sync async and --ps-dense
+ * servers only, so that no collective holds the workers in step): the run's samples are cut into
+ * chunks of a worker's batch B/W, chunk c being block c mod W of the sampler's global batch c / W,
+ * so the --steps x W chunks are the one-process run's samples, each once. Server 0 hands the next
+ * chunk to whichever worker asks (src/ps/dispatch.c); a worker asks as it pulls rows ahead
+ * (--ps-prefetch chunks), trains each chunk as a step of its own clock with 1/W of a global
+ * batch's loss (as a block of the fixed split), and stops when none is left: a slow worker
+ * trains fewer. Its whole run is its first call of ps_step, as a server's is, so the log has no
+ * line per step; the run's mean loss and the chunks each worker took are logged at the end.
+ * A schedule by step, evaluation, --save and --resume are refused with it: a worker's steps are
+ * not the run's. --inject-slowdown RANK:FACTOR (a worker's rank) stretches that worker's compute
+ * FACTOR times (a sleep after each step's compute, counted as compute), in either sharding.
+ * At the end the reporter notes and logs the workers' record {"ps_workers": ...}: samples,
+ * compute seconds (a step's time less its waits for rows and for pushes), capacity (samples per
+ * second of compute), the throughput and its ratio to the capacities' sum, and under dynamic
+ * sharding the chunks each worker took.
+ *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
  * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
- * defined here).
+ * defined here), --straggler-policy nd, --split, --micro-batch, --straggler-config/-master.
  */
 #include <errno.h>
 #include <stdlib.h>
