@@ -52,8 +52,9 @@
  * FACTOR times (a sleep after each step's compute, counted as compute), in either sharding.
  * At the end the reporter notes and logs the workers' record {"ps_workers": ...}: samples,
  * compute seconds (a step's time less its waits for rows and for pushes), capacity (samples per
- * second of compute), the throughput and its ratio to the capacities' sum, and under dynamic
- * sharding the chunks each worker took.
+ * second of compute), the throughput and its ratio to the capacities' sum (rates of the steady
+ * state: each worker's first step, which makes the data and the primitives, left out), and under
+ * dynamic sharding the chunks each worker took.
  *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
  * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
@@ -89,8 +90,11 @@ struct train_ps {
     int dynamic;         /* --straggler-policy dd: chunks from server 0's dispatcher */
     int32_t *taken;      /* [n_taken] the chunks this worker trained, in its order */
     int64_t n_taken, cap_taken;
-    double compute_s;    /* this worker's compute (steps less their waits for rows and pushes) */
     int64_t samples;     /* this worker's samples trained */
+    /* after its first step (which makes the data and the executor's primitives): */
+    double warm_t;       /* when that step ended */
+    double compute_s;    /* compute since (steps less their waits for rows and pushes) */
+    int64_t steady;      /* samples since */
     adt_ps_server_stats served;
 };
 
@@ -265,46 +269,56 @@ static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float 
         return train_fail(EXIT_RUNTIME, "step %ld: %s", s + 1, adt_error_message());
     adt_ps_worker_get_stats(p->wk, &b);
     double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
-    p->compute_s += ps_slow(t, s + 1, c > 0 ? c : 0);
+    c = ps_slow(t, s + 1, c > 0 ? c : 0);
+    if (p->samples) p->compute_s += c, p->steady += p->Bw;
+    else p->warm_t = adt_now_s();
     p->samples += p->Bw;
     return 0;
 }
 
 /* The workers' record, once at the end: samples, compute seconds and capacity per worker (and
  * under dynamic sharding the chunks each took) noted and logged by the reporter as one JSON line
- * {"ps_workers": ...}. Collective over the workers. */
+ * {"ps_workers": ...}. The rates are of the steady state: each worker's first step (it makes the
+ * data and the executor's primitives) is left out, and the run's span is the longest of the
+ * workers' times from their first step's end to their last's (each on its own clock).
+ * Collective over the workers. */
 static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss) {
     int W = p->pw.n_workers, w = p->pw.worker;
-    double *v = adt_calloc((size_t)(3 * W + 1), sizeof *v); /* samples, compute, chunks; the loss sum */
-    v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken, v[3 * W] = loss_sum;
+    /* samples, steady compute, chunks, steady samples, steady span per worker; the loss sum */
+    double *v = adt_calloc((size_t)(5 * W + 1), sizeof *v);
+    v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken;
+    v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->samples ? adt_now_s() - p->warm_t : 0, v[5 * W] = loss_sum;
     int64_t *counts = adt_malloc((size_t)W * sizeof *counts), total = 0;
-    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 3 * W + 1);
+    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 5 * W + 1);
     for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[2 * W + k];
     int32_t *all = adt_malloc((size_t)(total ? total : 1) * sizeof *all);
     if (!rc && p->dynamic) {
         if (W > 1) rc = adt_comm_allgather(p->pw.workers, p->taken, all, counts, ADT_I32);
         else memcpy(all, p->taken, (size_t)total * sizeof *all);
     }
-    double wall = adt_now_s() - t->loop_t0;
-    if (mean_loss) *mean_loss = total ? v[3 * W] / (double)total : 0;
+    double wall = 0, steady = 0;
+    for (int k = 0; k < W; k++) wall = v[4 * W + k] > wall ? v[4 * W + k] : wall, steady += v[3 * W + k];
+    if (mean_loss) *mean_loss = total ? v[5 * W] / (double)total : 0;
     if (!rc && t->rank == t->reporter) {
         char line[1024];
         int n = 0;
-        double sum_cap = 0, samples = 0;
+        double sum_cap = 0, samples = wall > 0 ? steady : 0;
+        if (wall <= 0) wall = 1; /* one step each: no steady state */
         for (int k = 0; k < W; k++) {
-            double cap = v[W + k] > 0 ? v[k] / v[W + k] : 0;
-            sum_cap += cap, samples += v[k];
+            double cap = v[W + k] > 0 ? v[3 * W + k] / v[W + k] : 0;
+            sum_cap += cap;
             n += snprintf(line + n, sizeof line - (size_t)n, "%s%d: %.0f samples (%.0f/s of compute)", k ? ", " : "", k,
                           v[k], cap);
             if (n >= (int)sizeof line) break;
         }
-        train_note(t, "ps: %s sharding; workers %s; %.0f samples/s in all, %.0f%% of their capacities' sum",
-                   p->dynamic ? "dynamic" : "static", line, samples / wall, 100 * samples / wall / sum_cap);
+        train_note(t, "ps: %s sharding; workers %s; after the first step %.0f samples/s in all, %.0f%% of the "
+                   "workers' capacities' sum", p->dynamic ? "dynamic" : "static", line, samples / wall,
+                   sum_cap > 0 ? 100 * samples / wall / sum_cap : 0);
         if (t->log) {
-            fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"wall_s\":%.6f,\"samples_per_s\":%.3f,"
+            fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"steady_s\":%.6f,\"samples_per_s\":%.3f,"
                     "\"capacity_sum\":%.3f", p->dynamic ? "dynamic" : "static", wall, samples / wall, sum_cap);
-            const char *key[] = {"samples", "compute_s", "chunks"};
-            for (int j = 0; j < 3; j++) {
+            const char *key[] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s"};
+            for (int j = 0; j < 5; j++) {
                 fprintf(t->log, ",\"%s\":[", key[j]);
                 for (int k = 0; k < W; k++) fprintf(t->log, "%s%.6g", k ? "," : "", v[j * W + k]);
                 fputc(']', t->log);
