@@ -94,6 +94,7 @@ struct train_ps {
     /* after its first step (which makes the data and the executor's primitives): */
     double warm_t;       /* when that step ended */
     double compute_s;    /* compute since (steps less their waits for rows and pushes) */
+    double wait_s;       /* waits since: for rows, pushes, chunks, the other workers (loss sum) */
     int64_t steady;      /* samples since */
     adt_ps_server_stats served;
 };
@@ -270,55 +271,56 @@ static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float 
     adt_ps_worker_get_stats(p->wk, &b);
     double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
     c = ps_slow(t, s + 1, c > 0 ? c : 0);
-    if (p->samples) p->compute_s += c, p->steady += p->Bw;
-    else p->warm_t = adt_now_s();
+    if (p->samples) p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s);
+    else if (p->dynamic) p->warm_t = adt_now_s(); /* the fixed split's: after the step's loss sum */
     p->samples += p->Bw;
     return 0;
 }
 
 /* The workers' record, once at the end: samples, compute seconds and capacity per worker (and
  * under dynamic sharding the chunks each took) noted and logged by the reporter as one JSON line
- * {"ps_workers": ...}. The rates are of the steady state: each worker's first step (it makes the
- * data and the executor's primitives) is left out, and the run's span is the longest of the
- * workers' times from their first step's end to their last's (each on its own clock).
- * Collective over the workers. */
+ * {"ps_workers": ...}. The rates are of the steady state, each worker's first step (it makes the
+ * data and the executor's primitives) left out: a worker's rate is its samples after it over its
+ * time after it (under the fixed split from the first step's loss sum, which every worker leaves
+ * together), the run's the sum of the workers'; a worker's capacity its samples over that time
+ * less its waits (for rows, pushes, chunks and, under the fixed split, the other workers): what it
+ * would train alone. Collective over the workers. */
 static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss) {
     int W = p->pw.n_workers, w = p->pw.worker;
-    /* samples, steady compute, chunks, steady samples, steady span per worker; the loss sum */
-    double *v = adt_calloc((size_t)(5 * W + 1), sizeof *v);
+    /* per worker: samples, steady compute, chunks, steady samples, steady span, waits; the loss sum */
+    double *v = adt_calloc((size_t)(6 * W + 1), sizeof *v);
     v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken;
-    v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->samples ? adt_now_s() - p->warm_t : 0, v[5 * W] = loss_sum;
+    v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->steady ? adt_now_s() - p->warm_t : 0;
+    v[5 * W + w] = p->wait_s, v[6 * W] = loss_sum;
     int64_t *counts = adt_malloc((size_t)W * sizeof *counts), total = 0;
-    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 5 * W + 1);
+    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 6 * W + 1);
     for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[2 * W + k];
     int32_t *all = adt_malloc((size_t)(total ? total : 1) * sizeof *all);
     if (!rc && p->dynamic) {
         if (W > 1) rc = adt_comm_allgather(p->pw.workers, p->taken, all, counts, ADT_I32);
         else memcpy(all, p->taken, (size_t)total * sizeof *all);
     }
-    double wall = 0, steady = 0;
-    for (int k = 0; k < W; k++) wall = v[4 * W + k] > wall ? v[4 * W + k] : wall, steady += v[3 * W + k];
-    if (mean_loss) *mean_loss = total ? v[5 * W] / (double)total : 0;
+    double rate = 0, sum_cap = 0;
+    if (mean_loss) *mean_loss = total ? v[6 * W] / (double)total : 0;
     if (!rc && t->rank == t->reporter) {
         char line[1024];
         int n = 0;
-        double sum_cap = 0, samples = wall > 0 ? steady : 0;
-        if (wall <= 0) wall = 1; /* one step each: no steady state */
         for (int k = 0; k < W; k++) {
-            double cap = v[W + k] > 0 ? v[3 * W + k] / v[W + k] : 0;
-            sum_cap += cap;
-            n += snprintf(line + n, sizeof line - (size_t)n, "%s%d: %.0f samples (%.0f/s of compute)", k ? ", " : "", k,
+            double span = v[4 * W + k], busy = span - v[5 * W + k];
+            double cap = busy > 0 ? v[3 * W + k] / busy : 0;
+            rate += span > 0 ? v[3 * W + k] / span : 0, sum_cap += cap;
+            n += snprintf(line + n, sizeof line - (size_t)n, "%s%d: %.0f samples (capacity %.0f/s)", k ? ", " : "", k,
                           v[k], cap);
             if (n >= (int)sizeof line) break;
         }
         train_note(t, "ps: %s sharding; workers %s; after the first step %.0f samples/s in all, %.0f%% of the "
-                   "workers' capacities' sum", p->dynamic ? "dynamic" : "static", line, samples / wall,
-                   sum_cap > 0 ? 100 * samples / wall / sum_cap : 0);
+                   "workers' capacities' sum", p->dynamic ? "dynamic" : "static", line, rate,
+                   sum_cap > 0 ? 100 * rate / sum_cap : 0);
         if (t->log) {
-            fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"steady_s\":%.6f,\"samples_per_s\":%.3f,"
-                    "\"capacity_sum\":%.3f", p->dynamic ? "dynamic" : "static", wall, samples / wall, sum_cap);
-            const char *key[] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s"};
-            for (int j = 0; j < 5; j++) {
+            fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"samples_per_s\":%.3f,\"capacity_sum\":%.3f",
+                    p->dynamic ? "dynamic" : "static", rate, sum_cap);
+            const char *key[] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s", "wait_s"};
+            for (int j = 0; j < 6; j++) {
                 fprintf(t->log, ",\"%s\":[", key[j]);
                 for (int k = 0; k < W; k++) fprintf(t->log, "%s%.6g", k ? "," : "", v[j * W + k]);
                 fputc(']', t->log);
@@ -365,8 +367,10 @@ static int ps_run_chunks(trainer *t, train_ps *p, double *loss) {
     for (;;) {
         while (!out && p->pulled < s + 1 + D) {
             int64_t c;
+            double t0 = adt_now_s();
             if (adt_ps_worker_next_chunk(p->wk, &c))
                 return train_fail(EXIT_RUNTIME, "asking for a chunk: %s", adt_error_message());
+            if (p->steady) p->wait_s += adt_now_s() - t0;
             if (c < 0) {
                 out = 1;
                 break;
@@ -419,8 +423,11 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     adt_ps_dlrm_set_lr(p->d, ps_lr_at(&t->o, step)); /* the hybrid dense update's; the servers set the rows' */
     if ((rc = ps_compute(t, p, s, p->pw.workers, share, &l))) return rc;
     double g = (double)share * l; /* the global loss: the share-weighted sum of the workers' means */
+    double t0 = adt_now_s();
     if (p->pw.workers && adt_comm_allreduce_f64(p->pw.workers, &g, 1))
         return train_fail(EXIT_RUNTIME, "step %ld: the global loss: %s", step, adt_error_message());
+    if (p->steady) p->wait_s += adt_now_s() - t0; /* the others' step: a straggler's cost */
+    else p->warm_t = adt_now_s();
     *loss = g;
     return step == t->o.steps ? ps_record(t, p, 0, NULL) : 0;
 }
