@@ -4,8 +4,10 @@
 # real contention, with the fixed split (static: each worker its block of every global batch) and
 # with dynamic sharding (--straggler-policy dd: server 0 hands chunks of a worker's batch to
 # whichever worker asks). Throughput (samples/s over the run) against the ideal: the sum of the
-# workers' capacities (samples per second of compute: a step's time less its waits for rows and
-# for pushes), as the run itself measured them (its {"ps_workers": ...} log record).
+# workers' capacities (samples per second of busy time: a worker's time after its first step less
+# its waits for rows, pushes, chunks and the other workers), each worker's best over the round's
+# runs (the runs' {"ps_workers": ...} log records; under dynamic sharding a heavily slowed worker
+# may train no chunk after its first, and so has no capacity of its own in that run).
 #
 #   sh bench/run_ps_straggler.sh [rounds]
 #
@@ -16,12 +18,12 @@
 # each run); the summary (median, min and max over rounds of samples/s, of the ideal, and of their
 # ratio; the slowed worker's share of the samples) on stdout.
 #
-# Environment: ROUNDS=3 STEPS=300 BATCH=256 MODEL=configs/dlrm-small.json QUOTA=30 PREFETCH=2
+# Environment: ROUNDS=3 STEPS=300 BATCH=4096 MODEL=configs/dlrm-small.json QUOTA=25 PREFETCH=2
 #              CONTENTION=cgroup HOGS=2 MPIEXEC=mpiexec.mpich PYTHON=/usr/bin/python3
 set -eu
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-${ROUNDS:-3}}
-STEPS=${STEPS:-300}; BATCH=${BATCH:-256}; MODEL=${MODEL:-configs/dlrm-small.json}; QUOTA=${QUOTA:-30}
+STEPS=${STEPS:-300}; BATCH=${BATCH:-4096}; MODEL=${MODEL:-configs/dlrm-small.json}; QUOTA=${QUOTA:-25}
 PREFETCH=${PREFETCH:-2}; CONTENTION=${CONTENTION:-cgroup}; HOGS=${HOGS:-2}
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}; PYTHON=${PYTHON:-/usr/bin/python3}
 make -s -j2 build/adtrain >&2
@@ -78,18 +80,30 @@ echo "results: $out" >&2
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 meta = rows[0]["meta"]
-print(f"ps straggler: 2 servers + 2 workers async, dense on the servers, rank 3 under {meta['contention']} "
-      f"({meta['quota_pct']}% of a CPU)" if meta["contention"] == "cgroup" else f"({meta['hogs']} hogs)")
-print(f"{'mode':8} {'samples/s':>24} {'ideal (sum of capacities)':>28} {'ratio':>22} {'slow worker share':>20} {'load':>12}")
+print("ps straggler: 2 servers + 2 workers async, dense on the servers, rank 3 under " +
+      (f"a cgroup ({meta['quota_pct']}% of a CPU)" if meta["contention"] == "cgroup" else f"{meta['hogs']} hogs"))
+runs = [r for r in rows if r.get("mode") and r.get("record")]
+# the ideal of a round: each worker's capacity (samples/s of busy time) at its best over the
+# round's runs (a worker that trained no chunk after its first has none in that run), summed
+def caps(r):
+    p = r["record"]["ps_workers"]
+    return [s / (t - w) if t - w > 0 and s > 0 else 0 for s, t, w in zip(p["steady_samples"], p["steady_s"], p["wait_s"])]
+ideal = {}
+for r in runs:
+    c = caps(r)
+    best = ideal.setdefault(r["round"], [0] * len(c))
+    ideal[r["round"]] = [max(a, b) for a, b in zip(best, c)]
+print(f"{'mode':8} {'samples/s':>24} {'ideal (sum of best capacities)':>32} {'ratio':>22} {'slow worker share':>20} {'load':>18}")
 def fmt(v, f="%.0f"):
     return f"{f % statistics.median(v)} [{f % min(v)}, {f % max(v)}]" if v else "-"
 for mode in ("static", "dynamic"):
-    rs = [r for r in rows if r.get("mode") == mode and r.get("record")]
+    rs = [r for r in runs if r["mode"] == mode]
     sps = [r["record"]["ps_workers"]["samples_per_s"] for r in rs]
-    cap = [r["record"]["ps_workers"]["capacity_sum"] for r in rs]
-    ratio = [a / b for a, b in zip(sps, cap)]
+    idl = [sum(ideal[r["round"]]) for r in rs]
+    ratio = [a / b for a, b in zip(sps, idl)]
     share = [r["record"]["ps_workers"]["samples"][1] / sum(r["record"]["ps_workers"]["samples"]) for r in rs]
     load = [r["load"] for r in rs]
-    print(f"{mode:8} {fmt(sps):>24} {fmt(cap):>28} {fmt(ratio, '%.3f'):>22} {fmt(share, '%.3f'):>20} {fmt(load, '%.2f'):>12}")
-print("median, [min, max] over rounds")
+    print(f"{mode:8} {fmt(sps):>24} {fmt(idl):>32} {fmt(ratio, '%.3f'):>22} {fmt(share, '%.3f'):>20} {fmt(load, '%.2f'):>18}")
+print("median [min, max] over rounds; capacities per round (worker 0, worker 1): " +
+      "; ".join(f"{k}: {c[0]:.0f}, {c[1]:.0f}" for k, c in sorted(ideal.items())))
 PY

@@ -240,9 +240,11 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
 int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
-/* Dynamic sharding (cfg.chunks > 0): asks server 0 for the next chunk and waits for it; *chunk
- * is -1 once every chunk of the run is out. May come between any two calls above (a worker asks
- * ahead for the steps it prefetches). */
+/* Dynamic sharding (cfg.chunks > 0): the next chunk from server 0; *chunk is -1 once every chunk
+ * of the run is out. Waits for the answer to the ask in flight (or asks), then asks for the one
+ * after, so the round trip overlaps the caller's work; call it until it gives -1 before
+ * adt_ps_worker_done. May come between any two calls above (a worker asks ahead for the steps it
+ * prefetches). */
 int adt_ps_worker_next_chunk(adt_ps_worker *w, int64_t *chunk);
 /* Evaluation: the rows of ids [B, tables that are not whole] (and whole tables) as the servers
  * hold them once every worker has pushed the steps this one has pushed (so under sync a lookup

@@ -43,7 +43,8 @@
  * chunks of a worker's batch B/W, chunk c being block c mod W of the sampler's global batch c / W,
  * so the --steps x W chunks are the one-process run's samples, each once. Server 0 hands the next
  * chunk to whichever worker asks (src/ps/dispatch.c); a worker asks as it pulls rows ahead
- * (--ps-prefetch chunks), trains each chunk as a step of its own clock with 1/W of a global
+ * (--ps-prefetch chunks, and one ask more in flight: at most prefetch + 1 chunks held beyond the
+ * one it computes), trains each chunk as a step of its own clock with 1/W of a global
  * batch's loss (as a block of the fixed split), and stops when none is left: a slow worker
  * trains fewer. Its whole run is its first call of ps_step, as a server's is, so the log has no
  * line per step; the run's mean loss and the chunks each worker took are logged at the end.
@@ -353,8 +354,8 @@ static int fill_chunk(trainer *t, train_ps *p, int64_t c) {
 }
 
 /* Dynamic sharding, a worker's whole run: it asks server 0 for the next chunk as long as there is
- * one, its rows pulled up to --ps-prefetch chunks ahead (so a worker holds at most that many more
- * chunks than it is computing), and trains each as a step of its own (steps 0, 1, ... of its
+ * one, its rows pulled up to --ps-prefetch chunks ahead (with the ask in flight, a worker holds at
+ * most prefetch + 1 more chunks than it is computing), and trains each as a step of its own (steps 0, 1, ... of its
  * clock). Each chunk carries 1/W of a global batch's loss, as a worker's block does in the fixed
  * split. */
 static int ps_run_chunks(trainer *t, train_ps *p, double *loss) {
