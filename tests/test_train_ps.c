@@ -16,7 +16,8 @@
  * asynchronous runs lower the loss; every flag that cannot act is refused with exit 2, naming it.
  * Dynamic sharding (--straggler-policy dd, async): over 2 and 3 workers, one slowed 4x
  * (--inject-slowdown), every sample of the one-process run's batches (the sampler, rebuilt here)
- * is trained exactly once across the workers' logged chunks and no other, and the slowed worker
+ * is trained exactly once across the workers' logged chunks and no other (and the digest of the
+ * samples the workers filled is the one-process batches'), and the slowed worker
  * takes clearly fewer chunks (less than half the fastest's); its refusals (sync, ssp, the
  * workers' dense all-reduce, a batch not a multiple of the workers, --val, a schedule, --save,
  * a server slowed) exit 2 naming the reason.
@@ -413,6 +414,20 @@ static void dynamic_case(int workers, int prefetch) {
             if (w != 1 && n_chunks[w] > fastest) fastest = n_chunks[w];
         CHECK(2 * n_chunks[1] < fastest, "%s: the worker slowed 4x took %d chunks, the fastest %d: expected under half",
               label, n_chunks[1], fastest);
+        /* the samples the workers filled (not only the chunks they logged): the one-process run's */
+        double ref[2] = {0, 0};
+        for (int k = 0; k < STEPS; k++) {
+            adt_sampler_batch(&sm, k, idx);
+            for (int i = 0; i < BATCH; i++) {
+                uint64_t h = adt_rng_mix64((uint64_t)idx[i]);
+                ref[0] += (double)(h & 0xfffff), ref[1] += (double)(h >> 44);
+            }
+        }
+        cJSON *dg = cJSON_GetObjectItem(r, "sample_digest");
+        CHECK(cJSON_GetArraySize(dg) == 2 && cJSON_GetArrayItem(dg, 0)->valuedouble == ref[0] &&
+              cJSON_GetArrayItem(dg, 1)->valuedouble == ref[1], "%s: the digest of the samples trained (%.0f, %.0f) is "
+              "not the one-process run's (%.0f, %.0f)", label, dg ? cJSON_GetArrayItem(dg, 0)->valuedouble : -1,
+              dg ? cJSON_GetArrayItem(dg, 1)->valuedouble : -1, ref[0], ref[1]);
         cJSON *ml = cJSON_GetObjectItem(r, "mean_loss");
         CHECK(ml && isfinite(ml->valuedouble) && ml->valuedouble > 0, "%s: mean loss", label);
         free(idx), free(count), free(want);

@@ -55,7 +55,8 @@
  * compute seconds (a step's time less its waits for rows and for pushes), capacity (samples per
  * second of compute), the throughput and its ratio to the capacities' sum (rates of the steady
  * state: each worker's first step, which makes the data and the primitives, left out), and under
- * dynamic sharding the chunks each worker took.
+ * dynamic sharding the chunks each worker took and a digest of the sample indices trained (the
+ * sums of two 20-bit hashes of each; a test compares it with the one-process run's samples).
  *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
  * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
@@ -91,6 +92,7 @@ struct train_ps {
     int dynamic;         /* --straggler-policy dd: chunks from server 0's dispatcher */
     int32_t *taken;      /* [n_taken] the chunks this worker trained, in its order */
     int64_t n_taken, cap_taken;
+    double digest[2];    /* the samples trained: sums of two 20-bit hashes of their indices */
     int64_t samples;     /* this worker's samples trained */
     /* after its first step (which makes the data and the executor's primitives): */
     double warm_t;       /* when that step ended */
@@ -289,12 +291,12 @@ static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float 
 static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss) {
     int W = p->pw.n_workers, w = p->pw.worker;
     /* per worker: samples, steady compute, chunks, steady samples, steady span, waits; the loss sum */
-    double *v = adt_calloc((size_t)(6 * W + 1), sizeof *v);
+    double *v = adt_calloc((size_t)(6 * W + 3), sizeof *v);
     v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken;
     v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->steady ? adt_now_s() - p->warm_t : 0;
-    v[5 * W + w] = p->wait_s, v[6 * W] = loss_sum;
+    v[5 * W + w] = p->wait_s, v[6 * W] = loss_sum, v[6 * W + 1] = p->digest[0], v[6 * W + 2] = p->digest[1];
     int64_t *counts = adt_malloc((size_t)W * sizeof *counts), total = 0;
-    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 6 * W + 1);
+    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 6 * W + 3);
     for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[2 * W + k];
     int32_t *all = adt_malloc((size_t)(total ? total : 1) * sizeof *all);
     if (!rc && p->dynamic) {
@@ -327,7 +329,8 @@ static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss
                 fputc(']', t->log);
             }
             if (p->dynamic && mean_loss) {
-                fprintf(t->log, ",\"mean_loss\":%.9g,\"taken\":[", *mean_loss);
+                fprintf(t->log, ",\"mean_loss\":%.9g,\"sample_digest\":[%.0f,%.0f],\"taken\":[", *mean_loss,
+                        v[6 * W + 1], v[6 * W + 2]);
                 for (int k = 0, at = 0; k < W; at += (int)counts[k], k++) {
                     fputs(k ? ",[" : "[", t->log);
                     for (int64_t i = 0; i < counts[k]; i++) fprintf(t->log, "%s%d", i ? "," : "", all[at + i]);
@@ -345,11 +348,16 @@ static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss
 }
 
 /* Chunk c's samples into ids, dense_in, labels: block c mod W of the sampler's global batch c / W. */
-static int fill_chunk(trainer *t, train_ps *p, int64_t c) {
+static int fill_chunk(trainer *t, train_ps *p, int64_t c, int trained) {
     int W = p->pw.n_workers;
     adt_sampler_batch(&t->sampler, c / W, p->idx);
-    if (train_source_fill(&t->train, p->idx + (c % W) * p->Bw, p->Bw, p->dense_in, p->ids, p->labels))
+    int64_t *idx = p->idx + (c % W) * p->Bw;
+    if (train_source_fill(&t->train, idx, p->Bw, p->dense_in, p->ids, p->labels))
         return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+    for (int i = 0; trained && i < p->Bw; i++) { /* exact in a double up to 2^33 samples */
+        uint64_t h = adt_rng_mix64((uint64_t)idx[i]);
+        p->digest[0] += (double)(h & 0xfffff), p->digest[1] += (double)(h >> 44);
+    }
     return 0;
 }
 
@@ -376,7 +384,7 @@ static int ps_run_chunks(trainer *t, train_ps *p, double *loss) {
                 out = 1;
                 break;
             }
-            int rc = fill_chunk(t, p, c);
+            int rc = fill_chunk(t, p, c, 0);
             if (rc) return rc;
             if (adt_ps_worker_pull(p->wk, p->pulled, p->ids, p->Bw))
                 return train_fail(EXIT_RUNTIME, "chunk %lld: pulling rows: %s", (long long)c, adt_error_message());
@@ -385,7 +393,7 @@ static int ps_run_chunks(trainer *t, train_ps *p, double *loss) {
         }
         if (s == p->pulled) break;
         int64_t c = q[s % (D + 1)];
-        int rc = fill_chunk(t, p, c);
+        int rc = fill_chunk(t, p, c, 1);
         float l = 0;
         if (!rc) rc = ps_compute(t, p, s, NULL, share, &l);
         if (rc) return rc;
