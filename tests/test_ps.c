@@ -5,6 +5,10 @@
  *                  random speeds (each may start step s only when the clock serves it): no worker
  *                  ever runs more than K steps ahead of the slowest, the bound is reached, and the
  *                  run never stalls; pushes out of order are refused;
+ *   dispatch       dynamic sharding's dispatcher under random requests from workers of random
+ *                  speeds: every chunk handed out exactly once, in index order, each worker's
+ *                  count its share, -1 once all are out (and for a rank that is no worker);
+ *                  a negative total or no worker refused;
  *   store_init     rows created on first touch hold the one-process executor's initial values of
  *                  emb.<t>.weight (same seed), ids beyond a declared table refused;
  *   store_random   10^5 random pulls and pushes with evictions against a naive model (a list in
@@ -121,6 +125,44 @@ static adt_ps_table table(const char *name, int dim, int64_t rows, int64_t cap, 
 
 static const adt_dlrm_cfg SMALL = {.n_dense = 3, .n_tables = 2, .table_rows = {5, 7}, .emb_dim = 4, .n_bottom = 2,
                                    .bottom = {6, 4}, .n_top = 2, .top = {5, 1}};
+
+static void test_dispatch(void) {
+    enum { W = 4, TOTAL = 1000 };
+    adt_ps_dispatch d;
+    CHECK(adt_ps_dispatch_init(&d, -1, W) == ADT_ERR_ARG, "a negative total");
+    CHECK(adt_ps_dispatch_init(&d, 10, 0) == ADT_ERR_ARG, "no worker");
+    CHECK(adt_ps_dispatch_init(&d, TOTAL, W) == ADT_OK, "init");
+    int seen[TOTAL] = {0};
+    int64_t mine[W] = {0}, expect_next = 0;
+    int in_order = 1, tick = 0;
+    /* worker w asks with probability (w + 1) / W at each tick: the fast take more */
+    for (int64_t got = 0; got >= 0; tick++) {
+        int w = (int)(adt_rng_u32(g_seed ^ 0xd15, (uint64_t)tick) % W);
+        if (adt_rng_u32(g_seed ^ 0xd16, (uint64_t)tick) % W > (uint32_t)w) continue;
+        got = adt_ps_dispatch_next(&d, w);
+        if (got < 0) break;
+        in_order &= got == expect_next++;
+        if (got < TOTAL) seen[got]++;
+        mine[w]++;
+    }
+    int once = 1;
+    for (int c = 0; c < TOTAL; c++) once &= seen[c] == 1;
+    CHECK(once && in_order, "every chunk once (%d) and in index order (%d)", once, in_order);
+    int64_t sum = 0;
+    for (int w = 0; w < W; w++) {
+        CHECK(d.taken[w] == mine[w], "worker %d: the dispatcher counts %lld, it got %lld", w, (long long)d.taken[w],
+              (long long)mine[w]);
+        sum += mine[w];
+    }
+    CHECK(sum == TOTAL && mine[W - 1] > mine[0], "shares %lld .. %lld of %lld", (long long)mine[0],
+          (long long)mine[W - 1], (long long)sum);
+    CHECK(adt_ps_dispatch_next(&d, 2) == -1 && adt_ps_dispatch_next(&d, 0) == -1, "-1 once every chunk is out");
+    adt_ps_dispatch_free(&d);
+    CHECK(adt_ps_dispatch_init(&d, 3, 2) == ADT_OK, "init");
+    CHECK(adt_ps_dispatch_next(&d, 2) == -1 && adt_ps_dispatch_next(&d, -1) == -1 && d.next == 0,
+          "a rank that is no worker gets nothing and takes nothing");
+    adt_ps_dispatch_free(&d);
+}
 
 static void test_store_init(void) {
     adt_graph *g = adt_graph_create();
@@ -544,6 +586,7 @@ int main(void) {
     if (s) g_seed = strtoull(s, NULL, 10);
     RUN(test_sync_parse);
     RUN(test_clock);
+    RUN(test_dispatch);
     RUN(test_store_init);
     RUN(test_store_random);
     RUN(test_capacity);

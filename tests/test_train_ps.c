@@ -14,6 +14,13 @@
  * servers is refused by a run of 1, and a directory whose save did not complete (no run file)
  * is refused; bounded staleness and
  * asynchronous runs lower the loss; every flag that cannot act is refused with exit 2, naming it.
+ * Dynamic sharding (--straggler-policy dd, async): over 2 and 3 workers, one slowed 4x
+ * (--inject-slowdown), every sample of the one-process run's batches (the sampler, rebuilt here)
+ * is trained exactly once across the workers' logged chunks and no other (and the digest of the
+ * samples the workers filled is the one-process batches'), and the slowed worker
+ * takes clearly fewer chunks (less than half the fastest's); its refusals (sync, ssp, the
+ * workers' dense all-reduce, a batch not a multiple of the workers, --val, a schedule, --save,
+ * a server slowed) exit 2 naming the reason.
  */
 #include "check.h"
 
@@ -21,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cJSON.h>
 
 #include "adtrain/adtrain.h"
 #include "adtrain/ps.h"
@@ -323,6 +332,138 @@ static void test_stale_modes_train(void) {
     compare("async", longer, "--mode ps --ps-servers 2 --ps-sync async --ps-prefetch 2", 4, -2);
 }
 
+/* The {"ps_workers": ...} record of a log, parsed (NULL when absent). */
+static cJSON *read_record(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char line[1 << 16];
+    cJSON *rec = NULL;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "\"ps_workers\"")) cJSON_Delete(rec), rec = cJSON_Parse(line);
+    fclose(f);
+    return rec;
+}
+
+/* The train split's sample count from the banner ("...; N train / M val samples"). */
+static long banner_train_count(const char *err) {
+    const char *e = err ? strstr(err, " train / ") : NULL;
+    if (!e) return -1;
+    const char *b = e;
+    while (b > err && b[-1] >= '0' && b[-1] <= '9') b--;
+    return atol(b);
+}
+
+/* A dynamic run of `workers` workers on 2 servers, worker 1 (rank 3) slowed 4x: every sample of
+ * the one-process run's `steps` batches trained exactly once, the slowed worker fewer chunks. */
+static void dynamic_case(int workers, int prefetch) {
+    enum { STEPS = 40, BATCH = 24, SEED = 7 };
+    char flagbuf[2048], log[512], label[64];
+    snprintf(label, sizeof label, "dynamic, %d workers, prefetch %d", workers, prefetch);
+    snprintf(log, sizeof log, "%s", check_tmp_path("dyn.jsonl"));
+    snprintf(flagbuf, sizeof flagbuf, "--model %s --data synthetic:dlrm --steps %d --batch %d --seed %d --optimizer "
+             "sgd --lr 0.1 --schedule constant --mode ps --ps-servers 2 --ps-sync async --ps-dense servers "
+             "--ps-prefetch %d --straggler-policy dd --inject-slowdown 3:4 --log %s", check_tmp_path("dlrm.json"),
+             STEPS, BATCH, SEED, prefetch, log);
+    const char *argv[64];
+    mpi_world wd;
+    run_world(2 + workers, flagbuf, &wd, argv);
+    CHECK(wd.status == 0, "%s: exit %d", label, wd.status);
+    CHECK(contains(wd.err, "dynamic sharding"), "%s: no note of the sharding", label);
+    long n_train = banner_train_count(wd.err);
+    cJSON *rec = read_record(log), *r = rec ? cJSON_GetObjectItem(rec, "ps_workers") : NULL;
+    cJSON *taken = r ? cJSON_GetObjectItem(r, "taken") : NULL, *chunks = r ? cJSON_GetObjectItem(r, "chunks") : NULL;
+    CHECK(n_train > 0 && cJSON_GetArraySize(taken) == workers && cJSON_GetArraySize(chunks) == workers,
+          "%s: the record (%s) or the banner's train count (%ld) missing", label, rec ? "present" : "absent", n_train);
+    if (!check_cur_failed) {
+        /* the one-process run's samples: the sampler's first STEPS batches */
+        adt_sampler sm;
+        CHECK(adt_sampler_init(&sm, n_train, BATCH, 1, SEED) == 0, "%s: sampler", label);
+        int64_t *idx = malloc((size_t)BATCH * sizeof *idx);
+        int *count = calloc((size_t)n_train, sizeof *count), *want = calloc((size_t)n_train, sizeof *want);
+        for (int k = 0; k < STEPS; k++) {
+            adt_sampler_batch(&sm, k, idx);
+            for (int i = 0; i < BATCH; i++) want[idx[i]]++;
+        }
+        /* the workers' samples: chunk c is block c mod W of batch c / W (the runner's mapping) */
+        int Bw = BATCH / workers, n_chunks[8] = {0}, bad_chunk = 0;
+        for (int w = 0; w < workers; w++) {
+            cJSON *list = cJSON_GetArrayItem(taken, w), *c;
+            n_chunks[w] = cJSON_GetArraySize(list);
+            CHECK(n_chunks[w] == (int)cJSON_GetArrayItem(chunks, w)->valuedouble, "%s: worker %d's chunk count", label, w);
+            cJSON_ArrayForEach(c, list) {
+                long ch = (long)c->valuedouble;
+                if (ch < 0 || ch >= (long)STEPS * workers) {
+                    bad_chunk++;
+                    continue;
+                }
+                adt_sampler_batch(&sm, ch / workers, idx);
+                for (int i = 0; i < Bw; i++) count[idx[(ch % workers) * Bw + i]]++;
+            }
+        }
+        long wrong = 0, first = -1, trained = 0;
+        for (long i = 0; i < n_train; i++) {
+            trained += count[i];
+            if (count[i] != want[i]) wrong++, first = first < 0 ? i : first;
+        }
+        CHECK(bad_chunk == 0 && wrong == 0 && trained == (long)STEPS * BATCH,
+              "%s: %ld samples trained in all (expected %d), %ld sample ids trained a number of times other than the "
+              "one-process run's (first: %ld, %d times vs %d), %d chunks out of range", label, trained, STEPS * BATCH,
+              wrong, first, first >= 0 ? count[first] : 0, first >= 0 ? want[first] : 0, bad_chunk);
+        int fastest = 0;
+        for (int w = 0; w < workers; w++)
+            if (w != 1 && n_chunks[w] > fastest) fastest = n_chunks[w];
+        CHECK(2 * n_chunks[1] < fastest, "%s: the worker slowed 4x took %d chunks, the fastest %d: expected under half",
+              label, n_chunks[1], fastest);
+        /* the samples the workers filled (not only the chunks they logged): the one-process run's */
+        double ref[2] = {0, 0};
+        for (int k = 0; k < STEPS; k++) {
+            adt_sampler_batch(&sm, k, idx);
+            for (int i = 0; i < BATCH; i++) {
+                uint64_t h = adt_rng_mix64((uint64_t)idx[i]);
+                ref[0] += (double)(h & 0xfffff), ref[1] += (double)(h >> 44);
+            }
+        }
+        cJSON *dg = cJSON_GetObjectItem(r, "sample_digest");
+        CHECK(cJSON_GetArraySize(dg) == 2 && cJSON_GetArrayItem(dg, 0)->valuedouble == ref[0] &&
+              cJSON_GetArrayItem(dg, 1)->valuedouble == ref[1], "%s: the digest of the samples trained (%.0f, %.0f) is "
+              "not the one-process run's (%.0f, %.0f)", label, dg ? cJSON_GetArrayItem(dg, 0)->valuedouble : -1,
+              dg ? cJSON_GetArrayItem(dg, 1)->valuedouble : -1, ref[0], ref[1]);
+        cJSON *ml = cJSON_GetObjectItem(r, "mean_loss");
+        CHECK(ml && isfinite(ml->valuedouble) && ml->valuedouble > 0, "%s: mean loss", label);
+        free(idx), free(count), free(want);
+        adt_sampler_free(&sm);
+    }
+    if (check_cur_failed) mpi_print_tail("stderr", wd.err, 30);
+    cJSON_Delete(rec);
+    mpi_world_free(&wd);
+    unlink(log);
+}
+
+static void test_dynamic_sharding(void) {
+    if (!g_mpiexec[0] && !mpi_find_mpiexec()) return;
+    write_text(check_tmp_path("dlrm.json"), DLRM);
+    dynamic_case(2, 1);
+    dynamic_case(3, 2);
+    dynamic_case(2, 0);
+    /* refusals that need the world (the batch against the workers, the slowed rank) */
+    const char *dd = "--data synthetic:dlrm --steps 4 --schedule constant --mode ps --ps-servers 2 --ps-sync async "
+                     "--ps-dense servers --straggler-policy dd";
+    struct {
+        const char *flags, *expect;
+    } cases[] = {
+        {"--batch 15", "--batch 15 is not a multiple of the 2 workers"},
+        {"--batch 16 --inject-slowdown 1:2", "--inject-slowdown: rank 1 is not a worker"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char flags[1024], err[8192];
+        snprintf(flags, sizeof flags, "%s %s", dd, cases[i].flags);
+        int st = run_ps(4, flags, err, sizeof err);
+        CHECK(st == 2 && contains(err, cases[i].expect), "'%s': exit %d, expected 2 naming '%s':\n%s", cases[i].flags,
+              st, cases[i].expect, err);
+    }
+    unlink(check_tmp_path("dlrm.json"));
+}
+
 static void test_refusals(void) {
     char cfg[512];
     snprintf(cfg, sizeof cfg, "%s", check_tmp_path("dlrm.json"));
@@ -341,6 +482,16 @@ static void test_refusals(void) {
         {"--mode ps --init x.safetensors", "--init: a checkpoint's weights are not loaded into the servers' shards"},
         {"--mode ps --split 16", "--split"},
         {"--mode parameter-server", "--mode: expected 'collective' or 'ps'"},
+        {"--mode ps --straggler-policy dd", "dynamic sharding needs --ps-sync async"},
+        {"--mode ps --ps-sync ssp:2 --straggler-policy dd", "dynamic sharding needs --ps-sync async"},
+        {"--mode ps --ps-sync async --straggler-policy dd", "expected --ps-dense servers"},
+        {"--mode ps --ps-sync async --ps-dense servers --straggler-policy dd --schedule constant --val synthetic:dlrm",
+         "--straggler-policy dd: --val"},
+        {"--mode ps --ps-sync async --ps-dense servers --straggler-policy dd", "expected --schedule constant"},
+        {"--mode ps --ps-sync async --ps-dense servers --straggler-policy dd --schedule constant --save x",
+         "--straggler-policy dd: --save"},
+        {"--mode ps --straggler-policy nd", "--straggler-policy nd: not in --mode ps"},
+        {"--mode ps --micro-batch 4", "--micro-batch"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char args[1024], out[8192];
@@ -370,6 +521,7 @@ int main(void) {
     RUN(test_sync_schedule_equals_one_process);
     RUN(test_resume);
     RUN(test_stale_modes_train);
+    RUN(test_dynamic_sharding);
     rmdir(check_tmpdir());
     return check_finish();
 }

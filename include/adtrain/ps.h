@@ -91,6 +91,20 @@ void adt_ps_clock_start(adt_ps_clock *c, int64_t step);
 /* Sync only: whether every worker has pushed step `step` (its summed update may be applied). */
 int adt_ps_clock_step_gathered(const adt_ps_clock *c, int64_t step);
 
+/* ---- dynamic sharding ------------------------------------------------------------------------
+ * The run's samples cut into `total` chunks (a worker's batch each), handed out in index order to
+ * whichever worker asks: each chunk exactly once, a slow worker taking fewer. A pure state
+ * machine; server 0 runs one when adt_ps_cfg.chunks > 0 and answers adt_ps_worker_next_chunk. */
+typedef struct adt_ps_dispatch {
+    int64_t total, next;
+    int n_workers;
+    int64_t *taken; /* [n_workers] chunks handed to each */
+} adt_ps_dispatch;
+int adt_ps_dispatch_init(adt_ps_dispatch *d, int64_t total, int n_workers);
+void adt_ps_dispatch_free(adt_ps_dispatch *d);
+/* The next chunk for worker w, or -1 when every chunk is out (or w is not a worker). */
+int64_t adt_ps_dispatch_next(adt_ps_dispatch *d, int w);
+
 /* ---- sparse optimizers -------------------------------------------------------------------- */
 typedef enum adt_ps_optim_kind { ADT_PS_SGD = 0, ADT_PS_ADAGRAD, ADT_PS_ADAM } adt_ps_optim_kind;
 typedef struct adt_ps_optim {
@@ -181,6 +195,9 @@ typedef struct adt_ps_cfg {
     /* Steps run before this run (it resumes a checkpoint): the clock starts with every worker
      * having pushed steps 0 .. first_step-1, and a worker's first pull is of step first_step. */
     int64_t first_step;
+    /* Dynamic sharding: server 0 hands out chunks [0, chunks) one per request
+     * (adt_ps_worker_next_chunk); 0: none (every worker takes its fixed block of each step). */
+    int64_t chunks;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -223,6 +240,12 @@ int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B
 int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
+/* Dynamic sharding (cfg.chunks > 0): the next chunk from server 0; *chunk is -1 once every chunk
+ * of the run is out. Waits for the answer to the ask in flight (or asks), then asks for the one
+ * after, so the round trip overlaps the caller's work; call it until it gives -1 before
+ * adt_ps_worker_done. May come between any two calls above (a worker asks ahead for the steps it
+ * prefetches). */
+int adt_ps_worker_next_chunk(adt_ps_worker *w, int64_t *chunk);
 /* Evaluation: the rows of ids [B, tables that are not whole] (and whole tables) as the servers
  * hold them once every worker has pushed the steps this one has pushed (so under sync a lookup
  * after step s reads the one-process rows of step s; under ssp/async pushes of later steps by

@@ -13,7 +13,8 @@
  * [step, count_0 .. count_{T-1}, ids of table 0, ids of table 1, ...]; a push is followed by its
  * gradients (f32, the ids' rows in that order), a pull answered by the rows (f32, same order). */
 enum { PS_TAG_PULL = 1, PS_TAG_ROWS = 2, PS_TAG_PUSH = 3, PS_TAG_GRAD = 4, PS_TAG_DONE = 5, PS_TAG_PEEK = 6,
-       PS_TAG_PEEKROWS = 7, PS_TAG_SAVE = 8, PS_TAG_SAVED = 9 };
+       PS_TAG_PEEKROWS = 7, PS_TAG_SAVE = 8, PS_TAG_SAVED = 9, PS_TAG_NEXT = 10, PS_TAG_CHUNK = 11 };
+/* Dynamic sharding: NEXT (worker -> server 0) is int64 [0], its answer CHUNK int64 [chunk or -1]. */
 /* A cut marker (SAVE) is int64 [steps pushed, the shard's path as bytes, NUL-terminated]; its
  * answer (SAVED) int64 [status, the error message as bytes], at most PS_SAVED_WORDS words. */
 #define PS_SAVED_WORDS 130

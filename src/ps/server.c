@@ -94,6 +94,7 @@ typedef struct srv {
     adt_ps_store *store;
     MPI_Comm comm;
     adt_ps_clock clock;
+    adt_ps_dispatch dispatch;       /* server 0 under dynamic sharding (cfg->chunks > 0) */
     pend_msg **pulls, **pulls_tail; /* per worker, FIFO in step order */
     pend_msg **pushes;              /* sync: per worker, the push of the step being gathered */
     pend_msg **peeks;               /* per worker, a lookup waiting for the pushes it must see */
@@ -185,6 +186,19 @@ static int serve_pull(srv *s, int w, pend_msg *m, int peek) {
     if (lead > s->st.max_lead) s->st.max_lead = lead;
     s->st.pulls++;
     s->st.rows_pulled += rows;
+    return ADT_OK;
+}
+
+/* Dynamic sharding: the next chunk to the worker that asks (server 0 only). */
+static int serve_chunk(srv *s, int w) {
+    if (s->cfg->chunks <= 0 || s->pw->server != 0)
+        return adt_error(ADT_ERR_COMM, "ps server %d: worker %d asked for a chunk, but %s", s->pw->server, w,
+                         s->cfg->chunks <= 0 ? "the run has no dynamic sharding" : "server 0 hands out the chunks");
+    out_send *o = adt_calloc(1, sizeof *o);
+    int64_t *c = o->buf = adt_malloc(sizeof *c);
+    *c = adt_ps_dispatch_next(&s->dispatch, w);
+    MPI_Isend(c, 1, MPI_INT64_T, s->pw->n_servers + w, PS_TAG_CHUNK, s->comm, &o->req);
+    o->next = s->sends, s->sends = o;
     return ADT_OK;
 }
 
@@ -382,6 +396,9 @@ static int handle(srv *s, MPI_Status *ps, double timeout) {
         if ((rc = recv_grads(s, src, m, timeout))) break;
         if ((rc = on_push(s, w, m))) return rc;
         return serve_ready(s);
+    case PS_TAG_NEXT:
+        rc = serve_chunk(s, w);
+        break;
     case PS_TAG_SAVE: /* kept in s->cuts until the cut is complete */
         if ((rc = on_cut(s, w, m)) && s->cuts[w] != m) break;
         return rc;
@@ -418,7 +435,8 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     if (!pw->is_server) return adt_error(ADT_ERR_STATE, "adt_ps_server_run on worker rank %d", adt_comm_rank(pw->world));
     srv s = {.pw = pw, .cfg = cfg, .store = store, .comm = *(MPI_Comm *)pw->mpi};
     int rc = adt_ps_clock_init(&s.clock, pw->n_workers, cfg->sync);
-    if (rc) return rc;
+    if (!rc && cfg->chunks > 0 && pw->server == 0) rc = adt_ps_dispatch_init(&s.dispatch, cfg->chunks, pw->n_workers);
+    if (rc) return adt_ps_clock_free(&s.clock), rc;
     int W = pw->n_workers;
     s.pulls = adt_calloc((size_t)W, sizeof *s.pulls);
     s.pulls_tail = adt_calloc((size_t)W, sizeof *s.pulls_tail);
@@ -466,6 +484,7 @@ int adt_ps_server_run(adt_ps_world *pw, const adt_ps_cfg *cfg, adt_ps_store *sto
     free(s.pulls), free(s.pulls_tail), free(s.pushes), free(s.peeks), free(s.cuts), free(s.done), free(s.last_heard), free(s.agg);
     ps_idmap_free(&s.agg_map);
     adt_ps_clock_free(&s.clock);
+    adt_ps_dispatch_free(&s.dispatch);
     if (stats) *stats = s.st;
     return rc;
 }

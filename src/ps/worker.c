@@ -49,6 +49,10 @@ struct adt_ps_worker {
     int64_t agg_cap;
     adt_ps_worker_stats st;
     double timeout;
+    /* dynamic sharding: the next chunk asked for ahead, its answer in flight */
+    int64_t chunk_ask, chunk_ans;
+    MPI_Request chunk_rq[2];
+    int chunk_live;
 };
 
 static void slot_release(adt_ps_worker *w, wslot *sl) {
@@ -109,6 +113,7 @@ static void drop_request(MPI_Request *rq) {
 void adt_ps_worker_free(adt_ps_worker *w) {
     if (!w) return;
     for (int k = 0; k < 2 * w->S; k++) drop_request(&w->push_rq[k]);
+    if (w->chunk_live) drop_request(&w->chunk_rq[0]), drop_request(&w->chunk_rq[1]);
     for (int i = -1; i < w->n_slots; i++) {
         wslot *sl = i < 0 ? &w->peek : &w->slots[i];
         for (int k = 0; k < 2 * w->S; k++) drop_request(&sl->rq[k]);
@@ -339,6 +344,32 @@ int adt_ps_worker_done(adt_ps_worker *w) {
     rc = wait_all(w, rq, w->S, "the end of work", msg);
     free(rq);
     return rc;
+}
+
+static void ask_chunk(adt_ps_worker *w) {
+    w->chunk_ask = 0;
+    MPI_Irecv(&w->chunk_ans, 1, MPI_INT64_T, 0, PS_TAG_CHUNK, w->comm, &w->chunk_rq[1]);
+    MPI_Isend(&w->chunk_ask, 1, MPI_INT64_T, 0, PS_TAG_NEXT, w->comm, &w->chunk_rq[0]);
+    w->chunk_live = 1;
+}
+
+/* One ask stays in flight while a chunk trains, so the round trip to server 0 is hidden; the
+ * answers come in the order of the asks (MPI keeps a pair's messages in order). */
+int adt_ps_worker_next_chunk(adt_ps_worker *w, int64_t *chunk) {
+    if (w->cfg.chunks <= 0)
+        return adt_error(ADT_ERR_STATE, "ps worker %d: a chunk asked for, but the run has no dynamic sharding "
+                         "(adt_ps_cfg.chunks 0)", w->pw->worker);
+    if (!w->chunk_live) ask_chunk(w);
+    int rc = wait_all(w, w->chunk_rq, 2, "a chunk request", w->next_pull);
+    if (rc) {
+        drop_request(&w->chunk_rq[0]), drop_request(&w->chunk_rq[1]);
+        w->chunk_live = 0;
+        return rc;
+    }
+    w->chunk_live = 0;
+    *chunk = w->chunk_ans;
+    if (*chunk >= 0) ask_chunk(w);
+    return ADT_OK;
 }
 
 int adt_ps_worker_save(adt_ps_worker *w, const char *const *paths) {

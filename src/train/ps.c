@@ -38,9 +38,29 @@
  * starts the servers' clock at step s. It needs as many servers (rows are placed by a hash
  * modulo their number: refused otherwise, not re-sharded); the workers may differ in number.
  *
+ * Straggler mitigation (--straggler-policy dd: dynamic sharding; --ps-sync async and --ps-dense
+ * servers only, so that no collective holds the workers in step): the run's samples are cut into
+ * chunks of a worker's batch B/W, chunk c being block c mod W of the sampler's global batch c / W,
+ * so the --steps x W chunks are the one-process run's samples, each once. Server 0 hands the next
+ * chunk to whichever worker asks (src/ps/dispatch.c); a worker asks as it pulls rows ahead
+ * (--ps-prefetch chunks, and one ask more in flight: at most prefetch + 1 chunks held beyond the
+ * one it computes), trains each chunk as a step of its own clock with 1/W of a global
+ * batch's loss (as a block of the fixed split), and stops when none is left: a slow worker
+ * trains fewer. Its whole run is its first call of ps_step, as a server's is, so the log has no
+ * line per step; the run's mean loss and the chunks each worker took are logged at the end.
+ * A schedule by step, evaluation, --save and --resume are refused with it: a worker's steps are
+ * not the run's. --inject-slowdown RANK:FACTOR (a worker's rank) stretches that worker's compute
+ * FACTOR times (a sleep after each step's compute, counted as compute), in either sharding.
+ * At the end the reporter notes and logs the workers' record {"ps_workers": ...}: samples,
+ * compute seconds (a step's time less its waits for rows and for pushes), capacity (samples per
+ * second of compute), the throughput and its ratio to the capacities' sum (rates of the steady
+ * state: each worker's first step, which makes the data and the primitives, left out), and under
+ * dynamic sharding the chunks each worker took and a digest of the sample indices trained (the
+ * sums of two 20-bit hashes of each; a test compares it with the one-process run's samples).
+ *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
  * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
- * defined here).
+ * defined here), --straggler-policy nd, --split, --micro-batch, --straggler-config/-master.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -69,8 +89,40 @@ struct train_ps {
     int32_t *ids;        /* [Bw, tables] */
     float *dense_in, *labels;
     long pulled;         /* steps (0-based) whose rows were asked for: [0, pulled) */
+    int dynamic;         /* --straggler-policy dd: chunks from server 0's dispatcher */
+    int32_t *taken;      /* [n_taken] the chunks this worker trained, in its order */
+    int64_t n_taken, cap_taken;
+    double digest[2];    /* the samples trained: sums of two 20-bit hashes of their indices */
+    int64_t samples;     /* this worker's samples trained */
+    /* after its first step (which makes the data and the executor's primitives): */
+    double warm_t;       /* when that step ended */
+    double compute_s;    /* compute since (steps less their waits for rows and pushes) */
+    double wait_s;       /* waits since: for rows, pushes, chunks, the other workers (loss sum) */
+    int64_t steady;      /* samples since */
     adt_ps_server_stats served;
 };
+
+/* What keeps --straggler-policy dd (dynamic sharding) from acting in this run, or NULL. */
+static const char *ps_check_dynamic(const adt_train_opts *o) {
+    adt_ps_sync sy = {ADT_PS_SYNC, 0};
+    if (o->ps_sync) adt_ps_sync_parse(o->ps_sync, "--ps-sync", &sy);
+    if (sy.kind != ADT_PS_ASYNC)
+        return "--straggler-policy dd: dynamic sharding needs --ps-sync async (sync trains each step's fixed split, "
+               "and ssp's clock holds a fast worker within K steps of the slowest)";
+    if (!o->ps_dense_servers)
+        return "--straggler-policy dd: the workers' all-reduce of the dense gradients keeps them in step; expected "
+               "--ps-dense servers";
+    if (o->save_path || o->save_every || o->resume_path)
+        return "--straggler-policy dd: --save, --save-every, --resume: a checkpoint's cut is after one step of every "
+               "worker, and here the workers run different numbers of steps";
+    if (o->val)
+        return "--straggler-policy dd: --val: evaluation waits for every worker at the asker's step, and here the "
+               "workers run different numbers of steps";
+    if (o->cosine || o->warmup)
+        return "--straggler-policy dd: a schedule by step (--schedule cosine, --warmup) cannot act: a worker's steps "
+               "are not the run's; expected --schedule constant";
+    return NULL;
+}
 
 int train_ps_check(trainer *t) {
     const adt_train_opts *o = &t->o;
@@ -84,18 +136,33 @@ int train_ps_check(trainer *t) {
                                     "(adtrain plan writes one when it chooses ps) or the --ps-* flags"
                                   : (snprintf(buf, sizeof buf, "--plan %s: made for %d ranks, %d started; expected mpiexec -n %d",
                                               o->plan_path, o->ps_plan_devices, t->nranks, o->ps_plan_devices), buf);
-    else if (o->bal.on) why = "--straggler-policy, --split, --micro-batch, --inject-slowdown: not in --mode ps yet";
+    else if (o->bal.split || o->bal.micro_batch || o->bal.config || o->bal.master)
+        why = "--split, --micro-batch, --straggler-config, --straggler-master: not in --mode ps (its straggler "
+              "mitigation is --straggler-policy dd: dynamic sharding)";
+    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_ND)
+        why = "--straggler-policy nd: not in --mode ps; expected dd (dynamic sharding) or off";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
     else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
                                  "--resume DIR of a run saved with --mode ps --save";
     else if (o->profile) why = "--profile: not in --mode ps yet";
     else if (getenv("ADT_MASTER")) why = "--mode ps: not under adtrain agent yet (run it under mpiexec)";
+    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
     if (t->nranks < o->ps_servers + 1)
         return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (mpiexec -n %d: "
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
                           o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
+    int W = t->nranks - o->ps_servers;
+    if (o->bal.slow_rank >= 0 && (o->bal.slow_rank < o->ps_servers || o->bal.slow_rank >= t->nranks))
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is not a worker; expected a rank in [%d, %d] (the "
+                          "first %d serve)", o->bal.slow_rank, o->ps_servers, t->nranks - 1, o->ps_servers);
+    if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD && o->batch % W)
+        return train_fail(EXIT_USAGE, "--mode ps: --straggler-policy dd: --batch %ld is not a multiple of the %d workers "
+                          "(a chunk is a worker's batch)", o->batch, W);
+    if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD && o->steps > INT32_MAX / W)
+        return train_fail(EXIT_USAGE, "--mode ps: --straggler-policy dd: --steps %ld x %d workers chunks exceed 2^31",
+                          o->steps, W);
     if (o->batch < t->nranks - o->ps_servers)
         return train_fail(EXIT_USAGE, "--batch %ld: fewer samples than the %d workers", o->batch,
                           t->nranks - o->ps_servers);
@@ -158,6 +225,7 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     if (adt_ps_world_init(&p->pw, t->world, p->pc.n_servers))
         return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
     p->pw_ready = 1;
+    if (t->o.bal.on && t->o.bal.policy == ADT_STRAGGLER_DD) p->pc.chunks = t->o.steps * p->pw.n_workers;
     if (p->pw.is_server) {
         if (adt_ps_store_create(&p->store, p->pc.tables, p->pc.n_tables, &p->pc.optim, p->pc.seed))
             return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
@@ -165,6 +233,7 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     }
     int W = p->pw.n_workers, w = p->pw.worker;
     int64_t B = t->o.batch;
+    p->dynamic = t->o.bal.on && t->o.bal.policy == ADT_STRAGGLER_DD;
     p->Bw = (int)(B / W + (w < B % W));
     p->off = (int64_t)w * (B / W) + (w < B % W ? w : B % W);
     p->counts = adt_malloc((size_t)W * sizeof *p->counts);
@@ -189,6 +258,160 @@ static int ps_client(train_ps *p) {
     return 0;
 }
 
+/* --inject-slowdown on this rank at this (its own) step: FACTOR x the compute, as on a slower CPU,
+ * then any pause; the sleep counts as compute. */
+static double ps_slow(const trainer *t, long step, double compute) {
+    const adt_train_balance_opts *b = &t->o.bal;
+    if (t->rank != b->slow_rank || step < b->slow_first || step > b->slow_last) return compute;
+    double extra = (b->slow_factor - 1) * compute + b->slow_add_s;
+    train_sleep_s(extra);
+    return compute + extra;
+}
+
+/* One step's compute on this worker's batch: adt_ps_dlrm_step less its waits for rows and pushes. */
+static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float share, float *l) {
+    adt_ps_worker_stats a, b;
+    adt_ps_worker_get_stats(p->wk, &a);
+    double t0 = adt_now_s();
+    if (adt_ps_dlrm_step(p->d, p->wk, workers, s, p->dense_in, p->labels, share, l))
+        return train_fail(EXIT_RUNTIME, "step %ld: %s", s + 1, adt_error_message());
+    adt_ps_worker_get_stats(p->wk, &b);
+    double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
+    c = ps_slow(t, s + 1, c > 0 ? c : 0);
+    if (p->samples) p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s);
+    else if (p->dynamic) p->warm_t = adt_now_s(); /* the fixed split's: after the step's loss sum */
+    p->samples += p->Bw;
+    return 0;
+}
+
+/* The workers' record, once at the end: samples, compute seconds and capacity per worker (and
+ * under dynamic sharding the chunks each took) noted and logged by the reporter as one JSON line
+ * {"ps_workers": ...}. The rates are of the steady state, each worker's first step (it makes the
+ * data and the executor's primitives) left out: a worker's rate is its samples after it over its
+ * time after it (under the fixed split from the first step's loss sum, which every worker leaves
+ * together), the run's the sum of the workers'; a worker's capacity its samples over that time
+ * less its waits (for rows, pushes, chunks and, under the fixed split, the other workers): what it
+ * would train alone. Collective over the workers. */
+static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss) {
+    int W = p->pw.n_workers, w = p->pw.worker;
+    /* per worker: samples, steady compute, chunks, steady samples, steady span, waits; the loss sum */
+    double *v = adt_calloc((size_t)(6 * W + 3), sizeof *v);
+    v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken;
+    v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->steady ? adt_now_s() - p->warm_t : 0;
+    v[5 * W + w] = p->wait_s, v[6 * W] = loss_sum, v[6 * W + 1] = p->digest[0], v[6 * W + 2] = p->digest[1];
+    int64_t *counts = adt_malloc((size_t)W * sizeof *counts), total = 0;
+    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 6 * W + 3);
+    for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[2 * W + k];
+    int32_t *all = adt_malloc((size_t)(total ? total : 1) * sizeof *all);
+    if (!rc && p->dynamic) {
+        if (W > 1) rc = adt_comm_allgather(p->pw.workers, p->taken, all, counts, ADT_I32);
+        else memcpy(all, p->taken, (size_t)total * sizeof *all);
+    }
+    double rate = 0, sum_cap = 0;
+    if (mean_loss) *mean_loss = total ? v[6 * W] / (double)total : 0;
+    if (!rc && t->rank == t->reporter) {
+        char line[1024];
+        int n = 0;
+        for (int k = 0; k < W; k++) {
+            double span = v[4 * W + k], busy = span - v[5 * W + k];
+            double cap = busy > 0 ? v[3 * W + k] / busy : 0;
+            rate += span > 0 ? v[3 * W + k] / span : 0, sum_cap += cap;
+            n += snprintf(line + n, sizeof line - (size_t)n, "%s%d: %.0f samples (capacity %.0f/s)", k ? ", " : "", k,
+                          v[k], cap);
+            if (n >= (int)sizeof line) break;
+        }
+        train_note(t, "ps: %s sharding; workers %s; after the first step %.0f samples/s in all, %.0f%% of the "
+                   "workers' capacities' sum", p->dynamic ? "dynamic" : "static", line, rate,
+                   sum_cap > 0 ? 100 * rate / sum_cap : 0);
+        if (t->log) {
+            fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"samples_per_s\":%.3f,\"capacity_sum\":%.3f",
+                    p->dynamic ? "dynamic" : "static", rate, sum_cap);
+            const char *key[] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s", "wait_s"};
+            for (int j = 0; j < 6; j++) {
+                fprintf(t->log, ",\"%s\":[", key[j]);
+                for (int k = 0; k < W; k++) fprintf(t->log, "%s%.6g", k ? "," : "", v[j * W + k]);
+                fputc(']', t->log);
+            }
+            if (p->dynamic && mean_loss) {
+                fprintf(t->log, ",\"mean_loss\":%.9g,\"sample_digest\":[%.0f,%.0f],\"taken\":[", *mean_loss,
+                        v[6 * W + 1], v[6 * W + 2]);
+                for (int k = 0, at = 0; k < W; at += (int)counts[k], k++) {
+                    fputs(k ? ",[" : "[", t->log);
+                    for (int64_t i = 0; i < counts[k]; i++) fprintf(t->log, "%s%d", i ? "," : "", all[at + i]);
+                    fputc(']', t->log);
+                }
+                fputc(']', t->log);
+            }
+            fputs("}}\n", t->log);
+            fflush(t->log);
+        }
+    }
+    free(v), free(counts), free(all);
+    if (rc) return train_fail(EXIT_RUNTIME, "the workers' record: %s", adt_error_message());
+    return 0;
+}
+
+/* Chunk c's samples into ids, dense_in, labels: block c mod W of the sampler's global batch c / W. */
+static int fill_chunk(trainer *t, train_ps *p, int64_t c, int trained) {
+    int W = p->pw.n_workers;
+    adt_sampler_batch(&t->sampler, c / W, p->idx);
+    int64_t *idx = p->idx + (c % W) * p->Bw;
+    if (train_source_fill(&t->train, idx, p->Bw, p->dense_in, p->ids, p->labels))
+        return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+    for (int i = 0; trained && i < p->Bw; i++) { /* exact in a double up to 2^33 samples */
+        uint64_t h = adt_rng_mix64((uint64_t)idx[i]);
+        p->digest[0] += (double)(h & 0xfffff), p->digest[1] += (double)(h >> 44);
+    }
+    return 0;
+}
+
+/* Dynamic sharding, a worker's whole run: it asks server 0 for the next chunk as long as there is
+ * one, its rows pulled up to --ps-prefetch chunks ahead (with the ask in flight, a worker holds at
+ * most prefetch + 1 more chunks than it is computing), and trains each as a step of its own (steps 0, 1, ... of its
+ * clock). Each chunk carries 1/W of a global batch's loss, as a worker's block does in the fixed
+ * split. */
+static int ps_run_chunks(trainer *t, train_ps *p, double *loss) {
+    int D = p->pc.prefetch;
+    int64_t q[65]; /* the chunks of steps [s, pulled): q[step % (D + 1)] */
+    long s = 0;
+    int out = 0;
+    double loss_sum = 0;
+    float share = 1.0f / (float)p->pw.n_workers;
+    for (;;) {
+        while (!out && p->pulled < s + 1 + D) {
+            int64_t c;
+            double t0 = adt_now_s();
+            if (adt_ps_worker_next_chunk(p->wk, &c))
+                return train_fail(EXIT_RUNTIME, "asking for a chunk: %s", adt_error_message());
+            if (p->steady) p->wait_s += adt_now_s() - t0;
+            if (c < 0) {
+                out = 1;
+                break;
+            }
+            int rc = fill_chunk(t, p, c, 0);
+            if (rc) return rc;
+            if (adt_ps_worker_pull(p->wk, p->pulled, p->ids, p->Bw))
+                return train_fail(EXIT_RUNTIME, "chunk %lld: pulling rows: %s", (long long)c, adt_error_message());
+            q[p->pulled % (D + 1)] = c;
+            p->pulled++;
+        }
+        if (s == p->pulled) break;
+        int64_t c = q[s % (D + 1)];
+        int rc = fill_chunk(t, p, c, 1);
+        float l = 0;
+        if (!rc) rc = ps_compute(t, p, s, NULL, share, &l);
+        if (rc) return rc;
+        if (p->n_taken == p->cap_taken) {
+            p->cap_taken = p->cap_taken ? 2 * p->cap_taken : 64;
+            p->taken = adt_realloc(p->taken, (size_t)p->cap_taken * sizeof *p->taken);
+        }
+        p->taken[p->n_taken++] = (int32_t)c;
+        loss_sum += l;
+        s++;
+    }
+    return ps_record(t, p, loss_sum, loss); /* the run's mean loss over every chunk */
+}
+
 static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     train_ps *p = t->ps;
     if (p->pw.is_server) { /* its whole service: until every worker is done */
@@ -200,19 +423,26 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
     }
     long s = step - 1; /* the servers count steps from 0 */
     int rc = ps_client(p);
+    if (!rc && p->dynamic) { /* the worker's whole run, as a server's service is */
+        rc = ps_run_chunks(t, p, loss);
+        t->finished = t->serving = 1;
+        return rc;
+    }
     if (!rc) rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
     if (rc) return rc;
     if (fill_step(t, p, s, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     float l = 0;
     float share = (float)p->Bw / (float)t->o.batch;
     adt_ps_dlrm_set_lr(p->d, ps_lr_at(&t->o, step)); /* the hybrid dense update's; the servers set the rows' */
-    if (adt_ps_dlrm_step(p->d, p->wk, p->pw.workers, s, p->dense_in, p->labels, share, &l))
-        return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
+    if ((rc = ps_compute(t, p, s, p->pw.workers, share, &l))) return rc;
     double g = (double)share * l; /* the global loss: the share-weighted sum of the workers' means */
+    double t0 = adt_now_s();
     if (p->pw.workers && adt_comm_allreduce_f64(p->pw.workers, &g, 1))
         return train_fail(EXIT_RUNTIME, "step %ld: the global loss: %s", step, adt_error_message());
+    if (p->steady) p->wait_s += adt_now_s() - t0; /* the others' step: a straggler's cost */
+    else p->warm_t = adt_now_s();
     *loss = g;
-    return 0;
+    return step == t->o.steps ? ps_record(t, p, 0, NULL) : 0;
 }
 
 /* One validation batch: this worker's block of it on the rows the servers hold once every worker
@@ -310,10 +540,10 @@ static void ps_banner(const trainer *t, FILE *f) {
     adt_ps_sync_str(p->pc.sync, sync, sizeof sync);
     static const char *const optim[] = {"sgd", "adagrad", "adam (lazy)"};
     fprintf(f, "ps     %d server%s + %d worker%s (MPI), %s, prefetch %d; sparse %s lr %g; dense parameters %s; "
-            "worker %d takes %d of every %ld samples\n", p->pw.n_servers, p->pw.n_servers == 1 ? "" : "s",
+            "%s%d of every %ld samples\n", p->pw.n_servers, p->pw.n_servers == 1 ? "" : "s",
             p->pw.n_workers, p->pw.n_workers == 1 ? "" : "s", sync, p->pc.prefetch, optim[p->pc.optim.kind],
-            p->pc.optim.lr, t->o.ps_dense_servers ? "on the servers" : "all-reduced among the workers", p->pw.worker,
-            p->Bw, t->o.batch);
+            p->pc.optim.lr, t->o.ps_dense_servers ? "on the servers" : "all-reduced among the workers",
+            p->dynamic ? "dynamic sharding: server 0 hands out chunks of " : "worker 0 takes ", p->Bw, t->o.batch);
 }
 
 static void ps_free(trainer *t) {
@@ -328,6 +558,7 @@ static void ps_free(trainer *t) {
     adt_ps_store_free(p->store);
     if (p->pw_ready) adt_ps_world_free(&p->pw);
     free(p->idx), free(p->ids), free(p->dense_in), free(p->labels), free(p->counts), free(p->logits);
+    free(p->taken);
     free(p);
     t->ps = NULL;
 }
