@@ -137,6 +137,42 @@ static void *thread_matmul(void *arg) {
     return NULL;
 }
 
+/* Threads running the same primitives at once (ranks as threads, an executor's threads), each on
+ * operands of its own: every product equals the one the thread's operands give alone. oneDNN's
+ * library-managed scratchpad is shared among primitives in Debian's build, so without a
+ * scratchpad per thread the products of concurrent threads corrupt each other. */
+enum { CT_THREADS = 4, CT_REPS = 40, CT_M = 48, CT_N = 64, CT_K = 320 };
+static float ct_A[CT_THREADS][CT_M * CT_K], ct_B[CT_THREADS][CT_K * CT_N], ct_ref[CT_THREADS][CT_M * CT_N];
+static int ct_bad[CT_THREADS];
+
+static void *thread_concurrent(void *arg) {
+    int t = (int)(intptr_t)arg;
+    static float out[CT_THREADS][CT_M * CT_N];
+    for (int r = 0; r < CT_REPS; r++) {
+        /* both layouts of B, so two primitives run at once too */
+        int tb = r & 1;
+        adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, tb, CT_M, CT_N, CT_K, 1.0f, ct_A[t], CT_K, ct_B[t], tb ? CT_K : CT_N,
+                      0.0f, out[t], CT_N);
+        if (!tb && memcmp(out[t], ct_ref[t], sizeof out[t])) ct_bad[t]++;
+    }
+    return NULL;
+}
+
+static void test_matmul_concurrent(void) {
+    for (int t = 0; t < CT_THREADS; t++) {
+        for (int i = 0; i < CT_M * CT_K; i++) ct_A[t][i] = urand(-1, 1);
+        for (int i = 0; i < CT_K * CT_N; i++) ct_B[t][i] = urand(-1, 1);
+        adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 0, CT_M, CT_N, CT_K, 1.0f, ct_A[t], CT_K, ct_B[t], CT_N, 0.0f,
+                      ct_ref[t], CT_N);
+    }
+    pthread_t th[CT_THREADS];
+    for (int t = 0; t < CT_THREADS; t++) pthread_create(&th[t], NULL, thread_concurrent, (void *)(intptr_t)t);
+    for (int t = 0; t < CT_THREADS; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < CT_THREADS; t++)
+        CHECK(ct_bad[t] == 0, "thread %d: %d of %d products differ from the same operands' product alone", t,
+              ct_bad[t], CT_REPS / 2);
+}
+
 static void test_matmul_threads(void) {
     static float here[MT_M * MT_N], there[MT_M * MT_N], sg[MT_M * MT_N];
     for (int i = 0; i < MT_M * MT_K; i++) mt_A[i] = urand(-1, 1);
@@ -459,6 +495,7 @@ int main(void) {
     RUN(test_onednn_matmul);
     RUN(test_routes);
     RUN(test_matmul_threads);
+    RUN(test_matmul_concurrent);
     RUN(test_layer);
     RUN(test_reference_catches);
     RUN(test_acc_exact);

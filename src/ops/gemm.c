@@ -116,11 +116,18 @@ typedef struct mm_prim {
     int ta, tb, threads;
     float alpha, beta;
     dnnl_primitive_t prim; /* NULL: oneDNN could not make it (dnnl_sgemm runs the shape) */
-    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_desc_t a, b, c, scratch;
+    size_t scratch_bytes;  /* its user-managed scratchpad (see mm_scratch_get) */
 } mm_prim;
 
+/* A thread's stream and scratchpad. Debian's oneDNN shares the library-managed scratchpad among
+ * primitives (built without DNNL_ENABLE_CONCURRENT_EXEC), so two threads running primitives at
+ * once (ranks as threads, an executor's threads) would write each other's buffers: each primitive
+ * takes a user-managed scratchpad, and each thread brings its own. */
 typedef struct mm_stream {
     dnnl_stream_t s;
+    void *scratch;
+    size_t scratch_cap;
     struct mm_stream *next;
 } mm_stream;
 
@@ -129,7 +136,7 @@ static atomic_int mm_count;
 static pthread_mutex_t mm_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t mm_engine;
 static mm_stream *mm_streams;
-static _Thread_local dnnl_stream_t mm_stream_here;
+static _Thread_local mm_stream *mm_stream_here;
 
 static int mm_same(const mm_prim *p, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
                    int64_t ldb, float beta, int64_t ldc, int threads) {
@@ -153,11 +160,14 @@ static void mm_make(mm_prim *p) {
              dnnl_memory_desc_init_by_strides(&p->c, 2, dc, dnnl_f32, sc) == dnnl_success &&
              dnnl_matmul_desc_init(&d, &p->a, &p->b, NULL, &p->c) == dnnl_success &&
              dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok) ok = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
     if (ok && p->alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &p->alpha) == dnnl_success;
     if (ok && p->beta != 0.0f)
         ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, p->beta) == dnnl_success &&
              dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
     if (ok) ok = dnnl_primitive_desc_create(&pd, &d, attr, mm_engine, NULL) == dnnl_success;
+    const dnnl_memory_desc_t *smd = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+    if (smd) p->scratch = *smd, p->scratch_bytes = dnnl_memory_desc_get_size(smd);
     if (ok && dnnl_primitive_create(&p->prim, pd) != dnnl_success) p->prim = NULL;
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -187,18 +197,30 @@ static const mm_prim *mm_find(int ta, int tb, int64_t M, int64_t N, int64_t K, f
     return found;
 }
 
-/* This thread's stream, made on its first primitive (NULL if oneDNN cannot make one). */
-static dnnl_stream_t mm_stream_get(void) {
+/* This thread's stream and scratchpad, made on its first primitive (NULL if oneDNN cannot make
+ * a stream). Kept on a list for the process's life: a thread's buffers outlive no one's use. */
+static mm_stream *mm_stream_get(void) {
     if (mm_stream_here) return mm_stream_here;
     pthread_mutex_lock(&mm_lock);
-    mm_stream *s = mm_engine ? malloc(sizeof *s) : NULL;
+    mm_stream *s = mm_engine ? calloc(1, sizeof *s) : NULL;
     if (s && dnnl_stream_create(&s->s, mm_engine, dnnl_stream_default_flags) == dnnl_success) {
         s->next = mm_streams, mm_streams = s;
-        mm_stream_here = s->s;
+        mm_stream_here = s;
     } else
         free(s);
     pthread_mutex_unlock(&mm_lock);
     return mm_stream_here;
+}
+
+/* The thread's scratchpad of at least n bytes (64-byte aligned); NULL if it cannot grow. */
+static void *mm_scratch_get(mm_stream *s, size_t n) {
+    if (n <= s->scratch_cap) return s->scratch;
+    size_t cap = (n + 63) / 64 * 64;
+    void *b = aligned_alloc(64, cap);
+    if (!b) return NULL;
+    free(s->scratch);
+    s->scratch = b, s->scratch_cap = cap;
+    return b;
 }
 
 static int run_onednn_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -207,20 +229,24 @@ static int run_onednn_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, fl
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N) return -1;
     int threads = omp_apply();
     const mm_prim *p = mm_find(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads);
-    dnnl_stream_t stream = p && p->prim ? mm_stream_get() : NULL;
-    if (!stream) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    mm_stream *st = p && p->prim ? mm_stream_get() : NULL;
+    void *scratch = st && p->scratch_bytes ? mm_scratch_get(st, p->scratch_bytes) : NULL;
+    if (!st || (p->scratch_bytes && !scratch)) return run_onednn(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
     int ok = dnnl_memory_create(&ma, &p->a, mm_engine, (void *)A) == dnnl_success &&
              dnnl_memory_create(&mb, &p->b, mm_engine, (void *)B) == dnnl_success &&
-             dnnl_memory_create(&mc, &p->c, mm_engine, C) == dnnl_success;
+             dnnl_memory_create(&mc, &p->c, mm_engine, C) == dnnl_success &&
+             (!p->scratch_bytes || dnnl_memory_create(&ms, &p->scratch, mm_engine, scratch) == dnnl_success);
     if (ok) {
-        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        ok = dnnl_primitive_execute(p->prim, stream, 3, args) == dnnl_success &&
-             dnnl_stream_wait(stream) == dnnl_success;
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
+                                   {DNNL_ARG_SCRATCHPAD, ms}};
+        ok = dnnl_primitive_execute(p->prim, st->s, ms ? 4 : 3, args) == dnnl_success &&
+             dnnl_stream_wait(st->s) == dnnl_success;
     }
     if (ma) dnnl_memory_destroy(ma);
     if (mb) dnnl_memory_destroy(mb);
     if (mc) dnnl_memory_destroy(mc);
+    if (ms) dnnl_memory_destroy(ms);
     return ok ? 0 : -1;
 }
 

@@ -203,7 +203,9 @@ static int ps_plan_apply(adt_train_opts *o) {
 }
 
 int adt_train_opts_check(adt_train_opts *o) {
-    int prc = ps_plan_apply(o);
+    /* flags that contradict each other first: they need no file read */
+    int prc = o->bal.on ? train_balance_check(o) : 0;
+    if (!prc) prc = ps_plan_apply(o);
     if (prc) return prc;
     static const char *const ps_flags[] = {"--ps-servers", "--ps-sync", "--ps-prefetch", "--ps-optimizer", "--ps-dense",
                                            NULL};
@@ -218,8 +220,6 @@ int adt_train_opts_check(adt_train_opts *o) {
         return train_fail(EXIT_USAGE, "--init and --resume: expected one of them (--resume already restores the weights)");
     if (o->save_every && !o->save_path)
         return train_fail(EXIT_USAGE, "--save-every: expected --save PATH too (where to write)");
-    int rc = o->bal.on ? train_balance_check(o) : 0;
-    if (rc) return rc;
     if (o->warmup > o->steps)
         return train_fail(EXIT_USAGE, "--warmup: %ld warmup steps exceed --steps %ld; expected at most %ld", o->warmup,
                           o->steps, o->steps);
