@@ -161,12 +161,7 @@ int train_psplit_after_step(trainer *t, long step) {
     adt_exec_get_stats(t->ex, NULL, &tot);
     double compute = (tot.run_s - s->run_s) - (tot.comm_wait_s - s->wait_s);
     s->run_s = tot.run_s, s->wait_s = tot.comm_wait_s;
-    const adt_train_balance_opts *o = &t->o.bal;
-    if (t->rank == o->slow_rank && step >= o->slow_first && step <= o->slow_last) { /* a slower device */
-        double extra = (o->slow_factor > 1 ? (o->slow_factor - 1) * compute : 0) + o->slow_add_s;
-        train_sleep_s(extra);
-        compute += extra;
-    }
+    compute = train_slow_step(t, step, compute); /* a slower device */
     memset(s->times, 0, (size_t)t->nranks * sizeof *s->times);
     s->times[t->rank] = compute;
     if (adt_comm_allreduce_f64(t->world, s->times, t->nranks))

@@ -258,16 +258,6 @@ static int ps_client(train_ps *p) {
     return 0;
 }
 
-/* --inject-slowdown on this rank at this (its own) step: FACTOR x the compute, as on a slower CPU,
- * then any pause; the sleep counts as compute. */
-static double ps_slow(const trainer *t, long step, double compute) {
-    const adt_train_balance_opts *b = &t->o.bal;
-    if (t->rank != b->slow_rank || step < b->slow_first || step > b->slow_last) return compute;
-    double extra = (b->slow_factor - 1) * compute + b->slow_add_s;
-    train_sleep_s(extra);
-    return compute + extra;
-}
-
 /* One step's compute on this worker's batch: adt_ps_dlrm_step less its waits for rows and pushes. */
 static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float share, float *l) {
     adt_ps_worker_stats a, b;
@@ -277,12 +267,16 @@ static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float 
         return train_fail(EXIT_RUNTIME, "step %ld: %s", s + 1, adt_error_message());
     adt_ps_worker_get_stats(p->wk, &b);
     double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
-    c = ps_slow(t, s + 1, c > 0 ? c : 0);
+    c = train_slow_step(t, s + 1, c > 0 ? c : 0); /* --inject-slowdown: the sleep counts as compute */
     if (p->samples) p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s);
     else if (p->dynamic) p->warm_t = adt_now_s(); /* the fixed split's: after the step's loss sum */
     p->samples += p->Bw;
     return 0;
 }
+
+/* The record's fields, W values each (worker k's at field * W + k), then the loss sum and the
+ * sample digest: one all-reduce of doubles carries them all. */
+enum { REC_SAMPLES, REC_COMPUTE, REC_CHUNKS, REC_STEADY, REC_SPAN, REC_WAIT, REC_FIELDS };
 
 /* The workers' record, once at the end: samples, compute seconds and capacity per worker (and
  * under dynamic sharding the chunks each took) noted and logged by the reporter as one JSON line
@@ -294,30 +288,30 @@ static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float 
  * would train alone. Collective over the workers. */
 static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss) {
     int W = p->pw.n_workers, w = p->pw.worker;
-    /* per worker: samples, steady compute, chunks, steady samples, steady span, waits; the loss sum */
-    double *v = adt_calloc((size_t)(6 * W + 3), sizeof *v);
-    v[w] = (double)p->samples, v[W + w] = p->compute_s, v[2 * W + w] = (double)p->n_taken;
-    v[3 * W + w] = (double)p->steady, v[4 * W + w] = p->steady ? adt_now_s() - p->warm_t : 0;
-    v[5 * W + w] = p->wait_s, v[6 * W] = loss_sum, v[6 * W + 1] = p->digest[0], v[6 * W + 2] = p->digest[1];
+    double *v = adt_calloc((size_t)(REC_FIELDS * W + 3), sizeof *v), *tail = v + REC_FIELDS * W;
+    v[REC_SAMPLES * W + w] = (double)p->samples, v[REC_COMPUTE * W + w] = p->compute_s;
+    v[REC_CHUNKS * W + w] = (double)p->n_taken, v[REC_STEADY * W + w] = (double)p->steady;
+    v[REC_SPAN * W + w] = p->steady ? adt_now_s() - p->warm_t : 0, v[REC_WAIT * W + w] = p->wait_s;
+    tail[0] = loss_sum, tail[1] = p->digest[0], tail[2] = p->digest[1];
     int64_t *counts = adt_malloc((size_t)W * sizeof *counts), total = 0;
-    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, 6 * W + 3);
-    for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[2 * W + k];
+    int rc = W > 1 && adt_comm_allreduce_f64(p->pw.workers, v, REC_FIELDS * W + 3);
+    for (int k = 0; k < W; k++) total += counts[k] = (int64_t)v[REC_CHUNKS * W + k];
     int32_t *all = adt_malloc((size_t)(total ? total : 1) * sizeof *all);
     if (!rc && p->dynamic) {
         if (W > 1) rc = adt_comm_allgather(p->pw.workers, p->taken, all, counts, ADT_I32);
         else memcpy(all, p->taken, (size_t)total * sizeof *all);
     }
     double rate = 0, sum_cap = 0;
-    if (mean_loss) *mean_loss = total ? v[6 * W] / (double)total : 0;
+    if (mean_loss) *mean_loss = total ? tail[0] / (double)total : 0;
     if (!rc && t->rank == t->reporter) {
         char line[1024];
         int n = 0;
         for (int k = 0; k < W; k++) {
-            double span = v[4 * W + k], busy = span - v[5 * W + k];
-            double cap = busy > 0 ? v[3 * W + k] / busy : 0;
-            rate += span > 0 ? v[3 * W + k] / span : 0, sum_cap += cap;
+            double span = v[REC_SPAN * W + k], busy = span - v[REC_WAIT * W + k], steady = v[REC_STEADY * W + k];
+            double cap = busy > 0 ? steady / busy : 0;
+            rate += span > 0 ? steady / span : 0, sum_cap += cap;
             n += snprintf(line + n, sizeof line - (size_t)n, "%s%d: %.0f samples (capacity %.0f/s)", k ? ", " : "", k,
-                          v[k], cap);
+                          v[REC_SAMPLES * W + k], cap);
             if (n >= (int)sizeof line) break;
         }
         train_note(t, "ps: %s sharding; workers %s; after the first step %.0f samples/s in all, %.0f%% of the "
@@ -326,15 +320,15 @@ static int ps_record(trainer *t, train_ps *p, double loss_sum, double *mean_loss
         if (t->log) {
             fprintf(t->log, "{\"ps_workers\":{\"sharding\":\"%s\",\"samples_per_s\":%.3f,\"capacity_sum\":%.3f",
                     p->dynamic ? "dynamic" : "static", rate, sum_cap);
-            const char *key[] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s", "wait_s"};
-            for (int j = 0; j < 6; j++) {
+            const char *key[REC_FIELDS] = {"samples", "compute_s", "chunks", "steady_samples", "steady_s", "wait_s"};
+            for (int j = 0; j < REC_FIELDS; j++) {
                 fprintf(t->log, ",\"%s\":[", key[j]);
                 for (int k = 0; k < W; k++) fprintf(t->log, "%s%.6g", k ? "," : "", v[j * W + k]);
                 fputc(']', t->log);
             }
             if (p->dynamic && mean_loss) {
                 fprintf(t->log, ",\"mean_loss\":%.9g,\"sample_digest\":[%.0f,%.0f],\"taken\":[", *mean_loss,
-                        v[6 * W + 1], v[6 * W + 2]);
+                        tail[1], tail[2]);
                 for (int k = 0, at = 0; k < W; at += (int)counts[k], k++) {
                     fputs(k ? ",[" : "[", t->log);
                     for (int64_t i = 0; i < counts[k]; i++) fprintf(t->log, "%s%d", i ? "," : "", all[at + i]);

@@ -160,6 +160,10 @@ void train_psplit_free(trainer *t);
 
 /* Sleeps s seconds (an injected slowdown), through interruptions. */
 void train_sleep_s(double s);
+/* --inject-slowdown on a whole step: on the slowed rank, within its steps, sleeps FACTOR - 1 times
+ * `compute` plus any pause (as a slower device would take) and returns compute with the sleep in
+ * it; elsewhere returns compute. step: the rank's own 1-based step. */
+double train_slow_step(const trainer *t, long step, double compute);
 
 /* Learning rate of step s (1-based): linear warmup, then constant or cosine down to lr/10. A pure
  * function of the step, so parameter servers apply the rate of the step a push belongs to. */

@@ -43,6 +43,14 @@ void train_sleep_s(double s) {
     }
 }
 
+double train_slow_step(const trainer *t, long step, double compute) {
+    const adt_train_balance_opts *o = &t->o.bal;
+    if (t->rank != o->slow_rank || step < o->slow_first || step > o->slow_last) return compute;
+    double extra = (o->slow_factor - 1) * compute + o->slow_add_s;
+    train_sleep_s(extra);
+    return compute + extra;
+}
+
 int train_check_memory(const trainer *t) {
     adt_memplan mp;
     const adt_graph *g = train_run_graph(t);
