@@ -316,6 +316,22 @@ static void test_cluster_calibrated(void) {
     CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 2e-2, 0), 3e-3, 1e-15, 0);
     CHECK_CLOSE(adt_cluster_sync_loss(&cv, 5, 1e-3, 0), 2e-4, 1e-15, 0);
     CHECK_CLOSE(adt_cluster_sync_loss(&cv, 4, 5e-4, 1), 5e-4, 1e-15, 0); /* MPI's: the ramp */
+    /* the time-sharing terms apply only where ranks outnumber the cores: the same entry of 4
+     * ranks, measured, is nothing on a node of 4 (or more) cores; its compute factor stays */
+    adt_cluster wide = cv;
+    wide.cores_per_node = 4;
+    wide.slowdown[2].coll_factor = 3.5, wide.slowdown[2].relay_factor = 1.75;
+    wide.slowdown[2].relay_segment_s = 1.5e-3;
+    CHECK(adt_cluster_sync_s(&wide, 4) == 0 && adt_cluster_sync_loss(&wide, 4, 5e-3, 0) == 0 &&
+              adt_cluster_coll_factor(&wide, 4) == 0 && adt_cluster_share_active(&wide, 4, 1) == -1 &&
+              adt_cluster_yield_share(&wide, 4) == -1 && adt_cluster_nap_share(&wide, 4) == 0 &&
+              adt_cluster_share(&wide, 4) == 2.5,
+          "4 ranks on 4 cores: sync %g, coll %g, active %g, share %g", adt_cluster_sync_loss(&wide, 4, 5e-3, 0),
+          adt_cluster_coll_factor(&wide, 4), adt_cluster_share_active(&wide, 4, 1), adt_cluster_share(&wide, 4));
+    wide.cores_per_node = 3; /* 4 ranks on 3 cores share them: the terms are back */
+    CHECK(adt_cluster_sync_loss(&wide, 4, 2e-2, 0) == 3e-3 && adt_cluster_coll_factor(&wide, 4) == 3.5 &&
+              adt_cluster_share_active(&wide, 4, 1) > 0,
+          "4 ranks on 3 cores: sync %g, coll %g", adt_cluster_sync_loss(&wide, 4, 2e-2, 0), adt_cluster_coll_factor(&wide, 4));
     char *cvs = adt_cluster_to_json(&cv);
     adt_cluster cvr;
     CHECK(adt_cluster_parse(&cvr, cvs, "curve round trip") == ADT_OK, "%s", adt_error_message());
@@ -1443,16 +1459,36 @@ static void test_cli(void) {
     CHECK(rc == 2 && contains(out, "--model") && contains(out, "no/such.json"), "exit %d: %s", rc, out);
     rc = run_adtrain("calibrate --model configs/vgg-mnist.json:0 2>&1", out, sizeof out);
     CHECK(rc == 2 && contains(out, "--model"), "exit %d: %s", rc, out);
-    /* two ranks (mpiexec): the slowdown of 2 busy ranks with the cost of a blocked collective
-     * inside a step, and every kind's fit on 2 ranks */
-    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 2 -o %s 2>&1", cal);
+    /* two ranks (mpiexec) with a core each: the compute slowdown of 2 busy ranks alone (what ranks
+     * time-sharing cores lose is not measured where they do not) and every kind's fit on 2 ranks */
+    long ncores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncores >= 2) {
+        snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 1 -o %s 2>&1", cal);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 0 && contains(out, "busy ranks on") && !contains(out, "a blocked collective inside a step") &&
+                  !contains(out, "ms turns"),
+              "calibrate --ranks 2, a core each: exit %d: %s", rc, out);
+        rc = adt_cluster_load(&c, cal);
+        CHECK(rc == ADT_OK, "calibrated cluster, 2 ranks: %s", adt_error_message());
+        if (!rc)
+            CHECK(c.cores_per_node >= 2 && c.n_slowdown == 2 && c.slowdown[1].ranks == 2 && c.slowdown[1].factor >= 1 &&
+                      c.slowdown[1].sync_s == 0 && c.slowdown[1].n_sync == 0 && c.slowdown[1].coll_factor == 0 &&
+                      c.slowdown[1].relay_factor == 0 && c.slowdown[1].relay_long_factor == 0 && c.n_links == 1 &&
+                      c.link[0].n_coll == 5,
+                  "2 ranks on %d cores: factor %g, sync_s %g, coll_factor %g, relay %g, %d collectives", c.cores_per_node,
+                  c.slowdown[1].factor, c.slowdown[1].sync_s, c.slowdown[1].coll_factor, c.slowdown[1].relay_factor,
+                  c.link[0].n_coll);
+    }
+    /* two ranks of ncores threads each outnumber the cores (cores_per_node 1): the slowdown of 2
+     * busy ranks with the cost of a blocked collective inside a step and the relays */
+    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 2 --threads %ld -o %s 2>&1", ncores, cal);
     rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0 && contains(out, "a blocked collective inside a step") && contains(out, "data-parallel step's"),
           "calibrate --ranks 2: exit %d: %s", rc, out);
     rc = adt_cluster_load(&c, cal);
     CHECK(rc == ADT_OK, "calibrated cluster, 2 ranks: %s", adt_error_message());
     if (!rc) {
-        CHECK(c.devices_per_node == 2 && c.n_slowdown == 2 && c.slowdown[1].ranks == 2 && c.slowdown[1].factor >= 1 &&
+        CHECK(c.cores_per_node == 1 && c.devices_per_node == 2 && c.n_slowdown == 2 && c.slowdown[1].ranks == 2 && c.slowdown[1].factor >= 1 &&
                   c.slowdown[1].sync_s >= 0 && c.slowdown[1].sync_s < 1 && c.slowdown[1].coll_factor >= 0.25 &&
                   c.slowdown[1].coll_factor <= 50,
               "slowdown: %d entries, 2 ranks: factor %g, sync_s %g, coll_factor %g", c.n_slowdown,

@@ -170,6 +170,9 @@ int adt_op_factor_bucket(double flops);
  * slowdown of the largest rank count <= ranks (device.slowdown), else 1; at least ranks /
  * cores_per_node when they outnumber the cores (ranks time-share them). */
 double adt_cluster_share(const adt_cluster *c, int ranks);
+/* The functions below down to adt_cluster_nap_share (but adt_cluster_share_load) model ranks
+ * time-sharing a node's cores (src/planner/cores.c): each gives its "none" (0, or -1 where said)
+ * unless `ranks` outnumber cores_per_node, whatever the cluster's calibration measured. */
 /* What a rank loses when it blocks on a collective inside a step with `ranks` devices of one node
  * busy: sync_s of the same slowdown entry adt_cluster_share picks, else 0. */
 double adt_cluster_sync_s(const adt_cluster *c, int ranks);

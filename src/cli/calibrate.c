@@ -16,7 +16,8 @@
  *   cores     the online cores / threads per rank (cores_per_node: more ranks time-share them);
  *             with --ranks N, the compute slowdown of k = 2..N ranks busy at once (a probe's time
  *             on each of k ranks over its time on one rank alone right after, the median of 5 such
- *             pairs; the median of --repeat such measurements), into device.slowdown, with what a
+ *             pairs; the median of --repeat such measurements), into device.slowdown; where k
+ *             ranks outnumber the cores (and only there: src/planner/cores.c) also what a
  *             collective that follows compute costs beyond its back-to-back time (sync_s after
  *             about 1 ms of compute, sync_curve after 0.05 to 30 ms) and what a data-parallel
  *             step's shared-memory all-reduces cost inside it over their back-to-back time
@@ -54,6 +55,7 @@ typedef struct cal_opts {
     const char *out_path;
     long ranks, threads, batch, procs, repeat;
     int comm_worker, compute_worker, n_models;
+    int dedicated; /* --comm-worker-dedicated: the world's ranks have a core each */
     const char *model[CAL_MAX_USER_MODELS]; /* --model: the user's own, timed beside ours */
 } cal_opts;
 
@@ -95,6 +97,7 @@ static int cal_apply(void *opts, const char *f, const char *v) {
     }
     else if (!strcmp(f, "--threads")) return cli_parse_long("calibrate", f, v, 1, 256, &o->threads);
     else if (!strcmp(f, "--comm-worker")) o->comm_worker = 1;
+    else if (!strcmp(f, "--comm-worker-dedicated")) o->comm_worker = o->dedicated = 1;
     else if (!strcmp(f, "--compute-worker")) o->compute_worker = 1;
     else return cal_fail(2, "unknown flag '%s' (see adtrain calibrate --help)", f);
     return 0;
@@ -565,8 +568,11 @@ static double slowdown_probe(adt_comm *w) {
 }
 
 /* The worker: every rank times each collective kind at each size; rank 0 prints
- * "kind size seconds" lines (per collective, back to back, the mean over rounds and ranks). */
-static int comm_worker(void) {
+ * "kind size seconds" lines (per collective, back to back, the mean over rounds and ranks).
+ * dedicated: the ranks have a core each, so the probes of ranks time-sharing cores (the sync
+ * curve, the relays, the in-step all-reduces) are not run: the cost model applies what they
+ * measure only where ranks outnumber cores (src/planner/cores.c). */
+static int comm_worker(int dedicated) {
     adt_comm *w = NULL;
     if (adt_comm_init(ADT_COMM_MPI, &w)) return cal_fail(1, "--comm-worker: %s", adt_error_message());
     int rc = 0;
@@ -577,15 +583,17 @@ static int comm_worker(void) {
     memset(a, 0, cap), memset(b, 0, cap);
     double slow = slowdown_probe(w);
     if (adt_comm_rank(w) == 0) printf("slowdown 0 %.9g\n", slow);
-    for (int i = 0; i < CAL_SYNC_POINTS; i++) {
+    for (int i = 0; i < CAL_SYNC_POINTS && !dedicated; i++) {
         double segment, sync = sync_cost(w, a, i, &segment);
         if (adt_comm_rank(w) == 0) printf("sync_loss %d %.9g\nsync_segment %d %.9g\n", i, sync, i, segment);
     }
-    double segment, relay = relay_probe(w, 1, CAL_RELAY_ROUNDS, CAL_RELAY_TURNS, &segment);
-    if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\nrelay_segment 0 %.9g\n", relay, segment);
-    relay = relay_probe(w, CAL_RELAY_LONG_RUNS, CAL_RELAY_LONG_ROUNDS, CAL_RELAY_LONG_TURNS, &segment);
-    if (adt_comm_rank(w) == 0) printf("relay_long 0 %.9g\nrelay_long_segment 0 %.9g\n", relay, segment);
-    if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
+    if (!dedicated) {
+        double segment, relay = relay_probe(w, 1, CAL_RELAY_ROUNDS, CAL_RELAY_TURNS, &segment);
+        if (adt_comm_rank(w) == 0) printf("relay 0 %.9g\nrelay_segment 0 %.9g\n", relay, segment);
+        relay = relay_probe(w, CAL_RELAY_LONG_RUNS, CAL_RELAY_LONG_ROUNDS, CAL_RELAY_LONG_TURNS, &segment);
+        if (adt_comm_rank(w) == 0) printf("relay_long 0 %.9g\nrelay_long_segment 0 %.9g\n", relay, segment);
+        if (instep_probe(w)) fprintf(stderr, "calibrate: the in-step probe failed: %s\n", adt_error_message());
+    }
     for (int ki = 0; ki < CAL_KINDS && !rc; ki++)
         for (int si = 0; si < CAL_SIZES && !rc; si++) {
             int64_t bytes = (int64_t)4096 << (2 * si), n = bytes / 4;
@@ -657,11 +665,12 @@ static int self_path(char *buf, size_t n) {
 /* One measurement on k ranks: the probes' results into *slowdown, *sync, *instep_s, *relay and
  * *segment (the relay's turn alone), long[0] and long[1] (the same of the long relay), and every
  * collective's timings into fit[] (per kind) and, the all-reduces, into pooled. */
-static int measure_ranks(int k, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync, double *instep_s,
-                         double *relay, double *segment, double *relay_long, double *curve) {
+static int measure_ranks(int k, int dedicated, cal_fit *pooled, cal_fit *fit, double *slowdown, double *sync,
+                         double *instep_s, double *relay, double *segment, double *relay_long, double *curve) {
     char self[1024], cmd[1200];
     if (self_path(self, sizeof self)) return cal_fail(1, "--ranks: cannot find this program's path to start workers");
-    snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker 2>&1", k, self);
+    snprintf(cmd, sizeof cmd, "mpiexec -n %d '%s' calibrate --comm-worker%s 2>&1", k, self,
+             dedicated ? "-dedicated" : "");
     FILE *p = popen(cmd, "r");
     if (!p) return cal_fail(1, "--ranks: cannot start '%s'", cmd);
     char line[256];
@@ -885,10 +894,10 @@ static void workers_finish(const cal_workers *cw, cal_compute *acc) {
 
 int cli_calibrate(int argc, char **argv) {
     cal_opts o = {.ranks = 1, .threads = 1, .batch = 32, .procs = CAL_COMPUTE_PROCS, .repeat = CAL_REPEAT};
-    static const char *const switches[] = {"--comm-worker", "--compute-worker", NULL};
+    static const char *const switches[] = {"--comm-worker", "--comm-worker-dedicated", "--compute-worker", NULL};
     int rc = cli_parse_flags_switches("calibrate", argc, argv, cal_usage, cal_apply, &o, switches);
     if (rc) return rc < 0 ? 0 : rc;
-    if (o.comm_worker) return comm_worker();
+    if (o.comm_worker) return comm_worker(o.dedicated);
 
     static const struct { const char *json; int batch[2]; } models[] = {
         {"{\"type\":\"mlp\",\"sizes\":[512,1024,1024,10],\"activation\":\"relu\"}", {16, 128}},
@@ -929,6 +938,9 @@ int cli_calibrate(int argc, char **argv) {
     double *probe = adt_calloc((size_t)(slots ? slots : 1) * NP, sizeof *probe);
     cal_fit *fits = adt_calloc((size_t)(nk ? nk : 1) * CAL_KINDS, sizeof *fits), pooled;
     memset(&pooled, 0, sizeof pooled);
+    /* ranks beyond the cores time-share them (each with its threads) */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int cores_per_node = cores > 0 ? (int)(cores / o.threads > 0 ? cores / o.threads : 1) : 0;
     cal_workers *cw = adt_calloc(1, sizeof *cw);
     if (!rc) rc = workers_init(cw, (int)o.procs, argc, argv);
     for (int j = 0; j <= slots && !rc; j++) { /* before measurement j: worker ceil((j+1) P / (slots+1)) */
@@ -937,7 +949,7 @@ int cli_calibrate(int argc, char **argv) {
         int r = j / nk, k = 2 + j % nk;
         double *q = probe + ((size_t)(k - 2) * R + r) * NP;
         q[2] = -1;
-        rc = measure_ranks(k, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5],
+        rc = measure_ranks(k, cores_per_node > 0 && k <= cores_per_node, &pooled, fits + (size_t)(k - 2) * CAL_KINDS, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5],
                            &q[7]);
     }
     if (!rc) workers_finish(cw, acc);
@@ -949,12 +961,10 @@ int cli_calibrate(int argc, char **argv) {
     adt_cluster c;
     memset(&c, 0, sizeof c);
     snprintf(c.name, sizeof c.name, "calibrated");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(c.device_kind, sizeof c.device_kind, "this machine: one rank, %ld OpenBLAS thread(s), %ld cores", o.threads,
              cores);
     c.nodes = 1, c.devices_per_node = (int)o.ranks;
-    /* ranks beyond the cores time-share them (each with its threads) */
-    c.cores_per_node = cores > 0 ? (int)(cores / o.threads > 0 ? cores / o.threads : 1) : 0;
+    c.cores_per_node = cores_per_node;
     c.compute_dtype = ADT_F32, c.efficiency = 1.0;
     /* the fixed cost of an op: the median time of the tiny ones; the rates count it out */
     if (acc->n_tiny) {
@@ -1024,6 +1034,11 @@ int cli_calibrate(int argc, char **argv) {
                 }
                 c.slowdown[c.n_slowdown].n_sync = ns;
                 c.slowdown[c.n_slowdown++].factor = f;
+                if (cores_per_node > 0 && k <= cores_per_node) { /* a core each: the factor alone */
+                    fprintf(stderr, "calibrate: compute with %d busy ranks on %d cores: %.2fx one rank's time\n", k,
+                            cores_per_node, f);
+                    continue;
+                }
                 double cf = instep >= 0 ? instep_coll_factor(&c, k, instep) : 0;
                 c.slowdown[c.n_slowdown - 1].coll_factor = cf;
                 fprintf(stderr, "calibrate: compute with %d busy ranks: %.2fx one rank's time; a blocked collective "

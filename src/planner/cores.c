@@ -1,7 +1,10 @@
 /*
- * cores.c - CPU ranks sharing a node's cores: what the cost model adds where a cluster's
- * calibration (`adtrain calibrate`, device.slowdown) measured it, or where ranks outnumber
- * cores_per_node. None of it applies to an accelerator cluster (its files carry no slowdown).
+ * cores.c - CPU ranks sharing a node: what the cost model adds on a CPU cluster. The compute
+ * slowdown of co-located ranks (memory bandwidth and caches they share) applies at any count a
+ * calibration measured; everything else here models ranks TIME-SHARING cores and applies only
+ * where a node's busy ranks outnumber its cores_per_node (shared_entry), whatever a calibration
+ * measured: at one rank per core no waiting rank takes a busy one's core. None of it applies to
+ * an accelerator cluster (its files carry no slowdown).
  *
  *  - compute slowdown: k ranks busy on a node run at the measured factor, at least k / cores
  *    when they outnumber the cores (adt_cluster_share, adt_cluster_share_load);
@@ -36,8 +39,16 @@ static int slowdown_entry(const adt_cluster *c, int ranks) {
     return best;
 }
 
+/* The slowdown entry whose time-sharing effects apply to `ranks` busy ranks of a node: only where
+ * they outnumber its cores (cores_per_node, known). At one rank per core a waiting rank takes no
+ * core from a busy one and nobody is woken late by the scheduler, whatever a calibration's probe
+ * happened to see; a calibration without cores_per_node keeps its measurements out. -1: none. */
+static int shared_entry(const adt_cluster *c, int ranks) {
+    return c->cores_per_node > 0 && ranks > c->cores_per_node ? slowdown_entry(c, ranks) : -1;
+}
+
 double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
-    int e = slowdown_entry(c, ranks);
+    int e = shared_entry(c, ranks);
     return e >= 0 ? c->slowdown[e].sync_s : 0;
 }
 
@@ -50,7 +61,7 @@ double adt_cluster_sync_s(const adt_cluster *c, int ranks) {
 #define SYNC_RAMP_S 1e-3
 
 double adt_cluster_sync_loss(const adt_cluster *c, int ranks, double compute_s, int mpi) {
-    int e = slowdown_entry(c, ranks);
+    int e = shared_entry(c, ranks);
     if (e < 0 || !(compute_s > 0)) return 0;
     int n = mpi ? 0 : c->slowdown[e].n_sync;
     if (n < 1) return c->slowdown[e].sync_s * fmin(1.0, compute_s / SYNC_RAMP_S);
@@ -62,7 +73,7 @@ double adt_cluster_sync_loss(const adt_cluster *c, int ranks, double compute_s, 
 }
 
 double adt_cluster_coll_factor(const adt_cluster *c, int ranks) {
-    int e = slowdown_entry(c, ranks);
+    int e = shared_entry(c, ranks);
     return e >= 0 ? c->slowdown[e].coll_factor : 0;
 }
 
@@ -125,7 +136,7 @@ static void relay_shares(const adt_cluster *c, int e, int ranks, double *y, doub
 }
 
 double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) {
-    int e = slowdown_entry(c, ranks);
+    int e = shared_entry(c, ranks);
     if (e < 0 || !(c->slowdown[e].relay_factor > 0)) return -1;
     double w = waiting_share(c, e, ranks), load = active + w * (ranks - active);
     return share_at(c, load < 1 ? 1 : load);
@@ -138,7 +149,7 @@ double adt_cluster_share_active(const adt_cluster *c, int ranks, double active) 
 /* The entry of `ranks` whose short relay was measured with its turns, its shares into *y and *f;
  * -1 where there is none. */
 static int measured_relay_shares(const adt_cluster *c, int ranks, double *y, double *f) {
-    int e = slowdown_entry(c, ranks);
+    int e = shared_entry(c, ranks);
     if (e < 0 || ranks < 2 || !(c->slowdown[e].relay_factor > 0) || !(c->slowdown[e].relay_segment_s > 0)) return -1;
     relay_shares(c, e, ranks, y, f);
     return e;

@@ -1,8 +1,8 @@
 /*
  * cores.h - inside the planner: the part of the graph cost model (cost.c) that models CPU ranks
  * sharing a node's cores, kept apart in cores.c. No real accelerator cluster has these effects;
- * cost.c applies them only on clusters whose calibration measured them (device.slowdown) or whose
- * ranks outnumber cores_per_node.
+ * they apply only where a node's busy ranks outnumber its cores_per_node (the compute slowdown of
+ * co-located ranks aside, which a calibration measures at every count).
  */
 #ifndef ADTRAIN_PLANNER_CORES_H
 #define ADTRAIN_PLANNER_CORES_H
