@@ -1654,6 +1654,192 @@ static void test_train_trials(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The parameter-server mode under the agents: `adtrain train --mode ps --ps-servers 2` on one
+ * agent of 4 slots - ranks 0 and 1 of every generation serve a DLRM's embedding rows, ranks 2 and 3
+ * work, leasing their samples from the master's ledger and committing each consistent cut (the
+ * servers' shards and the run file) with the data position. Reference: `mpiexec -n 4 adtrain
+ * train` with the same flags (sync: every step's update is the one-process update). A world that
+ * keeps its size after a restore trains the same samples from the same state, so every step's
+ * last logged loss must be mpiexec's, bit for bit.
+ */
+static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap);
+static size_t read_text(const char *path, char *buf, size_t cap);
+static char g_dlrm_cfg[700];
+static const char *TRAIN_PS[] = {"--model", g_dlrm_cfg, "--data", "synthetic:dlrm", "--batch", "32", "--optimizer",
+                                 "sgd", "--lr", "0.5", "--schedule", "constant", "--seed", "5", "--commit-every",
+                                 "10", "--lease-timeout", "10", "--steps", "100", "--mode", "ps", "--ps-servers", "2",
+                                 NULL};
+static double g_ref_ps[101];
+static int g_have_ps_ref;
+
+static int ps_refs(void) {
+    if (g_have_ps_ref) return g_have_ps_ref > 0 ? 0 : -1;
+    g_have_ps_ref = -1;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_dlrm_cfg, sizeof g_dlrm_cfg, "%s/adt_test_elastic_dlrm_%d.json", base && *base ? base : "/tmp",
+             (int)getpid());
+    FILE *f = fopen(g_dlrm_cfg, "w");
+    if (f) fputs("{\"type\":\"dlrm\",\"n_dense\":5,\"n_tables\":4,\"table_rows\":[50,9,200,31],\"emb_dim\":4,"
+                 "\"bottom\":[16,4],\"top\":[16,1]}\n", f), fclose(f);
+    if (reference_losses((const char *const *)TRAIN_PS, 4, g_ref_ps, flags_steps((const char *const *)TRAIN_PS)))
+        return -1;
+    g_have_ps_ref = 1;
+    return 0;
+}
+
+static void ps_job_init(ejob *j, const char *tag) {
+    train_job_init(j, tag, (const char *const *)TRAIN_PS);
+    j->batch = 32;
+}
+
+/* The generation running and its highest reported step (0-based), from the master. */
+static int gen_and_top(const ejob *j, double *top) {
+    cJSON *r = api(j, "GET", "/v1/generation", NULL, NULL);
+    int g = r ? (int)jnum(r, "generation") : -1;
+    *top = r ? jnum(r, "max_reported_step") : -1;
+    cJSON_Delete(r);
+    return g;
+}
+
+/* kill -9 of rank `victim` once generation 1 reported step `at`. The victim is SIGSTOPped first:
+ * under sync no rank gets more than a step past a stopped server or worker, so the kill lands
+ * mid-run (checked) however fast or loaded the machine is. */
+static void ps_kill_at(ejob *j, int victim, double at, int steps) {
+    CHECK(wait_progress(j, 1, at, 60), "generation 1 never reached step %g", at);
+    pid_t pid = worker_pid(j, victim);
+    CHECK(pid > 0, "no pid for rank %d", victim);
+    if (pid <= 0) return;
+    kill(pid, SIGSTOP);
+    sleep_s(0.3);
+    double top;
+    int gen = gen_and_top(j, &top);
+    CHECK(gen == 1 && top < steps - 2, "rank %d stopped in generation %d after step %g of %d: not mid-run", victim,
+          gen, top + 1, steps);
+    kill(pid, SIGKILL);
+}
+
+/* A clean run: every step's loss is mpiexec's, the audit is clean, the last commit is a directory
+ * of both servers' shards and the run file. */
+static void test_train_ps_clean(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsclean");
+    job_start(&j, 1, 4);
+    expect_done(&j, 120);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    train_compare(&j, g_ref_ps, steps, 1);
+    CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
+    const char *files[] = {"server-0.safetensors", "server-1.safetensors", "run.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char path[1000];
+        snprintf(path, sizeof path, "%s/ckpt-%d-g1/%s", j.ckdir, steps, files[i]);
+        CHECK(access(path, R_OK) == 0, "the last commit has no %s", path);
+    }
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* kill -9 of a server (kind 0) or a worker (1) mid-run: the next generation restores the last
+ * commit (every server its shard, every worker the run file), finishes, the audit finds every
+ * sample once, and every step's loss is mpiexec's (the world kept its 4 ranks). */
+static void ps_kill_run(const char *tag, int worker) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, tag);
+    job_start(&j, 1, 4);
+    int steps = flags_steps((const char *const *)TRAIN_PS), victim = (worker ? 2 : 0) + (int)rnd(0, 1.99);
+    ps_kill_at(&j, victim, (double)(int)rnd(12, 60), steps);
+    expect_done(&j, 120);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) >= 2, "generation %d after rank %d was killed", current_gen(&j), victim);
+    CHECK(agent_log_has(&j, "generation 2: ranks", "continuing after step"),
+          "generation 2 did not restore a commit (agent0.log)");
+    train_compare(&j, g_ref_ps, steps, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+static void test_train_ps_kill_server(void) { ps_kill_run("tpsserver", 0); }
+static void test_train_ps_kill_worker(void) { ps_kill_run("tpsworker", 1); }
+
+/* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
+ * servers, rows pulled ahead, dynamic sharding. */
+static void test_train_ps_refused(void) {
+    if (ps_refs()) return;
+    static const struct {
+        const char *nproc, *flag, *value, *says;
+    } cases[] = {
+        {"2", "--ps-servers", "2", "expected at least 3"},
+        {"3", "--ps-prefetch", "1", "--ps-prefetch"},
+        {"3", "--straggler-policy", "dd", "--straggler-policy"},
+    };
+    for (int c = 0; c < 3; c++) {
+        ejob j;
+        if (job_init(&j, "psrefused")) return;
+        char log[700], text[65536];
+        snprintf(log, sizeof log, "%s/launch.log", j.dir);
+        const char *argv[64] = {g_adtrain, "launch", "--nproc-per-node", cases[c].nproc, "--job", j.jobdir, "--",
+                                g_adtrain, "train"};
+        int n = 9;
+        for (int i = 0; TRAIN_PS[i]; i++)
+            if (strcmp(TRAIN_PS[i], cases[c].flag)) argv[n++] = TRAIN_PS[i];
+            else i++;
+        argv[n++] = cases[c].flag, argv[n++] = cases[c].value, argv[n] = NULL;
+        int rc = run_cmd(log, argv, 60);
+        read_text(log, text, sizeof text);
+        CHECK(rc == 1 && strstr(text, cases[c].says), "%s %s on %s ranks: exit %d, expected 1 with \"%s\":\n%s",
+              cases[c].flag, cases[c].value, cases[c].nproc, rc, cases[c].says, text);
+        CHECK(db_events(j.jobdir, "generation", NULL, 0) == 1, "%s %s: restarted", cases[c].flag, cases[c].value);
+        job_cleanup(&j, check_cur_failed);
+    }
+}
+
+/* Randomized trials (ADT_ELASTIC_PS_TRIALS, default 0: bench/run_ps_chaos.sh runs them): kill -9
+ * of a random rank, server or worker, at a random moment of the run (before its first step, at
+ * any step, or after its last); each job must finish with a clean audit and mpiexec's losses.
+ * Prints one MEASURE line: trials, kills of each kind, recoveries (a later generation finished
+ * the run), clean audits, runs at mpiexec's losses at every step. */
+static void test_train_ps_trials(void) {
+    int trials = getenv("ADT_ELASTIC_PS_TRIALS") ? atoi(getenv("ADT_ELASTIC_PS_TRIALS")) : 0;
+    if (trials <= 0 || ps_refs()) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS), kinds[2] = {0, 0}, recovered = 0, clean = 0, exact = 0;
+    int failed_any = check_cur_failed;
+    for (int t = 0; t < trials; t++) {
+        check_cur_failed = 0;
+        ejob j;
+        char tag[32];
+        snprintf(tag, sizeof tag, "pstrial%d", t);
+        ps_job_init(&j, tag);
+        job_start(&j, 1, 4);
+        int victim = (int)rnd(0, 3.999);
+        kinds[victim >= 2]++;
+        double when = rnd(0, 3.0);
+        CHECK(wait_progress(&j, 1, 0, 60), "trial %d: no progress", t);
+        sleep_s(when);
+        pid_t pid = worker_pid(&j, victim);
+        if (pid > 0) kill(pid, SIGKILL);
+        expect_done(&j, 120);
+        int gen = current_gen(&j), before = check_cur_failed;
+        recovered += gen >= 2 && !before;
+        train_audit(&j, steps);
+        clean += check_cur_failed == before;
+        before = check_cur_failed;
+        train_compare(&j, g_ref_ps, steps, 1);
+        exact += check_cur_failed == before;
+        job_end(&j, 10);
+        if (check_cur_failed)
+            fprintf(stderr, "  ps trial %d (rank %d, a %s, killed at +%.2f s) FAILED\n", t, victim,
+                    victim < 2 ? "server" : "worker", when);
+        job_cleanup(&j, check_cur_failed);
+        failed_any |= check_cur_failed;
+    }
+    check_cur_failed = failed_any;
+    printf("MEASURE ps_chaos trials=%d server_kills=%d worker_kills=%d recovered=%d audits_clean=%d "
+           "exact_losses=%d\n", trials, kinds[0], kinds[1], recovered, clean, exact);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The API's edges, on an in-process master
  */
 /* Sends raw bytes, returns the HTTP status of the answer (0 if the connection closed without
@@ -2171,6 +2357,11 @@ int main(int argc, char **argv) {
     MAYBE(test_train_replan_pipeline);
     MAYBE(test_adaptive_job);
     MAYBE(test_train_trials);
+    MAYBE(test_train_ps_clean);
+    MAYBE(test_train_ps_kill_server);
+    MAYBE(test_train_ps_kill_worker);
+    MAYBE(test_train_ps_refused);
+    MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)
         printf("MEASURE adaptive_job_goodput samples_per_s=%.1f ideal=%.1f ratio=%.3f (ideal: the last world's "
@@ -2199,6 +2390,7 @@ int main(int argc, char **argv) {
                hi, g_n_replan);
     }
     if (g_mlp_cfg[0]) unlink(g_mlp_cfg);
+    if (g_dlrm_cfg[0]) unlink(g_dlrm_cfg);
     reap_all();
     if (g_orphans) fprintf(stderr, "test_elastic: reaped %d orphaned workers of killed agents\n", g_orphans);
     return check_finish();

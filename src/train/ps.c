@@ -124,6 +124,25 @@ static const char *ps_check_dynamic(const adt_train_opts *o) {
     return NULL;
 }
 
+/* What keeps --mode ps from running under adtrain agent (an elastic world), or NULL. The master's
+ * ledger hands out every step's samples (elastic.c), so a worker knows a step's batch only when
+ * its leases come: no rows pulled ahead, no dispatcher of its own. */
+static const char *ps_check_elastic(trainer *t) {
+    const adt_train_opts *o = &t->o;
+    if (o->bal.on)
+        return "--straggler-policy: under adtrain agent the master's ledger hands out every step's samples (a "
+               "policy given to the trainer or to adtrain launch / master); expected none (dynamic sharding runs "
+               "under mpiexec)";
+    if (o->ps_prefetch > 0 && train_opts_given(o, "--ps-prefetch"))
+        return "--ps-prefetch: under adtrain agent a step's samples are known when its leases come, so no rows are "
+               "pulled ahead; expected --ps-prefetch 0 or none";
+    if (o->flash && train_opts_given(o, "--flash"))
+        return "--flash on: the servers write their shards at the checkpoint's cut themselves, with no copy in "
+               "shared memory; expected --flash off or none";
+    t->o.ps_prefetch = 0;
+    return NULL;
+}
+
 int train_ps_check(trainer *t) {
     const adt_train_opts *o = &t->o;
     const char *why = NULL;
@@ -146,13 +165,14 @@ int train_ps_check(trainer *t) {
     else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
                                  "--resume DIR of a run saved with --mode ps --save";
     else if (o->profile) why = "--profile: not in --mode ps yet";
-    else if (getenv("ADT_MASTER")) why = "--mode ps: not under adtrain agent yet (run it under mpiexec)";
-    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
+    else if (getenv("ADT_MASTER")) why = ps_check_elastic(t);
+    if (!why && o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
     if (t->nranks < o->ps_servers + 1)
-        return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (mpiexec -n %d: "
+        return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (%s -n %d: "
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
-                          o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
+                          o->ps_servers + 1, getenv("ADT_MASTER") ? "an elastic world of" : "mpiexec",
+                          o->ps_servers + 1, o->ps_servers);
     int W = t->nranks - o->ps_servers;
     if (o->bal.slow_rank >= 0 && (o->bal.slow_rank < o->ps_servers || o->bal.slow_rank >= t->nranks))
         return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is not a worker; expected a rank in [%d, %d] (the "
@@ -422,9 +442,15 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
         t->finished = t->serving = 1;
         return rc;
     }
-    if (!rc) rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
+    if (!rc && t->el) { /* an elastic job's leased batch: its rows asked for now, none ahead (prefetch 0) */
+        if (fill_step(t, p, s, idx) || adt_ps_worker_pull(p->wk, s, p->ids, p->Bw))
+            return train_fail(EXIT_RUNTIME, "step %ld: pulling rows: %s", step, adt_error_message());
+        p->pulled = s + 1;
+    } else if (!rc) {
+        rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
+        if (!rc && fill_step(t, p, s, idx)) rc = train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+    }
     if (rc) return rc;
-    if (fill_step(t, p, s, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     float l = 0;
     float share = (float)p->Bw / (float)t->o.batch;
     adt_ps_dlrm_set_lr(p->d, ps_lr_at(&t->o, step)); /* the hybrid dense update's; the servers set the rows' */
@@ -470,12 +496,20 @@ static int ps_eval(trainer *t, const train_source *s, int64_t *idx, double *loss
 /* After the final evaluation and checkpoint: the servers may stop once every worker said so. */
 static int ps_finish(trainer *t) {
     train_ps *p = t->ps;
-    if (p->pw.is_server || !p->pw_ready || p->said_done) return 0;
+    /* no client: this worker ran nothing (an elastic world that started after the last commit),
+     * and neither did the servers, which are not listening */
+    if (p->pw.is_server || !p->pw_ready || p->said_done || !p->wk) return 0;
     p->said_done = 1;
     if (ps_client(p)) return EXIT_RUNTIME;
     if (adt_ps_worker_done(p->wk)) return train_fail(EXIT_RUNTIME, "the parameter servers: %s", adt_error_message());
     return 0;
 }
+
+int train_ps_serves(const trainer *t) { return t->ps && t->ps->pw_ready && t->ps->pw.is_server; }
+
+adt_comm *train_ps_workers(const trainer *t) { return t->ps && t->ps->pw_ready ? t->ps->pw.workers : NULL; }
+
+int64_t train_ps_local_batch(const trainer *t) { return train_ps_serves(t) ? 0 : t->ps->Bw; }
 
 const char *train_ps_sparse_optimizer(const trainer *t) {
     static const char *const name[] = {"sgd", "adagrad", "adam"};
