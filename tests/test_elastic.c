@@ -1763,6 +1763,54 @@ static void ps_kill_run(const char *tag, int worker) {
 static void test_train_ps_kill_server(void) { ps_kill_run("tpsserver", 0); }
 static void test_train_ps_kill_worker(void) { ps_kill_run("tpsworker", 1); }
 
+/* Planned scaling of a --mode ps job, 4 -> 5 -> 3 ranks (2, 3, then 1 worker beside the 2 servers)
+ * on one agent of 5 slots, the world held stopped while each change is asked for: each change
+ * stops at a step boundary with a commit (the workers agree on the stop step and cut there, then
+ * tell the servers they are done), nothing is trained twice, every step is logged once, and every
+ * step's loss is mpiexec's within 1e-5 (the same global batches from the same state; another
+ * number of workers sums the gradients in another order). */
+static void test_train_ps_scale(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsscale");
+    j.master_extra[j.n_master_extra++] = "--workers";
+    j.master_extra[j.n_master_extra++] = "4";
+    job_start(&j, 1, 5);
+    static const int size[3] = {4, 5, 3};
+    for (int g = 1; g <= 2; g++) {
+        double w[3] = {g, size[g - 1], 15};
+        CHECK(poll_until(&j, "/v1/generation", pred_world, w, 60), "no world of %d", size[g - 1]);
+        char body[64];
+        snprintf(body, sizeof body, "{\"workers\":%d}", size[g]);
+        int st = 0;
+        signal_world(&j, size[g - 1], SIGSTOP);
+        cJSON *r = api(&j, "POST", "/v1/scale", body, &st);
+        signal_world(&j, size[g - 1], SIGCONT);
+        CHECK(st == 200, "POST /v1/scale %s: %d", body, st);
+        cJSON_Delete(r);
+    }
+    double w3[3] = {3, 3, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world_formed, w3, 60), "no world of 3");
+    expect_done(&j, 120);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
+          "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"), jnum(r, "generation"));
+    cJSON_Delete(r);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
+          steps);
+    double got[101];
+    int top = read_step_losses(j.logf, got, steps), bad = 0, first = 0;
+    for (int s = 1; s <= steps; s++)
+        if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
+    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
+          "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
  * servers, rows pulled ahead, dynamic sharding. */
 static void test_train_ps_refused(void) {
@@ -2360,6 +2408,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_clean);
     MAYBE(test_train_ps_kill_server);
     MAYBE(test_train_ps_kill_worker);
+    MAYBE(test_train_ps_scale);
     MAYBE(test_train_ps_refused);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
