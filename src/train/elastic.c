@@ -28,6 +28,14 @@
  * (exit 0 for a planned stop, 1 for SIGTERM). A request refused as stale (the generation ended)
  * ends the process with status 3: the next generation restores the commit in force.
  *
+ * The parameter-server mode (--mode ps, ps.c). The data replicas are the workers: the servers
+ * lease, gather, report and agree on nothing (their one step is their whole service), so the
+ * gathers and agreements run over the workers' communicator. A commit is the mode's consistent
+ * cut: the workers drain their reports, cut every server's shard and the run file into
+ * DIR/ckpt-S-gG/ (train_ckpt_save, while the step waits; no flash file), and the first worker
+ * commits step S with that name. Restoring reads the directory on every rank. A server keeps
+ * SIGTERM's default: only the workers can agree on a stop step.
+ *
  * Off the step's path. Leases and reports go through a client thread (adt_elastic_pipe): the
  * next step's lease is asked for once every rank holds this step's (after the gather), in one
  * call with the previous step's report, queued just before; a step waits only when its lease

@@ -58,9 +58,19 @@
  * dynamic sharding the chunks each worker took and a digest of the sample indices trained (the
  * sums of two 20-bit hashes of each; a test compares it with the one-process run's samples).
  *
+ * Under adtrain agent (an elastic job, elastic.c) the first S ranks of every world serve and the
+ * workers are the data replicas: they lease each step's samples from the master's ledger, so a
+ * step's batch is known only when its leases come and its rows are pulled then (--ps-prefetch 0),
+ * and every commit is the checkpoint above, cut into the commit's directory and committed by the
+ * reporter with the data position. A new world restores the commit on every rank; its workers may
+ * differ in number, its servers may not (a world of fewer than S + 1 ranks is refused). A server
+ * takes no part in the feed: its one step is its service, which ends when the workers stop.
+ *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
- * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
- * defined here), --straggler-policy nd, --split, --micro-batch, --straggler-config/-master.
+ * loaded into shards), momentum and weight decay (their sparse forms are not defined here),
+ * --straggler-policy nd, --split, --micro-batch, --straggler-config/-master; under adtrain agent
+ * any straggler policy (dynamic sharding hands out samples apart from the ledger), rows pulled
+ * ahead and --flash on.
  */
 #include <errno.h>
 #include <stdlib.h>
