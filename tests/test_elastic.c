@@ -1858,7 +1858,8 @@ static void test_train_ps_trials(void) {
     int trials = getenv("ADT_ELASTIC_PS_TRIALS") ? atoi(getenv("ADT_ELASTIC_PS_TRIALS")) : 0;
     if (trials <= 0 || ps_refs()) return;
     int steps = flags_steps((const char *const *)TRAIN_PS), kinds[2] = {0, 0}, recovered = 0, clean = 0, exact = 0;
-    int failed_any = check_cur_failed;
+    int failed_any = check_cur_failed, n_took = 0;
+    double took[256];
     for (int t = 0; t < trials; t++) {
         check_cur_failed = 0;
         ejob j;
@@ -1874,10 +1875,15 @@ static void test_train_ps_trials(void) {
         CHECK(wait_progress(&j, 1, at, 60), "trial %d: no progress to step %g", t, at);
         sleep_s(when);
         pid_t pid = worker_pid(&j, victim);
+        double t_kill = adt_wall_s();
         if (pid > 0) kill(pid, SIGKILL);
         expect_done(&j, 120);
         int gen = current_gen(&j), before = check_cur_failed;
         recovered += gen >= 2 && !before;
+        int kept = g_n_train_recovery; /* the kill to the next generation's first report, kept here */
+        double dt = gen >= 2 ? train_recovery(&j, 1, t_kill) : 0;
+        g_n_train_recovery = kept;
+        if (dt > 0 && n_took < 256) took[n_took++] = dt;
         train_audit(&j, steps);
         clean += check_cur_failed == before;
         before = check_cur_failed;
@@ -1891,8 +1897,15 @@ static void test_train_ps_trials(void) {
         failed_any |= check_cur_failed;
     }
     check_cur_failed = failed_any;
+    for (int a = 1; a < n_took; a++) /* sorted, for the median */
+        for (int b = a; b > 0 && took[b - 1] > took[b]; b--) {
+            double x = took[b];
+            took[b] = took[b - 1], took[b - 1] = x;
+        }
     printf("MEASURE ps_chaos trials=%d server_kills=%d worker_kills=%d recovered=%d audits_clean=%d "
-           "exact_losses=%d\n", trials, kinds[0], kinds[1], recovered, clean, exact);
+           "exact_losses=%d kill_to_next_step_s median=%.2f min=%.2f max=%.2f (%d)\n", trials, kinds[0], kinds[1],
+           recovered, clean, exact, n_took ? took[n_took / 2] : 0, n_took ? took[0] : 0, n_took ? took[n_took - 1] : 0,
+           n_took);
 }
 
 /* ---------------------------------------------------------------------------------------------
