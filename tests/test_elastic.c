@@ -26,7 +26,8 @@
  *
  * The parameter-server mode under the agents (`adtrain train --mode ps --ps-servers 2`, a DLRM on 4
  * ranks): a run without faults, kill -9 of a server and of a worker (SIGSTOPped first, so the kill
- * lands mid-run) and planned scaling 4 -> 5 -> 3 ranks each finish audit clean with mpiexec's
+ * lands mid-run), SIGTERM to a worker (a stop with a commit: nothing retrained) and planned
+ * scaling 4 -> 5 -> 3 ranks each finish audit clean with mpiexec's
  * losses (bit for bit; within 1e-5 across worker counts); what cannot run is refused (exit 2 at
  * once); randomized kill trials (ADT_ELASTIC_PS_TRIALS, bench/run_ps_chaos.sh).
  *
@@ -1769,6 +1770,30 @@ static void ps_kill_run(const char *tag, int worker) {
 static void test_train_ps_kill_server(void) { ps_kill_run("tpsserver", 0); }
 static void test_train_ps_kill_worker(void) { ps_kill_run("tpsworker", 1); }
 
+/* SIGTERM to a worker of a --mode ps job: the workers agree to stop after that step, cut and commit
+ * it, and leave; the next world restores exactly that commit, so nothing is trained twice, every
+ * step is logged once, and the losses are mpiexec's. */
+static void test_train_ps_sigterm(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsterm");
+    job_start(&j, 1, 4);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    CHECK(wait_progress(&j, 1, rnd(12, 60), 60), "no progress");
+    pid_t pid = worker_pid(&j, 2 + (int)rnd(0, 1.99));
+    CHECK(pid > 0, "no worker pid");
+    if (pid > 0) kill(pid, SIGTERM);
+    expect_done(&j, 120);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) == 2, "generation %d after one SIGTERM, expected 2", current_gen(&j));
+    CHECK(audit_retrained(&j) == 0, "a SIGTERM stop retrained %lld samples", (long long)audit_retrained(&j));
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
+          steps);
+    train_compare(&j, g_ref_ps, steps, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* Planned scaling of a --mode ps job, 4 -> 5 -> 3 ranks (2, 3, then 1 worker beside the 2 servers)
  * on one agent of 5 slots, the world held stopped while each change is asked for: each change
  * stops at a step boundary with a commit (the workers agree on the stop step and cut there, then
@@ -2429,6 +2454,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_clean);
     MAYBE(test_train_ps_kill_server);
     MAYBE(test_train_ps_kill_worker);
+    MAYBE(test_train_ps_sigterm);
     MAYBE(test_train_ps_scale);
     MAYBE(test_train_ps_refused);
     MAYBE(test_train_ps_trials);
