@@ -1843,33 +1843,37 @@ static void test_train_ps_scale(void) {
 }
 
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
- * servers, rows pulled ahead, dynamic sharding. */
+ * servers, rows pulled ahead, dynamic sharding, a plan the master was asked for (--strategy zero). */
 static void test_train_ps_refused(void) {
     if (ps_refs()) return;
     static const struct {
-        const char *nproc, *flag, *value, *says;
+        const char *nproc, *flag, *value, *says, *launch[9];
     } cases[] = {
-        {"2", "--ps-servers", "2", "expected at least 3"},
-        {"3", "--ps-prefetch", "1", "--ps-prefetch"},
-        {"3", "--straggler-policy", "dd", "--straggler-policy"},
+        {"2", "--ps-servers", "2", "expected at least 3", {NULL}},
+        {"3", "--ps-prefetch", "1", "--ps-prefetch", {NULL}},
+        {"3", "--straggler-policy", "dd", "--straggler-policy", {NULL}},
+        {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
+                                                                "zero"}},
     };
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < 4; c++) {
         ejob j;
         if (job_init(&j, "psrefused")) return;
         char log[700], text[65536];
         snprintf(log, sizeof log, "%s/launch.log", j.dir);
-        const char *argv[64] = {g_adtrain, "launch", "--nproc-per-node", cases[c].nproc, "--job", j.jobdir, "--",
-                                g_adtrain, "train"};
-        int n = 9;
+        const char *argv[64] = {g_adtrain, "launch", "--nproc-per-node", cases[c].nproc, "--job", j.jobdir};
+        int n = 6;
+        for (int i = 0; cases[c].launch[i]; i++)
+            argv[n++] = cases[c].launch[i];
+        argv[n++] = "--", argv[n++] = g_adtrain, argv[n++] = "train";
         for (int i = 0; TRAIN_PS[i]; i++)
             if (strcmp(TRAIN_PS[i], cases[c].flag)) argv[n++] = TRAIN_PS[i];
             else i++;
         argv[n++] = cases[c].flag, argv[n++] = cases[c].value, argv[n] = NULL;
         int rc = run_cmd(log, argv, 60);
         read_text(log, text, sizeof text);
-        CHECK(rc == 1 && strstr(text, cases[c].says), "%s %s on %s ranks: exit %d, expected 1 with \"%s\":\n%s",
-              cases[c].flag, cases[c].value, cases[c].nproc, rc, cases[c].says, text);
-        CHECK(db_events(j.jobdir, "generation", NULL, 0) == 1, "%s %s: restarted", cases[c].flag, cases[c].value);
+        CHECK(rc == 1 && strstr(text, cases[c].says), "case %d: %s %s on %s ranks: exit %d, expected 1 with \"%s\":\n%s",
+              c, cases[c].flag, cases[c].value, cases[c].nproc, rc, cases[c].says, text);
+        CHECK(db_events(j.jobdir, "generation", NULL, 0) == 1, "case %d: restarted", c);
         job_cleanup(&j, check_cur_failed);
     }
 }
