@@ -134,9 +134,10 @@ static const char *ps_check_dynamic(const adt_train_opts *o) {
     return NULL;
 }
 
-/* What keeps --mode ps from running under adtrain agent (an elastic world), or NULL. The master's
- * ledger hands out every step's samples (elastic.c), so a worker knows a step's batch only when
- * its leases come: no rows pulled ahead, no dispatcher of its own. */
+/* What keeps --mode ps from running under adtrain agent (an elastic world), or NULL; with none,
+ * --ps-prefetch becomes 0 (its default is 1). The master's ledger hands out every step's samples
+ * (elastic.c), so a worker knows a step's batch only when its leases come: no rows pulled ahead,
+ * no dispatcher of its own. */
 static const char *ps_check_elastic(trainer *t) {
     const adt_train_opts *o = &t->o;
     if (o->bal.on)
@@ -178,11 +179,14 @@ int train_ps_check(trainer *t) {
     else if (getenv("ADT_MASTER")) why = ps_check_elastic(t);
     if (!why && o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
+    if (t->nranks < o->ps_servers + 1 && getenv("ADT_MASTER"))
+        return train_fail(EXIT_USAGE, "--ps-servers %d: the elastic world has %d rank%s; expected at least %d (%d "
+                          "servers and one or more workers: a world resized below that cannot run)", o->ps_servers,
+                          t->nranks, t->nranks == 1 ? "" : "s", o->ps_servers + 1, o->ps_servers);
     if (t->nranks < o->ps_servers + 1)
-        return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (%s -n %d: "
+        return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (mpiexec -n %d: "
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
-                          o->ps_servers + 1, getenv("ADT_MASTER") ? "an elastic world of" : "mpiexec",
-                          o->ps_servers + 1, o->ps_servers);
+                          o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
     int W = t->nranks - o->ps_servers;
     if (o->bal.slow_rank >= 0 && (o->bal.slow_rank < o->ps_servers || o->bal.slow_rank >= t->nranks))
         return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is not a worker; expected a rank in [%d, %d] (the "
