@@ -24,6 +24,13 @@
  * committed, and end at mpiexec's final loss (within 1e-3 relative; exactly when the world kept
  * its size); the time from a worker's kill to the next generation's first reported step.
  *
+ * The parameter-server mode under the agents (`adtrain train --mode ps --ps-servers 2`, a DLRM on 4
+ * ranks): a run without faults, kill -9 of a server and of a worker (SIGSTOPped first, so the kill
+ * lands mid-run), SIGTERM to a worker (a stop with a commit: nothing retrained) and planned
+ * scaling 4 -> 5 -> 3 ranks each finish audit clean with mpiexec's
+ * losses (bit for bit; within 1e-5 across worker counts); what cannot run is refused (exit 2 at
+ * once); randomized kill trials (ADT_ELASTIC_PS_TRIALS, bench/run_ps_chaos.sh).
+ *
  * The test process is a child subreaper, so workers orphaned by a killed agent are reaped here
  * and counted: none may outlive its job.
  */
@@ -1654,6 +1661,283 @@ static void test_train_trials(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The parameter-server mode under the agents: `adtrain train --mode ps --ps-servers 2` on one
+ * agent of 4 slots - ranks 0 and 1 of every generation serve a DLRM's embedding rows, ranks 2 and 3
+ * work, leasing their samples from the master's ledger and committing each consistent cut (the
+ * servers' shards and the run file) with the data position. Reference: `mpiexec -n 4 adtrain
+ * train` with the same flags (sync: every step's update is the one-process update). A world that
+ * keeps its size after a restore trains the same samples from the same state, so every step's
+ * last logged loss must be mpiexec's, bit for bit.
+ */
+static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap);
+static size_t read_text(const char *path, char *buf, size_t cap);
+static char g_dlrm_cfg[700];
+static const char *TRAIN_PS[] = {"--model", g_dlrm_cfg, "--data", "synthetic:dlrm", "--batch", "32", "--optimizer",
+                                 "sgd", "--lr", "0.5", "--schedule", "constant", "--seed", "5", "--commit-every",
+                                 "10", "--lease-timeout", "10", "--steps", "100", "--mode", "ps", "--ps-servers", "2",
+                                 NULL};
+static double g_ref_ps[101];
+static int g_have_ps_ref;
+
+static int ps_refs(void) {
+    if (g_have_ps_ref) return g_have_ps_ref > 0 ? 0 : -1;
+    g_have_ps_ref = -1;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_dlrm_cfg, sizeof g_dlrm_cfg, "%s/adt_test_elastic_dlrm_%d.json", base && *base ? base : "/tmp",
+             (int)getpid());
+    FILE *f = fopen(g_dlrm_cfg, "w");
+    if (f) fputs("{\"type\":\"dlrm\",\"n_dense\":5,\"n_tables\":4,\"table_rows\":[50,9,200,31],\"emb_dim\":4,"
+                 "\"bottom\":[16,4],\"top\":[16,1]}\n", f), fclose(f);
+    if (reference_losses((const char *const *)TRAIN_PS, 4, g_ref_ps, flags_steps((const char *const *)TRAIN_PS)))
+        return -1;
+    g_have_ps_ref = 1;
+    return 0;
+}
+
+static void ps_job_init(ejob *j, const char *tag) {
+    train_job_init(j, tag, (const char *const *)TRAIN_PS);
+    j->batch = 32;
+}
+
+/* The generation running and its highest reported step (0-based), from the master. */
+static int gen_and_top(const ejob *j, double *top) {
+    cJSON *r = api(j, "GET", "/v1/generation", NULL, NULL);
+    int g = r ? (int)jnum(r, "generation") : -1;
+    *top = r ? jnum(r, "max_reported_step") : -1;
+    cJSON_Delete(r);
+    return g;
+}
+
+/* kill -9 of rank `victim` once generation 1 reported step `at`. The victim is SIGSTOPped first:
+ * under sync no rank gets more than a step past a stopped server or worker, so the kill lands
+ * mid-run (checked) however fast or loaded the machine is. */
+static void ps_kill_at(ejob *j, int victim, double at, int steps) {
+    CHECK(wait_progress(j, 1, at, 60), "generation 1 never reached step %g", at);
+    pid_t pid = worker_pid(j, victim);
+    CHECK(pid > 0, "no pid for rank %d", victim);
+    if (pid <= 0) return;
+    kill(pid, SIGSTOP);
+    sleep_s(0.3);
+    double top;
+    int gen = gen_and_top(j, &top);
+    CHECK(gen == 1 && top < steps - 2, "rank %d stopped in generation %d after step %g of %d: not mid-run", victim,
+          gen, top + 1, steps);
+    kill(pid, SIGKILL);
+}
+
+/* A clean run: every step's loss is mpiexec's, the audit is clean, the last commit is a directory
+ * of both servers' shards and the run file. */
+static void test_train_ps_clean(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsclean");
+    job_start(&j, 1, 4);
+    expect_done(&j, 120);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    train_compare(&j, g_ref_ps, steps, 1);
+    CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
+    const char *files[] = {"server-0.safetensors", "server-1.safetensors", "run.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char path[1000];
+        snprintf(path, sizeof path, "%s/ckpt-%d-g1/%s", j.ckdir, steps, files[i]);
+        CHECK(access(path, R_OK) == 0, "the last commit has no %s", path);
+    }
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* kill -9 of a server (kind 0) or a worker (1) mid-run: the next generation restores the last
+ * commit (every server its shard, every worker the run file), finishes, the audit finds every
+ * sample once, and every step's loss is mpiexec's (the world kept its 4 ranks). */
+static void ps_kill_run(const char *tag, int worker) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, tag);
+    job_start(&j, 1, 4);
+    int steps = flags_steps((const char *const *)TRAIN_PS), victim = (worker ? 2 : 0) + (int)rnd(0, 1.99);
+    ps_kill_at(&j, victim, (double)(int)rnd(12, 60), steps);
+    expect_done(&j, 120);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) >= 2, "generation %d after rank %d was killed", current_gen(&j), victim);
+    CHECK(agent_log_has(&j, "generation 2: ranks", "continuing after step"),
+          "generation 2 did not restore a commit (agent0.log)");
+    train_compare(&j, g_ref_ps, steps, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+static void test_train_ps_kill_server(void) { ps_kill_run("tpsserver", 0); }
+static void test_train_ps_kill_worker(void) { ps_kill_run("tpsworker", 1); }
+
+/* SIGTERM to a worker of a --mode ps job: the workers agree to stop after that step, cut and commit
+ * it, and leave; the next world restores exactly that commit, so nothing is trained twice, every
+ * step is logged once, and the losses are mpiexec's. */
+static void test_train_ps_sigterm(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsterm");
+    job_start(&j, 1, 4);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    CHECK(wait_progress(&j, 1, rnd(12, 60), 60), "no progress");
+    pid_t pid = worker_pid(&j, 2 + (int)rnd(0, 1.99));
+    CHECK(pid > 0, "no worker pid");
+    if (pid > 0) kill(pid, SIGTERM);
+    expect_done(&j, 120);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) == 2, "generation %d after one SIGTERM, expected 2", current_gen(&j));
+    CHECK(audit_retrained(&j) == 0, "a SIGTERM stop retrained %lld samples", (long long)audit_retrained(&j));
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
+          steps);
+    train_compare(&j, g_ref_ps, steps, 1);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* Planned scaling of a --mode ps job, 4 -> 5 -> 3 ranks (2, 3, then 1 worker beside the 2 servers)
+ * on one agent of 5 slots, the world held stopped while each change is asked for: each change
+ * stops at a step boundary with a commit (the workers agree on the stop step and cut there, then
+ * tell the servers they are done), nothing is trained twice, every step is logged once, and every
+ * step's loss is mpiexec's within 1e-5 (the same global batches from the same state; another
+ * number of workers sums the gradients in another order). */
+static void test_train_ps_scale(void) {
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsscale");
+    j.master_extra[j.n_master_extra++] = "--workers";
+    j.master_extra[j.n_master_extra++] = "4";
+    job_start(&j, 1, 5);
+    static const int size[3] = {4, 5, 3};
+    for (int g = 1; g <= 2; g++) {
+        double w[3] = {g, size[g - 1], 15};
+        CHECK(poll_until(&j, "/v1/generation", pred_world, w, 60), "no world of %d", size[g - 1]);
+        char body[64];
+        snprintf(body, sizeof body, "{\"workers\":%d}", size[g]);
+        int st = 0;
+        signal_world(&j, size[g - 1], SIGSTOP);
+        cJSON *r = api(&j, "POST", "/v1/scale", body, &st);
+        signal_world(&j, size[g - 1], SIGCONT);
+        CHECK(st == 200, "POST /v1/scale %s: %d", body, st);
+        cJSON_Delete(r);
+    }
+    double w3[3] = {3, 3, 0};
+    CHECK(poll_until(&j, "/v1/generation", pred_world_formed, w3, 60), "no world of 3");
+    expect_done(&j, 120);
+    cJSON *r = api(&j, "GET", "/v1/job", NULL, NULL);
+    CHECK(jnum(r, "restarts") == 0 && jnum(r, "planned_changes") == 2 && jnum(r, "generation") == 3,
+          "restarts %g planned %g generation %g", jnum(r, "restarts"), jnum(r, "planned_changes"), jnum(r, "generation"));
+    cJSON_Delete(r);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
+    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
+          steps);
+    double got[101];
+    int top = read_step_losses(j.logf, got, steps), bad = 0, first = 0;
+    for (int s = 1; s <= steps; s++)
+        if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
+    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
+          "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
+ * servers, rows pulled ahead, dynamic sharding, a plan the master was asked for (--strategy zero). */
+static void test_train_ps_refused(void) {
+    if (ps_refs()) return;
+    static const struct {
+        const char *nproc, *flag, *value, *says, *launch[9];
+    } cases[] = {
+        {"2", "--ps-servers", "2", "expected at least 3", {NULL}},
+        {"3", "--ps-prefetch", "1", "--ps-prefetch", {NULL}},
+        {"3", "--straggler-policy", "dd", "--straggler-policy", {NULL}},
+        {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
+                                                                "zero"}},
+    };
+    for (int c = 0; c < 4; c++) {
+        ejob j;
+        if (job_init(&j, "psrefused")) return;
+        char log[700], text[65536];
+        snprintf(log, sizeof log, "%s/launch.log", j.dir);
+        const char *argv[64] = {g_adtrain, "launch", "--nproc-per-node", cases[c].nproc, "--job", j.jobdir};
+        int n = 6;
+        for (int i = 0; cases[c].launch[i]; i++)
+            argv[n++] = cases[c].launch[i];
+        argv[n++] = "--", argv[n++] = g_adtrain, argv[n++] = "train";
+        for (int i = 0; TRAIN_PS[i]; i++)
+            if (strcmp(TRAIN_PS[i], cases[c].flag)) argv[n++] = TRAIN_PS[i];
+            else i++;
+        argv[n++] = cases[c].flag, argv[n++] = cases[c].value, argv[n] = NULL;
+        int rc = run_cmd(log, argv, 60);
+        read_text(log, text, sizeof text);
+        CHECK(rc == 1 && strstr(text, cases[c].says), "case %d: %s %s on %s ranks: exit %d, expected 1 with \"%s\":\n%s",
+              c, cases[c].flag, cases[c].value, cases[c].nproc, rc, cases[c].says, text);
+        CHECK(db_events(j.jobdir, "generation", NULL, 0) == 1, "case %d: restarted", c);
+        job_cleanup(&j, check_cur_failed);
+    }
+}
+
+/* Randomized trials (ADT_ELASTIC_PS_TRIALS, default 0: bench/run_ps_chaos.sh runs them): kill -9
+ * of a random rank, server or worker, at a random moment of the run (0-50 ms after a random step
+ * of it was reported); each job must finish with a clean audit and mpiexec's losses.
+ * Prints one MEASURE line: trials, kills of each kind, recoveries (a later generation finished
+ * the run), clean audits, runs at mpiexec's losses at every step. */
+static void test_train_ps_trials(void) {
+    int trials = getenv("ADT_ELASTIC_PS_TRIALS") ? atoi(getenv("ADT_ELASTIC_PS_TRIALS")) : 0;
+    if (trials <= 0 || ps_refs()) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS), kinds[2] = {0, 0}, recovered = 0, clean = 0, exact = 0;
+    int failed_any = check_cur_failed, n_took = 0;
+    double took[256];
+    for (int t = 0; t < trials; t++) {
+        check_cur_failed = 0;
+        ejob j;
+        char tag[32];
+        snprintf(tag, sizeof tag, "pstrial%d", t);
+        ps_job_init(&j, tag);
+        job_start(&j, 1, 4);
+        int victim = (int)rnd(0, 3.999);
+        kinds[victim >= 2]++;
+        /* a random step of the run (the first reported step at the soonest), then a random part of
+         * a step's time */
+        double at = (double)(int)rnd(0, steps - 3), when = rnd(0, 0.05);
+        CHECK(wait_progress(&j, 1, at, 60), "trial %d: no progress to step %g", t, at);
+        sleep_s(when);
+        pid_t pid = worker_pid(&j, victim);
+        double t_kill = adt_wall_s();
+        if (pid > 0) kill(pid, SIGKILL);
+        expect_done(&j, 120);
+        int gen = current_gen(&j), before = check_cur_failed;
+        recovered += gen >= 2 && !before;
+        int kept = g_n_train_recovery; /* the kill to the next generation's first report, kept here */
+        double dt = gen >= 2 ? train_recovery(&j, 1, t_kill) : 0;
+        g_n_train_recovery = kept;
+        if (dt > 0 && n_took < 256) took[n_took++] = dt;
+        train_audit(&j, steps);
+        clean += check_cur_failed == before;
+        before = check_cur_failed;
+        train_compare(&j, g_ref_ps, steps, 1);
+        exact += check_cur_failed == before;
+        job_end(&j, 10);
+        if (check_cur_failed)
+            fprintf(stderr, "  ps trial %d (rank %d, a %s, killed %.3f s after step %g) FAILED\n", t, victim,
+                    victim < 2 ? "server" : "worker", when, at + 1);
+        job_cleanup(&j, check_cur_failed);
+        failed_any |= check_cur_failed;
+    }
+    check_cur_failed = failed_any;
+    for (int a = 1; a < n_took; a++) /* sorted, for the median */
+        for (int b = a; b > 0 && took[b - 1] > took[b]; b--) {
+            double x = took[b];
+            took[b] = took[b - 1], took[b - 1] = x;
+        }
+    printf("MEASURE ps_chaos trials=%d server_kills=%d worker_kills=%d recovered=%d audits_clean=%d "
+           "exact_losses=%d kill_to_next_step_s median=%.2f min=%.2f max=%.2f (%d)\n", trials, kinds[0], kinds[1],
+           recovered, clean, exact, n_took ? took[n_took / 2] : 0, n_took ? took[0] : 0, n_took ? took[n_took - 1] : 0,
+           n_took);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The API's edges, on an in-process master
  */
 /* Sends raw bytes, returns the HTTP status of the answer (0 if the connection closed without
@@ -2171,6 +2455,13 @@ int main(int argc, char **argv) {
     MAYBE(test_train_replan_pipeline);
     MAYBE(test_adaptive_job);
     MAYBE(test_train_trials);
+    MAYBE(test_train_ps_clean);
+    MAYBE(test_train_ps_kill_server);
+    MAYBE(test_train_ps_kill_worker);
+    MAYBE(test_train_ps_sigterm);
+    MAYBE(test_train_ps_scale);
+    MAYBE(test_train_ps_refused);
+    MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)
         printf("MEASURE adaptive_job_goodput samples_per_s=%.1f ideal=%.1f ratio=%.3f (ideal: the last world's "
@@ -2199,6 +2490,7 @@ int main(int argc, char **argv) {
                hi, g_n_replan);
     }
     if (g_mlp_cfg[0]) unlink(g_mlp_cfg);
+    if (g_dlrm_cfg[0]) unlink(g_dlrm_cfg);
     reap_all();
     if (g_orphans) fprintf(stderr, "test_elastic: reaped %d orphaned workers of killed agents\n", g_orphans);
     return check_finish();

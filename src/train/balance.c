@@ -654,6 +654,7 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
 }
 
 int64_t train_local_batch(const trainer *t) {
+    if (t->ps) return train_ps_local_batch(t);
     if (t->bal) return t->bal->split[t->rank];
     return t->o.batch / t->nranks + (t->rank < t->o.batch % t->nranks);
 }

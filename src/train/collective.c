@@ -50,22 +50,26 @@ void train_error_reset(void) { g_error_mine = 1, g_error_agreed = 0; }
 
 /* Setup results of all ranks: codes[r] is rank r's (0 fine, else a negative status). The lowest
  * failing rank keeps its message and reports it; every rank returns its code. */
-int train_world_agree(trainer *t, int rc) {
-    if (!t->world) return rc;
-    int32_t *codes = adt_calloc((size_t)t->nranks, sizeof *codes);
-    codes[t->rank] = rc;
-    if (adt_comm_allreduce_i32(t->world, codes, t->nranks)) {
+int train_world_agree(trainer *t, int rc) { return train_group_agree(t, t->world, 0, rc); }
+
+int train_group_agree(trainer *t, adt_comm *c, int first_rank, int rc) {
+    if (!c) return rc;
+    int n = adt_comm_size(c), me = adt_comm_rank(c);
+    int32_t *codes = adt_calloc((size_t)n, sizeof *codes);
+    codes[me] = rc;
+    if (adt_comm_allreduce_i32(c, codes, n)) {
         free(codes);
         train_error_mine(1);
         return train_fail(EXIT_RUNTIME, "agreeing on the setup: %s", adt_error_message());
     }
     int first = 0;
-    while (first < t->nranks && !codes[first]) first++;
-    int common = first < t->nranks ? codes[first] : 0;
+    while (first < n && !codes[first]) first++;
+    int common = first < n ? codes[first] : 0;
     free(codes);
-    train_error_mine(first == t->rank || !common);
-    g_error_agreed = common != 0;
-    if (common && first != t->rank) adt_error(common, "rank %d failed", first);
+    train_error_mine(first == me || !common);
+    /* agreed by a part of the world only (the workers of --mode ps): the others still need ending */
+    if (c == t->world) g_error_agreed = common != 0;
+    if (common && first != me) adt_error(common, "rank %d failed", first_rank + first);
     return common;
 }
 

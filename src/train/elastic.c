@@ -28,6 +28,14 @@
  * (exit 0 for a planned stop, 1 for SIGTERM). A request refused as stale (the generation ended)
  * ends the process with status 3: the next generation restores the commit in force.
  *
+ * The parameter-server mode (--mode ps, ps.c). The data replicas are the workers: the servers
+ * lease, gather, report and agree on nothing (their one step is their whole service), so the
+ * gathers and agreements run over the workers' communicator. A commit is the mode's consistent
+ * cut: the workers drain their reports, cut every server's shard and the run file into
+ * DIR/ckpt-S-gG/ (train_ckpt_save, while the step waits; no flash file), and the first worker
+ * commits step S with that name. Restoring reads the directory on every rank. A server keeps
+ * SIGTERM's default: only the workers can agree on a stop step.
+ *
  * Off the step's path. Leases and reports go through a client thread (adt_elastic_pipe): the
  * next step's lease is asked for once every rank holds this step's (after the gather), in one
  * call with the previous step's report, queued just before; a step waits only when its lease
@@ -101,6 +109,16 @@ static int el_fail(int code, const char *what) {
         return adt_error(ADT_ERR_STALE, "%s refused: this world generation ended (%s)", what, adt_error_message());
     }
     return train_fail(EXIT_RUNTIME, "elastic %s: %s", what, adt_error_message());
+}
+
+/* ---- the data replicas ------------------------------------------------------------------------
+ * The ranks that take samples: every rank, or under --mode ps the workers (a parameter server's one
+ * step is its whole service: it leases, reports and commits nothing). Their leases are gathered and
+ * their stops agreed over data_comm; the committer (rank 0, or the first worker) commits. */
+static adt_comm *data_comm(const trainer *t) { return t->ps ? train_ps_workers(t) : t->world; }
+static int data_size(const trainer *t) { return data_comm(t) ? adt_comm_size(data_comm(t)) : 1; }
+static int data_agree(trainer *t, int rc) {
+    return train_group_agree(t, data_comm(t), t->ps ? t->o.ps_servers : 0, rc);
 }
 
 /* ---- state <-> memory ------------------------------------------------------------------------ */
@@ -373,7 +391,7 @@ int train_elastic_start(trainer *t) {
     train_elastic *e = t->el = adt_calloc(1, sizeof *e);
     e->perm_epoch = -1;
     e->last_commit = -1;
-    layout_state(t, e);
+    if (!t->ps) layout_state(t, e); /* --mode ps has no flash slot: its servers write at the cut */
     int rc = 0;
     adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60};
     int64_t B = t->o.batch, spe = t->train.count / B;
@@ -395,8 +413,9 @@ int train_elastic_start(trainer *t) {
             at.step = info.committed_steps;
             snprintf(at.name, sizeof at.name, "%s", info.checkpoint);
         }
-        if (!rc && (st = adt_elastic_open(&e->commit, &cfg))) rc = el_fail(st, "client");
     }
+    /* the committer: rank 0, or under --mode ps the first worker, which writes the run file last */
+    if (!rc && t->rank == t->reporter && (st = adt_elastic_open(&e->commit, &cfg))) rc = el_fail(st, "client");
     if (!t->o.elastic_dir) { /* the job's directory, where the agent says it is */
         const char *jd = getenv("ADT_JOB_DIR");
         if (jd && *jd) snprintf(e->dir, sizeof e->dir, "%s/checkpoints", jd);
@@ -416,16 +435,20 @@ int train_elastic_start(trainer *t) {
         train_note(t, "elastic: step %lld of %ld is committed: the run is complete", (long long)at.step, t->o.steps);
         return 1;
     }
-    if (t->o.flash) rc = open_flash(t, e);
+    if (t->o.flash && !t->ps) rc = open_flash(t, e);
     if (!rc) rc = restore(t, e, at.step, at.name);
     if ((rc = train_world_agree(t, rc))) return rc;
     if (adt_elastic_pipe_start(&e->pipe, e->c)) return train_fail(EXIT_RUNTIME, "elastic: %s", adt_error_message());
     e->perm = adt_malloc((size_t)t->train.count * sizeof *e->perm);
     e->gathered = adt_malloc((size_t)t->nranks * (1 + 3 * MAX_RANGES) * sizeof *e->gathered);
+    /* A parameter server keeps SIGTERM's default: it cannot stop at a step boundary on its own (the
+     * workers agree on that), so it ends, and the next world restores the last commit. */
     struct sigaction sa = {.sa_handler = on_term};
-    sigaction(SIGTERM, &sa, NULL);
-    train_note(t, "elastic generation %lld: %d replicas, master %s; from step %lld (%s)",
-               (long long)adt_elastic_generation(e->c), t->nranks, getenv("ADT_MASTER"), (long long)at.step,
+    if (!train_ps_serves(t)) sigaction(SIGTERM, &sa, NULL);
+    char servers[48] = "";
+    if (t->ps) snprintf(servers, sizeof servers, " beside %d parameter server%s", t->o.ps_servers, t->o.ps_servers == 1 ? "" : "s");
+    train_note(t, "elastic generation %lld: %d replicas%s, master %s; from step %lld (%s)",
+               (long long)adt_elastic_generation(e->c), data_size(t), servers, getenv("ADT_MASTER"), (long long)at.step,
                at.step ? at.name : "the start");
     return 0;
 }
@@ -478,6 +501,8 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
     int64_t got, W = 1 + 3 * MAX_RANGES;
     e->step_t0 = adt_now_s();
     e->step_el_s = 0;
+    if (train_ps_serves(t)) return 0; /* it serves the workers' steps */
+    int nd = data_size(t);
     int rc = lease_share(t, e, step, &got);
     if (rc) return rc;
     double t_lease = adt_now_s();
@@ -490,10 +515,10 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
         me[2 + 3 * i] = e->mine[i].a;
         me[3 + 3 * i] = e->mine[i].b;
     }
-    if (t->world) {
-        int64_t *counts = adt_malloc((size_t)t->nranks * sizeof *counts);
-        for (int r = 0; r < t->nranks; r++) counts[r] = W * 2; /* int64 as two int32 */
-        rc = adt_comm_allgather(t->world, me, e->gathered, counts, ADT_I32);
+    if (nd > 1) {
+        int64_t *counts = adt_malloc((size_t)nd * sizeof *counts);
+        for (int r = 0; r < nd; r++) counts[r] = W * 2; /* int64 as two int32 */
+        rc = adt_comm_allgather(data_comm(t), me, e->gathered, counts, ADT_I32);
         free(counts);
     } else {
         memcpy(e->gathered, me, (size_t)W * sizeof *me);
@@ -510,9 +535,9 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
         if (st) return el_fail(st, "lease");
     }
     e->step_el_s += adt_now_s() - e->step_t0;
-    int64_t n = 0, *ranges = adt_malloc((size_t)t->nranks * MAX_RANGES * 3 * sizeof *ranges);
+    int64_t n = 0, *ranges = adt_malloc((size_t)nd * MAX_RANGES * 3 * sizeof *ranges);
     int64_t split[ADT_STRAGGLER_MAX_RANKS];
-    for (int r = 0; r < t->nranks; r++) {
+    for (int r = 0; r < nd; r++) {
         const int64_t *blk = e->gathered + (size_t)r * W;
         memcpy(ranges + 3 * n, blk + 1, (size_t)blk[0] * 3 * sizeof *ranges);
         n += blk[0];
@@ -543,12 +568,34 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
 
 /* ---- after a step: report, agree, checkpoint ---------------------------------------------------- */
 
+/* --mode ps: one consistent cut after `step` into DIR/ckpt-S-gG/ - every server's shard and then the
+ * run file with the data position (train_ckpt_save, the --save format of ps.c), written while the
+ * workers wait (the servers write their shards themselves at the cut: there is no state here to
+ * copy aside) - then the first worker commits step S with the ledger, so the model state and the
+ * data position are one commit. A cut that does not complete is never committed: a restore reads
+ * only a named commit's directory. */
+static int ps_checkpoint(trainer *t, train_elastic *e, long step, int64_t gen) {
+    char name[128], path[4400];
+    ckpt_name(name, sizeof name, step, gen, 1);
+    snprintf(path, sizeof path, "%s/%s", t->o.elastic_dir, name);
+    int rc = train_ckpt_save(t, path, step);
+    if (rc || t->rank != t->reporter) return rc;
+    if ((rc = adt_elastic_commit(e->commit, step, name))) return el_fail(rc, "commit");
+    prune_ckpts(t->o.elastic_dir, step, e->last_name); /* the commit in force and the one before stay */
+    e->last_commit = step;
+    snprintf(e->last_name, sizeof e->last_name, "%s", name);
+    return 0;
+}
+
 /* The state after `step` into the flash file (the only time the step waits), then published,
  * written and committed in the background; without --flash, written and committed here. */
 static int checkpoint(trainer *t, train_elastic *e, long step) {
     int64_t gen = adt_elastic_generation(e->c);
     double t0 = adt_now_s();
-    if (e->flash) {
+    if (t->ps) {
+        int rc = ps_checkpoint(t, e, step, gen);
+        if (rc) return rc;
+    } else if (e->flash) {
         int slot;
         uint8_t *mem = adt_flash_begin(e->flash, &slot);
         copy_state(t, e, mem, 1);
@@ -579,7 +626,7 @@ static int commit_wait(trainer *t, train_elastic *e, long step) {
         else if (t->rank == 0 && done != step)
             rc = train_fail(EXIT_RUNTIME, "elastic: the checkpoint of step %ld was not committed", step);
     }
-    return train_world_agree(t, rc);
+    return data_agree(t, rc);
 }
 
 /* The step's elastic time into the totals and the --log (at the step's end). */
@@ -619,15 +666,15 @@ static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
      * every rank that knows the stop step has the same */
     int64_t ctl[4] = {g_term, known > 0, known, drained};
     double t_agree = adt_now_s();
-    if (t->world && adt_comm_allreduce_i64(t->world, ctl, 4))
+    if (data_size(t) > 1 && adt_comm_allreduce_i64(data_comm(t), ctl, 4))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", step, adt_error_message());
     e->agree_s = adt_now_s() - t_agree;
     int64_t stop_at = ctl[1] ? ctl[2] / ctl[1] : 0;
     int planned = stop_at > 0 && step >= stop_at, last = step == t->o.steps;
     if (!(planned || ctl[0] || last || step % t->o.commit_every == 0)) return 0;
-    if (ctl[3] < t->nranks) { /* a SIGTERM some rank did not see: all drain, then agree on it */
+    if (ctl[3] < data_size(t)) { /* a SIGTERM some rank did not see: all drain, then agree on it */
         int rc = drained ? 0 : drain(e);
-        if ((rc = train_world_agree(t, rc))) return rc;
+        if ((rc = data_agree(t, rc))) return rc;
     }
     int rc = checkpoint(t, e, step);
     if (rc || !(planned || ctl[0] || last)) return rc;
@@ -674,7 +721,7 @@ int train_elastic_continues(void) {
 void train_elastic_free(trainer *t) {
     train_elastic *e = t->el;
     if (!e) return;
-    if (t->world && e->finished) {
+    if (t->world && e->finished && !t->ps) { /* (the parameter servers take no part here) */
         /* MPI_Finalize over UCX's tcp transport can wait forever for a peer that went on to
          * finalize's PMI barrier first (seen across network namespaces, about 1 run in 8): every
          * rank drains here first, and a finalize that still hangs ends the process after 10 s

@@ -58,9 +58,19 @@
  * dynamic sharding the chunks each worker took and a digest of the sample indices trained (the
  * sums of two 20-bit hashes of each; a test compares it with the one-process run's samples).
  *
+ * Under adtrain agent (an elastic job, elastic.c) the first S ranks of every world serve and the
+ * workers are the data replicas: they lease each step's samples from the master's ledger, so a
+ * step's batch is known only when its leases come and its rows are pulled then (--ps-prefetch 0),
+ * and every commit is the checkpoint above, cut into the commit's directory and committed by the
+ * reporter with the data position. A new world restores the commit on every rank; its workers may
+ * differ in number, its servers may not (a world of fewer than S + 1 ranks is refused). A server
+ * takes no part in the feed: its one step is its service, which ends when the workers stop.
+ *
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
- * loaded into shards), the elastic agent, momentum and weight decay (their sparse forms are not
- * defined here), --straggler-policy nd, --split, --micro-batch, --straggler-config/-master.
+ * loaded into shards), momentum and weight decay (their sparse forms are not defined here),
+ * --straggler-policy nd, --split, --micro-batch, --straggler-config/-master; under adtrain agent
+ * any straggler policy (dynamic sharding hands out samples apart from the ledger), rows pulled
+ * ahead and --flash on.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -124,6 +134,26 @@ static const char *ps_check_dynamic(const adt_train_opts *o) {
     return NULL;
 }
 
+/* What keeps --mode ps from running under adtrain agent (an elastic world), or NULL; with none,
+ * --ps-prefetch becomes 0 (its default is 1). The master's ledger hands out every step's samples
+ * (elastic.c), so a worker knows a step's batch only when its leases come: no rows pulled ahead,
+ * no dispatcher of its own. */
+static const char *ps_check_elastic(trainer *t) {
+    const adt_train_opts *o = &t->o;
+    if (o->bal.on)
+        return "--straggler-policy: under adtrain agent the master's ledger hands out every step's samples (a "
+               "policy given to the trainer or to adtrain launch / master); expected none (dynamic sharding runs "
+               "under mpiexec)";
+    if (o->ps_prefetch > 0 && train_opts_given(o, "--ps-prefetch"))
+        return "--ps-prefetch: under adtrain agent a step's samples are known when its leases come, so no rows are "
+               "pulled ahead; expected --ps-prefetch 0 or none";
+    if (o->flash && train_opts_given(o, "--flash"))
+        return "--flash on: the servers write their shards at the checkpoint's cut themselves, with no copy in "
+               "shared memory; expected --flash off or none";
+    t->o.ps_prefetch = 0;
+    return NULL;
+}
+
 int train_ps_check(trainer *t) {
     const adt_train_opts *o = &t->o;
     const char *why = NULL;
@@ -146,9 +176,13 @@ int train_ps_check(trainer *t) {
     else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
                                  "--resume DIR of a run saved with --mode ps --save";
     else if (o->profile) why = "--profile: not in --mode ps yet";
-    else if (getenv("ADT_MASTER")) why = "--mode ps: not under adtrain agent yet (run it under mpiexec)";
-    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
+    else if (getenv("ADT_MASTER")) why = ps_check_elastic(t);
+    if (!why && o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
+    if (t->nranks < o->ps_servers + 1 && getenv("ADT_MASTER"))
+        return train_fail(EXIT_USAGE, "--ps-servers %d: the elastic world has %d rank%s; expected at least %d (%d "
+                          "servers and one or more workers: a world resized below that cannot run)", o->ps_servers,
+                          t->nranks, t->nranks == 1 ? "" : "s", o->ps_servers + 1, o->ps_servers);
     if (t->nranks < o->ps_servers + 1)
         return train_fail(EXIT_USAGE, "--ps-servers %d: the world has %d rank%s; expected at least %d (mpiexec -n %d: "
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
@@ -422,9 +456,15 @@ static int ps_step(trainer *t, long step, int64_t *idx, double *loss) {
         t->finished = t->serving = 1;
         return rc;
     }
-    if (!rc) rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
+    if (!rc && t->el) { /* an elastic job's leased batch: its rows asked for now, none ahead (prefetch 0) */
+        if (fill_step(t, p, s, idx) || adt_ps_worker_pull(p->wk, s, p->ids, p->Bw))
+            return train_fail(EXIT_RUNTIME, "step %ld: pulling rows: %s", step, adt_error_message());
+        p->pulled = s + 1;
+    } else if (!rc) {
+        rc = pull_ahead(t, p, s + 1 + p->pc.prefetch);
+        if (!rc && fill_step(t, p, s, idx)) rc = train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
+    }
     if (rc) return rc;
-    if (fill_step(t, p, s, idx)) return train_fail(EXIT_RUNTIME, "--data: %s", adt_error_message());
     float l = 0;
     float share = (float)p->Bw / (float)t->o.batch;
     adt_ps_dlrm_set_lr(p->d, ps_lr_at(&t->o, step)); /* the hybrid dense update's; the servers set the rows' */
@@ -470,12 +510,20 @@ static int ps_eval(trainer *t, const train_source *s, int64_t *idx, double *loss
 /* After the final evaluation and checkpoint: the servers may stop once every worker said so. */
 static int ps_finish(trainer *t) {
     train_ps *p = t->ps;
-    if (p->pw.is_server || !p->pw_ready || p->said_done) return 0;
+    /* no client: this worker ran nothing (an elastic world that started after the last commit),
+     * and neither did the servers, which are not listening */
+    if (p->pw.is_server || !p->pw_ready || p->said_done || !p->wk) return 0;
     p->said_done = 1;
     if (ps_client(p)) return EXIT_RUNTIME;
     if (adt_ps_worker_done(p->wk)) return train_fail(EXIT_RUNTIME, "the parameter servers: %s", adt_error_message());
     return 0;
 }
+
+int train_ps_serves(const trainer *t) { return t->ps && t->ps->pw_ready && t->ps->pw.is_server; }
+
+adt_comm *train_ps_workers(const trainer *t) { return t->ps && t->ps->pw_ready ? t->ps->pw.workers : NULL; }
+
+int64_t train_ps_local_batch(const trainer *t) { return train_ps_serves(t) ? 0 : t->ps->Bw; }
 
 const char *train_ps_sparse_optimizer(const trainer *t) {
     static const char *const name[] = {"sgd", "adagrad", "adam"};

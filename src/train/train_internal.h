@@ -127,6 +127,12 @@ int train_ps_check(trainer *t);
 int train_ps_save(trainer *t, const char *dir, long step, const char *const *kv, int n_pairs);
 /* After the run file's metadata was checked: this rank's shard or dense state, the clock's start. */
 int train_ps_resume(trainer *t, const char *dir, long step);
+/* Under --mode ps only the workers take samples (an elastic job's leases, reports, commits): whether
+ * this rank serves, the workers' communicator (NULL on a server), a rank's samples per step (0 on a
+ * server). */
+int train_ps_serves(const trainer *t);
+adt_comm *train_ps_workers(const trainer *t);
+int64_t train_ps_local_batch(const trainer *t);
 /* The rows' optimizer ("sgd", "adagrad", "adam"), saved with a checkpoint and checked on resume. */
 const char *train_ps_sparse_optimizer(const trainer *t);
 
@@ -190,6 +196,9 @@ int train_world_init(trainer *t);            /* MPI when launched by mpiexec; se
 /* Every rank's result -> the common one (the lowest failing rank's, whose message it keeps; the
  * others say which rank failed). */
 int train_world_agree(trainer *t, int rc);
+/* The same over the ranks of communicator c (NULL: this rank alone), whose rank 0 is world rank
+ * `first_rank` (the message names world ranks). */
+int train_group_agree(trainer *t, adt_comm *c, int first_rank, int rc);
 void train_world_end(trainer *t);
 /* A failure while training: ends every rank, unless every rank agreed on it already. */
 void train_world_fatal(trainer *t, int rc);

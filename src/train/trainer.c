@@ -219,26 +219,51 @@ static int job_spec(trainer *t) {
     return apply_spec(t, &t->spec);
 }
 
-/* Balanced data parallelism in an elastic world runs one data-parallel replica per rank: the plan
- * the master made for the world must be that (data parallel over one mesh axis, no sharded
- * optimizer, one stage), or there must be none. */
-static int balance_fits_plan(trainer *t) {
+/* The plan the master made for this elastic world, if any (t->plan_text; none: *dp = 1): whether
+ * it is one data-parallel replica per rank (data parallel over one mesh axis, no sharded optimizer,
+ * one stage), its strategy and mesh. */
+static int master_plan(trainer *t, int *dp, char *strategy, size_t ns, char *mesh, size_t nm) {
+    *dp = 1, strategy[0] = 0, mesh[0] = 0;
     int rc = train_elastic_plan(t);
     if (rc || !t->plan_text) return rc;
     adt_plan p;
     memset(&p, 0, sizeof p);
     if (adt_plan_parse(&p, t->plan_text, "the master's plan")) return train_fail(EXIT_USAGE, "%s", adt_error_message());
-    int fits = p.mesh.ndim == 1 && p.n_stages <= 1 && p.microbatches <= 1 && !strncmp(p.strategy, "dp", 2) &&
-               !strchr(p.strategy, ',');
-    char mb[32], strategy[64];
-    adt_mesh_str(&p.mesh, mb, sizeof mb);
-    snprintf(strategy, sizeof strategy, "%s", p.strategy);
+    *dp = p.mesh.ndim == 1 && p.n_stages <= 1 && p.microbatches <= 1 && !strncmp(p.strategy, "dp", 2) &&
+          !strchr(p.strategy, ',');
+    adt_mesh_str(&p.mesh, mesh, nm);
+    snprintf(strategy, ns, "%s", p.strategy);
     adt_plan_free(&p);
-    if (fits) return 0;
+    return 0;
+}
+
+/* Balanced data parallelism in an elastic world runs one data-parallel replica per rank: the plan
+ * the master made for the world must be that, or there must be none. */
+static int balance_fits_plan(trainer *t) {
+    char mb[32], strategy[64];
+    int dp, rc = master_plan(t, &dp, strategy, sizeof strategy, mb, sizeof mb);
+    if (rc || dp) return rc;
     return train_fail(EXIT_USAGE, "--straggler-policy %s: balanced data parallelism runs one data-parallel replica "
                       "per rank under an elastic job, but the master planned %s on mesh %s for this world; expected "
                       "adtrain launch / master --strategy dp with a straggler policy",
                       adt_straggler_policy_name(t->o.bal.policy), strategy, mb);
+}
+
+/* --mode ps runs its own layout (the first --ps-servers ranks serve, the others work) whatever the
+ * master planned: a data-parallel plan - the master's default for a model it was told - goes
+ * unused, and says so; another was asked for (--strategy) and cannot act, so it is refused. */
+static int ps_fits_plan(trainer *t) {
+    char mb[32], strategy[64];
+    int dp, rc = master_plan(t, &dp, strategy, sizeof strategy, mb, sizeof mb);
+    if (rc || !t->plan_text) return rc;
+    if (dp) {
+        train_note(t, "elastic: the master's plan of this world (%s on mesh %s) is not used: under --mode ps the first "
+                   "%d ranks serve and the others work", strategy, mb, t->o.ps_servers);
+        return 0;
+    }
+    return train_fail(EXIT_USAGE, "--mode ps: the job's master planned %s on mesh %s for this world, which a "
+                      "parameter-server job cannot run (its first --ps-servers ranks serve, the others work); "
+                      "expected adtrain launch / master without --strategy, or --strategy dp", strategy, mb);
 }
 
 /* The parts a step runs through, from the options and the environment. Under an elastic agent
@@ -256,6 +281,7 @@ static int choose_parts(trainer *t) {
                               "and the straggler policy sets its split; expected no --split under adtrain agent");
         int rc = job_spec(t);
         if (!rc && t->o.bal.on) rc = balance_fits_plan(t);
+        if (!rc && t->o.ps_mode) rc = ps_fits_plan(t);
         if (rc) return rc;
     }
     /* with a plan, balanced data parallelism is the plan's batch split (plan_split.c) */
