@@ -402,7 +402,7 @@ int adt_gemm_self_check(adt_gemm_backend b) {
  * (onto the bias), input gradients (dY W^T) and weight gradients (x^T dY, AdamW: plain) are a
  * third each of its linear products (92% of the step's; the attention's small per-head products
  * are left out): qkv and the MLP's second layer forward in proportion to their sizes, the MLP's
- * second layer's input and weight gradients. The MLP (784-1024-1024-10, batch 128, x W^T, SGD
+ * first layer's input gradient and its second layer's weight gradient. The MLP (784-1024-1024-10, batch 128, x W^T, SGD
  * with momentum): the forwards 38.9% (onto the bias), the input gradients 22.1% (plain), the
  * weight gradients 38.9% (folded: accumulating), the latter split between the 1024-square and
  * 1024 x 784 ones, which backends rank differently. */
@@ -440,14 +440,15 @@ static double thread_cpu_s(void) {
  * alike; each backend first in turn), at one thread, the per-rank setting of data-parallel
  * training, in thread CPU time. The best, not the median, as the per-shape choice takes it:
  * other work on a shared machine only makes a product slower (thread CPU time still counts what
- * a busy sibling hyperthread or a shared cache costs it), and the backends may differ by less. Both forms of every shape are timed, whatever its shares: the
- * cache then shows what accumulating costs each backend. The accumulating form adds onto a
- * matrix of its own, as a step adds onto a momentum buffer or bias rows that no product has
- * just written: onto the C a plain product of the same shape had just written, the matmul
- * primitive's sum post-op measured as fast as its plain product, and 13-42% slower onto a
- * buffer of its own (1024 x 1024 x 128 and 1024 x 784 x 128, TN, Zen 5, three runs at load 8),
- * as the MLP's step runs it (its weight gradients folded into the momentum).
- * Its values stay of order K times the rounds, so no overflow nor subnormal. */
+ * a busy sibling hyperthread or a shared cache costs it), and the backends may differ by less.
+ * Both forms of every shape are timed, whatever its shares: the cache then shows what
+ * accumulating costs each backend. The accumulating form adds onto a matrix of its own, as a
+ * step adds onto a momentum buffer or bias rows that no product has just written: onto the C a
+ * plain product of the same shape had just written, the matmul primitive's sum post-op measured
+ * as fast as its plain product, and 13-42% slower onto a buffer of its own (1024 x 1024 x 128
+ * and 1024 x 784 x 128, TN, Zen 5, three runs at load 8), as the MLP's step runs it (its weight
+ * gradients folded into the momentum). Its values stay of order K times the rounds: no
+ * overflow, no subnormals. */
 static void probe(adt_gemm_info *info) {
     size_t big = 1024 * 1024;
     float *A = adt_malloc(big * sizeof *A), *B = adt_malloc(big * sizeof *B), *C = adt_malloc(big * sizeof *C),
