@@ -498,9 +498,12 @@ static void test_cache(void) {
     check_write_file(a.cache_path, text, strlen(text));
     CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_ONEDNN, "from_cache %d backend %d",
           b.from_cache, b.backend);
-    /* the file's "auto" is a note for readers: the rates decide */
-    CHECK(fabs(b.score[1] - 1.0 / 20 * 2) < 1e-12, "score of the cached rates: %g, expected 0.1 (two steps at 20)",
-          b.score[1]);
+    /* the file's "auto" is a note for readers: the rates decide, by the probe's shares */
+    double shares = 0.0;
+    for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+        shares += adt_gemm_probe_shapes()[i].share_plain + adt_gemm_probe_shapes()[i].share_acc;
+    CHECK(fabs(b.score[1] - shares / 20) < 1e-12 && fabs(b.score[2] - shares / 15) < 1e-12,
+          "scores of the cached rates: %g, %g, expected %g, %g", b.score[1], b.score[2], shares / 20, shares / 15);
 
     /* an unwritable cache directory is not fatal */
     char blocked[600];

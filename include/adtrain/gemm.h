@@ -39,7 +39,7 @@ typedef struct adt_gemm_shape {
     double share_plain, share_acc;
 } adt_gemm_shape;
 
-#define ADT_GEMM_PROBE_SHAPES 8
+#define ADT_GEMM_PROBE_SHAPES 11
 /* The cache file's format; a file of another (or none: the layers before it timed no
  * accumulating product) is measured again and rewritten. */
 #define ADT_GEMM_CACHE_VERSION 2
