@@ -444,8 +444,9 @@ static void test_cache(void) {
                   a.rate[k][i], a.rate_acc[k][i]);
 
     /* corrupt files: each refused by the reader; select then measures again (no error) and
-     * rewrites the file valid, shown on three of them (one path in select, whatever the reason:
-     * a probe each, so not on all) */
+     * rewrites the file valid, shown on the format-1 file that every machine holds after an
+     * upgrade (one path in select, whatever the reason; a probe costs about a second, so not on
+     * every case) */
     const char *bad[] = {
         "",
         "{",
@@ -481,7 +482,7 @@ static void test_cache(void) {
         CHECK(check_write_file(a.cache_path, text, strlen(text)) == 0, "cannot write %s", a.cache_path);
         adt_gemm_info r;
         CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) < 0, "corrupt file %zu read as valid", c);
-        if (c != 1 && c != 4 && c != 8) continue;
+        if (c != 8) continue;
         CHECK(adt_gemm_select(&b, 1) == 0, "corrupt file %zu: %s", c, adt_error_message());
         CHECK(!b.from_cache, "corrupt file %zu was used", c);
         CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) == 0, "corrupt file %zu not rewritten: %s", c,
