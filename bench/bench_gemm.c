@@ -219,11 +219,15 @@ int main(int argc, char **argv) {
            "\"openblas\": \"%s\", \"onednn\": \"%s\", \"openblas_coretype\": \"%s\"",
            threads, rounds, adt_gemm_backend_name(), gi->key, adt_gemm_backend_version(ADT_GEMM_OPENBLAS),
            adt_gemm_backend_version(ADT_GEMM_ONEDNN), ct ? ct : "");
-    /* the probe the choice rests on (one thread, adt_gemm_probe_shapes) */
+    /* the probe the choice rests on (one thread, adt_gemm_probe_shapes; GFLOP/s with beta 0 and
+     * with beta 1, and the choice's score, ms per GFLOP of each step summed) */
     for (int b = 0; b < NB; b++) {
         printf(", \"probe_%s\": [", adt_gemm_backend_str((adt_gemm_backend)b));
         for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) printf("%s%.1f", i ? ", " : "", gi->rate[b][i]);
-        printf("]");
+        printf("], \"probe_acc_%s\": [", adt_gemm_backend_str((adt_gemm_backend)b));
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) printf("%s%.1f", i ? ", " : "", gi->rate_acc[b][i]);
+        printf("], \"probe_score_%s\": %.3f", adt_gemm_backend_str((adt_gemm_backend)b),
+               isfinite(gi->score[b]) ? gi->score[b] * 1e3 : -1.0);
     }
     printf(", \"probe_s\": %.3f}\n", gi->probe_s);
     int rc = 0;

@@ -1,8 +1,10 @@
 /*
  * test_gemm.c - the GEMM layer (src/ops/gemm.c): every backend against a naive double product,
  * the accumulation rule the executor's momentum fold relies on, the thread count reaching
- * oneDNN's OpenMP team, the cache file (written, read back, a corrupt or foreign one ignored and
- * rewritten), and ADT_GEMM (forcing, bad values, the CLI's refusal and --version line).
+ * oneDNN's OpenMP team, the automatic choice (adt_gemm_choose on made-up rates, plain and
+ * accumulating), the cache file (written, read back, a corrupt, foreign or older-format one
+ * ignored and rewritten), and ADT_GEMM (forcing, bad values, the CLI's refusal and --version
+ * line).
  *
  * Shapes and values are fresh each run (seed from the clock unless ADT_TEST_SEED is set; a
  * failing run prints it).
@@ -315,6 +317,60 @@ static void test_threads(void) {
     random_cases(ADT_GEMM_ONEDNN, 10);
 }
 
+/* ---- the automatic choice ------------------------------------------------------------------ */
+
+/* adt_gemm_choose on made-up rates, against scores worked out by hand: backend 2 is fast on
+ * plain products and slow on accumulating ones, backend 1 even on both, backend 0 slow on both.
+ * One step's products (the others' shares 0) are mostly accumulating, then mostly plain. */
+static void test_choose(void) {
+    adt_gemm_shape sh[ADT_GEMM_PROBE_SHAPES] = {{0}};
+    adt_gemm_info in = {0};
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) in.check_ok[b] = 1;
+    for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+        in.rate[0][i] = in.rate_acc[0][i] = 90.0;
+        in.rate[1][i] = in.rate_acc[1][i] = 150.0;
+        in.rate[2][i] = 200.0, in.rate_acc[2][i] = 100.0;
+    }
+    double score[ADT_GEMM_N_BACKENDS];
+    /* accumulating dominates: 2 costs 0.2/200 + 0.8/100 = 9 ms per GFLOP, 1 costs 1/150 = 6.67 */
+    sh[0].share_plain = 0.2, sh[1].share_acc = 0.8;
+    CHECK(adt_gemm_choose(&in, sh, score) == ADT_GEMM_ONEDNN, "mostly accumulating: chose %d", (int)adt_gemm_choose(&in, sh, NULL));
+    CHECK(fabs(score[2] - 0.009) < 1e-12 && fabs(score[1] - 1.0 / 150) < 1e-12 && fabs(score[0] - 1.0 / 90) < 1e-12,
+          "scores %g %g %g", score[0], score[1], score[2]);
+    /* plain dominates: 2 costs 0.8/200 + 0.2/100 = 6 ms, 1 still 6.67 */
+    sh[0].share_plain = 0.8, sh[1].share_acc = 0.2;
+    CHECK(adt_gemm_choose(&in, sh, score) == ADT_GEMM_ONEDNN_MATMUL && fabs(score[2] - 0.006) < 1e-12,
+          "mostly plain: chose %d, score %g", (int)adt_gemm_choose(&in, sh, NULL), score[2]);
+    /* a rate where the share is 0 does not count; one missing where the share is not, does */
+    in.rate_acc[2][5] = 0.0;
+    CHECK(adt_gemm_choose(&in, sh, NULL) == ADT_GEMM_ONEDNN_MATMUL, "an unused form's missing rate counted");
+    in.rate_acc[2][1] = 0.0;
+    CHECK(adt_gemm_choose(&in, sh, score) == ADT_GEMM_ONEDNN && isinf(score[2]), "a missing rate: score %g", score[2]);
+    /* the fastest backend failing its check is never chosen; none passing means OpenBLAS */
+    in.rate_acc[2][1] = 100.0, in.check_ok[2] = 0;
+    CHECK(adt_gemm_choose(&in, sh, score) == ADT_GEMM_ONEDNN && isinf(score[2]), "a failed backend: score %g", score[2]);
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) in.check_ok[b] = 0;
+    CHECK(adt_gemm_choose(&in, sh, NULL) == ADT_GEMM_OPENBLAS, "no backend passed");
+    /* two steps count per GFLOP each: backend 2 wins the first by 10% and loses the second by
+     * 30%; how many shapes or multiply-adds each step has does not enter */
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) in.check_ok[b] = 1;
+    memset(sh, 0, sizeof sh);
+    for (int i = 0; i < 6; i++) sh[i].share_plain = 1.0 / 6, in.rate[1][i] = 100.0, in.rate[2][i] = 110.0;
+    sh[6].share_acc = 1.0, in.rate_acc[1][6] = 100.0, in.rate_acc[2][6] = 100.0 / 1.3;
+    CHECK(adt_gemm_choose(&in, sh, NULL) == ADT_GEMM_ONEDNN, "the step of one shape did not count as one step");
+
+    /* the probe's own table: two steps, each's shares summing to 1, every shape standing for some */
+    const adt_gemm_shape *p = adt_gemm_probe_shapes();
+    double sum_gpt = 0.0, sum_mlp = 0.0;
+    for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+        CHECK(p[i].share_plain + p[i].share_acc > 0 && p[i].M > 0 && p[i].N > 0 && p[i].K > 0, "probe shape %d", i);
+        if (!strcmp(p[i].step, "gpt-s")) sum_gpt += p[i].share_plain + p[i].share_acc;
+        else if (!strcmp(p[i].step, "mlp")) sum_mlp += p[i].share_plain + p[i].share_acc;
+        else CHECK(0, "probe shape %d of step %s", i, p[i].step);
+    }
+    CHECK(fabs(sum_gpt - 1) < 1e-3 && fabs(sum_mlp - 1) < 1e-3, "shares sum to %g (gpt-s), %g (mlp)", sum_gpt, sum_mlp);
+}
+
 /* ---- cache and ADT_GEMM ------------------------------------------------------------------ */
 
 static char g_cache_home[512];
@@ -322,6 +378,36 @@ static char g_cache_home[512];
 static void env_set(const char *k, const char *v) {
     if (v) setenv(k, v, 1);
     else unsetenv(k);
+}
+
+/* A cache file for `key`: each backend's check and rates (one number for every shape and form
+ * of a backend), in format `version` (0: none, as the layers before it wrote). Spoilers for
+ * the corrupt cases: first, when not NULL, replaces OpenBLAS's first plain rate ("" drops it);
+ * acc = 0 leaves out the accumulating rates. */
+static void cache_text(char *buf, size_t n, const char *key, int version, const int ok[3], const double rate[3],
+                       const char *first, int acc) {
+    char r[3][256], ver[32] = "";
+    for (int b = 0; b < 3; b++) {
+        int o = 0;
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+            if (b == 0 && i == 0 && first) {
+                o += snprintf(r[b] + o, sizeof r[b] - (size_t)o, "%s%s", first, *first ? "," : "");
+                continue;
+            }
+            o += snprintf(r[b] + o, sizeof r[b] - (size_t)o, "%g%s", rate[b], i + 1 < ADT_GEMM_PROBE_SHAPES ? "," : "");
+        }
+    }
+    if (version) snprintf(ver, sizeof ver, "\"version\": %d, ", version);
+    int o = snprintf(buf, n,
+                     "{%s\"key\": \"%s\", \"check\": {\"openblas\": %s, \"onednn\": %s, \"onednn-matmul\": %s}, "
+                     "\"gflops\": {\"openblas\": [%s], \"onednn\": [%s], \"onednn-matmul\": [%s]}",
+                     ver, key, ok[0] ? "true" : "false", ok[1] ? "true" : "false", ok[2] ? "true" : "false", r[0], r[1],
+                     r[2]);
+    if (acc)
+        o += snprintf(buf + o, n - (size_t)o,
+                      ", \"gflops_acc\": {\"openblas\": [%s], \"onednn\": [%s], \"onednn-matmul\": [%s]}", r[0],
+                      r[1], r[2]);
+    snprintf(buf + o, n - (size_t)o, "}");
 }
 
 static void test_cache(void) {
@@ -339,7 +425,10 @@ static void test_cache(void) {
     CHECK(!a.from_cache && !a.forced, "a first select measured (from_cache %d)", a.from_cache);
     CHECK(a.check_ok[0] && a.check_ok[1], "checks %d %d", a.check_ok[0], a.check_ok[1]);
     for (int k = 0; k < ADT_GEMM_N_BACKENDS; k++)
-        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) CHECK(a.rate[k][i] > 0, "rate[%d][%d] = %g", k, i, a.rate[k][i]);
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+            CHECK(a.rate[k][i] > 0 && a.rate_acc[k][i] > 0, "rate[%d][%d] = %g, accumulating %g", k, i, a.rate[k][i],
+                  a.rate_acc[k][i]);
+    CHECK(a.backend == adt_gemm_choose(&a, adt_gemm_probe_shapes(), NULL), "the probe's backend is not its rates' choice");
     struct stat st;
     CHECK(stat(a.cache_path, &st) == 0 && st.st_size > 0, "no cache file at %s", a.cache_path);
 
@@ -349,10 +438,15 @@ static void test_cache(void) {
     CHECK(b.backend == a.backend, "cached choice %d, measured %d", b.backend, a.backend);
     for (int k = 0; k < ADT_GEMM_N_BACKENDS; k++)
         for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
-            CHECK(fabs(b.rate[k][i] - a.rate[k][i]) <= 1e-12 * a.rate[k][i], "rate[%d][%d] read back as %.17g, written %.17g", k, i, b.rate[k][i],
-                  a.rate[k][i]);
+            CHECK(fabs(b.rate[k][i] - a.rate[k][i]) <= 1e-12 * a.rate[k][i] &&
+                      fabs(b.rate_acc[k][i] - a.rate_acc[k][i]) <= 1e-12 * a.rate_acc[k][i],
+                  "rate[%d][%d] read back as %.17g / %.17g, written %.17g / %.17g", k, i, b.rate[k][i], b.rate_acc[k][i],
+                  a.rate[k][i], a.rate_acc[k][i]);
 
-    /* corrupt files: each ignored (measured again, no error) and rewritten valid */
+    /* corrupt files: each refused by the reader; select then measures again (no error) and
+     * rewrites the file valid, shown on the format-1 file that every machine holds after an
+     * upgrade (one path in select, whatever the reason; a probe costs about a second, so not on
+     * every case) */
     const char *bad[] = {
         "",
         "{",
@@ -362,45 +456,55 @@ static void test_cache(void) {
         "\"gflops\": {\"openblas\": [1,1,1,1], \"onednn\": [1,1,1,1]}}",
         NULL, /* right key, a negative rate */
         NULL, /* right key, a rate missing */
+        NULL, /* right key, no accumulating rates */
+        NULL, /* right key and rates, format 1 (no version: a layer that timed no accumulating form) */
+        NULL, /* right key and rates, a later format */
     };
+    const int all_ok[3] = {1, 1, 1};
+    const double ones[3] = {1, 1, 1};
+    { /* the cases below spoil this file, which as written is valid */
+        char text[4096];
+        cache_text(text, sizeof text, a.key, ADT_GEMM_CACHE_VERSION, all_ok, ones, NULL, 1);
+        adt_gemm_info r;
+        CHECK(check_write_file(a.cache_path, text, strlen(text)) == 0 && adt_gemm_cache_read(a.cache_path, a.key, &r) == 0,
+              "the unspoilt file: %s", adt_error_message());
+    }
     for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
-        char text[2048];
-        if (c == 5 || c == 6) {
-            snprintf(text, sizeof text,
-                     "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true}, "
-                     "\"gflops\": {\"openblas\": [1,1,1,%s], \"onednn\": [1,1,1,1]}}",
-                     a.key, c == 5 ? "-4" : "");
-            if (c == 6) { /* drop the trailing comma left by the empty rate */
-                char *p = strstr(text, "1,1,1,]");
-                if (p) memmove(p + 5, p + 6, strlen(p + 6) + 1);
-            }
+        char text[4096];
+        if (c >= 5) {
+            const int version[] = {ADT_GEMM_CACHE_VERSION, ADT_GEMM_CACHE_VERSION, ADT_GEMM_CACHE_VERSION, 0,
+                                   ADT_GEMM_CACHE_VERSION + 1};
+            cache_text(text, sizeof text, a.key, version[c - 5], all_ok, ones, c == 5 ? "-4" : c == 6 ? "" : NULL,
+                       c != 7);
         } else {
             snprintf(text, sizeof text, "%s", bad[c]);
         }
         CHECK(check_write_file(a.cache_path, text, strlen(text)) == 0, "cannot write %s", a.cache_path);
         adt_gemm_info r;
         CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) < 0, "corrupt file %zu read as valid", c);
+        if (c != 8) continue;
         CHECK(adt_gemm_select(&b, 1) == 0, "corrupt file %zu: %s", c, adt_error_message());
         CHECK(!b.from_cache, "corrupt file %zu was used", c);
         CHECK(adt_gemm_cache_read(a.cache_path, a.key, &r) == 0, "corrupt file %zu not rewritten: %s", c,
               adt_error_message());
     }
     /* a hand-made valid file decides: oneDNN failing its checks means OpenBLAS, whatever the rates */
-    char text[1024];
-    snprintf(text, sizeof text,
-             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": false, \"onednn-matmul\": false}, "
-             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [0,0,0,0], \"onednn-matmul\": [0,0,0,0]}}",
-             a.key);
+    char text[4096];
+    const int blas_only[3] = {1, 0, 0};
+    cache_text(text, sizeof text, a.key, ADT_GEMM_CACHE_VERSION, blas_only, (const double[3]){10, 0, 0}, NULL, 1);
     check_write_file(a.cache_path, text, strlen(text));
     CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_OPENBLAS, "from_cache %d backend %d",
           b.from_cache, b.backend);
-    snprintf(text, sizeof text,
-             "{\"key\": \"%s\", \"check\": {\"openblas\": true, \"onednn\": true, \"onednn-matmul\": true}, "
-             "\"gflops\": {\"openblas\": [10,10,10,10], \"onednn\": [20,20,20,20], \"onednn-matmul\": [15,15,15,15]}}",
-             a.key);
+    cache_text(text, sizeof text, a.key, ADT_GEMM_CACHE_VERSION, all_ok, (const double[3]){10, 20, 15}, NULL, 1);
     check_write_file(a.cache_path, text, strlen(text));
     CHECK(adt_gemm_select(&b, 1) == 0 && b.from_cache && b.backend == ADT_GEMM_ONEDNN, "from_cache %d backend %d",
           b.from_cache, b.backend);
+    /* the file's "auto" is a note for readers: the rates decide, by the probe's shares */
+    double shares = 0.0;
+    for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+        shares += adt_gemm_probe_shapes()[i].share_plain + adt_gemm_probe_shapes()[i].share_acc;
+    CHECK(fabs(b.score[1] - shares / 20) < 1e-12 && fabs(b.score[2] - shares / 15) < 1e-12,
+          "scores of the cached rates: %g, %g, expected %g, %g", b.score[1], b.score[2], shares / 20, shares / 15);
 
     /* an unwritable cache directory is not fatal */
     char blocked[600];
@@ -474,7 +578,9 @@ static void test_cli(void) {
     }
     env_set("ADT_GEMM", "auto");
     rc = run_adtrain("--version", out, sizeof out);
-    CHECK(rc == 0 && contains(out, "chosen by the"), "exit %d: %s", rc, out);
+    CHECK(rc == 0 && contains(out, "chosen by the") && contains(out, "gemm probe: ms per GFLOP") &&
+              contains(out, " onednn-matmul "),
+          "exit %d: %s", rc, out);
     env_set("ADT_GEMM", old_gemm);
     free(old_gemm);
 }
@@ -500,6 +606,7 @@ int main(void) {
     RUN(test_reference_catches);
     RUN(test_acc_exact);
     RUN(test_threads);
+    RUN(test_choose);
     RUN(test_cache);
     RUN(test_env);
     RUN(test_cli);

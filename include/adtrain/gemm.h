@@ -6,8 +6,10 @@
  * call (or adt_gemm_init) the layer decides: the backend ADT_GEMM names
  * (openblas|onednn|onednn-matmul) runs every product; under auto (the default) each backend is
  * checked against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
- * leading dimensions), a short speed probe on training shapes names the default one, and each
- * product shape is run by the backend that was fastest on its first call (see gemm.c). The check
+ * leading dimensions) and a short speed probe on training shapes, each timed plain (beta = 0)
+ * and accumulating (beta = 1) and weighted as the steps run them, names the one every product
+ * runs; ADT_GEMM=tune runs each product shape on the backend that was fastest on its first
+ * call (see gemm.c). The check
  * and probe are cached per machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...),
  * the key naming the CPU model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or
  * corrupt file is ignored and rewritten.
@@ -25,18 +27,27 @@ typedef enum adt_gemm_backend {
     ADT_GEMM_N_BACKENDS
 } adt_gemm_backend;
 
-/* The probe's shapes: C[M,N] = op(A) op(B) with A [M,K] (or [K,M] if ta) and B [K,N] (or [N,K]
- * if tb), dense leading dimensions. */
+/* A probe shape: C[M,N] = op(A) op(B) with A [M,K] (or [K,M] if ta) and B [K,N] (or [N,K] if
+ * tb), dense leading dimensions, and what it stands for in its training step: the share of the
+ * step's multiply-adds run in this shape with beta = 0 (plain) and with beta = 1 (accumulating:
+ * a linear layer's product onto its bias rows, a gradient folded into its momentum). The
+ * shares of one step's shapes sum to 1. */
 typedef struct adt_gemm_shape {
     int64_t M, N, K;
     int ta, tb;
+    const char *step;               /* "gpt-s", "mlp" */
+    double share_plain, share_acc;
 } adt_gemm_shape;
 
-#define ADT_GEMM_PROBE_SHAPES 4
+#define ADT_GEMM_PROBE_SHAPES 11
+/* The cache file's format; a file of another (or none: the layers before it timed no
+ * accumulating product) is measured again and rewritten. */
+#define ADT_GEMM_CACHE_VERSION 2
 
 /* The layer's decision and the evidence behind it (what a banner or a benchmark prints).
- * rate[b][s] is backend b's median GFLOP/s on probe shape s at one thread; 0 where it was not
- * measured (a forced choice measures nothing, a backend that failed its check is not timed). */
+ * rate[b][s] is backend b's median GFLOP/s on probe shape s at one thread with beta = 0,
+ * rate_acc[b][s] the same with beta = 1; 0 where it was not measured (a forced choice measures
+ * nothing, a backend that failed its check is not timed). score[b]: adt_gemm_choose's estimate. */
 typedef struct adt_gemm_info {
     adt_gemm_backend backend;              /* forced: the one adt_gemm runs; auto: the probe's default */
     int forced;                            /* 1: ADT_GEMM named it */
@@ -47,6 +58,9 @@ typedef struct adt_gemm_info {
     int from_cache;                        /* 1: the check and probe came from the cache file */
     int check_ok[ADT_GEMM_N_BACKENDS];     /* 1: passed the correctness check */
     double rate[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES];
+    double rate_acc[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES];
+    double score[ADT_GEMM_N_BACKENDS];     /* seconds per GFLOP of each step, summed; INFINITY:
+                                            * not a candidate; 0 when nothing was measured */
     double probe_s;                        /* seconds the check and probe took (0 if cached) */
     char key[512];                         /* CPU model, library versions, OPENBLAS_CORETYPE */
     char cache_path[1024];                 /* "" when no cache directory could be named */
@@ -98,6 +112,17 @@ int adt_gemm_cache_write(const char *path, const adt_gemm_info *info);
 int adt_gemm_self_check(adt_gemm_backend b);
 /* The probe's shapes (GPT-S and MLP training products), ADT_GEMM_PROBE_SHAPES of them. */
 const adt_gemm_shape *adt_gemm_probe_shapes(void);
+/* The automatic choice from measured rates (a pure function: the probe and the cache reader
+ * call it): among the backends that passed their check (info->check_ok), the one of least
+ * score = sum over the shapes of share_plain / rate + share_acc / rate_acc (info's rates of the
+ * same index, GFLOP/s), the seconds each step's products would take per GFLOP, summed over the
+ * steps. A rate of 0 where its share is not is an infinite score. OpenBLAS when no backend
+ * passed. score (may be NULL) receives each backend's score (INFINITY for one that failed). */
+adt_gemm_backend adt_gemm_choose(const adt_gemm_info *info, const adt_gemm_shape shapes[ADT_GEMM_PROBE_SHAPES],
+                                 double score[ADT_GEMM_N_BACKENDS]);
+/* Why the layer runs its backend, for banners: "ADT_GEMM", "chosen by the probe" or "chosen by
+ * the cached probe" (inits). */
+const char *adt_gemm_reason(void);
 
 const adt_gemm_info *adt_gemm_get_info(void);      /* the layer's decision (inits) */
 const char *adt_gemm_backend_name(void);           /* "openblas", "onednn" or "onednn-matmul" (inits) */

@@ -52,8 +52,16 @@ int main(int argc, char **argv) {
         }
         const adt_gemm_info *gi = adt_gemm_get_info();
         printf("gemm %s: %s (%s%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
-               gi->forced ? "ADT_GEMM" : gi->from_cache ? "chosen by the cached probe" : "chosen by the probe",
+               adt_gemm_reason(),
                gi->per_shape ? "; ADT_GEMM=tune: each shape runs the backend its first product times fastest" : "");
+        if (!gi->forced) { /* the probe's evidence: its estimate of each backend on the two steps */
+            printf("gemm probe: ms per GFLOP of the GPT-S and MLP steps' products (plain and accumulating as the "
+                   "steps run them), summed:");
+            for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+                if (gi->check_ok[b]) printf(" %s %.2f", adt_gemm_backend_str(b), gi->score[b] * 1e3);
+                else printf(" %s failed its check", adt_gemm_backend_str(b));
+            printf("\n");
+        }
         for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
             if (b != (int)gi->backend) printf("gemm %s: %s (available)\n", adt_gemm_backend_str(b), adt_gemm_backend_version(b));
         return 0;

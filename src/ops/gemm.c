@@ -6,8 +6,9 @@
  * CPU it runs its AVX2 (Haswell) ones at about half the FMA peak, while oneDNN's JIT sgemm uses
  * AVX-512. Neither wins on every CPU, nor on every shape of one CPU, so the layer measures: a
  * correctness check against a naive double product (a backend that is wrong is never chosen,
- * however fast), a speed probe on training shapes at one thread (the default backend; both
- * cached per machine) that names the backend every product runs. ADT_GEMM=tune adds each product
+ * however fast), a speed probe on training shapes at one thread, each timed plain and
+ * accumulating and weighted as the steps run them (the default backend; both cached per
+ * machine) that names the backend every product runs. ADT_GEMM=tune adds each product
  * shape's own timing on its first call, which picks the backend that shape runs: faster where
  * backends split the shapes, but a near tie may fall either way in another process, so runs that
  * resume or compare bit for bit keep the default (as PyTorch keeps cudnn.benchmark off).
@@ -391,13 +392,35 @@ int adt_gemm_self_check(adt_gemm_backend b) {
 
 /* ---- the speed probe ----------------------------------------------------------------------- */
 
-/* GPT-S (8 x 128 tokens, width 256): the qkv projection forward, and the second MLP layer's
- * weight gradient; the MLP (batch 128, 1024 wide): a layer forward and its input gradient. */
+/* The two reference steps' products in the form each step runs them (bench/bench_core's
+ * models; which products accumulate is the executor's: a linear layer's product onto its bias
+ * rows, an SGD weight gradient folded into its momentum buffer), each shape standing for a kind
+ * of product with the share of its step's multiply-adds that kind has. An accumulating product
+ * costs some backends more than its plain form (the matmul primitive's sum post-op), so a probe
+ * of plain products alone can pick the backend slower on the step.
+ * GPT-S (8 x 128 tokens, width 256, 4 layers; x W with W [in, out]): the linear layers' forward
+ * (onto the bias), input gradients (dY W^T) and weight gradients (x^T dY, AdamW: plain) are a
+ * third each of its linear products (92% of the step's; the attention's small per-head products
+ * are left out): the qkv and MLP-out forwards in proportion to their sizes; the MLP's two
+ * layers' input gradients, and their weight gradients, a sixth each (backends rank the two
+ * shapes of one kind differently: dnnl_sgemm ran the 1024 x 256 x 1024 TN one 13% slower than
+ * the matmul primitive, the 256 x 1024 x 1024 one 2%; so neither stands for both). The MLP (784-1024-1024-10, batch 128, x W^T, SGD
+ * with momentum): the forwards 38.9% (onto the bias), the input gradients 22.1% (plain), the
+ * weight gradients 38.9% (folded: accumulating), forwards and weight gradients each split
+ * between the 1024-square layer's and the 784-input one's, which backends rank differently
+ * (the primitive ran the first forward 13% faster than dnnl_sgemm, the second at par). */
 static const adt_gemm_shape probe_shapes[ADT_GEMM_PROBE_SHAPES] = {
-    {1024, 768, 256, 0, 0},
-    {1024, 256, 1024, 1, 0},
-    {128, 1024, 1024, 0, 0},
-    {128, 1024, 1024, 0, 1},
+    {1024, 768, 256, 0, 0, "gpt-s", 0.0, 1.0 / 7}, /* 3 : 4, a third together */
+    {1024, 256, 1024, 0, 0, "gpt-s", 0.0, 4.0 / 21},
+    {1024, 256, 1024, 0, 1, "gpt-s", 1.0 / 6, 0.0},
+    {1024, 1024, 256, 0, 1, "gpt-s", 1.0 / 6, 0.0},
+    {1024, 256, 1024, 1, 0, "gpt-s", 1.0 / 6, 0.0},
+    {256, 1024, 1024, 1, 0, "gpt-s", 1.0 / 6, 0.0},
+    {128, 1024, 1024, 0, 1, "mlp", 0.0, 0.2214},
+    {128, 1024, 784, 0, 1, "mlp", 0.0, 0.1679},
+    {128, 1024, 1024, 0, 0, "mlp", 0.2214, 0.0},
+    {1024, 1024, 128, 1, 0, "mlp", 0.0, 0.2214},
+    {1024, 784, 128, 1, 0, "mlp", 0.0, 0.1679},
 };
 
 const adt_gemm_shape *adt_gemm_probe_shapes(void) { return probe_shapes; }
@@ -407,7 +430,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-#define PROBE_ROUNDS 3
+#define PROBE_ROUNDS 5
 
 /* This thread's CPU time. At one thread both libraries compute on the calling thread, so its CPU
  * time is the product's own, whatever else the machine runs: on a shared machine wall time also
@@ -418,45 +441,61 @@ static double thread_cpu_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Median GFLOP/s per backend and shape over PROBE_ROUNDS interleaved rounds (interleaving spreads
- * what the machine's other work does to caches over every backend alike), at one thread, the
- * per-rank setting of data-parallel training, in thread CPU time. */
+/* GFLOP/s per backend, shape and form (beta 0, beta 1): the best of PROBE_ROUNDS interleaved
+ * rounds (interleaving spreads what the machine's other work does to caches over every backend
+ * alike; each backend first in turn), at one thread, the per-rank setting of data-parallel
+ * training, in thread CPU time. The best, not the median, as the per-shape choice takes it:
+ * other work on a shared machine only makes a product slower (thread CPU time still counts what
+ * a busy sibling hyperthread or a shared cache costs it), and the backends may differ by less.
+ * Both forms of every shape are timed, whatever its shares: the cache then shows what
+ * accumulating costs each backend. The accumulating form adds onto a matrix of its own, as a
+ * step adds onto a momentum buffer or bias rows that no product has just written: onto the C a
+ * plain product of the same shape had just written, the matmul primitive's sum post-op measured
+ * as fast as its plain product, and 13-42% slower onto a buffer of its own (1024 x 1024 x 128
+ * and 1024 x 784 x 128, TN, Zen 5, three runs at load 8), as the MLP's step runs it (its weight
+ * gradients folded into the momentum). Its values stay of order K times the rounds: no
+ * overflow, no subnormals. */
 static void probe(adt_gemm_info *info) {
     size_t big = 1024 * 1024;
-    float *A = adt_malloc(big * sizeof *A), *B = adt_malloc(big * sizeof *B), *C = adt_malloc(big * sizeof *C);
+    float *A = adt_malloc(big * sizeof *A), *B = adt_malloc(big * sizeof *B), *C = adt_malloc(big * sizeof *C),
+          *Cacc = adt_malloc(big * sizeof *Cacc);
     uint64_t s = 7;
-    for (size_t i = 0; i < big; i++) A[i] = unit(&s), B[i] = unit(&s);
+    for (size_t i = 0; i < big; i++) A[i] = unit(&s), B[i] = unit(&s), Cacc[i] = unit(&s);
     int ob = openblas_get_num_threads(), om = omp_get_max_threads();
     openblas_set_num_threads(1);
     omp_set_num_threads(1);
     omp_applied = 1;
     int save = atomic_exchange(&g_threads, 1);
-    double t[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES][PROBE_ROUNDS];
+    double t[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES][2][PROBE_ROUNDS];
     for (int r = -1; r < PROBE_ROUNDS; r++) /* round -1 warms up (oneDNN compiles its kernels) */
         for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
-            for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
-                if (!info->check_ok[b]) continue;
-                const adt_gemm_shape *p = &probe_shapes[i];
-                double t0 = thread_cpu_s();
-                adt_gemm_with((adt_gemm_backend)b, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->ta ? p->M : p->K, B,
-                              p->tb ? p->K : p->N, 0.0f, C, p->N);
-                if (r >= 0) t[b][i][r] = thread_cpu_s() - t0;
-            }
+            for (int f = 0; f < 2; f++) /* f = 0: beta 0, f = 1: beta 1 */
+                for (int j = 0; j < ADT_GEMM_N_BACKENDS; j++) {
+                    int b = (j + (r < 0 ? 0 : r)) % ADT_GEMM_N_BACKENDS;
+                    if (!info->check_ok[b]) continue;
+                    const adt_gemm_shape *p = &probe_shapes[i];
+                    double t0 = thread_cpu_s();
+                    adt_gemm_with((adt_gemm_backend)b, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->ta ? p->M : p->K,
+                                  B, p->tb ? p->K : p->N, (float)f, f ? Cacc : C, p->N);
+                    if (r >= 0) t[b][i][f][r] = thread_cpu_s() - t0;
+                }
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
-        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
-            if (!info->check_ok[b]) {
-                info->rate[b][i] = 0.0;
-                continue;
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+            for (int f = 0; f < 2; f++) {
+                double *rate = f ? &info->rate_acc[b][i] : &info->rate[b][i];
+                if (!info->check_ok[b]) {
+                    *rate = 0.0;
+                    continue;
+                }
+                qsort(t[b][i][f], PROBE_ROUNDS, sizeof(double), cmp_double);
+                const adt_gemm_shape *p = &probe_shapes[i];
+                *rate = 2.0 * (double)(p->M * p->N * p->K) / t[b][i][f][0] * 1e-9;
             }
-            qsort(t[b][i], PROBE_ROUNDS, sizeof(double), cmp_double);
-            const adt_gemm_shape *p = &probe_shapes[i];
-            info->rate[b][i] = 2.0 * (double)(p->M * p->N * p->K) / t[b][i][PROBE_ROUNDS / 2] * 1e-9;
-        }
     atomic_store(&g_threads, save);
     if (ob > 0) openblas_set_num_threads(ob);
     omp_set_num_threads(om);
     omp_applied = 0;
-    free(A), free(B), free(C);
+    free(A), free(B), free(C), free(Cacc);
 }
 
 /* ---- the per-shape choice ------------------------------------------------------------------ */
@@ -558,17 +597,27 @@ int adt_gemm_route(int ta, int tb, int64_t M, int64_t N, int64_t K) {
     return -1;
 }
 
-/* The backend that does the probe's shapes in the least total time (each shape once). */
-static adt_gemm_backend fastest(const adt_gemm_info *info) {
+/* A share over its rate: the seconds per GFLOP of the step that part of it takes. */
+static double share_time(double share, double rate) {
+    if (share <= 0.0) return 0.0;
+    return rate > 0.0 ? share / rate : INFINITY;
+}
+
+/* Each step's estimate is per GFLOP of its products, so GPT-S's step, 17 times the MLP's
+ * multiply-adds, does not decide alone: the steps count alike. Ties go to the lower index. */
+adt_gemm_backend adt_gemm_choose(const adt_gemm_info *info, const adt_gemm_shape shapes[ADT_GEMM_PROBE_SHAPES],
+                                 double score[ADT_GEMM_N_BACKENDS]) {
     adt_gemm_backend best = ADT_GEMM_OPENBLAS;
     double best_t = INFINITY;
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
-        if (!info->check_ok[b]) continue;
-        double tt = 0.0;
-        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
-            const adt_gemm_shape *p = &probe_shapes[i];
-            tt += info->rate[b][i] > 0 ? 2.0 * (double)(p->M * p->N * p->K) / info->rate[b][i] : INFINITY;
+        double tt = INFINITY;
+        if (info->check_ok[b]) {
+            tt = 0.0;
+            for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++)
+                tt += share_time(shapes[i].share_plain, info->rate[b][i]) +
+                      share_time(shapes[i].share_acc, info->rate_acc[b][i]);
         }
+        if (score) score[b] = tt;
         if (tt < best_t) best_t = tt, best = (adt_gemm_backend)b;
     }
     return best;
@@ -636,14 +685,19 @@ int adt_gemm_cache_write(const char *path, const adt_gemm_info *info) {
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     if (slash && mkdir_p(dir)) return adt_error(ADT_ERR_IO, "gemm cache: cannot create %s: %s", dir, strerror(errno));
-    cJSON *j = cJSON_CreateObject(), *chk = cJSON_AddObjectToObject(j, "check"),
-          *rate = cJSON_AddObjectToObject(j, "gflops");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "version", ADT_GEMM_CACHE_VERSION);
     cJSON_AddStringToObject(j, "key", info->key);
-    cJSON_AddStringToObject(j, "auto", adt_gemm_backend_str(fastest(info)));
+    cJSON_AddStringToObject(j, "auto", adt_gemm_backend_str(adt_gemm_choose(info, probe_shapes, NULL)));
+    cJSON *chk = cJSON_AddObjectToObject(j, "check"), *rate = cJSON_AddObjectToObject(j, "gflops"),
+          *rate_acc = cJSON_AddObjectToObject(j, "gflops_acc");
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
         cJSON_AddBoolToObject(chk, backend_names[b], info->check_ok[b]);
-        cJSON *a = cJSON_AddArrayToObject(rate, backend_names[b]);
-        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(info->rate[b][i]));
+        cJSON *a = cJSON_AddArrayToObject(rate, backend_names[b]), *c = cJSON_AddArrayToObject(rate_acc, backend_names[b]);
+        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(info->rate[b][i]));
+            cJSON_AddItemToArray(c, cJSON_CreateNumber(info->rate_acc[b][i]));
+        }
     }
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
@@ -661,31 +715,46 @@ int adt_gemm_cache_read(const char *path, const char *key, adt_gemm_info *out) {
     free(text);
     if (!j) return adt_error(ADT_ERR_FORMAT, "%s: not JSON", path);
     rc = 0;
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "key"), *chk = cJSON_GetObjectItemCaseSensitive(j, "check"),
-                *rate = cJSON_GetObjectItemCaseSensitive(j, "gflops");
-    if (!cJSON_IsString(k) || strcmp(k->valuestring, key)) rc = adt_error(ADT_ERR_FORMAT, "%s: written for another machine or library", path);
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(j, "version"), *k = cJSON_GetObjectItemCaseSensitive(j, "key"),
+                *chk = cJSON_GetObjectItemCaseSensitive(j, "check");
+    const char *const forms[2] = {"gflops", "gflops_acc"};
+    const cJSON *rate[2] = {cJSON_GetObjectItemCaseSensitive(j, forms[0]), cJSON_GetObjectItemCaseSensitive(j, forms[1])};
+    if (!cJSON_IsNumber(ver))
+        rc = adt_error(ADT_ERR_FORMAT, "%s: no format version (an older layer's file), expected %d", path,
+                       ADT_GEMM_CACHE_VERSION);
+    else if (ver->valuedouble != ADT_GEMM_CACHE_VERSION)
+        rc = adt_error(ADT_ERR_FORMAT, "%s: format version %g, expected %d", path, ver->valuedouble,
+                       ADT_GEMM_CACHE_VERSION);
+    else if (!cJSON_IsString(k) || strcmp(k->valuestring, key))
+        rc = adt_error(ADT_ERR_FORMAT, "%s: written for another machine or library", path);
     for (int b = 0; !rc && b < ADT_GEMM_N_BACKENDS; b++) {
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(chk, backend_names[b]),
-                    *a = cJSON_GetObjectItemCaseSensitive(rate, backend_names[b]);
-        if (!cJSON_IsBool(c) || !cJSON_IsArray(a) || cJSON_GetArraySize(a) != ADT_GEMM_PROBE_SHAPES) {
-            rc = adt_error(ADT_ERR_FORMAT, "%s: check.%s or gflops.%s missing or malformed", path, backend_names[b],
-                           backend_names[b]);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(chk, backend_names[b]);
+        if (!cJSON_IsBool(c)) {
+            rc = adt_error(ADT_ERR_FORMAT, "%s: check.%s missing or not a boolean", path, backend_names[b]);
             break;
         }
         out->check_ok[b] = cJSON_IsTrue(c);
-        for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
-            const cJSON *v = cJSON_GetArrayItem(a, i);
-            double r = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
-            /* a passing backend has a rate; a failing one none */
-            if (!(r >= 0.0 && r < 1e7) || (out->check_ok[b] && r <= 0.0)) {
-                rc = adt_error(ADT_ERR_FORMAT, "%s: gflops.%s[%d] is not a rate", path, backend_names[b], i);
+        for (int f = 0; !rc && f < 2; f++) {
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(rate[f], backend_names[b]);
+            if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != ADT_GEMM_PROBE_SHAPES) {
+                rc = adt_error(ADT_ERR_FORMAT, "%s: %s.%s missing or not %d rates", path, forms[f], backend_names[b],
+                               ADT_GEMM_PROBE_SHAPES);
                 break;
             }
-            out->rate[b][i] = r;
+            for (int i = 0; i < ADT_GEMM_PROBE_SHAPES; i++) {
+                const cJSON *v = cJSON_GetArrayItem(a, i);
+                double r = cJSON_IsNumber(v) ? v->valuedouble : -1.0;
+                /* a passing backend has a rate; a failing one none */
+                if (!(r >= 0.0 && r < 1e7) || (out->check_ok[b] && r <= 0.0)) {
+                    rc = adt_error(ADT_ERR_FORMAT, "%s: %s.%s[%d] is not a rate", path, forms[f], backend_names[b], i);
+                    break;
+                }
+                (f ? out->rate_acc : out->rate)[b][i] = r;
+            }
         }
     }
     cJSON_Delete(j);
-    if (!rc) out->backend = fastest(out);
+    if (!rc) out->backend = adt_gemm_choose(out, probe_shapes, out->score);
     return rc;
 }
 
@@ -738,7 +807,7 @@ int adt_gemm_select(adt_gemm_info *out, int use_cache) {
     }
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) out->check_ok[b] = adt_gemm_self_check((adt_gemm_backend)b);
     probe(out);
-    out->backend = fastest(out);
+    out->backend = adt_gemm_choose(out, probe_shapes, out->score);
     out->probe_s = adt_now_s() - t0;
     if (!out->check_ok[ADT_GEMM_OPENBLAS] && !out->check_ok[ADT_GEMM_ONEDNN])
         adt_log(ADT_LOG_ERROR, "gemm: no backend passed the correctness check; running OpenBLAS");
@@ -773,3 +842,8 @@ const adt_gemm_info *adt_gemm_get_info(void) {
 }
 
 const char *adt_gemm_backend_name(void) { return adt_gemm_backend_str(adt_gemm_get_info()->backend); }
+
+const char *adt_gemm_reason(void) {
+    const adt_gemm_info *info = adt_gemm_get_info();
+    return info->forced ? "ADT_GEMM" : info->from_cache ? "chosen by the cached probe" : "chosen by the probe";
+}

@@ -521,10 +521,11 @@ void adt_trainer_print_banner(const adt_trainer *t, FILE *f) {
     else
         fprintf(f, "optim  sgd lr %g, momentum %g, weight decay %g", t->o.lr, t->o.momentum, t->o.weight_decay);
     fprintf(f, "; warmup %ld, %s\n", t->o.warmup, t->o.cosine ? "cosine to 10% of lr" : "constant");
-    fprintf(f, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d, gemm %s (%s); %.3g GFLOP/step; "
+    fprintf(f, "run    %ld steps x batch %ld, shuffle %s, seed %llu, threads %d, gemm %s (%s, %s); %.3g GFLOP/step; "
             "eval %s\n",
             t->o.steps, t->o.batch, t->o.shuffle ? "on" : "off", (unsigned long long)t->o.seed, t->o.threads,
-            adt_gemm_backend_name(), adt_gemm_backend_version(adt_gemm_get_info()->backend), t->step_flops * 1e-9,
+            adt_gemm_backend_name(), adt_gemm_backend_version(adt_gemm_get_info()->backend), adt_gemm_reason(),
+            t->step_flops * 1e-9,
             t->o.eval_every > 0 ? "on" : "off");
     if (t->run->banner) t->run->banner(t, f);
 }
