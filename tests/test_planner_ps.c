@@ -358,14 +358,38 @@ static void test_cli_ps_flags(void) {
         rc = run_adtrain(args, out, sizeof out);
         CHECK(rc == 2 && contains(out, bad[i][1]), "'%s': exit %d:\n%.2000s", bad[i][0], rc, out);
     }
-    snprintf(args, sizeof args, "plan --model %s --devices 4 --batch 32 --strategy dp --ps-sync async", cfg);
+    /* --mode collective: the collective plan written although ps is predicted faster; --mode ps
+     * on a model the collective plans suit: ps chosen anyway */
+    snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 4 --batch 32 --strategy auto --optimizer sgd "
+             "--input-s 0 --data synthetic:dlrm --mode collective -o %s", cfg, A100, plan);
     rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 2 && contains(out, "--ps-sync goes with --cluster"), "no cluster: exit %d:\n%.2000s", rc, out);
-    snprintf(args, sizeof args, "plan --model configs/mlp-mnist.json --cluster %s --devices 2 --batch 32 --strategy dp "
-             "--input-s 0 --ps-servers 1", A100);
+    text = mpi_slurp(plan);
+    CHECK(rc == 0 && !contains(out, "chosen      the parameter-server") && text && !contains(text, "\"mode\"") &&
+          contains(text, "\"strategy\""), "--mode collective: exit %d:\n%.2000s\n%s", rc, out, text ? text : "");
+    free(text);
+    snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 2 --batch 8192 --strategy auto --input-s 0 "
+             "--data synthetic:criteo-zipf --mode ps --json", check_tmp_path("dense.json"), A100);
+    write_text(check_tmp_path("dense.json"), "{\"type\":\"dlrm\",\"n_dense\":512,\"n_tables\":2,\"table_rows\":[10,10],"
+               "\"emb_dim\":64,\"bottom\":[4096,4096,64],\"top\":[4096,4096,1]}");
     rc = run_adtrain(args, out, sizeof out);
-    CHECK(rc == 2 && contains(out, "--ps-servers: the parameter-server mode holds a DLRM"), "an MLP: exit %d:\n%.2000s",
-          rc, out);
+    CHECK(rc == 0 && contains(out, "\"mode\":\t\"ps\""), "--mode ps: exit %d:\n%.2000s", rc, out);
+    unlink(check_tmp_path("dense.json"));
+    /* refused: {model (NULL: the DLRM), on the A100 cluster, the rest, what the message says} */
+    const struct { const char *model; int cluster; const char *rest, *says; } refused[] = {
+        {NULL, 0, "--devices 4 --batch 32 --strategy dp --mode ps", "--mode goes with --strategy auto"},
+        {NULL, 1, "--devices 4 --strategy auto --mode hybrid", "--mode: expected 'collective' or 'ps'"},
+        {"configs/mlp-mnist.json", 1, "--devices 2 --batch 32 --strategy auto --input-s 0 --mode ps",
+         "--mode ps: the parameter-server mode holds a DLRM"},
+        {NULL, 0, "--devices 4 --batch 32 --strategy dp --ps-sync async", "--ps-sync goes with --cluster"},
+        {"configs/mlp-mnist.json", 1, "--devices 2 --batch 32 --strategy dp --input-s 0 --ps-servers 1",
+         "--ps-servers: the parameter-server mode holds a DLRM"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        snprintf(args, sizeof args, "plan --model %s %s%s %s", refused[i].model ? refused[i].model : cfg,
+                 refused[i].cluster ? "--cluster " : "", refused[i].cluster ? A100 : "", refused[i].rest);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 2 && contains(out, refused[i].says), "'%s': exit %d:\n%.2000s", args, rc, out);
+    }
     unlink(cfg), unlink(plan);
 }
 

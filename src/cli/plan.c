@@ -73,6 +73,7 @@ static void plan_usage(FILE *f) {
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
             "A DLRM's parameter-server mode is priced beside (--explain, --json \"ps\"; auto chooses it when\n"
             "predicted faster), by default sync with prefetch 1 and the servers searched; its setting:\n"
+            "  --mode collective|ps   auto chooses only a collective plan, or the parameter-server mode\n"
             "  --ps-servers S     server ranks (as adtrain train --ps-servers)\n"
             "  --ps-sync MODE     sync, ssp:K or async (as adtrain train --ps-sync)\n"
             "  --ps-prefetch D    steps of rows pulled ahead (as adtrain train --ps-prefetch)\n"
@@ -123,6 +124,11 @@ static int plan_apply(void *opts, const char *f, const char *v) {
     else if (!strcmp(f, "--ps-servers")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->a.ps_servers);
     else if (!strcmp(f, "--ps-prefetch")) return cli_parse_long("plan", f, v, 0, 64, &o->a.ps_prefetch);
     else if (!strcmp(f, "--ps-sync")) o->a.ps_sync = v;
+    else if (!strcmp(f, "--mode")) {
+        if (strcmp(v, "collective") && strcmp(v, "ps"))
+            return plan_fail(2, "--mode: expected 'collective' or 'ps' (the mode --strategy auto chooses in), got '%s'", v);
+        o->a.mode = v;
+    }
     else if (!strcmp(f, "--json")) o->a.json = 1;
     else if (!strcmp(f, "--explain")) o->a.explain = 1;
     else {
@@ -312,7 +318,8 @@ static int plan_shapes(const plan_opts *o, const adt_model_cfg *m, const char *l
     const char *refused = o->out_path ? "-o" : o->a.data ? "--data" : o->a.input_s >= 0 ? "--input-s"
                           : o->a.max_pp ? "--max-pp" : o->a.explain ? "--explain" : o->microbatches_given ? "--microbatches"
                           : o->optimizer_given ? "--optimizer" : o->a.ps_servers ? "--ps-servers"
-                          : o->a.ps_sync ? "--ps-sync" : o->a.ps_prefetch >= 0 ? "--ps-prefetch" : NULL;
+                          : o->a.ps_sync ? "--ps-sync" : o->a.ps_prefetch >= 0 ? "--ps-prefetch"
+                          : o->a.mode ? "--mode" : NULL;
     if (refused)
         return plan_fail(2, "%s cannot act with the shape-level planner (%s): it writes no plan file, prices Adam in "
                          "mixed precision and takes --micro-batch for the microbatch size", refused, given);
@@ -343,6 +350,8 @@ int cli_plan(int argc, char **argv) {
         if (sm.type == ADT_MODEL_GPT && (double)adt_model_cfg_param_count(&sm) > PLAN_GRAPH_MAX_PARAMS)
             return plan_shapes(&o, &sm, slabel);
     }
+    if (o.a.mode && !(o.strategy && !strcmp(o.strategy, "auto")))
+        return plan_fail(2, "--mode goes with --strategy auto (the mode it chooses in)");
     if ((o.a.ps_servers || o.a.ps_sync || o.a.ps_prefetch >= 0) && !o.a.cluster_path)
         return plan_fail(2, "%s goes with --cluster (the parameter-server mode is priced on a cluster)",
                          o.a.ps_servers ? "--ps-servers" : o.a.ps_sync ? "--ps-sync" : "--ps-prefetch");

@@ -280,6 +280,15 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
     int ps_ok, law_known, devices = o->devices ? (int)o->devices : adt_cluster_devices(&cl);
     if ((rc = ps_estimate(o, m, &cl, devices, (int)o->batch, &ps, &ps_ok, &law_known))) goto done;
     int use_ps = ps_ok && ps.feasible && (!have || !res.cost.feasible || ps.step_s < res.cost.step_s);
+    if (o->mode && !strcmp(o->mode, "collective")) use_ps = 0; /* priced beside, never chosen */
+    if (o->mode && !strcmp(o->mode, "ps")) {
+        if (!ps_ok) {
+            rc = auto_fail(2, "--mode ps: the parameter-server mode holds a DLRM's tables on 2 devices or more; this "
+                           "is a '%s' on %d", adt_model_type_name(m->type), devices);
+            goto done;
+        }
+        use_ps = 1; /* chosen whatever the collective plans' price, even over memory (said so) */
+    }
     if (!have && !use_ps) return auto_fail(2, "%s", why);
     char b1[32], b2[32];
     if (!have) { /* only the ps mode: its estimate */

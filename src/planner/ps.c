@@ -5,7 +5,8 @@
  * What a synchronous step costs, in the order it happens on a worker:
  *  - compute: the dense part of the training graph at the worker's B/W samples (every node but the
  *    embedding lookups, their backward and the tables' updates), each on the cluster's roofline,
- *    plus the worker's samples produced (input_s each) and the pulled rows copied into batch order;
+ *    plus the worker's samples produced (input_s each, twice: when its rows are pulled and when
+ *    it runs) and the pulled rows copied into batch order;
  *  - push: the worker's distinct rows, each an 8-byte id and its gradient, to the servers; the
  *    servers sum the W workers' pushes per row and update every row the batch touched (Adam: read
  *    weight, moments and gradient, write three: 7 values a row; SGD 3), memory-bound, each row
@@ -16,6 +17,8 @@
  * A transfer costs its bytes over the busier end's NIC (a worker's own rows, or a server's share
  * of every worker's: rows are hashed evenly over the servers) plus a latency per message that end
  * handles. Distinct rows of a table among n draws: sum over rows of 1 - (1 - p_r)^n.
+ * Under ssp:K and async (ps_schedule) the push, update and pull of a step can run behind the
+ * compute of the steps before it, and each push is applied apart.
  */
 #include <math.h>
 #include <string.h>
