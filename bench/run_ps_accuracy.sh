@@ -12,7 +12,8 @@
 #   sh bench/run_ps_accuracy.sh            (about 10 minutes on a 2-core machine)
 #
 # Writes bench/results/ps-accuracy-<UTC date-time>.jsonl (a "meta" line with the load before and
-# after, the cluster file's name, one line per run, one "predicted" line per configuration) and
+# after, the cluster file's name, one line per run, one "predicted" line per configuration; the
+# cluster file priced on beside it, ...-cluster.json) and
 # prints per configuration the predicted and the median measured step, the error, and the median
 # absolute error over the configurations.
 #
@@ -45,8 +46,9 @@ else
     "$ADT" calibrate --ranks 4 --model "$M:$BATCH" -o "$tmp/here.json" >/dev/null 2>"$tmp/cal.log" ||
         { cat "$tmp/cal.log" >&2; exit 1; }
 fi
+cp "$tmp/here.json" "${out%.jsonl}-cluster.json" # what the predictions were priced on (CLUSTER= to reprice)
 printf '{"meta": {"host": "%s", "cores": %s, "load_before": "%s", "rounds": %s, "steps": %s, "warmup": %s, "batch": %s, "data": "%s", "cluster": "%s", "commit": "%s"}}\n' \
-    "$(hostname)" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ROUNDS" "$STEPS" "$WARMUP" "$BATCH" "$DATA" \
+    "$(hostname)" "$(getconf _NPROCESSORS_ONLN)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$ROUNDS" "$STEPS" "$WARMUP" "$BATCH" "$DATA" \
     "${CLUSTER:-calibrated}" "$(git rev-parse --short HEAD)" >"$out"
 # the input price, timed once: every prediction takes the same
 input_s=$("$ADT" plan --model "$M" --strategy dp --devices 2 --batch "$BATCH" --data "$DATA" --cluster "$tmp/here.json" --json |
