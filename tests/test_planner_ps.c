@@ -129,8 +129,13 @@ static void test_staleness(void) {
         CHECK_CLOSE(r->step_s, r->compute_s + r->push_s + r->update_s + r->pull_s + r->dense_s, 1e-12, 0);
         CHECK_CLOSE(r->wait_s, r->round_s, 1e-9, 0);
         CHECK(as[P].lookahead == P, "async prefetch %d: lookahead %d", P, as[P].lookahead);
-        if (P == 0) /* nothing asked ahead: async waits for its round trip too */
+        if (P == 0) { /* nothing asked ahead: async waits for its round trip too, as ssp does */
             CHECK_CLOSE(as[0].step_s, as[0].compute_s + as[0].round_s + as[0].dense_s, 1e-12, 0);
+            adt_ps_report k3;
+            o.staleness = 3;
+            CHECK(adt_ps_cost(&m, &c, &o, &k3) == 0 && k3.step_s == as[0].step_s && k3.lookahead == 0,
+                  "prefetch 0: ssp:3 %.9g, async %.9g", k3.step_s, as[0].step_s);
+        }
         else
             CHECK(as[P].step_s < sync[P].step_s, "prefetch %d: async %.6g not below sync %.6g", P, as[P].step_s,
                   sync[P].step_s);
