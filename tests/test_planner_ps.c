@@ -61,15 +61,19 @@ static void test_expected_distinct(void) {
 /* 2 tables of 10 and 20 rows, width 4, uniform ids; 3 devices, 1 server, batch 8: 2 workers of 4
  * samples. Per worker: d = sum_t R_t (1 - (1 - 1/R_t)^4) rows, pulled as 8-byte ids and 16-byte
  * rows back, pushed as ids and 16-byte gradients; the server sees both workers' bytes. */
+/* A DLRM config and the A100 cluster with the input unpriced; 0 when both load. */
+static int load_case(adt_model_cfg *m, const char *cfg, adt_cluster *c) {
+    CHECK(adt_model_cfg_parse(m, cfg, "dlrm") == 0, "config: %s", adt_error_message());
+    CHECK(adt_cluster_load(c, A100) == 0, "%s", adt_error_message());
+    c->input_s = 0;
+    return check_cur_failed;
+}
+
 static void test_bytes_closed_form(void) {
     adt_model_cfg m;
-    const char *cfg = "{\"type\":\"dlrm\",\"n_dense\":3,\"n_tables\":2,\"table_rows\":[10,20],\"emb_dim\":4,"
-                      "\"bottom\":[8,4],\"top\":[8,1]}";
-    CHECK(adt_model_cfg_parse(&m, cfg, "dlrm") == 0, "config: %s", adt_error_message());
     adt_cluster c;
-    CHECK(adt_cluster_load(&c, A100) == 0, "%s", adt_error_message());
-    if (check_cur_failed) return;
-    c.input_s = 0;
+    if (load_case(&m, "{\"type\":\"dlrm\",\"n_dense\":3,\"n_tables\":2,\"table_rows\":[10,20],\"emb_dim\":4,"
+                  "\"bottom\":[8,4],\"top\":[8,1]}", &c)) return;
     adt_ps_opts o = {.devices = 3, .servers = 1, .batch = 8, .prefetch = 1, .optim = ADT_OPTIM_SGD};
     adt_ps_report r;
     CHECK(adt_ps_cost(&m, &c, &o, &r) == 0, "%s", adt_error_message());
@@ -99,6 +103,70 @@ static void test_bytes_closed_form(void) {
     CHECK(adt_model_cfg_load(&mlp, "configs/mlp-mnist.json") == 0, "%s", adt_error_message());
     o.servers = 1;
     CHECK(adt_ps_cost(&mlp, &c, &o, &r) != 0 && strstr(adt_error_message(), "DLRM"), "%s", adt_error_message());
+}
+
+/* The staleness priced (ps.c, ps_schedule): sync waits for the whole round trip each step; a
+ * pull answered L = min(K, prefetch) steps ahead (async: prefetch) hides it behind L steps. On a
+ * link of 10 ms latency the round trip dominates, so answers 2 steps ahead give 3 steps in flight:
+ * a third of sync's step (what is left: the worker's own work and the update's difference). */
+static void test_staleness(void) {
+    adt_model_cfg m;
+    adt_cluster c;
+    if (load_case(&m, "{\"type\":\"dlrm\",\"n_dense\":13,\"n_tables\":8,\"table_rows\":1000000,\"emb_dim\":16,"
+                  "\"bottom\":[64,16],\"top\":[64,1]}", &c)) return;
+    adt_ps_ids ids[8];
+    for (int t = 0; t < 8; t++) ids[t] = (adt_ps_ids){ADT_PS_IDS_ZIPF, 1.05};
+    adt_ps_opts o = {.devices = 4, .servers = 2, .batch = 512, .ids = ids, .optim = ADT_OPTIM_ADAMW};
+    adt_ps_report sync[3], as[3], ssp[5];
+    for (int P = 0; P <= 2; P++) {
+        o.prefetch = P, o.staleness = 0;
+        CHECK(adt_ps_cost(&m, &c, &o, &sync[P]) == 0, "%s", adt_error_message());
+        o.staleness = ADT_PS_COST_ASYNC;
+        CHECK(adt_ps_cost(&m, &c, &o, &as[P]) == 0, "%s", adt_error_message());
+        /* sync: every part in a row, none hidden */
+        const adt_ps_report *r = &sync[P];
+        CHECK(r->lookahead == 0, "sync prefetch %d: lookahead %d", P, r->lookahead);
+        CHECK_CLOSE(r->step_s, r->compute_s + r->push_s + r->update_s + r->pull_s + r->dense_s, 1e-12, 0);
+        CHECK_CLOSE(r->wait_s, r->round_s, 1e-9, 0);
+        CHECK(as[P].lookahead == P, "async prefetch %d: lookahead %d", P, as[P].lookahead);
+        if (P == 0) { /* nothing asked ahead: async waits for its round trip too, as ssp does */
+            CHECK_CLOSE(as[0].step_s, as[0].compute_s + as[0].round_s + as[0].dense_s, 1e-12, 0);
+            adt_ps_report k3;
+            o.staleness = 3;
+            CHECK(adt_ps_cost(&m, &c, &o, &k3) == 0 && k3.step_s == as[0].step_s && k3.lookahead == 0,
+                  "prefetch 0: ssp:3 %.9g, async %.9g", k3.step_s, as[0].step_s);
+        }
+        else
+            CHECK(as[P].step_s < sync[P].step_s, "prefetch %d: async %.6g not below sync %.6g", P, as[P].step_s,
+                  sync[P].step_s);
+    }
+    /* async applies each push apart: every row a worker pushed is updated, not the batch's union */
+    CHECK(as[2].update_s >= sync[2].update_s, "update: async %.6g, sync %.6g", as[2].update_s, sync[2].update_s);
+    /* ssp:K at prefetch 4: lookahead min(K, 4), the step never longer for a larger K, ssp:K >= 4 = async */
+    o.prefetch = 4;
+    adt_ps_report a4;
+    o.staleness = ADT_PS_COST_ASYNC;
+    CHECK(adt_ps_cost(&m, &c, &o, &a4) == 0, "%s", adt_error_message());
+    for (int K = 1; K <= 5; K++) {
+        o.staleness = K;
+        adt_ps_report *r = &ssp[K - 1];
+        CHECK(adt_ps_cost(&m, &c, &o, r) == 0, "%s", adt_error_message());
+        CHECK(r->lookahead == (K < 4 ? K : 4), "ssp:%d prefetch 4: lookahead %d", K, r->lookahead);
+        if (K > 1) CHECK(r->step_s <= ssp[K - 2].step_s, "ssp:%d %.6g above ssp:%d %.6g", K, r->step_s, K - 1, ssp[K - 2].step_s);
+        if (K >= 4) CHECK(r->step_s == a4.step_s, "ssp:%d %.6g, async %.6g", K, r->step_s, a4.step_s);
+    }
+    /* a slow link: 3 steps in flight make the step a third of (the worker's work + the round trip) */
+    for (int l = 0; l < c.n_links; l++) c.link[l].latency = 10e-3;
+    o.prefetch = 2, o.staleness = 0;
+    adt_ps_report s2, a2;
+    CHECK(adt_ps_cost(&m, &c, &o, &s2) == 0, "%s", adt_error_message());
+    o.staleness = ADT_PS_COST_ASYNC;
+    CHECK(adt_ps_cost(&m, &c, &o, &a2) == 0, "%s", adt_error_message());
+    CHECK(s2.round_s > 50e-3 && fabs(a2.step_s / s2.step_s - 1.0 / 3) < 0.02, "10 ms links: sync %.6g s, async "
+          "prefetch 2 %.6g s (%.3f x, expected 1/3)", s2.step_s, a2.step_s, a2.step_s / s2.step_s);
+    /* a staleness below async's code is refused, naming the flag */
+    o.staleness = -2;
+    CHECK(adt_ps_cost(&m, &c, &o, &a2) != 0 && strstr(adt_error_message(), "--ps-sync"), "%s", adt_error_message());
 }
 
 /* `adtrain plan --strategy auto --json` on a model: its "mode" and the ps estimate's step */
@@ -262,6 +330,74 @@ static void test_plan_file_runs(void) {
     unlink(cfg), unlink(plan), unlink(la), unlink(lb);
 }
 
+/* adtrain plan's --ps-servers, --ps-sync, --ps-prefetch: the estimate and the plan file take the
+ * setting; a flag that cannot act (no cluster, no tables, a bad mode) is refused with exit 2. */
+static void test_cli_ps_flags(void) {
+    char cfg[512], plan[512], args[2048], out[65536];
+    snprintf(cfg, sizeof cfg, "%s", check_tmp_path("flags.json"));
+    snprintf(plan, sizeof plan, "%s", check_tmp_path("flags-plan.json"));
+    write_text(cfg, DLRM);
+    snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 4 --batch 32 --strategy auto --optimizer sgd "
+             "--input-s 0 --data synthetic:dlrm --ps-servers 1 --ps-sync async --ps-prefetch 2 --json -o %s", cfg, A100, plan);
+    int rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0, "%s: exit %d:\n%.2000s", args, rc, out);
+    cJSON *j = cJSON_Parse(out), *ps = cJSON_GetObjectItem(j, "ps");
+    const char *sync = cJSON_GetStringValue(cJSON_GetObjectItem(ps, "sync"));
+    CHECK(sync && !strcmp(sync, "async") && cJSON_GetNumberValue(cJSON_GetObjectItem(ps, "prefetch")) == 2 &&
+          cJSON_GetNumberValue(cJSON_GetObjectItem(ps, "lookahead")) == 2 &&
+          cJSON_GetNumberValue(cJSON_GetObjectItem(ps, "servers")) == 1, "the estimate:\n%.3000s", out);
+    cJSON_Delete(j);
+    char *text = mpi_slurp(plan);
+    CHECK(text && contains(text, "\"sync\":\t\"async\"") && contains(text, "\"prefetch\":\t2"), "the plan file:\n%s",
+          text ? text : "(none)");
+    free(text);
+    const char *bad[][2] = {
+        {"--ps-sync ssp:0", "--ps-sync: 'ssp:0'"},
+        {"--ps-sync fast", "--ps-sync: 'fast'"},
+        {"--ps-prefetch 65", "--ps-prefetch"},
+        {"--ps-servers 4", "--ps-servers 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 4 --batch 32 --strategy auto --input-s 0 "
+                 "--data synthetic:dlrm %s", cfg, A100, bad[i][0]);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 2 && contains(out, bad[i][1]), "'%s': exit %d:\n%.2000s", bad[i][0], rc, out);
+    }
+    /* --mode collective: the collective plan written although ps is predicted faster; --mode ps
+     * on a model the collective plans suit: ps chosen anyway */
+    snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 4 --batch 32 --strategy auto --optimizer sgd "
+             "--input-s 0 --data synthetic:dlrm --mode collective -o %s", cfg, A100, plan);
+    rc = run_adtrain(args, out, sizeof out);
+    text = mpi_slurp(plan);
+    CHECK(rc == 0 && !contains(out, "chosen      the parameter-server") && text && !contains(text, "\"mode\"") &&
+          contains(text, "\"strategy\""), "--mode collective: exit %d:\n%.2000s\n%s", rc, out, text ? text : "");
+    free(text);
+    snprintf(args, sizeof args, "plan --model %s --cluster %s --devices 2 --batch 8192 --strategy auto --input-s 0 "
+             "--data synthetic:criteo-zipf --mode ps --json", check_tmp_path("dense.json"), A100);
+    write_text(check_tmp_path("dense.json"), "{\"type\":\"dlrm\",\"n_dense\":512,\"n_tables\":2,\"table_rows\":[10,10],"
+               "\"emb_dim\":64,\"bottom\":[4096,4096,64],\"top\":[4096,4096,1]}");
+    rc = run_adtrain(args, out, sizeof out);
+    CHECK(rc == 0 && contains(out, "\"mode\":\t\"ps\""), "--mode ps: exit %d:\n%.2000s", rc, out);
+    unlink(check_tmp_path("dense.json"));
+    /* refused: {model (NULL: the DLRM), on the A100 cluster, the rest, what the message says} */
+    const struct { const char *model; int cluster; const char *rest, *says; } refused[] = {
+        {NULL, 0, "--devices 4 --batch 32 --strategy dp --mode ps", "--mode goes with --strategy auto"},
+        {NULL, 1, "--devices 4 --strategy auto --mode hybrid", "--mode: expected 'collective' or 'ps'"},
+        {"configs/mlp-mnist.json", 1, "--devices 2 --batch 32 --strategy auto --input-s 0 --mode ps",
+         "--mode ps: the parameter-server mode holds a DLRM"},
+        {NULL, 0, "--devices 4 --batch 32 --strategy dp --ps-sync async", "--ps-sync goes with --cluster"},
+        {"configs/mlp-mnist.json", 1, "--devices 2 --batch 32 --strategy dp --input-s 0 --ps-servers 1",
+         "--ps-servers: the parameter-server mode holds a DLRM"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        snprintf(args, sizeof args, "plan --model %s %s%s %s", refused[i].model ? refused[i].model : cfg,
+                 refused[i].cluster ? "--cluster " : "", refused[i].cluster ? A100 : "", refused[i].rest);
+        rc = run_adtrain(args, out, sizeof out);
+        CHECK(rc == 2 && contains(out, refused[i].says), "'%s': exit %d:\n%.2000s", args, rc, out);
+    }
+    unlink(cfg), unlink(plan);
+}
+
 int main(void) {
     cli_find_binary();
     if (check_tmpdir_make("planner_ps")) return 1;
@@ -269,7 +405,9 @@ int main(void) {
     mpi_world_sanitizer_env();
     RUN(test_expected_distinct);
     RUN(test_bytes_closed_form);
+    RUN(test_staleness);
     RUN(test_auto_chooses);
+    RUN(test_cli_ps_flags);
     RUN(test_plan_file_runs);
     rmdir(check_tmpdir());
     return check_finish();

@@ -471,10 +471,13 @@ typedef struct adt_ps_ids {
 /* Expected distinct rows among n independent draws from a table of `rows` rows. */
 double adt_ps_expected_distinct(const adt_ps_ids *law, int64_t rows, double n);
 
+/* adt_ps_opts.staleness of --ps-sync async: no bound */
+#define ADT_PS_COST_ASYNC (-1)
 typedef struct adt_ps_opts {
     int devices, servers;   /* servers 0: searched (1 .. devices - 1) */
     int batch;              /* global samples per step, split over the workers */
     int prefetch;           /* steps of rows asked ahead (--ps-prefetch) */
+    int staleness;          /* --ps-sync: 0 sync, K > 0 ssp:K, ADT_PS_COST_ASYNC async */
     const adt_ps_ids *ids;  /* [n_tables] the law of each table's ids; NULL: uniform */
     adt_optim_kind optim;   /* the sparse optimizer: SGD or Adam (lazy) */
     double mem_limit;       /* per device, 0: the cluster's */
@@ -484,9 +487,17 @@ typedef struct adt_ps_report {
     int servers, workers, feasible;
     double step_s;
     double compute_s;        /* a worker's dense forward, backward and update, its rows copied */
-    double pull_s, push_s;   /* rows over the network, the busier NIC (a worker's or a server's) */
-    double update_s;         /* a server's row updates, pushes summed, memory-bound */
-    double dense_s;          /* the dense gradients' all-reduce among the workers */
+    double pull_s, push_s;   /* rows over the network, the busier NIC (a worker's or a server's);
+                              * the pull with the loss of a blocked wait on shared cores */
+    double update_s;         /* a server's row updates per step, memory-bound (sync: the pushes
+                              * summed, each row once; ssp/async: each push applied apart) */
+    double dense_s;          /* the dense gradients' all-reduce among the workers (and the loss of
+                              * its blocked wait on shared cores) */
+    int lookahead;           /* steps a pull's answer may be made ahead of its step: sync 0,
+                              * ssp:K min(K, prefetch), async prefetch */
+    double round_s;          /* push + update + pull: what a step's rows wait for under sync */
+    double wait_s;           /* the part of round_s a step waits for (all of it at lookahead 0) */
+    double server_s;         /* a server's busy time per step (updates, answers): a floor */
     double rows_worker;      /* distinct rows a worker touches per step, all tables */
     double rows_step;        /* distinct rows of the whole batch (what the servers update) */
     double pull_bytes, push_bytes; /* per worker per step: ids out and rows back; ids and gradients out */
@@ -495,7 +506,8 @@ typedef struct adt_ps_report {
 } adt_ps_report;
 
 /* Prices the ps mode of DLRM `m` with opts->servers servers, or (servers 0) the fastest feasible
- * server count; an error for a model without tables or a split that cannot run. */
+ * server count, under opts->staleness with opts->prefetch; an error for a model without tables,
+ * a split that cannot run or a staleness below ADT_PS_COST_ASYNC. */
 int adt_ps_cost(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_opts *o, adt_ps_report *out);
 
 #ifdef __cplusplus

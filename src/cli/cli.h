@@ -31,6 +31,11 @@ typedef struct cli_plan_auto_opts {
     double mem_limit;
     adt_optim_kind optimizer;
     int momentum, json, explain;
+    /* the parameter-server estimate's setting (--ps-servers, --ps-sync, --ps-prefetch): servers 0
+     * searched; ps_sync NULL: sync; ps_prefetch < 0: the trainer's default */
+    long ps_servers, ps_prefetch;
+    const char *ps_sync;
+    const char *mode; /* --mode: NULL either, "collective" or "ps": the mode auto chooses in */
 } cli_plan_auto_opts;
 int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const char *label);
 /* --cluster with an expert strategy: the plan's predicted step time and peak memory (--json). */

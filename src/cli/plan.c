@@ -71,6 +71,12 @@ static void plan_usage(FILE *f) {
             "                     every call (a timing moves 20%% between processes on a shared machine;\n"
             "                     --json reports the figure used as input_per_sample_s)\n"
             "  --explain          where the predicted time goes: compute, each collective, bubbles\n"
+            "A DLRM's parameter-server mode is priced beside (--explain, --json \"ps\"; auto chooses it when\n"
+            "predicted faster), by default sync with prefetch 1 and the servers searched; its setting:\n"
+            "  --mode collective|ps   auto chooses only a collective plan, or the parameter-server mode\n"
+            "  --ps-servers S     server ranks (as adtrain train --ps-servers)\n"
+            "  --ps-sync MODE     sync, ssp:K or async (as adtrain train --ps-sync)\n"
+            "  --ps-prefetch D    steps of rows pulled ahead (as adtrain train --ps-prefetch)\n"
             "\n"
             "GPT models at cluster scale (shape-level planner: nothing of the model's size is built; used with\n"
             "any of these flags, or for a GPT of more than 1e10 parameters; --cluster required):\n"
@@ -115,6 +121,14 @@ static int plan_apply(void *opts, const char *f, const char *v) {
     else if (!strcmp(f, "--input-s")) return cli_double("plan", f, v, 0, 10, &o->a.input_s) ? 2 : 0;
     else if (!strcmp(f, "--mem-limit")) return cli_double("plan", f, v, 1, 1e18, &o->a.mem_limit) ? 2 : 0;
     else if (!strcmp(f, "--max-pp")) return cli_parse_long("plan", f, v, 1, ADT_PLAN_MAX_STAGES, &o->a.max_pp);
+    else if (!strcmp(f, "--ps-servers")) return cli_parse_long("plan", f, v, 1, 1 << 20, &o->a.ps_servers);
+    else if (!strcmp(f, "--ps-prefetch")) return cli_parse_long("plan", f, v, 0, 64, &o->a.ps_prefetch);
+    else if (!strcmp(f, "--ps-sync")) o->a.ps_sync = v;
+    else if (!strcmp(f, "--mode")) {
+        if (strcmp(v, "collective") && strcmp(v, "ps"))
+            return plan_fail(2, "--mode: expected 'collective' or 'ps' (the mode --strategy auto chooses in), got '%s'", v);
+        o->a.mode = v;
+    }
     else if (!strcmp(f, "--json")) o->a.json = 1;
     else if (!strcmp(f, "--explain")) o->a.explain = 1;
     else {
@@ -303,7 +317,9 @@ static int plan_shapes(const plan_opts *o, const adt_model_cfg *m, const char *l
     if (!o->a.cluster_path) return plan_fail(2, "%s goes with --cluster (the plan is priced on a cluster)", given);
     const char *refused = o->out_path ? "-o" : o->a.data ? "--data" : o->a.input_s >= 0 ? "--input-s"
                           : o->a.max_pp ? "--max-pp" : o->a.explain ? "--explain" : o->microbatches_given ? "--microbatches"
-                          : o->optimizer_given ? "--optimizer" : NULL;
+                          : o->optimizer_given ? "--optimizer" : o->a.ps_servers ? "--ps-servers"
+                          : o->a.ps_sync ? "--ps-sync" : o->a.ps_prefetch >= 0 ? "--ps-prefetch"
+                          : o->a.mode ? "--mode" : NULL;
     if (refused)
         return plan_fail(2, "%s cannot act with the shape-level planner (%s): it writes no plan file, prices Adam in "
                          "mixed precision and takes --micro-batch for the microbatch size", refused, given);
@@ -315,7 +331,7 @@ static int plan_shapes(const plan_opts *o, const adt_model_cfg *m, const char *l
 }
 
 int cli_plan(int argc, char **argv) {
-    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW, .a = {.input_s = -1},
+    plan_opts o = {.batch = 16, .microbatches = 1, .optimizer = ADT_OPTIM_ADAMW, .a = {.input_s = -1, .ps_prefetch = -1},
                    .precision = -1, .recompute = -1};
     static const char *const switches[] = {"--json", "--explain", NULL};
     int rc = cli_parse_flags_switches("plan", argc, argv, plan_usage, plan_apply, &o, switches);
@@ -334,6 +350,11 @@ int cli_plan(int argc, char **argv) {
         if (sm.type == ADT_MODEL_GPT && (double)adt_model_cfg_param_count(&sm) > PLAN_GRAPH_MAX_PARAMS)
             return plan_shapes(&o, &sm, slabel);
     }
+    if (o.a.mode && !(o.strategy && !strcmp(o.strategy, "auto")))
+        return plan_fail(2, "--mode goes with --strategy auto (the mode it chooses in)");
+    if ((o.a.ps_servers || o.a.ps_sync || o.a.ps_prefetch >= 0) && !o.a.cluster_path)
+        return plan_fail(2, "%s goes with --cluster (the parameter-server mode is priced on a cluster)",
+                         o.a.ps_servers ? "--ps-servers" : o.a.ps_sync ? "--ps-sync" : "--ps-prefetch");
     if ((o.a.data || o.a.input_s >= 0) && !o.a.cluster_path && !(o.strategy && !strcmp(o.strategy, "auto")))
         return plan_fail(2, "%s goes with --cluster (the input is priced on a cluster)", o.a.data ? "--data" : "--input-s");
     if (o.strategy && !strcmp(o.strategy, "auto")) {

@@ -13,6 +13,7 @@
 #include "adtrain/data.h"
 #include "adtrain/dist.h"
 #include "adtrain/planner.h"
+#include "adtrain/ps.h"
 #include "adtrain/train.h"
 #include "cli.h"
 
@@ -65,11 +66,11 @@ static cJSON *report_json(const adt_cost_report *r) {
     return j;
 }
 
-static void ps_json(cJSON *j, const adt_ps_report *r, int chosen);
+static void ps_json(cJSON *j, const cli_plan_auto_opts *o, const adt_ps_report *r, int chosen);
 
 /* ps: the parameter-server estimate beside (NULL: none); use_ps: it is the plan chosen */
-static void print_json(const adt_planner_result *res, const adt_cluster *cl, const char *label, const adt_ps_report *ps,
-                       int use_ps) {
+static void print_json(const cli_plan_auto_opts *o, const adt_planner_result *res, const adt_cluster *cl,
+                       const char *label, const adt_ps_report *ps, int use_ps) {
     cJSON *root = report_json(&res->cost), *ex = cJSON_CreateArray();
     if (use_ps) { /* the chosen plan's figures at the top, the collective plan's under "collective" */
         cJSON_AddItemToObject(root, "collective", report_json(&res->cost));
@@ -78,7 +79,7 @@ static void print_json(const adt_planner_result *res, const adt_cluster *cl, con
             ps->server_mem_bytes > ps->worker_mem_bytes ? ps->server_mem_bytes : ps->worker_mem_bytes));
         cJSON_ReplaceItemInObject(root, "feasible", cJSON_CreateBool(ps->feasible));
     }
-    if (ps) ps_json(root, ps, use_ps);
+    if (ps) ps_json(root, o, ps, use_ps);
     char mb[64];
     cJSON_AddStringToObject(root, "model", label);
     cJSON_AddStringToObject(root, "cluster", cl->name);
@@ -119,13 +120,27 @@ static int load_cluster(const cli_plan_auto_opts *o, const adt_model_cfg *m, lon
 }
 
 /* The parameter-server mode of a DLRM priced beside the collective plans (planner.h): the ids'
- * law per table from the run's data (a file's: uniform, the most distinct rows), the servers
- * searched, sync, the trainer's default prefetch, the dense part on the workers. 0 and *ok 0 for
- * a model without tables or a world too small for servers and workers. */
+ * law per table from the run's data (a file's: uniform, the most distinct rows), the setting of
+ * --ps-servers (else searched), --ps-sync (else sync) and --ps-prefetch (else the trainer's
+ * default), the dense part on the workers. 0 and *ok 0 for a model without tables or a world too
+ * small for servers and workers; the --ps-* flags are refused there (they could not act). */
 #define PS_PREFETCH 1
+static int ps_prefetch(const cli_plan_auto_opts *o) { return o->ps_prefetch >= 0 ? (int)o->ps_prefetch : PS_PREFETCH; }
+static const char *ps_sync(const cli_plan_auto_opts *o) { return o->ps_sync ? o->ps_sync : "sync"; }
+
 static int ps_estimate(const cli_plan_auto_opts *o, const adt_model_cfg *m, const adt_cluster *cl, int devices, int batch,
                        adt_ps_report *r, int *ok, int *law_known) {
     *ok = 0, *law_known = 1;
+    const char *flag = o->ps_servers ? "--ps-servers" : o->ps_sync ? "--ps-sync" : o->ps_prefetch >= 0 ? "--ps-prefetch" : NULL;
+    if (flag && m->type != ADT_MODEL_DLRM)
+        return auto_fail(2, "%s: the parameter-server mode holds a DLRM's embedding tables; this model is '%s'", flag,
+                         adt_model_type_name(m->type));
+    if (flag && (devices < 2 || batch < 2))
+        return auto_fail(2, "%s: the parameter-server mode needs 2 devices and 2 samples at least (a server and a "
+                         "worker), got %d and %d", flag, devices, batch);
+    adt_ps_sync sync;
+    if (adt_ps_sync_parse(ps_sync(o), "--ps-sync", &sync)) return auto_fail(2, "%s", adt_error_message());
+    int staleness = sync.kind == ADT_PS_ASYNC ? ADT_PS_COST_ASYNC : sync.kind == ADT_PS_SSP ? sync.staleness : 0;
     if (m->type != ADT_MODEL_DLRM || devices < 2) return 0;
     const char *spec = o->data ? o->data : adt_train_default_data(m, NULL);
     adt_ps_ids ids[ADT_DLRM_MAX_TABLES];
@@ -137,24 +152,26 @@ static int ps_estimate(const cli_plan_auto_opts *o, const adt_model_cfg *m, cons
         ids[t].param = param;
         if (kind == ADT_IDS_UNKNOWN) *law_known = 0;
     }
-    adt_ps_opts po = {.devices = devices, .batch = batch, .prefetch = PS_PREFETCH, .ids = ids, .optim = o->optimizer,
-                      .mem_limit = o->mem_limit};
+    adt_ps_opts po = {.devices = devices, .servers = (int)o->ps_servers, .batch = batch, .prefetch = ps_prefetch(o),
+                      .staleness = staleness, .ids = ids, .optim = o->optimizer, .mem_limit = o->mem_limit};
     if (batch < 2) return 0;
     if (adt_ps_cost(m, cl, &po, r)) return auto_fail(2, "the parameter-server estimate: %s", adt_error_message());
     *ok = 1;
     return 0;
 }
 
-static void print_ps(const adt_ps_report *r, int law_known, double collective_s) {
+static void print_ps(const cli_plan_auto_opts *o, const adt_ps_report *r, int law_known, double collective_s) {
     char b1[32], b2[32];
-    printf("\nparameter-server mode (--mode ps, sync, prefetch %d, dense on the workers): %d servers + %d workers\n",
-           PS_PREFETCH, r->servers, r->workers);
+    printf("\nparameter-server mode (--mode ps, %s, prefetch %d, dense on the workers): %d servers + %d workers\n",
+           ps_sync(o), ps_prefetch(o), r->servers, r->workers);
     printf("  predicted             %10.4f ms per step (%.3f x the collective plan)%s\n", r->step_s * 1e3,
            r->step_s / collective_s, r->feasible ? "" : " OVER MEMORY");
     printf("  worker compute        %10.4f ms (dense part, rows copied)\n", r->compute_s * 1e3);
     printf("  push + server update  %10.4f + %.4f ms\n", r->push_s * 1e3, r->update_s * 1e3);
     printf("  pull                  %10.4f ms\n", r->pull_s * 1e3);
     printf("  dense all-reduce      %10.4f ms among the workers\n", r->dense_s * 1e3);
+    printf("  waited                %10.4f ms of the round trip's %.4f (answers made %d step%s ahead); a server busy "
+           "%.4f ms\n", r->wait_s * 1e3, r->round_s * 1e3, r->lookahead, r->lookahead == 1 ? "" : "s", r->server_s * 1e3);
     printf("  rows per step         %.1f distinct per worker, %.1f over the batch%s\n", r->rows_worker, r->rows_step,
            law_known ? "" : " (ids of unknown law priced as uniform)");
     printf("  bytes per step        pull %.0f, push %.0f per worker; %.0f per server\n", r->pull_bytes, r->push_bytes,
@@ -163,17 +180,17 @@ static void print_ps(const adt_ps_report *r, int law_known, double collective_s)
            gib(r->worker_mem_bytes, b2, sizeof b2));
 }
 
-static void ps_json(cJSON *j, const adt_ps_report *r, int chosen) {
+static void ps_json(cJSON *j, const cli_plan_auto_opts *o, const adt_ps_report *r, int chosen) {
     cJSON_AddStringToObject(j, "mode", chosen ? "ps" : "collective");
     if (chosen) {
         cJSON_AddNumberToObject(j, "ps_servers", r->servers);
-        cJSON_AddStringToObject(j, "ps_sync", "sync");
+        cJSON_AddStringToObject(j, "ps_sync", ps_sync(o));
     }
     cJSON *p = cJSON_AddObjectToObject(j, "ps");
     cJSON_AddNumberToObject(p, "servers", r->servers);
     cJSON_AddNumberToObject(p, "workers", r->workers);
-    cJSON_AddStringToObject(p, "sync", "sync");
-    cJSON_AddNumberToObject(p, "prefetch", PS_PREFETCH);
+    cJSON_AddStringToObject(p, "sync", ps_sync(o));
+    cJSON_AddNumberToObject(p, "prefetch", ps_prefetch(o));
     cJSON_AddNumberToObject(p, "predicted_step_s", r->step_s);
     cJSON_AddBoolToObject(p, "feasible", r->feasible);
     cJSON_AddNumberToObject(p, "compute_s", r->compute_s);
@@ -181,6 +198,10 @@ static void ps_json(cJSON *j, const adt_ps_report *r, int chosen) {
     cJSON_AddNumberToObject(p, "push_s", r->push_s);
     cJSON_AddNumberToObject(p, "update_s", r->update_s);
     cJSON_AddNumberToObject(p, "dense_s", r->dense_s);
+    cJSON_AddNumberToObject(p, "lookahead", r->lookahead);
+    cJSON_AddNumberToObject(p, "round_s", r->round_s);
+    cJSON_AddNumberToObject(p, "wait_s", r->wait_s);
+    cJSON_AddNumberToObject(p, "server_s", r->server_s);
     cJSON_AddNumberToObject(p, "rows_worker", r->rows_worker);
     cJSON_AddNumberToObject(p, "rows_step", r->rows_step);
     cJSON_AddNumberToObject(p, "pull_bytes", r->pull_bytes);
@@ -190,9 +211,10 @@ static void ps_json(cJSON *j, const adt_ps_report *r, int chosen) {
     cJSON_AddNumberToObject(p, "worker_mem_bytes", r->worker_mem_bytes);
 }
 
-static int save_ps(const adt_model_cfg *m, const adt_ps_report *r, int devices, int batch, const char *path) {
-    adt_ps_plan pp = {.model = *m, .batch = batch, .devices = devices, .servers = r->servers, .prefetch = PS_PREFETCH};
-    snprintf(pp.sync, sizeof pp.sync, "sync");
+static int save_ps(const cli_plan_auto_opts *o, const adt_model_cfg *m, const adt_ps_report *r, int devices, int batch,
+                   const char *path) {
+    adt_ps_plan pp = {.model = *m, .batch = batch, .devices = devices, .servers = r->servers, .prefetch = ps_prefetch(o)};
+    snprintf(pp.sync, sizeof pp.sync, "%s", ps_sync(o));
     if (adt_ps_plan_save(&pp, path)) return auto_fail(1, "-o: %s", adt_error_message());
     return 0;
 }
@@ -214,7 +236,7 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
     if (o->json) {
         cJSON *j = report_json(&r);
         char mb[64];
-        if (ps_ok) ps_json(j, &ps, 0);
+        if (ps_ok) ps_json(j, o, &ps, 0);
         cJSON_AddStringToObject(j, "cluster", cl.name);
         cJSON_AddNumberToObject(j, "input_per_sample_s", cl.input_s);
         cJSON_AddNumberToObject(j, "devices", p->mesh.nranks);
@@ -234,7 +256,7 @@ int cli_plan_price(const cli_plan_auto_opts *o, const adt_plan *p, const adt_gra
     printf("predicted   %.4f ms per step, peak %s per device%s\n", r.step_s * 1e3, gib(r.peak_mem_bytes, b1, sizeof b1),
            r.feasible ? "" : " OVER MEMORY");
     if (o->explain) print_explain(&r);
-    if (o->explain && ps_ok) print_ps(&ps, law_known, r.step_s);
+    if (o->explain && ps_ok) print_ps(o, &ps, law_known, r.step_s);
     return 0;
 }
 
@@ -258,6 +280,15 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
     int ps_ok, law_known, devices = o->devices ? (int)o->devices : adt_cluster_devices(&cl);
     if ((rc = ps_estimate(o, m, &cl, devices, (int)o->batch, &ps, &ps_ok, &law_known))) goto done;
     int use_ps = ps_ok && ps.feasible && (!have || !res.cost.feasible || ps.step_s < res.cost.step_s);
+    if (o->mode && !strcmp(o->mode, "collective")) use_ps = 0; /* priced beside, never chosen */
+    if (o->mode && !strcmp(o->mode, "ps")) {
+        if (!ps_ok) {
+            rc = auto_fail(2, "--mode ps: the parameter-server mode holds a DLRM's tables on 2 devices or more; this "
+                           "is a '%s' on %d", adt_model_type_name(m->type), devices);
+            goto done;
+        }
+        use_ps = 1; /* chosen whatever the collective plans' price, even over memory (said so) */
+    }
     if (!have && !use_ps) return auto_fail(2, "%s", why);
     char b1[32], b2[32];
     if (!have) { /* only the ps mode: its estimate */
@@ -273,22 +304,22 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
             cJSON_AddStringToObject(root, "strategy", "ps");
             cJSON_AddNumberToObject(root, "microbatches", 1);
             cJSON_AddStringToObject(root, "collective", why);
-            ps_json(root, &ps, 1);
+            ps_json(root, o, &ps, 1);
             char *txt = cJSON_Print(root);
             printf("%s\n", txt);
             free(txt);
             cJSON_Delete(root);
         } else {
             printf("no collective plan: %s\n", why);
-            print_ps(&ps, law_known, ps.step_s);
+            print_ps(o, &ps, law_known, ps.step_s);
             printf("\nchosen      the parameter-server mode\n");
         }
-        if (o->out_path && (rc = save_ps(m, &ps, devices, (int)o->batch, o->out_path))) return rc;
+        if (o->out_path && (rc = save_ps(o, m, &ps, devices, (int)o->batch, o->out_path))) return rc;
         if (o->out_path && !o->json) printf("\nwrote       %s\n", o->out_path);
         return 0;
     }
     if (o->json) {
-        print_json(&res, &cl, label, ps_ok ? &ps : NULL, use_ps);
+        print_json(o, &res, &cl, label, ps_ok ? &ps : NULL, use_ps);
     } else {
         if ((rc = cli_plan_print(&res.plan, res.graph, label))) goto done;
         printf("\ncluster     %s: %d devices (%s), %d per node\n", cl.name, res.plan.mesh.nranks, cl.device_kind,
@@ -310,12 +341,12 @@ int cli_plan_auto(const cli_plan_auto_opts *o, const adt_model_cfg *m, const cha
                    r->step_s / res.cost.step_s, r->feasible ? "" : " over memory");
         }
         if (o->explain) print_explain(&res.cost);
-        if (ps_ok && (o->explain || use_ps)) print_ps(&ps, law_known, res.cost.step_s);
+        if (ps_ok && (o->explain || use_ps)) print_ps(o, &ps, law_known, res.cost.step_s);
         if (use_ps) printf("\nchosen      the parameter-server mode (predicted %.3f x the collective plan)\n",
                            ps.step_s / res.cost.step_s);
     }
     if (o->out_path && use_ps) {
-        if (!(rc = save_ps(m, &ps, devices, (int)o->batch, o->out_path)) && !o->json)
+        if (!(rc = save_ps(o, m, &ps, devices, (int)o->batch, o->out_path)) && !o->json)
             printf("\nwrote       %s\n", o->out_path);
     } else if (o->out_path) {
         if (adt_plan_save(&res.plan, res.graph, o->out_path)) rc = auto_fail(1, "-o: %s", adt_error_message());

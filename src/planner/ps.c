@@ -5,7 +5,8 @@
  * What a synchronous step costs, in the order it happens on a worker:
  *  - compute: the dense part of the training graph at the worker's B/W samples (every node but the
  *    embedding lookups, their backward and the tables' updates), each on the cluster's roofline,
- *    plus the worker's samples produced (input_s each) and the pulled rows copied into batch order;
+ *    plus the worker's samples produced (input_s each, twice: when its rows are pulled and when
+ *    it runs) and the pulled rows copied into batch order;
  *  - push: the worker's distinct rows, each an 8-byte id and its gradient, to the servers; the
  *    servers sum the W workers' pushes per row and update every row the batch touched (Adam: read
  *    weight, moments and gradient, write three: 7 values a row; SGD 3), memory-bound, each row
@@ -16,6 +17,8 @@
  * A transfer costs its bytes over the busier end's NIC (a worker's own rows, or a server's share
  * of every worker's: rows are hashed evenly over the servers) plus a latency per message that end
  * handles. Distinct rows of a table among n draws: sum over rows of 1 - (1 - p_r)^n.
+ * Under ssp:K and async (ps_schedule) the push, update and pull of a step can run behind the
+ * compute of the steps before it, and each push is applied apart.
  */
 #include <math.h>
 #include <string.h>
@@ -98,6 +101,30 @@ static int dense_step(const adt_model_cfg *m, const adt_cluster *c, int bw, adt_
     return rc;
 }
 
+/* A step's waits under the staleness clock (src/ps/clock.c, server.c; the worker loop in
+ * src/train/ps.c): each step the worker pulls the rows of step s + prefetch, waits for step s's,
+ * computes, pushes, all-reduces the dense gradients; a server answers the pull of step s once the
+ * slowest worker pushed step s - K - 1 (sync K = 0, async no bound) and applies pushes as they
+ * come. So step s's answer can be made as soon as both its request (sent at the start of step
+ * s - prefetch) and the push it waits for (end of step s - K - 1) are in: L = min(K, prefetch)
+ * steps ahead (sync 0: the whole round trip, push + update + pull, is waited for every step).
+ * Answers L steps ahead hide the round trip R behind L steps: in the steady state
+ * T = C + max(0, R - L T), i.e. T = max(C, (C + R) / (L + 1)), C the worker's own work. What
+ * staleness cannot hide: a server's own work per step (its updates and answers), a floor of T.
+ * The workers stay in step anyway (the dense all-reduce, the loss), so the slowest worker's
+ * barrier is not priced apart: the model's workers are alike. serve_s: a server's answers. */
+static void ps_schedule(const adt_ps_opts *o, adt_ps_report *r, double serve_s) {
+    int K = o->staleness == ADT_PS_COST_ASYNC ? o->prefetch : o->staleness;
+    r->lookahead = K < o->prefetch ? K : o->prefetch;
+    double C = r->compute_s + r->dense_s, R = r->push_s + r->update_s + r->pull_s, T;
+    r->round_s = R;
+    if (r->lookahead == 0) T = C + R;
+    else T = fmax(C, (C + R) / (r->lookahead + 1));
+    r->server_s = r->update_s + serve_s;
+    r->step_s = fmax(T, r->server_s);
+    r->wait_s = r->step_s - C;
+}
+
 static int ps_price(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_opts *o, int S, adt_ps_report *r) {
     const adt_dlrm_cfg *d = &m->dlrm;
     int N = o->devices, W = N - S;
@@ -116,12 +143,14 @@ static int ps_price(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_o
     r->pull_bytes = rows_w * (PS_ID_BYTES + row_b);
     r->push_bytes = rows_w * (PS_ID_BYTES + row_b);
     r->server_bytes = (double)W * (r->pull_bytes + r->push_bytes) / S;
-    double share = adt_cluster_share(c, N), dense_p;
-    int rc = dense_step(m, c, bw, o->optim, &r->compute_s, &dense_p);
+    double dense_p, work;
+    int rc = dense_step(m, c, bw, o->optim, &work, &dense_p);
     if (rc) return rc;
     double mem_bw = c->memory_bw * (c->memory_fraction > 0 ? c->memory_fraction : 1.0);
-    /* + the worker's samples produced (the cluster's input price) and its rows put in batch order */
-    r->compute_s = (r->compute_s + c->input_s * bw + 2 * rows_w * row_b / mem_bw) * share;
+    /* + the worker's samples produced twice (the trainer fills a step's batch when it pulls its
+     * rows ahead and again when it runs it: the cluster's input price) and its rows put in batch
+     * order */
+    work += 2 * c->input_s * bw + 2 * rows_w * row_b / mem_bw;
     /* the link joining a server and a worker: the outermost level the ranks span */
     const adt_link *k = &c->link[adt_cluster_level(c, 0, N - 1)];
     double bw_link = k->bandwidth, lat = k->latency;
@@ -134,9 +163,28 @@ static int ps_price(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_o
     /* rows are touched at random: each array of a row moves whole cache lines, and finding it
      * costs its hash slot's line */
     double line = PS_LINE_BYTES * ceil(row_b / PS_LINE_BYTES), per_row = o->optim == ADT_OPTIM_SGD ? 3.0 : 7.0;
-    r->update_s = (rows_b / S * (per_row * line + PS_LINE_BYTES) + 2.0 * W * rows_w / S * line) / mem_bw * share;
+    double pushed = (double)W * rows_w / S, update; /* rows a server receives per step, all workers */
+    if (o->staleness == 0) /* sync: the pushes summed into one buffer (2 lines a pushed row), each row updated once */
+        update = (rows_b / S * (per_row * line + PS_LINE_BYTES) + 2.0 * pushed * line) / mem_bw;
+    else /* ssp, async: each push applied as it comes, a row as often as workers pushed it */
+        update = pushed * (per_row * line + PS_LINE_BYTES + 2.0 * line) / mem_bw;
+    double serve = pushed * (PS_LINE_BYTES + line) / mem_bw; /* the answers: a hash slot and the row each */
     r->dense_s = adt_cluster_coll_time(c, adt_cluster_level(c, S, N - 1), ADT_BOXING_ALL_REDUCE, W, 4.0 * dense_p, N);
-    r->step_s = r->compute_s + r->push_s + r->update_s + r->pull_s + r->dense_s;
+    /* Ranks that share a node's cores: a server naps between messages (src/ps/server.c), so the
+     * load is the W workers and the servers' busy part of a step, which depends on the step: a
+     * few rounds of the fixed point from idle servers. A blocked wait among ranks time-sharing
+     * the cores loses what the calibration measured for one after that much compute: the
+     * workers' dense all-reduce after the step's compute, and the rows' wait (the round trip's
+     * part) after the batch filled since the last all-reduce. 0 on a cluster of its own cores. */
+    double dense_coll = r->dense_s, load = W, pull = r->pull_s;
+    for (int it = 0; it < 4; it++) {
+        double share = adt_cluster_share_load(c, load);
+        r->compute_s = work * share, r->update_s = update * share;
+        r->dense_s = dense_coll + (W > 1 ? adt_cluster_sync_loss(c, N, r->compute_s, 1) : 0);
+        r->pull_s = pull + adt_cluster_sync_loss(c, N, 2 * c->input_s * bw * share, 1);
+        ps_schedule(o, r, serve * share);
+        load = W + S * fmin(1.0, r->server_s / r->step_s);
+    }
     double opt_vals = o->optim == ADT_OPTIM_SGD ? 1.0 : 3.0; /* weight (+ Adam's two moments) */
     r->server_mem_bytes = stored / S * (opt_vals * row_b + PS_ROW_EXTRA);
     r->worker_mem_bytes = 4.0 * dense_p * (o->optim == ADT_OPTIM_SGD ? 2 : 4) + (o->prefetch + 1.0) * rows_w * row_b;
@@ -152,6 +200,9 @@ int adt_ps_cost(const adt_model_cfg *m, const adt_cluster *c, const adt_ps_opts 
     if (o->devices < 2 || o->devices > adt_cluster_devices(c))
         return adt_error(ADT_ERR_ARG, "--devices %d: the parameter-server mode needs 2 to %d (servers and workers)",
                          o->devices, adt_cluster_devices(c));
+    if (o->staleness < ADT_PS_COST_ASYNC)
+        return adt_error(ADT_ERR_ARG, "--ps-sync: staleness %d, expected sync (0), ssp:K (K > 0) or async", o->staleness);
+    if (o->prefetch < 0) return adt_error(ADT_ERR_ARG, "--ps-prefetch %d: expected 0 or more steps", o->prefetch);
     if (o->servers < 0 || o->servers >= o->devices)
         return adt_error(ADT_ERR_ARG, "--ps-servers %d: expected 1 to %d on %d devices (one worker at least)", o->servers,
                          o->devices - 1, o->devices);
