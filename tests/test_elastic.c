@@ -1699,6 +1699,17 @@ static void ps_job_init(ejob *j, const char *tag) {
     j->batch = 32;
 }
 
+/* Every step logged once, each loss mpiexec's within 1e-5 (the same global batches from the same
+ * state; other blocks per worker sum the gradients in another order). */
+static void ps_compare_near(const ejob *j, int steps) {
+    double got[101];
+    int top = read_step_losses(j->logf, got, steps), bad = 0, first = 0;
+    for (int s = 1; s <= steps; s++)
+        if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
+    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
+          "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+}
+
 /* The generation running and its highest reported step (0-based), from the master. */
 static int gen_and_top(const ejob *j, double *top) {
     cJSON *r = api(j, "GET", "/v1/generation", NULL, NULL);
@@ -1832,18 +1843,58 @@ static void test_train_ps_scale(void) {
     CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
     CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
           steps);
-    double got[101];
-    int top = read_step_losses(j.logf, got, steps), bad = 0, first = 0;
-    for (int s = 1; s <= steps; s++)
-        if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
-    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
-          "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+    ps_compare_near(&j, steps);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* The master's straggler policy dd over a --mode ps job (4 ranks: servers 0 and 1, workers 2 and 3),
+ * worker 3 pausing 15 ms after every step's compute (--inject-slowdown 3:+0.015): the workers'
+ * compute times reach the master's monitor as collective replicas' do, and its controller moves
+ * the split so that worker 3 leases fewer samples per step than worker 2; the servers (idle
+ * replicas) take none and are not judged. The audit finds every sample once, and every step's loss
+ * is mpiexec's within 1e-5 (the same global batches; other blocks sum in another order). */
+static void test_train_ps_straggler(void) {
+    if (ps_refs()) return;
+    ejob j;
+    static const char *flags[64];
+    int n = 0;
+    for (int i = 0; TRAIN_PS[i]; i++) flags[n++] = TRAIN_PS[i];
+    flags[n++] = "--inject-slowdown", flags[n++] = "3:+0.015", flags[n] = NULL;
+    train_job_init(&j, "tpsstrag", flags);
+    j.batch = 32;
+    const char *extra[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6"};
+    for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) j.master_extra[j.n_master_extra++] = extra[k];
+    job_start(&j, 1, 4);
+    expect_done(&j, 120);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
+    char detail[4096] = "";
+    CHECK(db_events(j.jobdir, "straggler_action", detail, sizeof detail) >= 1, "no straggler_action event");
+    /* the split in force at the end, per replica, from the master's monitor */
+    cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(r, "ranks");
+    double lb[4] = {-1, -1, -1, -1};
+    int nr = cJSON_GetArraySize(ranks);
+    for (int i = 0; i < nr; i++) {
+        const cJSON *x = cJSON_GetArrayItem(ranks, i);
+        int rep = (int)jnum(x, "replica");
+        if (rep >= 0 && rep < 4) lb[rep] = jnum(x, "local_batch");
+    }
+    CHECK(nr == 2 && lb[0] < 0 && lb[1] < 0, "the monitor judges %d ranks (replicas 0, 1 at %g, %g): expected the 2 "
+          "workers only", nr, lb[0], lb[1]);
+    CHECK(lb[2] + lb[3] == 32 && lb[3] < lb[2] && lb[3] >= 1, "final split: worker 2 %g, slowed worker 3 %g; expected "
+          "worker 3 below worker 2, summing to 32 (%s)", lb[2], lb[3], detail);
+    cJSON_Delete(r);
+    ps_compare_near(&j, steps);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
 
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
- * servers, rows pulled ahead, dynamic sharding, a plan the master was asked for (--strategy zero). */
+ * servers, rows pulled ahead, a straggler policy given to the trainer alone (dynamic sharding), a
+ * plan the master was asked for (--strategy zero), the master's policy nd. */
 static void test_train_ps_refused(void) {
     if (ps_refs()) return;
     static const struct {
@@ -1854,8 +1905,9 @@ static void test_train_ps_refused(void) {
         {"3", "--straggler-policy", "dd", "--straggler-policy", {NULL}},
         {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
                                                                 "zero"}},
+        {"4", "--ps-servers", "2", "--straggler-policy nd: not for --mode ps under adtrain agent", {"--straggler-policy", "nd"}},
     };
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         ejob j;
         if (job_init(&j, "psrefused")) return;
         char log[700], text[65536];
@@ -2461,6 +2513,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_sigterm);
     MAYBE(test_train_ps_scale);
     MAYBE(test_train_ps_refused);
+    MAYBE(test_train_ps_straggler);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)

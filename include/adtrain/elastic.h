@@ -264,6 +264,8 @@ typedef struct adt_elastic_config {
     int replica;          /* the data-parallel replica; -1: $RANK / ranks_per_replica (the
                              master's)                                                         */
     double timeout_s;     /* per call; 0 = 30 s                                                  */
+    int idle_replicas;    /* declared with the data job: replicas [0, idle_replicas) take no
+                             samples (parameter servers) and no part in the master's split     */
 } adt_elastic_config;
 
 typedef struct adt_elastic_info {

@@ -286,6 +286,9 @@ typedef struct adt_ps_dlrm adt_ps_dlrm;
 int adt_ps_dlrm_create(adt_ps_dlrm **out, const struct adt_dlrm_cfg *c, int batch, const adt_ps_optim *dense,
                        const adt_exec_opts *eo);
 void adt_ps_dlrm_free(adt_ps_dlrm *d);
+/* The same model at another batch (a worker whose share of the global batch changed): a new graph
+ * and executor, the dense parameters and their optimizer state carried over. */
+int adt_ps_dlrm_resize(adt_ps_dlrm *d, int batch, const adt_exec_opts *eo);
 /* Where table t's rows for the batch go ([batch, emb_dim]), before adt_ps_dlrm_compute. */
 float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t);
 /* The forward and backward pass on dense features [batch, n_dense] and labels [batch]; *loss is

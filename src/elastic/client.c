@@ -26,6 +26,7 @@ struct adt_elastic {
     char *token;
     int64_t generation;
     int replica;
+    int idle;       /* replicas that take no samples, declared with the data job */
     double timeout_s;
     int64_t stop_at;
     int64_t held[HELD_MAX]; /* leases granted to this client, not yet reported to their end */
@@ -63,6 +64,7 @@ int adt_elastic_open(adt_elastic **out, const adt_elastic_config *cfg) {
     const char *tok = c.token ? c.token : getenv("ADT_JOB_TOKEN");
     e->token = tok && *tok ? adt_strdup(tok) : NULL;
     e->generation = c.generation;
+    e->idle = c.idle_replicas > 0 ? c.idle_replicas : 0;
     if (!e->generation) {
         const char *g = env_or("ADT_GENERATION", NULL);
         e->generation = g ? strtoll(g, NULL, 10) : 0;
@@ -210,6 +212,7 @@ int adt_elastic_data_init(adt_elastic *c, const adt_ledger_job *job, int ranks_p
     cJSON *b = data_body(c, 0), *r;
     cJSON_AddItemToObject(b, "job", wj_job_to_json(job));
     cJSON_AddNumberToObject(b, "ranks_per_replica", ranks_per_replica > 0 ? ranks_per_replica : 1);
+    if (c->idle > 0) cJSON_AddNumberToObject(b, "idle_replicas", c->idle);
     int rc = call(c, "POST", "/v1/data/init", b, &r, "data init");
     if (rc) return rc;
     take_control(c, r);

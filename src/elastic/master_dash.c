@@ -44,6 +44,7 @@ struct m_strag {
     adt_straggler_cfg cfg;
     adt_straggler *mon;
     int n;
+    int lo;       /* the monitor's rank i is replica lo + i (replicas below lo take no samples) */
     int64_t gen;
     long step;
     int64_t *split, *samples;
@@ -83,8 +84,9 @@ int m_dash_init(adt_master *m, const adt_master_config *c) {
     return ADT_OK;
 }
 
-static void reset_world(m_strag *s, int n, int64_t gen) {
+static void reset_world(m_strag *s, int n, int lo, int64_t gen) {
     adt_straggler_free(s->mon);
+    s->lo = lo;
     free(s->split), free(s->samples), free(s->compute_s);
     s->mon = adt_straggler_create(n, &s->cfg);
     s->n = n, s->gen = gen;
@@ -191,7 +193,7 @@ static void ep_report(adt_master *m, const adt_http_request *rq, adt_http_reply 
         cJSON_Delete(b);
         return;
     }
-    if (!s->mon || s->n != n || s->gen != m->gen) reset_world(s, n, m->gen);
+    if (!s->mon || s->n != n || s->lo || s->gen != m->gen) reset_world(s, n, 0, m->gen);
     long step = (long)st->valuedouble;
     adt_straggler_phase phase = !ph || !strcmp(ph->valuestring, "train") ? ADT_PHASE_TRAIN
                               : !strcmp(ph->valuestring, "eval")        ? ADT_PHASE_EVAL
@@ -245,6 +247,7 @@ static cJSON *straggler_json(adt_master *m) {
         char js[512];
         adt_straggler_rank_json(s->mon, i, js, sizeof js);
         cJSON *x = cJSON_Parse(js);
+        cJSON_AddNumberToObject(x, "replica", s->lo + i);
         cJSON_AddNumberToObject(x, "local_batch", (double)s->split[i]);
         cJSON_AddNumberToObject(x, "compute_s", s->compute_s[i]);
         cJSON_AddNumberToObject(x, "samples_per_s", s->compute_s[i] > 0 ? (double)s->samples[i] / s->compute_s[i] : 0);
@@ -426,15 +429,16 @@ static void split_save(adt_master *m) {
 static void split_begin(adt_master *m) {
     m_strag *s = m->strag;
     if (s->sp_gen == m->gen || !m->have_job || m->replicas < 1) return;
-    int n = m->replicas;
+    /* the split covers every replica, the idle ones (parameter servers) at 0; the monitor the others */
+    int n = m->replicas, lo = m->idle < n ? m->idle : 0, nw = n - lo;
     int64_t B = m->job.global_batch;
     s->sp_gen = m->gen;
     s->sp.n = 0;
     s->sp_observed = -1;
     for (int i = 0; i < RING; i++) s->ring_step[i] = -1, s->ring_count[i] = 0;
     if (m->cfg.plan_world) m_plan_text(m); /* a restarted master reads the plan file back */
-    int planned = m->plan_gen == m->gen && m->plan.n_split == n && sum64(m->plan.batch_split, n) == B;
-    if ((s->cfg.policy == ADT_STRAGGLER_OFF && !planned) || n > WJ_SPLIT_MAX || n > ADT_STRAGGLER_MAX_RANKS || B < n)
+    int planned = !lo && m->plan_gen == m->gen && m->plan.n_split == n && sum64(m->plan.batch_split, n) == B;
+    if ((s->cfg.policy == ADT_STRAGGLER_OFF && !planned) || n > WJ_SPLIT_MAX || n > ADT_STRAGGLER_MAX_RANKS || B < nw)
         return;
     int64_t *v = s->sp.cur;
     const char *from = "committed with step";
@@ -455,16 +459,17 @@ static void split_begin(adt_master *m) {
         } else {
             double *rank_speed = m_split_speeds(m), speed[ADT_STRAGGLER_MAX_RANKS], known = 0;
             int n_known = 0;
-            for (int r = 0; r < n; r++) {
-                speed[r] = rank_speed ? rank_speed[r * m->rpr] : 0;
+            for (int r = 0; r < nw; r++) {
+                speed[r] = rank_speed ? rank_speed[(lo + r) * m->rpr] : 0;
                 if (speed[r] > 0) known += speed[r], n_known++;
             }
-            for (int r = 0; r < n; r++)
+            for (int r = 0; r < nw; r++)
                 if (speed[r] <= 0) speed[r] = n_known ? known / n_known : 1;
             from = n_known ? "measured speeds" : "even";
             free(rank_speed);
-            int64_t lo = s->cfg.min_local > 0 ? s->cfg.min_local : 1;
-            if (adt_straggler_split(B, n, speed, (int64_t)n * lo <= B ? lo : 1, v)) return;
+            int64_t least = s->cfg.min_local > 0 ? s->cfg.min_local : 1;
+            for (int r = 0; r < lo; r++) v[r] = 0;
+            if (adt_straggler_split(B, nw, speed, (int64_t)nw * least <= B ? least : 1, v + lo)) return;
         }
     }
     if (!resumed) {
@@ -473,11 +478,11 @@ static void split_begin(adt_master *m) {
         s->sp.n = n;
         split_save(m);
     }
-    s->ring_c = adt_realloc(s->ring_c, (size_t)RING * (size_t)n * sizeof *s->ring_c);
-    s->ring_n = adt_realloc(s->ring_n, (size_t)RING * (size_t)n * sizeof *s->ring_n);
-    s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)n);
-    reset_world(s, n, m->gen);
-    memcpy(s->split, v, (size_t)n * sizeof *v);
+    s->ring_c = adt_realloc(s->ring_c, (size_t)RING * (size_t)nw * sizeof *s->ring_c);
+    s->ring_n = adt_realloc(s->ring_n, (size_t)RING * (size_t)nw * sizeof *s->ring_n);
+    s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)nw);
+    reset_world(s, nw, lo, m->gen);
+    memcpy(s->split, s->sp.cur + lo, (size_t)nw * sizeof *v);
     char txt[512];
     split_text(v, n, txt, sizeof txt);
     ms_event(m, "split", m->gen, -1, -1, "[%s] from step %lld (%s)", txt, (long long)s->sp.from, from);
@@ -500,11 +505,11 @@ int m_split_commit(adt_master *m, int64_t steps) {
 /* Every replica reported step `step` (its slot k of the ring): the monitor and controller. */
 static void split_observe(adt_master *m, int k, int64_t step) {
     m_strag *s = m->strag;
-    int n = s->sp.n;
+    int n = s->n, lo = s->lo; /* the monitor's ranks: replicas lo .. lo + n - 1 */
     const double *c = s->ring_c + (size_t)k * (size_t)n;
     const int64_t *smp = s->ring_n + (size_t)k * (size_t)n;
     int64_t split[WJ_SPLIT_MAX];
-    memcpy(split, s->sp.cur, (size_t)n * sizeof *split);
+    memcpy(split, s->sp.cur + lo, (size_t)n * sizeof *split);
     for (int r = 0; r < n; r++) s->compute_s[r] = c[r], s->samples[r] = smp[r], s->split[r] = split[r];
     s->step = (long)step;
     int64_t total = adt_ledger_job_steps(&m->job);
@@ -518,26 +523,27 @@ static void split_observe(adt_master *m, int k, int64_t step) {
     for (int r = 0; r < n; r++) {
         const adt_straggler_rank *ri = adt_straggler_rank_info(s->mon, r);
         if (ri && ri->ewma_s > 0)
-            for (int q = 0; q < m->rpr; q++) note_speed(m, r * m->rpr + q, 1.0 / ri->ewma_s);
+            for (int q = 0; q < m->rpr; q++) note_speed(m, (lo + r) * m->rpr + q, 1.0 / ri->ewma_s);
     }
     if (a.kind == ADT_ACTION_NONE) return;
     dash_action *d = &s->act[s->n_act++ % ACT_MAX];
     *d = (dash_action){.generation = m->gen, .a = a, .wall = adt_wall_s()};
+    d->a.rank += lo; /* the replica (its `why` counts the monitor's ranks) */
     char txt[512];
-    if (a.kind == ADT_ACTION_REBALANCE && memcmp(split, s->sp.cur, (size_t)n * sizeof *split)) {
-        memcpy(s->sp.before, s->sp.cur, (size_t)n * sizeof *split);
-        memcpy(s->sp.cur, split, (size_t)n * sizeof *split);
+    if (a.kind == ADT_ACTION_REBALANCE && memcmp(split, s->sp.cur + lo, (size_t)n * sizeof *split)) {
+        memcpy(s->sp.before, s->sp.cur, (size_t)s->sp.n * sizeof *split);
+        memcpy(s->sp.cur + lo, split, (size_t)n * sizeof *split);
         s->sp.from = (m->max_reported > step ? m->max_reported : step) + 4;
         d->applied = 1;
         split_save(m);
-        split_text(split, n, txt, sizeof txt);
-        ms_event(m, "straggler_action", m->gen, -1, a.rank, "rebalance: split [%s] from step %lld (decided at step %lld): %s",
+        split_text(s->sp.cur, s->sp.n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, lo + a.rank, "rebalance: split [%s] from step %lld (decided at step %lld): %s",
                  txt, (long long)s->sp.from, (long long)step, a.why);
     } else if (a.kind == ADT_ACTION_RESTART) {
         adt_straggler_action wa = a;
-        wa.rank = a.rank * m->rpr; /* the replica's first rank */
-        split_text(s->sp.cur, n, txt, sizeof txt);
-        ms_event(m, "straggler_action", m->gen, -1, a.rank, "restart elsewhere at step %lld (split [%s]): %s",
+        wa.rank = (lo + a.rank) * m->rpr; /* the replica's first rank */
+        split_text(s->sp.cur, s->sp.n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, lo + a.rank, "restart elsewhere at step %lld (split [%s]): %s",
                  (long long)step, txt, a.why);
         d->applied = restart_elsewhere(m, &wa);
     }
@@ -557,8 +563,9 @@ void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, in
         }
         return;
     }
-    if (replica < 0 || replica >= s->sp.n || step < s->sp.from || step <= s->sp_observed) return;
-    int k = (int)(step % RING), n = s->sp.n;
+    if (replica < s->lo || replica >= s->sp.n || step < s->sp.from || step <= s->sp_observed) return;
+    replica -= s->lo; /* the monitor's rank */
+    int k = (int)(step % RING), n = s->n;
     if (s->ring_step[k] != step) {
         s->ring_step[k] = step, s->ring_count[k] = 0;
         memset(s->ring_got + (size_t)k * (size_t)n, 0, (size_t)n);

@@ -95,6 +95,8 @@ struct adt_master {
     int have_job;            /* the data job is known (flags or a declaration)            */
     adt_ledger_job job;
     int rpr;                 /* ranks per replica                                         */
+    int idle;                /* replicas [0, idle) take no samples (parameter servers): the
+                                split and the monitor are over the others               */
     int64_t ledger_offset;   /* ledger generation = gen - ledger_offset; -1: no ledger yet  */
 
     /* the generation */

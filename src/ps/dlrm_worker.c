@@ -120,6 +120,35 @@ int adt_ps_dlrm_create(adt_ps_dlrm **out, const adt_dlrm_cfg *c, int batch, cons
     return ADT_OK;
 }
 
+int adt_ps_dlrm_resize(adt_ps_dlrm *d, int batch, const adt_exec_opts *eo) {
+    if (batch == d->batch) return ADT_OK;
+    adt_ps_dlrm *n;
+    int rc = adt_ps_dlrm_create(&n, &d->cfg, batch, &d->optim, eo);
+    if (rc) return rc;
+    /* the same model at another batch: the same dense parameters in the same order */
+    for (int i = 0; i < d->n_dense_params && !rc; i++)
+        if (n->n_dense_params != d->n_dense_params ||
+            adt_value_numel(n->g, n->dense_params[i]) != adt_value_numel(d->g, d->dense_params[i]))
+            rc = adt_error(ADT_ERR_STATE, "ps dlrm: the graph at batch %d has other dense parameters than at %d", batch,
+                           d->batch);
+    if (rc) {
+        adt_ps_dlrm_free(n);
+        return rc;
+    }
+    for (int i = 0; i < d->n_dense_params; i++) {
+        memcpy(adt_exec_data(n->ex, n->dense_params[i]), adt_exec_data(d->ex, d->dense_params[i]),
+               (size_t)adt_value_numel(d->g, d->dense_params[i]) * sizeof(float));
+        float *st = n->state[i];
+        n->state[i] = d->state[i], d->state[i] = st;
+    }
+    float *stage = n->stage;
+    n->stage = d->stage, d->stage = stage;
+    adt_ps_dlrm old = *d;
+    *d = *n, *n = old;
+    adt_ps_dlrm_free(n); /* the old graph, executor and the new one's unused state */
+    return ADT_OK;
+}
+
 void adt_ps_dlrm_free(adt_ps_dlrm *d) {
     if (!d) return;
     adt_exec_free(d->ex);

@@ -133,6 +133,11 @@ int train_ps_resume(trainer *t, const char *dir, long step);
 int train_ps_serves(const trainer *t);
 adt_comm *train_ps_workers(const trainer *t);
 int64_t train_ps_local_batch(const trainer *t);
+/* The last step's compute seconds of a worker (-1 on a server, or before its first step). */
+double train_ps_compute_s(const trainer *t);
+/* Under the elastic master's split: the workers' local batches of `step` (the gathered leases);
+ * a worker whose share changed remakes its model at the new batch. */
+int train_ps_set_split(trainer *t, const int64_t *split, int n, long step);
 /* The rows' optimizer ("sgd", "adagrad", "adam"), saved with a checkpoint and checked on resume. */
 const char *train_ps_sparse_optimizer(const trainer *t);
 
