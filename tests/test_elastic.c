@@ -1848,6 +1848,24 @@ static void test_train_ps_scale(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* A --mode ps job on 4 ranks under the master's dd (fast thresholds) with --inject-slowdown `slow`,
+ * run to its end and audited; -1 without mpiexec's reference. */
+static int ps_slow_job(ejob *j, const char *tag, const char *slow) {
+    if (ps_refs()) return -1;
+    static const char *flags[64];
+    int n = 0;
+    for (int i = 0; TRAIN_PS[i]; i++) flags[n++] = TRAIN_PS[i];
+    flags[n++] = "--inject-slowdown", flags[n++] = slow, flags[n] = NULL;
+    train_job_init(j, tag, flags);
+    j->batch = 32;
+    const char *extra[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6"};
+    for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) j->master_extra[j->n_master_extra++] = extra[k];
+    job_start(j, 1, 4);
+    expect_done(j, 120);
+    train_audit(j, flags_steps((const char *const *)TRAIN_PS));
+    return 0;
+}
+
 /* The master's straggler policy dd over a --mode ps job (4 ranks: servers 0 and 1, workers 2 and 3),
  * worker 3 pausing 15 ms after every step's compute (--inject-slowdown 3:+0.015): the workers'
  * compute times reach the master's monitor as collective replicas' do, and its controller moves
@@ -1855,20 +1873,9 @@ static void test_train_ps_scale(void) {
  * replicas) take none and are not judged. The audit finds every sample once, and every step's loss
  * is mpiexec's within 1e-5 (the same global batches; other blocks sum in another order). */
 static void test_train_ps_straggler(void) {
-    if (ps_refs()) return;
     ejob j;
-    static const char *flags[64];
-    int n = 0;
-    for (int i = 0; TRAIN_PS[i]; i++) flags[n++] = TRAIN_PS[i];
-    flags[n++] = "--inject-slowdown", flags[n++] = "3:+0.015", flags[n] = NULL;
-    train_job_init(&j, "tpsstrag", flags);
-    j.batch = 32;
-    const char *extra[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6"};
-    for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) j.master_extra[j.n_master_extra++] = extra[k];
-    job_start(&j, 1, 4);
-    expect_done(&j, 120);
+    if (ps_slow_job(&j, "tpsstrag", "3:+0.015")) return;
     int steps = flags_steps((const char *const *)TRAIN_PS);
-    train_audit(&j, steps);
     CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
     char detail[4096] = "";
     CHECK(db_events(j.jobdir, "straggler_action", detail, sizeof detail) >= 1, "no straggler_action event");
@@ -1892,9 +1899,39 @@ static void test_train_ps_straggler(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* A slow parameter server: server 1 of a --mode ps job sleeps 10 ms before answering each pull
+ * (--inject-slowdown 1:+0.01), the master running dd. The workers report each server's answer
+ * time with their steps; the master's server monitor names server 1 persistently slower (a
+ * straggler_server event; GET /v1/straggler's servers: 1 persistent, 0 normal) and never server 0.
+ * The run itself is untouched: audit clean, losses mpiexec's within 1e-5. */
+static void test_train_ps_slow_server(void) {
+    ejob j;
+    if (ps_slow_job(&j, "tpsslowsrv", "1:+0.01")) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    char detail[4096] = "";
+    int ev = db_events(j.jobdir, "straggler_server", detail, sizeof detail);
+    CHECK(ev >= 1 && strstr(detail, "server 1 (replica 1) answers persistently slower"),
+          "%d straggler_server events (first: %s); expected server 1 named persistently slower", ev, detail);
+    cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(r, "servers");
+    const cJSON *s0 = cJSON_GetArrayItem(sv, 0), *s1 = cJSON_GetArrayItem(sv, 1);
+    const cJSON *st0 = cJSON_GetObjectItemCaseSensitive(s0, "state"), *st1 = cJSON_GetObjectItemCaseSensitive(s1, "state");
+    CHECK(cJSON_GetArraySize(sv) == 2 && cJSON_IsString(st0) && cJSON_IsString(st1) &&
+              !strcmp(st0->valuestring, "normal") && !strcmp(st1->valuestring, "persistent") &&
+              jnum(s1, "answer_s") > jnum(s0, "answer_s"),
+          "servers: %d, states %s / %s, answer %g / %g s: expected server 1 persistent and slower, server 0 normal",
+          cJSON_GetArraySize(sv), cJSON_IsString(st0) ? st0->valuestring : "?", cJSON_IsString(st1) ? st1->valuestring : "?",
+          jnum(s0, "answer_s"), jnum(s1, "answer_s"));
+    cJSON_Delete(r);
+    ps_compare_near(&j, steps);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
  * servers, rows pulled ahead, a straggler policy given to the trainer alone (dynamic sharding), a
- * plan the master was asked for (--strategy zero), the master's policy nd. */
+ * plan the master was asked for (--strategy zero), the master's policy nd, a server slowed by a
+ * FACTOR (it has no compute to stretch). */
 static void test_train_ps_refused(void) {
     if (ps_refs()) return;
     static const struct {
@@ -1906,8 +1943,9 @@ static void test_train_ps_refused(void) {
         {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
                                                                 "zero"}},
         {"4", "--ps-servers", "2", "--straggler-policy nd: not for --mode ps under adtrain agent", {"--straggler-policy", "nd"}},
+        {"3", "--inject-slowdown", "0:2", "rank 0 is a server", {NULL}},
     };
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < 6; c++) {
         ejob j;
         if (job_init(&j, "psrefused")) return;
         char log[700], text[65536];
@@ -2514,6 +2552,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_scale);
     MAYBE(test_train_ps_refused);
     MAYBE(test_train_ps_straggler);
+    MAYBE(test_train_ps_slow_server);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)

@@ -198,6 +198,9 @@ typedef struct adt_ps_cfg {
     /* Dynamic sharding: server 0 hands out chunks [0, chunks) one per request
      * (adt_ps_worker_next_chunk); 0: none (every worker takes its fixed block of each step). */
     int64_t chunks;
+    /* A test's slower server (--inject-slowdown on a server rank): it sleeps this long before
+     * answering each pull. 0: none. */
+    double answer_delay_s;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -238,6 +241,10 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
 void adt_ps_worker_free(adt_ps_worker *w);
 int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B);
 int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
+/* Each server's answer time to the last rows waited for (adt_ps_worker_rows): from the pull's
+ * requests going out to its answer seen, into s[0..min(n, S)); returns S. A slow server shows
+ * here before it shows in a step: the elastic master's monitor compares the servers by it. */
+int adt_ps_worker_answer_s(const adt_ps_worker *w, double *s, int n);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
 /* Dynamic sharding (cfg.chunks > 0): the next chunk from server 0; *chunk is -1 once every chunk

@@ -980,6 +980,22 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step) ||
                           wj_num(b, "compute_s", 0, 1e6, 1, -1, &compute_s)))
         return 0;
+    /* optional: each parameter server's answer time to this replica's pulls of the step */
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(b, "server_s");
+    double srv[ADT_ELASTIC_MAX_SERVERS];
+    int n_srv = 0;
+    for (const cJSON *x = sv ? sv->child : NULL; x && n_srv <= ADT_ELASTIC_MAX_SERVERS; x = x->next, n_srv++) {
+        if (n_srv == ADT_ELASTIC_MAX_SERVERS || !cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 1e6)) {
+            n_srv = -1;
+            break;
+        }
+        srv[n_srv] = x->valuedouble;
+    }
+    if (sv && (!cJSON_IsArray(sv) || n_srv < 0)) {
+        reply_error(rp, 400, "field 'server_s': expected an array of at most %d seconds in [0, 1e6]",
+                    ADT_ELASTIC_MAX_SERVERS);
+        return 0;
+    }
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(b, "ranges");
     int n = cJSON_GetArraySize(ranges);
     if (!cJSON_IsArray(ranges) || n < 1 || n > 1024) {
@@ -1019,7 +1035,7 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     }
     if (step > m->max_reported) m->max_reported = step;
     m->last_report_mono = adt_now_s();
-    if (!dup) m_split_step(m, (int)replica, step, compute_s, samples);
+    if (!dup) m_split_step(m, (int)replica, step, compute_s, samples, srv, n_srv);
     if (m->fail_wall > 0) {
         m->last_recovery_s = adt_wall_s() - m->fail_wall;
         m->fail_wall = 0;

@@ -65,6 +65,14 @@ struct m_strag {
     double *ring_c;
     int64_t *ring_n;
     unsigned char *ring_got;
+
+    /* The servers (idle replicas 0 .. lo-1) judged by their answer times: a monitor of its own,
+     * classification only (the controller has nothing to split among them); with 2 or more. */
+    adt_straggler *srv_mon;
+    int n_srv;
+    double *ring_srv;               /* RING x n replicas x n_srv answer seconds, < 0: not reported */
+    double *srv_s;                  /* [n_srv] the last judged step's: mean over the replicas */
+    adt_straggler_state *srv_state; /* [n_srv] as last logged                                  */
 };
 
 int m_dash_init(adt_master *m, const adt_master_config *c) {
@@ -101,6 +109,8 @@ void m_dash_free(adt_master *m) {
     adt_straggler_free(s->mon);
     free(s->split), free(s->samples), free(s->compute_s);
     free(s->ring_c), free(s->ring_n), free(s->ring_got);
+    adt_straggler_free(s->srv_mon);
+    free(s->ring_srv), free(s->srv_s), free(s->srv_state);
     free(s);
     m->strag = NULL;
 }
@@ -252,6 +262,15 @@ static cJSON *straggler_json(adt_master *m) {
         cJSON_AddNumberToObject(x, "compute_s", s->compute_s[i]);
         cJSON_AddNumberToObject(x, "samples_per_s", s->compute_s[i] > 0 ? (double)s->samples[i] / s->compute_s[i] : 0);
         cJSON_AddItemToArray(r, x);
+    }
+    cJSON *sv = cJSON_AddArrayToObject(o, "servers");
+    for (int i = 0; s->srv_mon && i < s->n_srv; i++) {
+        char js[512];
+        adt_straggler_rank_json(s->srv_mon, i, js, sizeof js);
+        cJSON *x = cJSON_Parse(js);
+        cJSON_AddNumberToObject(x, "server", i);
+        cJSON_AddNumberToObject(x, "answer_s", s->srv_s[i]);
+        cJSON_AddItemToArray(sv, x);
     }
     cJSON *acts = cJSON_AddArrayToObject(o, "actions");
     int64_t first = s->n_act > ACT_MAX ? s->n_act - ACT_MAX : 0;
@@ -423,6 +442,59 @@ static void split_save(adt_master *m) {
     free(txt);
 }
 
+/* The servers' monitor of a new world: lo servers answering nw replicas. */
+static void servers_begin(m_strag *s, int nw, int lo) {
+    adt_straggler_free(s->srv_mon);
+    s->srv_mon = NULL;
+    /* one server has no peers to be slower than; a worker reports at most ADT_ELASTIC_MAX_SERVERS */
+    s->n_srv = lo >= 2 && lo <= ADT_ELASTIC_MAX_SERVERS ? lo : 0;
+    if (!s->n_srv) return;
+    adt_straggler_cfg c = s->cfg;
+    c.policy = ADT_STRAGGLER_OFF;
+    s->srv_mon = adt_straggler_create(lo, &c);
+    s->ring_srv = adt_realloc(s->ring_srv, (size_t)RING * (size_t)nw * (size_t)lo * sizeof *s->ring_srv);
+    s->srv_s = adt_realloc(s->srv_s, (size_t)lo * sizeof *s->srv_s);
+    s->srv_state = adt_realloc(s->srv_state, (size_t)lo * sizeof *s->srv_state);
+    for (int i = 0; i < lo; i++) s->srv_s[i] = 0, s->srv_state[i] = ADT_STRAGGLER_NORMAL;
+}
+
+/* Every replica reported step `step` (slot k): the servers' mean answer times to the monitor; a
+ * server turning persistent (or back to normal) is an event. */
+static void servers_observe(adt_master *m, int k, int64_t step) {
+    m_strag *s = m->strag;
+    int n = s->n, S = s->n_srv;
+    if (!s->srv_mon) return;
+    const double *a = s->ring_srv + (size_t)k * (size_t)n * (size_t)S;
+    int64_t one[ADT_ELASTIC_MAX_SERVERS] = {0}, split[ADT_ELASTIC_MAX_SERVERS] = {0};
+    for (int p = 0; p < S; p++) {
+        double sum = 0;
+        for (int r = 0; r < n; r++) {
+            if (a[(size_t)r * (size_t)S + (size_t)p] < 0) return; /* a replica without the times */
+            sum += a[(size_t)r * (size_t)S + (size_t)p];
+        }
+        s->srv_s[p] = sum / n, one[p] = 1, split[p] = 1;
+    }
+    adt_straggler_action act;
+    if (adt_straggler_observe(s->srv_mon, (long)step, ADT_PHASE_TRAIN, s->srv_s, one, split, 0, &act)) return;
+    for (int p = 0; p < S; p++) {
+        const adt_straggler_rank *ri = adt_straggler_rank_info(s->srv_mon, p);
+        adt_straggler_state now = ri->state;
+        if (now == ADT_STRAGGLER_TRANSIENT || now == s->srv_state[p]) continue; /* persistent, or normal again */
+        s->srv_state[p] = now;
+        double others = 0;
+        int no = 0;
+        for (int q = 0; q < S; q++)
+            if (q != p) others += adt_straggler_rank_info(s->srv_mon, q)->ewma_s, no++;
+        ms_event(m, "straggler_server", m->gen, -1, p,
+                 now == ADT_STRAGGLER_PERSISTENT
+                     ? "step %lld: server %d (replica %d) answers persistently slower than the others: %.1f ms per "
+                       "pull (smoothed) against their mean %.1f ms"
+                     : "step %lld: server %d (replica %d) answers as fast as the others again: %.1f ms per pull "
+                       "(smoothed) against their mean %.1f ms",
+                 (long long)step, p, p, ri->ewma_s * 1e3, no ? others / no * 1e3 : 0.0);
+    }
+}
+
 /* The first split of the current generation: the one committed with the step it resumes from
  * (as many replicas), else the plan's batch_split, else one in proportion to the speeds
  * measured on its devices (even where none was). None without a policy or a plan's split. */
@@ -483,6 +555,7 @@ static void split_begin(adt_master *m) {
     s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)nw);
     reset_world(s, nw, lo, m->gen);
     memcpy(s->split, s->sp.cur + lo, (size_t)nw * sizeof *v);
+    servers_begin(s, nw, lo);
     char txt[512];
     split_text(v, n, txt, sizeof txt);
     ms_event(m, "split", m->gen, -1, -1, "[%s] from step %lld (%s)", txt, (long long)s->sp.from, from);
@@ -549,7 +622,8 @@ static void split_observe(adt_master *m, int k, int64_t step) {
     }
 }
 
-void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples) {
+void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples, const double *server_s,
+                  int n_srv) {
     split_begin(m);
     m_strag *s = m->strag;
     if (s->cfg.policy == ADT_STRAGGLER_OFF || s->sp_gen != m->gen || s->sp.n < 1) return;
@@ -573,9 +647,13 @@ void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, in
     unsigned char *got = s->ring_got + (size_t)k * (size_t)n;
     if (got[replica]) return; /* a retried report */
     got[replica] = 1;
+    for (int p = 0; p < s->n_srv; p++)
+        s->ring_srv[((size_t)k * (size_t)n + (size_t)replica) * (size_t)s->n_srv + (size_t)p] =
+            n_srv == s->n_srv ? server_s[p] : -1;
     s->ring_c[(size_t)k * (size_t)n + (size_t)replica] = compute_s;
     s->ring_n[(size_t)k * (size_t)n + (size_t)replica] = samples;
     if (++s->ring_count[k] < n) return;
     s->ring_step[k] = -1;
+    servers_observe(m, k, step);
     split_observe(m, k, step);
 }

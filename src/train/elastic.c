@@ -660,8 +660,12 @@ static int drain(train_elastic *e) {
 static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     *stop = 0;
     double t_rep = adt_now_s();
-    /* with this rank's compute time of the step: the master's straggler controller judges by it */
-    int st = e->n_mine ? adt_elastic_pipe_report_compute(e->pipe, step - 1, e->mine, e->n_mine, train_balance_compute_s(t))
+    /* with this rank's compute time of the step: the master's straggler controller judges by it;
+     * under --mode ps with each server's answer time to the step's pull, which its monitor compares */
+    double srv[ADT_ELASTIC_MAX_SERVERS];
+    int n_srv = t->ps ? train_ps_answer_s(t, srv, ADT_ELASTIC_MAX_SERVERS) : 0;
+    int st = e->n_mine ? adt_elastic_pipe_report_timed(e->pipe, step - 1, e->mine, e->n_mine, train_balance_compute_s(t),
+                                                       srv, n_srv <= ADT_ELASTIC_MAX_SERVERS ? n_srv : 0)
                        : adt_elastic_pipe_status(e->pipe);
     e->report_s = adt_now_s() - t_rep;
     if (st) return el_fail(st, "report");

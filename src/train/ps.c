@@ -208,9 +208,14 @@ int train_ps_check(trainer *t) {
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
                           o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
     int W = t->nranks - o->ps_servers;
-    if (o->bal.slow_rank >= 0 && (o->bal.slow_rank < o->ps_servers || o->bal.slow_rank >= t->nranks))
-        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is not a worker; expected a rank in [%d, %d] (the "
-                          "first %d serve)", o->bal.slow_rank, o->ps_servers, t->nranks - 1, o->ps_servers);
+    if (o->bal.slow_rank >= t->nranks)
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d ranks", o->bal.slow_rank,
+                          t->nranks);
+    /* a server has no compute of its own to stretch: it pauses before each answer instead */
+    if (o->bal.slow_rank >= 0 && o->bal.slow_rank < o->ps_servers &&
+        (o->bal.slow_add_s <= 0 || o->bal.slow_first != 1 || o->bal.slow_last != INT32_MAX))
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is a server, which pauses before each answer to a "
+                          "pull; expected %d:+SECONDS (no FACTOR, no @FIRST-LAST)", o->bal.slow_rank, o->bal.slow_rank);
     if (ps_dynamic(o) && o->batch % W)
         return train_fail(EXIT_USAGE, "--mode ps: --straggler-policy dd: --batch %ld is not a multiple of the %d workers "
                           "(a chunk is a worker's batch)", o->batch, W);
@@ -241,6 +246,7 @@ static int ps_build(trainer *t) {
     p->pc.prefetch = o->ps_prefetch;
     p->pc.seed = o->seed;
     p->pc.lr_at = ps_lr_at, p->pc.lr_ctx = &t->o;
+    if (o->bal.slow_rank == t->rank && t->rank < o->ps_servers) p->pc.answer_delay_s = o->bal.slow_add_s;
     if (adt_ps_sync_parse(o->ps_sync ? o->ps_sync : "sync", "--ps-sync", &p->pc.sync))
         return train_fail(EXIT_USAGE, "%s", adt_error_message());
     /* the sparse optimizer: --ps-optimizer, else the dense one's sparse form */
@@ -550,6 +556,11 @@ adt_comm *train_ps_workers(const trainer *t) { return t->ps && t->ps->pw_ready ?
 int64_t train_ps_local_batch(const trainer *t) { return train_ps_serves(t) ? 0 : t->ps->Bw; }
 
 double train_ps_compute_s(const trainer *t) { return train_ps_serves(t) || !t->ps->samples ? -1 : t->ps->last_compute_s; }
+
+int train_ps_answer_s(const trainer *t, double *s, int n) {
+    if (train_ps_serves(t) || !t->ps->wk || !t->ps->samples) return 0;
+    return adt_ps_worker_answer_s(t->ps->wk, s, n);
+}
 
 int train_ps_set_split(trainer *t, const int64_t *split, int n, long step) {
     train_ps *p = t->ps;
