@@ -1671,6 +1671,7 @@ static void test_train_trials(void) {
  */
 static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap);
 static size_t read_text(const char *path, char *buf, size_t cap);
+static int db_first_restart(const char *jobdir);
 static char g_dlrm_cfg[700];
 static const char *TRAIN_PS[] = {"--model", g_dlrm_cfg, "--data", "synthetic:dlrm", "--batch", "32", "--optimizer",
                                  "sgd", "--lr", "0.5", "--schedule", "constant", "--seed", "5", "--commit-every",
@@ -1708,6 +1709,17 @@ static void ps_compare_near(const ejob *j, int steps) {
         if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
     CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
           "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+}
+
+/* After planned stops: nothing retrained, every step logged once at mpiexec's loss within 1e-5;
+ * then the job ends. */
+static void ps_end_once(ejob *j, int steps) {
+    CHECK(audit_retrained(j) == 0, "planned stops retrained %lld samples", (long long)audit_retrained(j));
+    CHECK(count_loss_lines(j->logf) == steps, "%d loss lines for %d steps: steps were redone",
+          count_loss_lines(j->logf), steps);
+    ps_compare_near(j, steps);
+    job_end(j, 10);
+    job_cleanup(j, check_cur_failed);
 }
 
 /* The generation running and its highest reported step (0-based), from the master. */
@@ -1840,17 +1852,15 @@ static void test_train_ps_scale(void) {
     cJSON_Delete(r);
     int steps = flags_steps((const char *const *)TRAIN_PS);
     train_audit(&j, steps);
-    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
-    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
-          steps);
-    ps_compare_near(&j, steps);
-    job_end(&j, 10);
-    job_cleanup(&j, check_cur_failed);
+    ps_end_once(&j, steps);
 }
 
-/* A --mode ps job on 4 ranks under the master's dd (fast thresholds) with --inject-slowdown `slow`,
- * run to its end and audited; -1 without mpiexec's reference. */
-static int ps_slow_job(ejob *j, const char *tag, const char *slow) {
+static const char *PS_DD[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6",
+                              NULL};
+
+/* A --mode ps job with --inject-slowdown `slow` and the master's flags `master` (NULL-ended), on
+ * `agents` agents of `slots` slots, run to its end and audited; -1 without mpiexec's reference. */
+static int ps_slow_job(ejob *j, const char *tag, const char *slow, const char *const *master, int agents, int slots) {
     if (ps_refs()) return -1;
     static const char *flags[64];
     int n = 0;
@@ -1858,10 +1868,9 @@ static int ps_slow_job(ejob *j, const char *tag, const char *slow) {
     flags[n++] = "--inject-slowdown", flags[n++] = slow, flags[n] = NULL;
     train_job_init(j, tag, flags);
     j->batch = 32;
-    const char *extra[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6"};
-    for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) j->master_extra[j->n_master_extra++] = extra[k];
-    job_start(j, 1, 4);
-    expect_done(j, 120);
+    for (int k = 0; master[k]; k++) j->master_extra[j->n_master_extra++] = master[k];
+    job_start(j, agents, slots);
+    expect_done(j, 180);
     train_audit(j, flags_steps((const char *const *)TRAIN_PS));
     return 0;
 }
@@ -1874,7 +1883,7 @@ static int ps_slow_job(ejob *j, const char *tag, const char *slow) {
  * is mpiexec's within 1e-5 (the same global batches; other blocks sum in another order). */
 static void test_train_ps_straggler(void) {
     ejob j;
-    if (ps_slow_job(&j, "tpsstrag", "3:+0.015")) return;
+    if (ps_slow_job(&j, "tpsstrag", "3:+0.015", PS_DD, 1, 4)) return;
     int steps = flags_steps((const char *const *)TRAIN_PS);
     CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
     char detail[4096] = "";
@@ -1899,6 +1908,35 @@ static void test_train_ps_straggler(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
+/* ND over a --mode ps job: 3 agents of 2 slots (servers 0 and 1 on one, workers 2..5), worker 5
+ * pausing 50 ms a step. Thresholds for DLRM steps of a few ms, whose per-sample times are noisy
+ * and grow as a worker's share shrinks (fixed costs per step): k = 20 and at least 6 samples a
+ * worker, so that only the slowed worker turns persistent. The master's controller turns it persistent, finds a restart worth its
+ * (tiny) cost and leaves its node out (for 600 s): the generation stops at a step boundary with a
+ * commit and the next world forms on the other two agents (2 servers, 2 workers; rank 5 is not in
+ * it, so nobody is slowed), restoring that commit.
+ * Nothing is trained twice, the audit is clean, every step is logged once at mpiexec's loss
+ * within 1e-5. */
+static void test_train_ps_nd(void) {
+    static const char *nd[] = {"--nnodes", "2:3", "--blacklist-cooldown", "600:600", "--straggler-policy", "nd",
+                               "--straggler-config",
+                               "k=20,min_local=6,warmup=1,first=2,nd_after=3,cooldown=6,persist=3,restart_cost=0.01",
+                               NULL};
+    ejob j;
+    if (ps_slow_job(&j, "tpsnd", "5:+0.05", nd, 3, 2)) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    char detail[4096] = "", left[4096] = "";
+    int acts = db_events(j.jobdir, "straggler_action", detail, sizeof detail);
+    int outs = db_events(j.jobdir, "straggler", left, sizeof left);
+    CHECK(acts >= 1 && outs >= 1 && strstr(left, "left out"), "%d straggler_action events, %d node events (%s): expected "
+          "the slow worker's node left out", acts, outs, left);
+    CHECK(db_first_restart(j.jobdir) == 5, "the first restart elsewhere named replica %d; expected the slowed 5",
+          db_first_restart(j.jobdir));
+    CHECK(current_gen(&j) == 2, "generation %d: expected 2 (the restart elsewhere, then the node sits out)",
+          current_gen(&j));
+    ps_end_once(&j, steps);
+}
+
 /* A slow parameter server: server 1 of a --mode ps job sleeps 10 ms before answering each pull
  * (--inject-slowdown 1:+0.01), the master running dd. The workers report each server's answer
  * time with their steps; the master's server monitor names server 1 persistently slower (a
@@ -1906,7 +1944,7 @@ static void test_train_ps_straggler(void) {
  * The run itself is untouched: audit clean, losses mpiexec's within 1e-5. */
 static void test_train_ps_slow_server(void) {
     ejob j;
-    if (ps_slow_job(&j, "tpsslowsrv", "1:+0.01")) return;
+    if (ps_slow_job(&j, "tpsslowsrv", "1:+0.01", PS_DD, 1, 4)) return;
     int steps = flags_steps((const char *const *)TRAIN_PS);
     char detail[4096] = "";
     int ev = db_events(j.jobdir, "straggler_server", detail, sizeof detail);
@@ -1930,8 +1968,8 @@ static void test_train_ps_slow_server(void) {
 
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
  * servers, rows pulled ahead, a straggler policy given to the trainer alone (dynamic sharding), a
- * plan the master was asked for (--strategy zero), the master's policy nd, a server slowed by a
- * FACTOR (it has no compute to stretch). */
+ * plan the master was asked for (--strategy zero), a server slowed by a FACTOR (it has no compute
+ * to stretch). */
 static void test_train_ps_refused(void) {
     if (ps_refs()) return;
     static const struct {
@@ -1942,10 +1980,9 @@ static void test_train_ps_refused(void) {
         {"3", "--straggler-policy", "dd", "--straggler-policy", {NULL}},
         {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
                                                                 "zero"}},
-        {"4", "--ps-servers", "2", "--straggler-policy nd: not for --mode ps under adtrain agent", {"--straggler-policy", "nd"}},
         {"3", "--inject-slowdown", "0:2", "rank 0 is a server", {NULL}},
     };
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 5; c++) {
         ejob j;
         if (job_init(&j, "psrefused")) return;
         char log[700], text[65536];
@@ -2279,6 +2316,24 @@ static int db_events(const char *jobdir, const char *kind, char *detail, size_t 
     return n;
 }
 
+/* The replica the first ND restart named (its straggler_action event's rank), -1 if none. */
+static int db_first_restart(const char *jobdir) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", jobdir, ADT_MASTER_STATE_FILE);
+    sqlite3 *db = NULL;
+    int r = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_stmt *st;
+        if (sqlite3_prepare_v2(db, "SELECT rank FROM events WHERE kind = 'straggler_action' AND detail LIKE "
+                               "'restart elsewhere%' ORDER BY seq LIMIT 1", -1, &st, NULL) == SQLITE_OK) {
+            if (sqlite3_step(st) == SQLITE_ROW) r = sqlite3_column_int(st, 0);
+            sqlite3_finalize(st);
+        }
+    }
+    sqlite3_close(db);
+    return r;
+}
+
 static size_t read_text(const char *path, char *buf, size_t cap) {
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
@@ -2553,6 +2608,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_refused);
     MAYBE(test_train_ps_straggler);
     MAYBE(test_train_ps_slow_server);
+    MAYBE(test_train_ps_nd);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)

@@ -308,6 +308,9 @@ void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr);
  * over `workers` (NULL: alone) and applies the update of global step `step` (1-based). */
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
+/* Seconds spent so far in the dense gradients' all-reduce among the workers (hybrid): a worker
+ * that waits there for a slower one is not computing. */
+double adt_ps_dlrm_sync_s(const adt_ps_dlrm *d);
 /* The worker's dense parameters and their optimizer state as safetensors (tensor "<name>" and,
  * for Adam, "<name>.state" [2 * numel]: m then v), with the given metadata pairs; load reads
  * them back (a missing tensor or another shape is an error naming the file). */

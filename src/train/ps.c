@@ -70,9 +70,9 @@
  * loaded into shards), momentum and weight decay (their sparse forms are not defined here),
  * --straggler-policy nd, --split, --micro-batch, --straggler-config/-master; under adtrain agent
  * a straggler policy given to the trainer alone (dynamic sharding hands out samples apart from the
- * ledger), the master's nd, --val with the master's policy, rows pulled ahead and --flash on.
+ * ledger), --val with the master's policy, rows pulled ahead and --flash on.
  *
- * Under adtrain agent with the master's policy dd, the master's controller splits each step's
+ * Under adtrain agent with the master's policy dd or nd, the master's controller splits each step's
  * samples among the workers (the servers are idle replicas of its data job): a worker leases its
  * local batch, reports its compute seconds, and remakes its model when its share changes
  * (train_ps_set_split, from the gathered leases).
@@ -158,9 +158,6 @@ static const char *ps_check_elastic(trainer *t) {
         return "--straggler-policy: under adtrain agent the workers' samples come from the master's ledger, so the "
                "master's controller splits them; expected the policy on adtrain launch / master --straggler-policy dd "
                "(dynamic sharding runs under mpiexec)";
-    if (o->bal.by_feed && o->bal.policy == ADT_STRAGGLER_ND)
-        return "--straggler-policy nd: not for --mode ps under adtrain agent yet (its restart elsewhere is not tested "
-               "with parameter servers); expected dd";
     if (o->bal.by_feed && o->val)
         return "--val: with the master's straggler policy a worker's share of the batch changes, and evaluation "
                "runs on even blocks; expected no --val";
@@ -190,7 +187,8 @@ int train_ps_check(trainer *t) {
         why = "--split, --micro-batch, --straggler-config, --straggler-master: not in --mode ps (its straggler "
               "mitigation is --straggler-policy dd: dynamic sharding)";
     else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_ND && !o->bal.by_feed)
-        why = "--straggler-policy nd: not in --mode ps; expected dd (dynamic sharding) or off";
+        why = "--straggler-policy nd: not in --mode ps under mpiexec (under adtrain launch the master's nd restarts a "
+              "slow worker elsewhere); expected dd (dynamic sharding) or off";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
     else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
@@ -208,9 +206,14 @@ int train_ps_check(trainer *t) {
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
                           o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
     int W = t->nranks - o->ps_servers;
-    if (o->bal.slow_rank >= t->nranks)
+    if (o->bal.slow_rank >= t->nranks && getenv("ADT_MASTER")) { /* an elastic world of another size */
+        train_note(t, "--inject-slowdown: rank %d is not in this world of %d ranks: no rank is slowed", o->bal.slow_rank,
+                   t->nranks);
+        t->o.bal.slow_rank = -1;
+    } else if (o->bal.slow_rank >= t->nranks) {
         return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d ranks", o->bal.slow_rank,
                           t->nranks);
+    }
     /* a server has no compute of its own to stretch: it pauses before each answer instead */
     if (o->bal.slow_rank >= 0 && o->bal.slow_rank < o->ps_servers &&
         (o->bal.slow_add_s <= 0 || o->bal.slow_first != 1 || o->bal.slow_last != INT32_MAX))
@@ -325,14 +328,18 @@ static int ps_client(train_ps *p) {
 static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float share, float *l) {
     adt_ps_worker_stats a, b;
     adt_ps_worker_get_stats(p->wk, &a);
-    double t0 = adt_now_s();
+    double t0 = adt_now_s(), sync0 = adt_ps_dlrm_sync_s(p->d);
     if (adt_ps_dlrm_step(p->d, p->wk, workers, s, p->dense_in, p->labels, share, l))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", s + 1, adt_error_message());
     adt_ps_worker_get_stats(p->wk, &b);
-    double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
+    /* less the waits for rows, pushes and the other workers (the dense all-reduce): what this worker
+     * computed, which the straggler monitor compares */
+    double sync = adt_ps_dlrm_sync_s(p->d) - sync0;
+    double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s) - sync;
     c = train_slow_step(t, s + 1, c > 0 ? c : 0); /* --inject-slowdown: the sleep counts as compute */
     p->last_compute_s = c;
-    if (p->samples) p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s);
+    if (p->samples)
+        p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s) + sync;
     else if (p->dynamic) p->warm_t = adt_now_s(); /* the fixed split's: after the step's loss sum */
     p->samples += p->Bw;
     return 0;
