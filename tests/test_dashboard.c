@@ -4,7 +4,8 @@
  * The endpoints through adt_master_handle (no socket): a world of two ranks where rank 1 turns
  * three times slower must get a rebalance from a DD master whose split matches
  * adt_straggler_split of the measured speeds; reports of another generation are refused (409),
- * malformed ones name the field (400); GET /v1/straggler shows states, actions and the loss.
+ * malformed ones name the field (400); GET /v1/straggler shows states, actions and the loss. Idle
+ * replicas (parameter servers) take no part in a world's split.
  *
  * The page in a real headless Chromium (Debian's `chromium`, scripts/install-deps.sh): the
  * master serves on a loopback port, the browser loads /dashboard, runs its JavaScript against
@@ -101,6 +102,40 @@ static void test_nd_restart_in_a_world(void) {
     free(out);
     CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && !strstr(out, "\"state\":\"running\""),
           "the generation still runs: %s", out ? out : "");
+    free(out);
+    adt_master_free(m);
+}
+
+/* Idle replicas (a --mode ps job's servers) through adt_master_handle: a world of 4 ranks whose
+ * data job declares 2 idle replicas gets a split [0, 0, b, b]; as many idle replicas as replicas
+ * are refused naming idle_replicas (422), a later declaration that differs too, and a report's
+ * malformed server_s names the field (400). */
+static void test_idle_replicas(void) {
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .join_wait_s = -1, .straggler_policy = "dd"};
+    CHECK(adt_master_create(&m, &cfg) == 0, "%s", adt_error_message());
+    if (!m) return;
+    char *out = NULL;
+    CHECK(call(m, "POST", "/v1/agents", "{\"node\":\"n0\",\"host\":\"h0\",\"slots\":4,\"pid\":101}", &out) == 200,
+          "register: %s", out ? out : "");
+    free(out);
+    const char *job = "\"job\":{\"samples\":640,\"global_batch\":32,\"shard_size\":64,\"epochs\":1}";
+    char body[512];
+    snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"idle_replicas\":4,%s}", job);
+    int st = call(m, "POST", "/v1/data/init", body, &out);
+    CHECK(st == 422 && out && strstr(out, "idle_replicas 4"), "4 idle of 4 replicas: %d %s", st, out ? out : "");
+    free(out);
+    snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"idle_replicas\":2,%s}", job);
+    st = call(m, "POST", "/v1/data/init", body, &out);
+    CHECK(st == 200 && out && strstr(out, "\"split\":[0,0,16,16]"), "2 idle of 4: %d %s", st, out ? out : "");
+    free(out);
+    snprintf(body, sizeof body, "{\"generation\":1,\"replica\":2,\"idle_replicas\":1,%s}", job);
+    st = call(m, "POST", "/v1/data/init", body, &out);
+    CHECK(st == 422 && out && strstr(out, "idle_replicas"), "a second declaration of 1 idle: %d %s", st, out ? out : "");
+    free(out);
+    st = call(m, "POST", "/v1/data/report",
+              "{\"generation\":1,\"replica\":2,\"step\":0,\"ranges\":[[1,0,16]],\"server_s\":[0.1,\"x\"]}", &out);
+    CHECK(st == 400 && out && strstr(out, "server_s"), "malformed server_s: %d %s", st, out ? out : "");
     free(out);
     adt_master_free(m);
 }
@@ -242,6 +277,7 @@ int main(void) {
     if (check_tmpdir_make("dashboard")) return 1;
     RUN(test_endpoints);
     RUN(test_nd_restart_in_a_world);
+    RUN(test_idle_replicas);
     RUN(test_page_in_chromium);
     /* the temp directory stays: it holds the screenshot */
     return check_finish();

@@ -1671,6 +1671,7 @@ static void test_train_trials(void) {
  */
 static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap);
 static size_t read_text(const char *path, char *buf, size_t cap);
+static int db_first_restart(const char *jobdir);
 static char g_dlrm_cfg[700];
 static const char *TRAIN_PS[] = {"--model", g_dlrm_cfg, "--data", "synthetic:dlrm", "--batch", "32", "--optimizer",
                                  "sgd", "--lr", "0.5", "--schedule", "constant", "--seed", "5", "--commit-every",
@@ -1697,6 +1698,29 @@ static int ps_refs(void) {
 static void ps_job_init(ejob *j, const char *tag) {
     train_job_init(j, tag, (const char *const *)TRAIN_PS);
     j->batch = 32;
+}
+
+/* Every step logged, each loss mpiexec's within a relative `tol` (the same global batches from the
+ * same state; other blocks per rank sum the gradients in another order). */
+static void losses_near(const ejob *j, const double *ref, int steps, double tol) {
+    double *got = malloc((size_t)(steps + 1) * sizeof *got);
+    int top = read_step_losses(j->logf, got, steps), bad = 0, first = 0;
+    for (int s = 1; s <= steps && top == steps; s++)
+        if (!(fabs(got[s] - ref[s]) <= tol * fabs(ref[s]))) bad++, first = first ? first : s;
+    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than %g (first: step %d: %.9g vs "
+          "%.9g)", top, bad, tol, first, first ? got[first] : 0, first ? ref[first] : 0);
+    free(got);
+}
+
+/* After planned stops: nothing retrained, every step logged once at mpiexec's loss within 1e-5;
+ * then the job ends. */
+static void ps_end_once(ejob *j, int steps) {
+    CHECK(audit_retrained(j) == 0, "planned stops retrained %lld samples", (long long)audit_retrained(j));
+    CHECK(count_loss_lines(j->logf) == steps, "%d loss lines for %d steps: steps were redone",
+          count_loss_lines(j->logf), steps);
+    losses_near(j, g_ref_ps, steps, 1e-5);
+    job_end(j, 10);
+    job_cleanup(j, check_cur_failed);
 }
 
 /* The generation running and its highest reported step (0-based), from the master. */
@@ -1829,21 +1853,147 @@ static void test_train_ps_scale(void) {
     cJSON_Delete(r);
     int steps = flags_steps((const char *const *)TRAIN_PS);
     train_audit(&j, steps);
-    CHECK(audit_retrained(&j) == 0, "planned changes retrained %lld samples", (long long)audit_retrained(&j));
-    CHECK(count_loss_lines(j.logf) == steps, "%d loss lines for %d steps: steps were redone", count_loss_lines(j.logf),
-          steps);
-    double got[101];
-    int top = read_step_losses(j.logf, got, steps), bad = 0, first = 0;
-    for (int s = 1; s <= steps; s++)
-        if (!(fabs(got[s] - g_ref_ps[s]) <= 1e-5 * fabs(g_ref_ps[s]))) bad++, first = first ? first : s;
-    CHECK(top == steps && bad == 0, "%d steps logged; %d losses off mpiexec's by more than 1e-5 (first: step %d: %.9g vs "
-          "%.9g)", top, bad, first, first ? got[first] : 0, first ? g_ref_ps[first] : 0);
+    ps_end_once(&j, steps);
+}
+
+static const char *PS_DD[] = {"--straggler-policy", "dd", "--straggler-config", "warmup=1,first=2,dd_after=3,cooldown=6",
+                              NULL};
+
+/* A --mode ps job with --inject-slowdown `slow` and the master's flags `master` (NULL-ended), on
+ * `agents` agents of `slots` slots, run to its end and audited; -1 without mpiexec's reference. */
+static int ps_slow_job(ejob *j, const char *tag, const char *slow, const char *const *master, int agents, int slots) {
+    if (ps_refs()) return -1;
+    static const char *flags[64];
+    int n = 0;
+    for (int i = 0; TRAIN_PS[i]; i++) flags[n++] = TRAIN_PS[i];
+    flags[n++] = "--inject-slowdown", flags[n++] = slow, flags[n] = NULL;
+    train_job_init(j, tag, flags);
+    j->batch = 32;
+    for (int k = 0; master[k]; k++) j->master_extra[j->n_master_extra++] = master[k];
+    job_start(j, agents, slots);
+    expect_done(j, 180);
+    train_audit(j, flags_steps((const char *const *)TRAIN_PS));
+    return 0;
+}
+
+/* The master's straggler policy dd over a --mode ps job (4 ranks: servers 0 and 1, workers 2 and 3),
+ * worker 3 pausing 15 ms after every step's compute (--inject-slowdown 3:+0.015): the workers'
+ * compute times reach the master's monitor as collective replicas' do, and its controller moves
+ * the split so that worker 3 leases fewer samples per step than worker 2; the servers (idle
+ * replicas) take none and are not judged. The audit finds every sample once, and every step's loss
+ * is mpiexec's within 1e-5 (the same global batches; other blocks sum in another order). */
+static void test_train_ps_straggler(void) {
+    ejob j;
+    if (ps_slow_job(&j, "tpsstrag", "3:+0.015", PS_DD, 1, 4)) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    CHECK(current_gen(&j) == 1, "generation %d of a run without faults", current_gen(&j));
+    char detail[4096] = "";
+    CHECK(db_events(j.jobdir, "straggler_action", detail, sizeof detail) >= 1, "no straggler_action event");
+    /* the split in force at the end, per replica, from the master's monitor */
+    cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(r, "ranks");
+    double lb[4] = {-1, -1, -1, -1};
+    int nr = cJSON_GetArraySize(ranks);
+    for (int i = 0; i < nr; i++) {
+        const cJSON *x = cJSON_GetArrayItem(ranks, i);
+        int rep = (int)jnum(x, "replica");
+        if (rep >= 0 && rep < 4) lb[rep] = jnum(x, "local_batch");
+    }
+    CHECK(nr == 2 && lb[0] < 0 && lb[1] < 0, "the monitor judges %d ranks (replicas 0, 1 at %g, %g): expected the 2 "
+          "workers only", nr, lb[0], lb[1]);
+    CHECK(lb[2] + lb[3] == 32 && lb[3] < lb[2] && lb[3] >= 1, "final split: worker 2 %g, slowed worker 3 %g; expected "
+          "worker 3 below worker 2, summing to 32 (%s)", lb[2], lb[3], detail);
+    cJSON_Delete(r);
+    losses_near(&j, g_ref_ps, steps, 1e-5);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* ND over a --mode ps job: 3 agents of 2 slots (servers 0 and 1 on one, workers 2..5), worker 5
+ * pausing 50 ms a step. Thresholds for DLRM steps of a few ms, whose per-sample times are noisy
+ * and grow as a worker's share shrinks (fixed costs per step): k = 20 and at least 6 samples a
+ * worker, so that only the slowed worker turns persistent. The master's controller turns it persistent, finds a restart worth its
+ * (tiny) cost and leaves its node out (for 600 s): the generation stops at a step boundary with a
+ * commit and the next world forms on the other two agents (2 servers, 2 workers; rank 5 is not in
+ * it, so nobody is slowed), restoring that commit.
+ * Nothing is trained twice, the audit is clean, every step is logged once at mpiexec's loss
+ * within 1e-5. */
+static void test_train_ps_nd(void) {
+    static const char *nd[] = {"--nnodes", "2:3", "--blacklist-cooldown", "600:600", "--straggler-policy", "nd",
+                               "--straggler-config",
+                               "k=20,min_local=6,warmup=1,first=2,nd_after=3,cooldown=6,persist=3,restart_cost=0.01",
+                               NULL};
+    ejob j;
+    if (ps_slow_job(&j, "tpsnd", "5:+0.05", nd, 3, 2)) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    char detail[4096] = "", left[4096] = "";
+    int acts = db_events(j.jobdir, "straggler_action", detail, sizeof detail);
+    int outs = db_events(j.jobdir, "straggler", left, sizeof left);
+    CHECK(acts >= 1 && outs >= 1 && strstr(left, "left out"), "%d straggler_action events, %d node events (%s): expected "
+          "the slow worker's node left out", acts, outs, left);
+    CHECK(db_first_restart(j.jobdir) == 5, "the first restart elsewhere named replica %d; expected the slowed 5",
+          db_first_restart(j.jobdir));
+    CHECK(current_gen(&j) == 2, "generation %d: expected 2 (the restart elsewhere, then the node sits out)",
+          current_gen(&j));
+    ps_end_once(&j, steps);
+}
+
+/* The same split in a collective job (adtrain train, 2 ranks, the master's dd, rank 1 pausing 10 ms a
+ * step): the split moves, every sample is trained once, and every step's loss is mpiexec's within
+ * 1e-4: each step trains the sampler's batch, also at the step a new split starts (a rank leasing
+ * that step before it knew the split took other samples, seen as losses off by percents). */
+static void test_train_straggler_losses(void) {
+    if (train_refs()) return;
+    static const char *flags[64];
+    int n = 0;
+    for (int i = 0; TRAIN_MLP[i]; i++) flags[n++] = TRAIN_MLP[i];
+    flags[n++] = "--inject-slowdown", flags[n++] = "1:+0.01", flags[n] = NULL;
+    ejob j;
+    train_job_init(&j, "tstragloss", flags);
+    for (int k = 0; PS_DD[k]; k++) j.master_extra[j.n_master_extra++] = PS_DD[k];
+    job_start(&j, 1, 2);
+    expect_done(&j, 120);
+    int steps = flags_steps(TRAIN_MLP);
+    train_audit(&j, steps);
+    CHECK(db_events(j.jobdir, "straggler_action", NULL, 0) >= 1, "no straggler_action event");
+    losses_near(&j, g_ref_mlp[0], steps, 1e-4);
+    job_end(&j, 10);
+    job_cleanup(&j, check_cur_failed);
+}
+
+/* A slow parameter server: server 1 of a --mode ps job sleeps 10 ms before answering each pull
+ * (--inject-slowdown 1:+0.01), the master running dd. The workers report each server's answer
+ * time with their steps; the master's server monitor names server 1 persistently slower (a
+ * straggler_server event; GET /v1/straggler's servers: 1 persistent, 0 normal) and never server 0.
+ * The run itself is untouched: audit clean, losses mpiexec's within 1e-5. */
+static void test_train_ps_slow_server(void) {
+    ejob j;
+    if (ps_slow_job(&j, "tpsslowsrv", "1:+0.01", PS_DD, 1, 4)) return;
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    char detail[4096] = "";
+    int ev = db_events(j.jobdir, "straggler_server", detail, sizeof detail);
+    CHECK(ev >= 1 && strstr(detail, "server 1 (replica 1) answers persistently slower"),
+          "%d straggler_server events (first: %s); expected server 1 named persistently slower", ev, detail);
+    cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(r, "servers");
+    const cJSON *s0 = cJSON_GetArrayItem(sv, 0), *s1 = cJSON_GetArrayItem(sv, 1);
+    const cJSON *st0 = cJSON_GetObjectItemCaseSensitive(s0, "state"), *st1 = cJSON_GetObjectItemCaseSensitive(s1, "state");
+    CHECK(cJSON_GetArraySize(sv) == 2 && cJSON_IsString(st0) && cJSON_IsString(st1) &&
+              !strcmp(st0->valuestring, "normal") && !strcmp(st1->valuestring, "persistent") &&
+              jnum(s1, "answer_s") > jnum(s0, "answer_s"),
+          "servers: %d, states %s / %s, answer %g / %g s: expected server 1 persistent and slower, server 0 normal",
+          cJSON_GetArraySize(sv), cJSON_IsString(st0) ? st0->valuestring : "?", cJSON_IsString(st1) ? st1->valuestring : "?",
+          jnum(s0, "answer_s"), jnum(s1, "answer_s"));
+    cJSON_Delete(r);
+    losses_near(&j, g_ref_ps, steps, 1e-5);
     job_end(&j, 10);
     job_cleanup(&j, check_cur_failed);
 }
 
 /* What cannot run as an elastic --mode ps job exits 2 at once, naming it: a world too small for its
- * servers, rows pulled ahead, dynamic sharding, a plan the master was asked for (--strategy zero). */
+ * servers, rows pulled ahead, a straggler policy given to the trainer alone (dynamic sharding), a
+ * plan the master was asked for (--strategy zero), a server slowed by a FACTOR (it has no compute
+ * to stretch). */
 static void test_train_ps_refused(void) {
     if (ps_refs()) return;
     static const struct {
@@ -1854,8 +2004,9 @@ static void test_train_ps_refused(void) {
         {"3", "--straggler-policy", "dd", "--straggler-policy", {NULL}},
         {"4", "--ps-servers", "2", "planned dp=4,zero", {"--model", g_dlrm_cfg, "--batch", "32", "--optimizer", "sgd", "--strategy",
                                                                 "zero"}},
+        {"3", "--inject-slowdown", "0:2", "rank 0 is a server", {NULL}},
     };
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 5; c++) {
         ejob j;
         if (job_init(&j, "psrefused")) return;
         char log[700], text[65536];
@@ -2189,6 +2340,24 @@ static int db_events(const char *jobdir, const char *kind, char *detail, size_t 
     return n;
 }
 
+/* The replica the first ND restart named (its straggler_action event's rank), -1 if none. */
+static int db_first_restart(const char *jobdir) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/%s", jobdir, ADT_MASTER_STATE_FILE);
+    sqlite3 *db = NULL;
+    int r = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_stmt *st;
+        if (sqlite3_prepare_v2(db, "SELECT rank FROM events WHERE kind = 'straggler_action' AND detail LIKE "
+                               "'restart elsewhere%' ORDER BY seq LIMIT 1", -1, &st, NULL) == SQLITE_OK) {
+            if (sqlite3_step(st) == SQLITE_ROW) r = sqlite3_column_int(st, 0);
+            sqlite3_finalize(st);
+        }
+    }
+    sqlite3_close(db);
+    return r;
+}
+
 static size_t read_text(const char *path, char *buf, size_t cap) {
     FILE *f = fopen(path, "r");
     size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
@@ -2461,6 +2630,10 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_sigterm);
     MAYBE(test_train_ps_scale);
     MAYBE(test_train_ps_refused);
+    MAYBE(test_train_ps_straggler);
+    MAYBE(test_train_ps_slow_server);
+    MAYBE(test_train_ps_nd);
+    MAYBE(test_train_straggler_losses);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
     if (g_goodput[0] > 0)

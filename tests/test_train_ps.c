@@ -454,7 +454,7 @@ static void test_dynamic_sharding(void) {
         const char *flags, *expect;
     } cases[] = {
         {"--batch 15", "--batch 15 is not a multiple of the 2 workers"},
-        {"--batch 16 --inject-slowdown 1:2", "--inject-slowdown: rank 1 is not a worker"},
+        {"--batch 16 --inject-slowdown 1:2", "--inject-slowdown: rank 1 is a server, which pauses before each answer"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char flags[1024], err[8192];

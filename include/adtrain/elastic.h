@@ -264,6 +264,8 @@ typedef struct adt_elastic_config {
     int replica;          /* the data-parallel replica; -1: $RANK / ranks_per_replica (the
                              master's)                                                         */
     double timeout_s;     /* per call; 0 = 30 s                                                  */
+    int idle_replicas;    /* declared with the data job: replicas [0, idle_replicas) take no
+                             samples (parameter servers) and no part in the master's split     */
 } adt_elastic_config;
 
 typedef struct adt_elastic_info {
@@ -317,6 +319,11 @@ int adt_elastic_client_job(adt_elastic *c, adt_elastic_job_spec *out);
  * measured). The master's straggler controller (dd, nd) judges speeds from them and decides the
  * split; the samples are the reported ranges' sizes. */
 int adt_elastic_report_compute(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n, double compute_s);
+/* The next report (of any kind above) also carries each parameter server's answer time to this
+ * replica's pulls of its step, s[0..n) seconds (field server_s; n equal to the data job's
+ * idle_replicas): the master's monitor compares the servers by them. n <= 0: none. */
+#define ADT_ELASTIC_MAX_SERVERS 64
+void adt_elastic_set_server_times(adt_elastic *c, const double *s, int n);
 int adt_elastic_report_lease_compute(adt_elastic *c, int64_t step, const adt_ledger_range *r, int n,
                                      double compute_s, int64_t max_samples, adt_ledger_lease *out, int *grant);
 
@@ -354,6 +361,9 @@ int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_
 /* The same with the step's compute seconds (adt_elastic_report_compute). */
 int adt_elastic_pipe_report_compute(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
                                     double compute_s);
+/* The same with the servers' answer times (adt_elastic_set_server_times). */
+int adt_elastic_pipe_report_timed(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
+                                  double compute_s, const double *server_s, int n_servers);
 /* adt_elastic_local_batch as of the last reply the pipe's thread received. */
 int64_t adt_elastic_pipe_local_batch(adt_elastic_pipe *p, int64_t step);
 int adt_elastic_pipe_drain(adt_elastic_pipe *p);

@@ -198,6 +198,9 @@ typedef struct adt_ps_cfg {
     /* Dynamic sharding: server 0 hands out chunks [0, chunks) one per request
      * (adt_ps_worker_next_chunk); 0: none (every worker takes its fixed block of each step). */
     int64_t chunks;
+    /* A test's slower server (--inject-slowdown on a server rank): it sleeps this long before
+     * answering each pull. 0: none. */
+    double answer_delay_s;
 } adt_ps_cfg;
 
 /* Where this rank sits: a server, or worker `worker` of n_workers, with the communicator of the
@@ -238,6 +241,10 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
 void adt_ps_worker_free(adt_ps_worker *w);
 int adt_ps_worker_pull(adt_ps_worker *w, int64_t step, const int32_t *ids, int B);
 int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows);
+/* Each server's answer time to the last rows waited for (adt_ps_worker_rows): from the pull's
+ * requests going out to its answer seen, into s[0..min(n, S)); returns S. A slow server shows
+ * here before it shows in a step: the elastic master's monitor compares the servers by it. */
+int adt_ps_worker_answer_s(const adt_ps_worker *w, double *s, int n);
 int adt_ps_worker_push(adt_ps_worker *w, int64_t step, const float *const *grads);
 int adt_ps_worker_done(adt_ps_worker *w);
 /* Dynamic sharding (cfg.chunks > 0): the next chunk from server 0; *chunk is -1 once every chunk
@@ -286,6 +293,9 @@ typedef struct adt_ps_dlrm adt_ps_dlrm;
 int adt_ps_dlrm_create(adt_ps_dlrm **out, const struct adt_dlrm_cfg *c, int batch, const adt_ps_optim *dense,
                        const adt_exec_opts *eo);
 void adt_ps_dlrm_free(adt_ps_dlrm *d);
+/* The same model at another batch (a worker whose share of the global batch changed): a new graph
+ * and executor, the dense parameters and their optimizer state carried over. */
+int adt_ps_dlrm_resize(adt_ps_dlrm *d, int batch, const adt_exec_opts *eo);
 /* Where table t's rows for the batch go ([batch, emb_dim]), before adt_ps_dlrm_compute. */
 float *adt_ps_dlrm_rows(adt_ps_dlrm *d, int t);
 /* The forward and backward pass on dense features [batch, n_dense] and labels [batch]; *loss is
@@ -298,6 +308,9 @@ void adt_ps_dlrm_set_lr(adt_ps_dlrm *d, float lr);
  * over `workers` (NULL: alone) and applies the update of global step `step` (1-based). */
 int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int64_t step);
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d);
+/* Seconds spent so far in the dense gradients' all-reduce among the workers (hybrid): a worker
+ * that waits there for a slower one is not computing. */
+double adt_ps_dlrm_sync_s(const adt_ps_dlrm *d);
 /* The worker's dense parameters and their optimizer state as safetensors (tensor "<name>" and,
  * for Adam, "<name>.state" [2 * numel]: m then v), with the given metadata pairs; load reads
  * them back (a missing tensor or another shape is an error naming the file). */

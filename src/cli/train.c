@@ -64,6 +64,7 @@ static void train_usage(FILE *f) {
             "                          accumulates gradients over several passes\n"
             "  --inject-slowdown RANK:FACTOR[@FIRST-LAST]   rank RANK sleeps so its compute takes FACTOR\n"
             "                          times as long (on steps FIRST..LAST); RANK:+SECONDS: a pause\n"
+            "                          (--mode ps: a server rank pauses before each answer, +SECONDS only)\n"
             "parameter-server mode (a DLRM under mpiexec or adtrain launch: the first S ranks hold its embedding\n"
             "tables by row, the others pull their batch's rows, compute, push the rows' gradients; rank S prints\n"
             "and logs; under adtrain launch the workers lease the samples, rows are pulled at each step):\n"

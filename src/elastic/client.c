@@ -26,12 +26,15 @@ struct adt_elastic {
     char *token;
     int64_t generation;
     int replica;
+    int idle;       /* replicas that take no samples, declared with the data job */
     double timeout_s;
     int64_t stop_at;
     int64_t held[HELD_MAX]; /* leases granted to this client, not yet reported to their end */
     int64_t held_end[HELD_MAX];
     int n_held;
     wj_split split; /* as the last reply that carried one said */
+    double srv[ADT_ELASTIC_MAX_SERVERS]; /* the next report's server answer times */
+    int n_srv;
 };
 
 static const char *env_or(const char *name, const char *def) {
@@ -63,6 +66,7 @@ int adt_elastic_open(adt_elastic **out, const adt_elastic_config *cfg) {
     const char *tok = c.token ? c.token : getenv("ADT_JOB_TOKEN");
     e->token = tok && *tok ? adt_strdup(tok) : NULL;
     e->generation = c.generation;
+    e->idle = c.idle_replicas > 0 ? c.idle_replicas : 0;
     if (!e->generation) {
         const char *g = env_or("ADT_GENERATION", NULL);
         e->generation = g ? strtoll(g, NULL, 10) : 0;
@@ -210,6 +214,7 @@ int adt_elastic_data_init(adt_elastic *c, const adt_ledger_job *job, int ranks_p
     cJSON *b = data_body(c, 0), *r;
     cJSON_AddItemToObject(b, "job", wj_job_to_json(job));
     cJSON_AddNumberToObject(b, "ranks_per_replica", ranks_per_replica > 0 ? ranks_per_replica : 1);
+    if (c->idle > 0) cJSON_AddNumberToObject(b, "idle_replicas", c->idle);
     int rc = call(c, "POST", "/v1/data/init", b, &r, "data init");
     if (rc) return rc;
     take_control(c, r);
@@ -245,9 +250,20 @@ static int take_grant(adt_elastic *c, const cJSON *r, adt_ledger_lease *out, int
     return ADT_OK;
 }
 
-static void add_report_fields(cJSON *b, int64_t step, const adt_ledger_range *rg, int n, double compute_s) {
+void adt_elastic_set_server_times(adt_elastic *c, const double *s, int n) {
+    c->n_srv = n > 0 ? (n < ADT_ELASTIC_MAX_SERVERS ? n : ADT_ELASTIC_MAX_SERVERS) : 0;
+    for (int i = 0; i < c->n_srv; i++) c->srv[i] = s[i] > 0 ? s[i] : 0;
+}
+
+static void add_report_fields(adt_elastic *c, cJSON *b, int64_t step, const adt_ledger_range *rg, int n,
+                              double compute_s) {
     cJSON_AddNumberToObject(b, "step", (double)step);
     if (compute_s >= 0) cJSON_AddNumberToObject(b, "compute_s", compute_s);
+    if (c->n_srv > 0) { /* once: the times are of this report's step */
+        cJSON *sv = cJSON_AddArrayToObject(b, "server_s");
+        for (int i = 0; i < c->n_srv; i++) cJSON_AddItemToArray(sv, cJSON_CreateNumber(c->srv[i]));
+        c->n_srv = 0;
+    }
     cJSON *arr = cJSON_AddArrayToObject(b, "ranges");
     for (int i = 0; i < n; i++) {
         cJSON *x = cJSON_CreateArray();
@@ -291,7 +307,7 @@ int adt_elastic_report_compute(adt_elastic *c, int64_t step, const adt_ledger_ra
     int rc = ensure_replica(c);
     if (rc) return rc;
     cJSON *b = data_body(c, 1), *r;
-    add_report_fields(b, step, rg, n, compute_s);
+    add_report_fields(c, b, step, rg, n, compute_s);
     if ((rc = call(c, "POST", "/v1/data/report", b, &r, "report"))) return rc;
     take_control(c, r);
     cJSON_Delete(r);
@@ -311,7 +327,7 @@ int adt_elastic_report_lease_compute(adt_elastic *c, int64_t step, const adt_led
     int rc = ensure_replica(c);
     if (rc) return rc;
     cJSON *b = data_body(c, 1), *r;
-    add_report_fields(b, step, rg, n, compute_s);
+    add_report_fields(c, b, step, rg, n, compute_s);
     if ((rc = add_lease_fields(c, b, max_samples)) ||
         (rc = call(c, "POST", "/v1/data/step", b, &r, "report and lease")))
         return rc;

@@ -43,6 +43,8 @@ typedef struct pipe_req {
     double compute_s;         /* a report's compute seconds, < 0: none */
     adt_ledger_range *ranges; /* a report's, malloc'd */
     int n;
+    double srv[ADT_ELASTIC_MAX_SERVERS]; /* a report's server answer times (n_srv of them) */
+    int n_srv;
     double queued_s; /* adt_now_s() when queued */
 } pipe_req;
 
@@ -86,6 +88,7 @@ static void pipe_send(adt_elastic_pipe *p, pipe_req *r, pipe_req *l) {
     adt_ledger_lease ls = {0};
     if (!rc) { /* after a refusal nothing more is sent */
         pthread_mutex_unlock(&p->mu);
+        if (r->kind == PQ_REPORT) adt_elastic_set_server_times(p->c, r->srv, r->n_srv);
         if (r->kind == PQ_LEASE) rc = adt_elastic_lease(p->c, r->max_samples, &ls, &grant);
         else if (l)
             rc = adt_elastic_report_lease_compute(p->c, r->step, r->ranges, r->n, r->compute_s, l->max_samples, &ls,
@@ -249,6 +252,11 @@ int adt_elastic_pipe_report(adt_elastic_pipe *p, int64_t step, const adt_ledger_
 
 int adt_elastic_pipe_report_compute(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
                                     double compute_s) {
+    return adt_elastic_pipe_report_timed(p, step, r, n, compute_s, NULL, 0);
+}
+
+int adt_elastic_pipe_report_timed(adt_elastic_pipe *p, int64_t step, const adt_ledger_range *r, int n,
+                                  double compute_s, const double *server_s, int n_servers) {
     if (n < 1) return adt_error(ADT_ERR_ARG, "report of step %lld: no ranges", (long long)step);
     pthread_mutex_lock(&p->mu);
     /* the previous report's reply first: the stop step it may carry is known when the step ends */
@@ -258,7 +266,10 @@ int adt_elastic_pipe_report_compute(adt_elastic_pipe *p, int64_t step, const adt
     else {
         adt_ledger_range *copy = adt_malloc((size_t)n * sizeof *copy);
         memcpy(copy, r, (size_t)n * sizeof *copy);
-        enqueue(p, (pipe_req){.kind = PQ_REPORT, .step = step, .ranges = copy, .n = n, .compute_s = compute_s});
+        pipe_req q = {.kind = PQ_REPORT, .step = step, .ranges = copy, .n = n, .compute_s = compute_s};
+        q.n_srv = server_s && n_servers > 0 ? (n_servers < ADT_ELASTIC_MAX_SERVERS ? n_servers : ADT_ELASTIC_MAX_SERVERS) : 0;
+        for (int i = 0; i < q.n_srv; i++) q.srv[i] = server_s[i];
+        enqueue(p, q);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;

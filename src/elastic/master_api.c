@@ -154,6 +154,7 @@ static cJSON *job_json(adt_master *m) {
     cJSON_AddNumberToObject(o, "world_size", m->world_size);
     cJSON_AddNumberToObject(o, "replicas", m->replicas);
     cJSON_AddNumberToObject(o, "ranks_per_replica", m->rpr);
+    cJSON_AddNumberToObject(o, "idle_replicas", m->idle);
     cJSON_AddNumberToObject(o, "restarts", m->restarts);
     cJSON_AddNumberToObject(o, "max_restarts", m->cfg.max_restarts);
     cJSON_AddNumberToObject(o, "restart_window_s", m->cfg.restart_window_s);
@@ -838,9 +839,10 @@ static void add_control(adt_master *m, cJSON *o) {
 
 static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     adt_ledger_job job;
-    int64_t gen, rpr;
+    int64_t gen, rpr, idle;
     if (bad_field(rp, wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
                           wj_int(b, "ranks_per_replica", 1, 1 << 20, 1, 1, &rpr) ||
+                          wj_int(b, "idle_replicas", 0, 1 << 20, 1, 0, &idle) ||
                           wj_job_from_json(cJSON_GetObjectItemCaseSensitive(b, "job"), &job)))
         return;
     if (job.global_batch > job.samples) {
@@ -849,10 +851,10 @@ static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         return;
     }
     if (m->have_job) {
-        if (!wj_job_equal(&job, &m->job) || rpr != m->rpr) {
+        if (!wj_job_equal(&job, &m->job) || rpr != m->rpr || idle != m->idle) {
             reply_error(rp, 422,
-                        "data job or ranks_per_replica differ from the ones declared before (GET /v1/job "
-                        "shows them)");
+                        "data job, ranks_per_replica or idle_replicas differ from the ones declared before (GET "
+                        "/v1/job shows them)");
             return;
         }
     } else {
@@ -867,9 +869,15 @@ static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
                         m->world_size);
             return;
         }
+        if (idle >= m->world_size / rpr) {
+            reply_error(rp, 422, "idle_replicas %lld: the world of %d ranks has %lld replicas; expected fewer idle "
+                        "ones (some must take samples)", (long long)idle, m->world_size, (long long)(m->world_size / rpr));
+            return;
+        }
         m->job = job;
         m->have_job = 1;
         m->rpr = (int)rpr;
+        m->idle = (int)idle;
         m->replicas = m->world_size / m->rpr;
         ms_event(m, "data_job", m->gen, -1, -1, "%lld samples, batch %lld, shard %lld, %lld epochs",
                  (long long)job.samples, (long long)job.global_batch, (long long)job.shard_size, (long long)job.epochs);
@@ -972,6 +980,22 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     if (bad_field(rp, wj_int(b, "step", 0, INT64_C(1) << 52, 0, 0, &step) ||
                           wj_num(b, "compute_s", 0, 1e6, 1, -1, &compute_s)))
         return 0;
+    /* optional: each parameter server's answer time to this replica's pulls of the step */
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(b, "server_s");
+    double srv[ADT_ELASTIC_MAX_SERVERS];
+    int n_srv = 0;
+    for (const cJSON *x = sv ? sv->child : NULL; x && n_srv <= ADT_ELASTIC_MAX_SERVERS; x = x->next, n_srv++) {
+        if (n_srv == ADT_ELASTIC_MAX_SERVERS || !cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 1e6)) {
+            n_srv = -1;
+            break;
+        }
+        srv[n_srv] = x->valuedouble;
+    }
+    if (sv && (!cJSON_IsArray(sv) || n_srv < 0)) {
+        reply_error(rp, 400, "field 'server_s': expected an array of at most %d seconds in [0, 1e6]",
+                    ADT_ELASTIC_MAX_SERVERS);
+        return 0;
+    }
     const cJSON *ranges = cJSON_GetObjectItemCaseSensitive(b, "ranges");
     int n = cJSON_GetArraySize(ranges);
     if (!cJSON_IsArray(ranges) || n < 1 || n > 1024) {
@@ -1011,7 +1035,7 @@ static int report_part(adt_master *m, const cJSON *b, int64_t replica, cJSON *o,
     }
     if (step > m->max_reported) m->max_reported = step;
     m->last_report_mono = adt_now_s();
-    if (!dup) m_split_step(m, (int)replica, step, compute_s, samples);
+    if (!dup) m_split_step(m, (int)replica, step, compute_s, samples, srv, n_srv);
     if (m->fail_wall > 0) {
         m->last_recovery_s = adt_wall_s() - m->fail_wall;
         m->fail_wall = 0;

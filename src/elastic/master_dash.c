@@ -44,6 +44,7 @@ struct m_strag {
     adt_straggler_cfg cfg;
     adt_straggler *mon;
     int n;
+    int lo;       /* the monitor's rank i is replica lo + i (replicas below lo take no samples) */
     int64_t gen;
     long step;
     int64_t *split, *samples;
@@ -64,6 +65,14 @@ struct m_strag {
     double *ring_c;
     int64_t *ring_n;
     unsigned char *ring_got;
+
+    /* The servers (idle replicas 0 .. lo-1) judged by their answer times: a monitor of its own,
+     * classification only (the controller has nothing to split among them); with 2 or more. */
+    adt_straggler *srv_mon;
+    int n_srv;
+    double *ring_srv;               /* RING x n replicas x n_srv answer seconds, < 0: not reported */
+    double *srv_s;                  /* [n_srv] the last judged step's: mean over the replicas */
+    adt_straggler_state *srv_state; /* [n_srv] as last logged                                  */
 };
 
 int m_dash_init(adt_master *m, const adt_master_config *c) {
@@ -83,8 +92,9 @@ int m_dash_init(adt_master *m, const adt_master_config *c) {
     return ADT_OK;
 }
 
-static void reset_world(m_strag *s, int n, int64_t gen) {
+static void reset_world(m_strag *s, int n, int lo, int64_t gen) {
     adt_straggler_free(s->mon);
+    s->lo = lo;
     free(s->split), free(s->samples), free(s->compute_s);
     s->mon = adt_straggler_create(n, &s->cfg);
     s->n = n, s->gen = gen;
@@ -99,6 +109,8 @@ void m_dash_free(adt_master *m) {
     adt_straggler_free(s->mon);
     free(s->split), free(s->samples), free(s->compute_s);
     free(s->ring_c), free(s->ring_n), free(s->ring_got);
+    adt_straggler_free(s->srv_mon);
+    free(s->ring_srv), free(s->srv_s), free(s->srv_state);
     free(s);
     m->strag = NULL;
 }
@@ -191,7 +203,7 @@ static void ep_report(adt_master *m, const adt_http_request *rq, adt_http_reply 
         cJSON_Delete(b);
         return;
     }
-    if (!s->mon || s->n != n || s->gen != m->gen) reset_world(s, n, m->gen);
+    if (!s->mon || s->n != n || s->lo || s->gen != m->gen) reset_world(s, n, 0, m->gen);
     long step = (long)st->valuedouble;
     adt_straggler_phase phase = !ph || !strcmp(ph->valuestring, "train") ? ADT_PHASE_TRAIN
                               : !strcmp(ph->valuestring, "eval")        ? ADT_PHASE_EVAL
@@ -245,10 +257,20 @@ static cJSON *straggler_json(adt_master *m) {
         char js[512];
         adt_straggler_rank_json(s->mon, i, js, sizeof js);
         cJSON *x = cJSON_Parse(js);
+        cJSON_AddNumberToObject(x, "replica", s->lo + i);
         cJSON_AddNumberToObject(x, "local_batch", (double)s->split[i]);
         cJSON_AddNumberToObject(x, "compute_s", s->compute_s[i]);
         cJSON_AddNumberToObject(x, "samples_per_s", s->compute_s[i] > 0 ? (double)s->samples[i] / s->compute_s[i] : 0);
         cJSON_AddItemToArray(r, x);
+    }
+    cJSON *sv = cJSON_AddArrayToObject(o, "servers");
+    for (int i = 0; s->srv_mon && i < s->n_srv; i++) {
+        char js[512];
+        adt_straggler_rank_json(s->srv_mon, i, js, sizeof js);
+        cJSON *x = cJSON_Parse(js);
+        cJSON_AddNumberToObject(x, "server", i);
+        cJSON_AddNumberToObject(x, "answer_s", s->srv_s[i]);
+        cJSON_AddItemToArray(sv, x);
     }
     cJSON *acts = cJSON_AddArrayToObject(o, "actions");
     int64_t first = s->n_act > ACT_MAX ? s->n_act - ACT_MAX : 0;
@@ -420,21 +442,75 @@ static void split_save(adt_master *m) {
     free(txt);
 }
 
+/* The servers' monitor of a new world: lo servers answering nw replicas. */
+static void servers_begin(m_strag *s, int nw, int lo) {
+    adt_straggler_free(s->srv_mon);
+    s->srv_mon = NULL;
+    /* one server has no peers to be slower than; a worker reports at most ADT_ELASTIC_MAX_SERVERS */
+    s->n_srv = lo >= 2 && lo <= ADT_ELASTIC_MAX_SERVERS ? lo : 0;
+    if (!s->n_srv) return;
+    adt_straggler_cfg c = s->cfg;
+    c.policy = ADT_STRAGGLER_OFF;
+    s->srv_mon = adt_straggler_create(lo, &c);
+    s->ring_srv = adt_realloc(s->ring_srv, (size_t)RING * (size_t)nw * (size_t)lo * sizeof *s->ring_srv);
+    s->srv_s = adt_realloc(s->srv_s, (size_t)lo * sizeof *s->srv_s);
+    s->srv_state = adt_realloc(s->srv_state, (size_t)lo * sizeof *s->srv_state);
+    for (int i = 0; i < lo; i++) s->srv_s[i] = 0, s->srv_state[i] = ADT_STRAGGLER_NORMAL;
+}
+
+/* Every replica reported step `step` (slot k): the servers' mean answer times to the monitor; a
+ * server turning persistent (or back to normal) is an event. */
+static void servers_observe(adt_master *m, int k, int64_t step) {
+    m_strag *s = m->strag;
+    int n = s->n, S = s->n_srv;
+    if (!s->srv_mon) return;
+    const double *a = s->ring_srv + (size_t)k * (size_t)n * (size_t)S;
+    int64_t one[ADT_ELASTIC_MAX_SERVERS] = {0}, split[ADT_ELASTIC_MAX_SERVERS] = {0};
+    for (int p = 0; p < S; p++) {
+        double sum = 0;
+        for (int r = 0; r < n; r++) {
+            if (a[(size_t)r * (size_t)S + (size_t)p] < 0) return; /* a replica without the times */
+            sum += a[(size_t)r * (size_t)S + (size_t)p];
+        }
+        s->srv_s[p] = sum / n, one[p] = 1, split[p] = 1;
+    }
+    adt_straggler_action act;
+    if (adt_straggler_observe(s->srv_mon, (long)step, ADT_PHASE_TRAIN, s->srv_s, one, split, 0, &act)) return;
+    for (int p = 0; p < S; p++) {
+        const adt_straggler_rank *ri = adt_straggler_rank_info(s->srv_mon, p);
+        adt_straggler_state now = ri->state;
+        if (now == ADT_STRAGGLER_TRANSIENT || now == s->srv_state[p]) continue; /* persistent, or normal again */
+        s->srv_state[p] = now;
+        double others = 0;
+        int no = 0;
+        for (int q = 0; q < S; q++)
+            if (q != p) others += adt_straggler_rank_info(s->srv_mon, q)->ewma_s, no++;
+        ms_event(m, "straggler_server", m->gen, -1, p,
+                 now == ADT_STRAGGLER_PERSISTENT
+                     ? "step %lld: server %d (replica %d) answers persistently slower than the others: %.1f ms per "
+                       "pull (smoothed) against their mean %.1f ms"
+                     : "step %lld: server %d (replica %d) answers as fast as the others again: %.1f ms per pull "
+                       "(smoothed) against their mean %.1f ms",
+                 (long long)step, p, p, ri->ewma_s * 1e3, no ? others / no * 1e3 : 0.0);
+    }
+}
+
 /* The first split of the current generation: the one committed with the step it resumes from
  * (as many replicas), else the plan's batch_split, else one in proportion to the speeds
  * measured on its devices (even where none was). None without a policy or a plan's split. */
 static void split_begin(adt_master *m) {
     m_strag *s = m->strag;
     if (s->sp_gen == m->gen || !m->have_job || m->replicas < 1) return;
-    int n = m->replicas;
+    /* the split covers every replica, the idle ones (parameter servers) at 0; the monitor the others */
+    int n = m->replicas, lo = m->idle < n ? m->idle : 0, nw = n - lo;
     int64_t B = m->job.global_batch;
     s->sp_gen = m->gen;
     s->sp.n = 0;
     s->sp_observed = -1;
     for (int i = 0; i < RING; i++) s->ring_step[i] = -1, s->ring_count[i] = 0;
     if (m->cfg.plan_world) m_plan_text(m); /* a restarted master reads the plan file back */
-    int planned = m->plan_gen == m->gen && m->plan.n_split == n && sum64(m->plan.batch_split, n) == B;
-    if ((s->cfg.policy == ADT_STRAGGLER_OFF && !planned) || n > WJ_SPLIT_MAX || n > ADT_STRAGGLER_MAX_RANKS || B < n)
+    int planned = !lo && m->plan_gen == m->gen && m->plan.n_split == n && sum64(m->plan.batch_split, n) == B;
+    if ((s->cfg.policy == ADT_STRAGGLER_OFF && !planned) || n > WJ_SPLIT_MAX || n > ADT_STRAGGLER_MAX_RANKS || B < nw)
         return;
     int64_t *v = s->sp.cur;
     const char *from = "committed with step";
@@ -455,16 +531,17 @@ static void split_begin(adt_master *m) {
         } else {
             double *rank_speed = m_split_speeds(m), speed[ADT_STRAGGLER_MAX_RANKS], known = 0;
             int n_known = 0;
-            for (int r = 0; r < n; r++) {
-                speed[r] = rank_speed ? rank_speed[r * m->rpr] : 0;
+            for (int r = 0; r < nw; r++) {
+                speed[r] = rank_speed ? rank_speed[(lo + r) * m->rpr] : 0;
                 if (speed[r] > 0) known += speed[r], n_known++;
             }
-            for (int r = 0; r < n; r++)
+            for (int r = 0; r < nw; r++)
                 if (speed[r] <= 0) speed[r] = n_known ? known / n_known : 1;
             from = n_known ? "measured speeds" : "even";
             free(rank_speed);
-            int64_t lo = s->cfg.min_local > 0 ? s->cfg.min_local : 1;
-            if (adt_straggler_split(B, n, speed, (int64_t)n * lo <= B ? lo : 1, v)) return;
+            int64_t least = s->cfg.min_local > 0 ? s->cfg.min_local : 1;
+            for (int r = 0; r < lo; r++) v[r] = 0;
+            if (adt_straggler_split(B, nw, speed, (int64_t)nw * least <= B ? least : 1, v + lo)) return;
         }
     }
     if (!resumed) {
@@ -473,11 +550,12 @@ static void split_begin(adt_master *m) {
         s->sp.n = n;
         split_save(m);
     }
-    s->ring_c = adt_realloc(s->ring_c, (size_t)RING * (size_t)n * sizeof *s->ring_c);
-    s->ring_n = adt_realloc(s->ring_n, (size_t)RING * (size_t)n * sizeof *s->ring_n);
-    s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)n);
-    reset_world(s, n, m->gen);
-    memcpy(s->split, v, (size_t)n * sizeof *v);
+    s->ring_c = adt_realloc(s->ring_c, (size_t)RING * (size_t)nw * sizeof *s->ring_c);
+    s->ring_n = adt_realloc(s->ring_n, (size_t)RING * (size_t)nw * sizeof *s->ring_n);
+    s->ring_got = adt_realloc(s->ring_got, (size_t)RING * (size_t)nw);
+    reset_world(s, nw, lo, m->gen);
+    memcpy(s->split, s->sp.cur + lo, (size_t)nw * sizeof *v);
+    servers_begin(s, nw, lo);
     char txt[512];
     split_text(v, n, txt, sizeof txt);
     ms_event(m, "split", m->gen, -1, -1, "[%s] from step %lld (%s)", txt, (long long)s->sp.from, from);
@@ -500,11 +578,11 @@ int m_split_commit(adt_master *m, int64_t steps) {
 /* Every replica reported step `step` (its slot k of the ring): the monitor and controller. */
 static void split_observe(adt_master *m, int k, int64_t step) {
     m_strag *s = m->strag;
-    int n = s->sp.n;
+    int n = s->n, lo = s->lo; /* the monitor's ranks: replicas lo .. lo + n - 1 */
     const double *c = s->ring_c + (size_t)k * (size_t)n;
     const int64_t *smp = s->ring_n + (size_t)k * (size_t)n;
     int64_t split[WJ_SPLIT_MAX];
-    memcpy(split, s->sp.cur, (size_t)n * sizeof *split);
+    memcpy(split, s->sp.cur + lo, (size_t)n * sizeof *split);
     for (int r = 0; r < n; r++) s->compute_s[r] = c[r], s->samples[r] = smp[r], s->split[r] = split[r];
     s->step = (long)step;
     int64_t total = adt_ledger_job_steps(&m->job);
@@ -518,32 +596,34 @@ static void split_observe(adt_master *m, int k, int64_t step) {
     for (int r = 0; r < n; r++) {
         const adt_straggler_rank *ri = adt_straggler_rank_info(s->mon, r);
         if (ri && ri->ewma_s > 0)
-            for (int q = 0; q < m->rpr; q++) note_speed(m, r * m->rpr + q, 1.0 / ri->ewma_s);
+            for (int q = 0; q < m->rpr; q++) note_speed(m, (lo + r) * m->rpr + q, 1.0 / ri->ewma_s);
     }
     if (a.kind == ADT_ACTION_NONE) return;
     dash_action *d = &s->act[s->n_act++ % ACT_MAX];
     *d = (dash_action){.generation = m->gen, .a = a, .wall = adt_wall_s()};
+    d->a.rank += lo; /* the replica (its `why` counts the monitor's ranks) */
     char txt[512];
-    if (a.kind == ADT_ACTION_REBALANCE && memcmp(split, s->sp.cur, (size_t)n * sizeof *split)) {
-        memcpy(s->sp.before, s->sp.cur, (size_t)n * sizeof *split);
-        memcpy(s->sp.cur, split, (size_t)n * sizeof *split);
+    if (a.kind == ADT_ACTION_REBALANCE && memcmp(split, s->sp.cur + lo, (size_t)n * sizeof *split)) {
+        memcpy(s->sp.before, s->sp.cur, (size_t)s->sp.n * sizeof *split);
+        memcpy(s->sp.cur + lo, split, (size_t)n * sizeof *split);
         s->sp.from = (m->max_reported > step ? m->max_reported : step) + 4;
         d->applied = 1;
         split_save(m);
-        split_text(split, n, txt, sizeof txt);
-        ms_event(m, "straggler_action", m->gen, -1, a.rank, "rebalance: split [%s] from step %lld (decided at step %lld): %s",
+        split_text(s->sp.cur, s->sp.n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, lo + a.rank, "rebalance: split [%s] from step %lld (decided at step %lld): %s",
                  txt, (long long)s->sp.from, (long long)step, a.why);
     } else if (a.kind == ADT_ACTION_RESTART) {
         adt_straggler_action wa = a;
-        wa.rank = a.rank * m->rpr; /* the replica's first rank */
-        split_text(s->sp.cur, n, txt, sizeof txt);
-        ms_event(m, "straggler_action", m->gen, -1, a.rank, "restart elsewhere at step %lld (split [%s]): %s",
+        wa.rank = (lo + a.rank) * m->rpr; /* the replica's first rank */
+        split_text(s->sp.cur, s->sp.n, txt, sizeof txt);
+        ms_event(m, "straggler_action", m->gen, -1, lo + a.rank, "restart elsewhere at step %lld (split [%s]): %s",
                  (long long)step, txt, a.why);
         d->applied = restart_elsewhere(m, &wa);
     }
 }
 
-void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples) {
+void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples, const double *server_s,
+                  int n_srv) {
     split_begin(m);
     m_strag *s = m->strag;
     if (s->cfg.policy == ADT_STRAGGLER_OFF || s->sp_gen != m->gen || s->sp.n < 1) return;
@@ -557,8 +637,9 @@ void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, in
         }
         return;
     }
-    if (replica < 0 || replica >= s->sp.n || step < s->sp.from || step <= s->sp_observed) return;
-    int k = (int)(step % RING), n = s->sp.n;
+    if (replica < s->lo || replica >= s->sp.n || step < s->sp.from || step <= s->sp_observed) return;
+    replica -= s->lo; /* the monitor's rank */
+    int k = (int)(step % RING), n = s->n;
     if (s->ring_step[k] != step) {
         s->ring_step[k] = step, s->ring_count[k] = 0;
         memset(s->ring_got + (size_t)k * (size_t)n, 0, (size_t)n);
@@ -566,9 +647,13 @@ void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, in
     unsigned char *got = s->ring_got + (size_t)k * (size_t)n;
     if (got[replica]) return; /* a retried report */
     got[replica] = 1;
+    for (int p = 0; p < s->n_srv; p++)
+        s->ring_srv[((size_t)k * (size_t)n + (size_t)replica) * (size_t)s->n_srv + (size_t)p] =
+            n_srv == s->n_srv ? server_s[p] : -1;
     s->ring_c[(size_t)k * (size_t)n + (size_t)replica] = compute_s;
     s->ring_n[(size_t)k * (size_t)n + (size_t)replica] = samples;
     if (++s->ring_count[k] < n) return;
     s->ring_step[k] = -1;
+    servers_observe(m, k, step);
     split_observe(m, k, step);
 }

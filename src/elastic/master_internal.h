@@ -95,6 +95,8 @@ struct adt_master {
     int have_job;            /* the data job is known (flags or a declaration)            */
     adt_ledger_job job;
     int rpr;                 /* ranks per replica                                         */
+    int idle;                /* replicas [0, idle) take no samples (parameter servers): the
+                                split and the monitor are over the others               */
     int64_t ledger_offset;   /* ledger generation = gen - ledger_offset; -1: no ledger yet  */
 
     /* the generation */
@@ -209,7 +211,10 @@ int m_dash_handle(adt_master *m, const adt_http_request *rq, adt_http_reply *rp)
  * replica reported the step); the split in force at a commit of `steps`, saved before the
  * ledger commits (ADT_OK when there is none to save). */
 void m_split_reply(adt_master *m, cJSON *o);
-void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples);
+/* server_s[0..n_srv): the replica's answer time of each idle replica (parameter server) at the
+ * step, n_srv = 0: none. */
+void m_split_step(adt_master *m, int replica, int64_t step, double compute_s, int64_t samples, const double *server_s,
+                  int n_srv);
 int m_split_commit(adt_master *m, int64_t steps);
 /* The speeds measured on the devices of the current world's slots, [world] (0: unknown), or
  * NULL when none was measured; malloc'd. */

@@ -26,6 +26,7 @@ struct adt_ps_dlrm {
     float **state;      /* per dense parameter: its optimizer state */
     adt_ps_optim optim;
     float *stage; /* dense on servers: a parameter's rows, then its gradient (padded) */
+    double sync_s; /* seconds in the dense gradients' all-reduce (waiting for the other workers) */
 };
 
 int adt_ps_tables_dlrm(adt_ps_cfg *cfg, const adt_dlrm_cfg *c, int64_t capacity, adt_ps_full_rule full) {
@@ -120,6 +121,36 @@ int adt_ps_dlrm_create(adt_ps_dlrm **out, const adt_dlrm_cfg *c, int batch, cons
     return ADT_OK;
 }
 
+int adt_ps_dlrm_resize(adt_ps_dlrm *d, int batch, const adt_exec_opts *eo) {
+    if (batch == d->batch) return ADT_OK;
+    adt_ps_dlrm *n;
+    int rc = adt_ps_dlrm_create(&n, &d->cfg, batch, &d->optim, eo);
+    if (rc) return rc;
+    /* the same model at another batch: the same dense parameters in the same order */
+    for (int i = 0; i < d->n_dense_params && !rc; i++)
+        if (n->n_dense_params != d->n_dense_params ||
+            adt_value_numel(n->g, n->dense_params[i]) != adt_value_numel(d->g, d->dense_params[i]))
+            rc = adt_error(ADT_ERR_STATE, "ps dlrm: the graph at batch %d has other dense parameters than at %d", batch,
+                           d->batch);
+    if (rc) {
+        adt_ps_dlrm_free(n);
+        return rc;
+    }
+    for (int i = 0; i < d->n_dense_params; i++) {
+        memcpy(adt_exec_data(n->ex, n->dense_params[i]), adt_exec_data(d->ex, d->dense_params[i]),
+               (size_t)adt_value_numel(d->g, d->dense_params[i]) * sizeof(float));
+        float *st = n->state[i];
+        n->state[i] = d->state[i], d->state[i] = st;
+    }
+    float *stage = n->stage;
+    n->stage = d->stage, d->stage = stage;
+    n->sync_s = d->sync_s;
+    adt_ps_dlrm old = *d;
+    *d = *n, *n = old;
+    adt_ps_dlrm_free(n); /* the old graph, executor and the new one's unused state */
+    return ADT_OK;
+}
+
 void adt_ps_dlrm_free(adt_ps_dlrm *d) {
     if (!d) return;
     adt_exec_free(d->ex);
@@ -130,6 +161,8 @@ void adt_ps_dlrm_free(adt_ps_dlrm *d) {
 }
 
 adt_exec *adt_ps_dlrm_exec(adt_ps_dlrm *d) { return d->ex; }
+
+double adt_ps_dlrm_sync_s(const adt_ps_dlrm *d) { return d->sync_s; }
 
 int adt_ps_dlrm_save(const adt_ps_dlrm *d, const char *path, const char *const *kv, int n_pairs) {
     adt_st_writer *wr = adt_st_writer_create();
@@ -193,7 +226,9 @@ int adt_ps_dlrm_update_dense(adt_ps_dlrm *d, adt_comm *workers, float scale, int
         off += n;
     }
     if (workers && adt_comm_size(workers) > 1) {
+        double t0 = adt_now_s();
         int rc = adt_comm_allreduce_f32(workers, d->flat, d->dense_numel);
+        d->sync_s += adt_now_s() - t0;
         if (rc) return rc;
     }
     off = 0;

@@ -17,6 +17,7 @@
 
 typedef struct wslot {
     int64_t step; /* -1: free */
+    double t_post; /* when its requests went out */
     int B;
     int pulled_rows; /* replies received and unpacked */
     int32_t *uidx;   /* [B * T]: distinct index of sample b's row of table t, per table */
@@ -48,6 +49,8 @@ struct adt_ps_worker {
     float *agg;
     int64_t agg_cap;
     adt_ps_worker_stats st;
+    double *done_at; /* [2S] when wait_all saw each request of the last rows complete */
+    double *answer_s; /* [S] the last rows' answer time per server: request out to answer seen */
     double timeout;
     /* dynamic sharding: the next chunk asked for ahead, its answer in flight */
     int64_t chunk_ask, chunk_ans;
@@ -93,6 +96,8 @@ int adt_ps_worker_create(adt_ps_worker **out, adt_ps_world *pw, const adt_ps_cfg
     w->push_hdr = adt_calloc((size_t)w->S, sizeof *w->push_hdr);
     w->push_g = adt_calloc((size_t)w->S, sizeof *w->push_g);
     w->push_rq = adt_malloc((size_t)(2 * w->S) * sizeof *w->push_rq);
+    w->done_at = adt_calloc((size_t)(2 * w->S), sizeof *w->done_at);
+    w->answer_s = adt_calloc((size_t)w->S, sizeof *w->answer_s);
     for (int k = 0; k < 2 * w->S; k++) w->push_rq[k] = MPI_REQUEST_NULL;
     ps_idmap_init(&w->map);
     *out = w;
@@ -124,19 +129,24 @@ void adt_ps_worker_free(adt_ps_worker *w) {
     }
     for (int p = 0; p < w->S; p++) free(w->push_hdr[p]), free(w->push_g[p]);
     free(w->push_hdr), free(w->push_g), free(w->push_rq), free(w->slots), free(w->agg);
+    free(w->done_at), free(w->answer_s);
     ps_idmap_free(&w->map);
     free(w);
 }
 
 /* Waits for n requests within the deadline; `what` and `step` name them in the error. */
-static int wait_all(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, int64_t step) {
+/* Waits for rq[0..n); done_at (or NULL) gets when each was seen complete. */
+static int wait_seen(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, int64_t step, double *done_at) {
     double t0 = adt_now_s();
     int idle = 0;
     for (;;) {
         int flag = 1;
         for (int k = 0; k < n; k++) { /* one by one: GCC misreads MPI_Testall's MPI_STATUSES_IGNORE */
             int f = 1;
-            if (rq[k] != MPI_REQUEST_NULL) MPI_Test(&rq[k], &f, MPI_STATUS_IGNORE);
+            if (rq[k] != MPI_REQUEST_NULL) {
+                MPI_Test(&rq[k], &f, MPI_STATUS_IGNORE);
+                if (f && done_at) done_at[k] = adt_now_s();
+            }
             flag &= f;
         }
         if (flag) return ADT_OK;
@@ -150,6 +160,10 @@ static int wait_all(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, 
         }
         ps_nap(&idle);
     }
+}
+
+static int wait_all(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, int64_t step) {
+    return wait_seen(w, rq, n, what, step, NULL);
 }
 
 static int post_requests(adt_ps_worker *w, wslot *sl, int64_t step, const int32_t *ids, int B, int req, int rep);
@@ -239,6 +253,7 @@ static int post_requests(adt_ps_worker *w, wslot *sl, int64_t step, const int32_
             foff[o] += w->cfg.tables[t].dim;
         }
     free(fill), free(foff), free(per_srv);
+    sl->t_post = adt_now_s();
     for (int p = 0; p < S; p++) {
         MPI_Irecv(sl->rep[p], (int)sl->rep_floats[p], MPI_FLOAT, p, rep, w->comm, &sl->rq[S + p]);
         MPI_Isend(sl->req_ids[p], (int)sl->req_n[p], MPI_INT64_T, p, req, w->comm, &sl->rq[p]);
@@ -252,8 +267,10 @@ int adt_ps_worker_rows(adt_ps_worker *w, int64_t step, float *const *rows) {
         return adt_error(ADT_ERR_STATE, "ps worker %d: rows of step %lld, expected the pulled, unpushed step %lld",
                          w->pw->worker, (long long)step, (long long)w->next_push);
     double t0 = adt_now_s();
-    int rc = wait_all(w, sl->rq, 2 * w->S, "the rows pulled", step);
+    for (int k = 0; k < 2 * w->S; k++) w->done_at[k] = t0; /* seen before: answered by now */
+    int rc = wait_seen(w, sl->rq, 2 * w->S, "the rows pulled", step, w->done_at);
     w->st.wait_rows_s += adt_now_s() - t0;
+    for (int p = 0; p < w->S && !rc; p++) w->answer_s[p] = w->done_at[w->S + p] - sl->t_post;
     if (rc) return rc;
     expand_rows(w, sl, rows);
     sl->pulled_rows = 1;
@@ -275,6 +292,11 @@ static void expand_rows(adt_ps_worker *w, const wslot *sl, float *const *rows) {
             memcpy(rows[t] + (int64_t)b * dim, sl->rep[sl->owner[t][u]] + sl->at[t][u], (size_t)dim * sizeof(float));
         }
     }
+}
+
+int adt_ps_worker_answer_s(const adt_ps_worker *w, double *s, int n) {
+    for (int p = 0; p < w->S && p < n; p++) s[p] = w->answer_s[p];
+    return w->S;
 }
 
 int adt_ps_worker_lookup(adt_ps_worker *w, const int32_t *ids, int B, float *const *rows) {

@@ -661,7 +661,10 @@ int64_t train_local_batch(const trainer *t) {
 
 const int64_t *train_balance_split(const trainer *t) { return t->bal->split; }
 
-double train_balance_compute_s(const trainer *t) { return t->bal ? t->bal->last_compute_s : -1; }
+double train_balance_compute_s(const trainer *t) {
+    if (t->ps) return train_ps_compute_s(t); /* the parameter-server workers are the replicas */
+    return t->bal ? t->bal->last_compute_s : -1;
+}
 
 void train_balance_set_split(trainer *t, const int64_t *split, long step) {
     train_bal *b = t->bal;

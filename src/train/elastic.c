@@ -393,7 +393,8 @@ int train_elastic_start(trainer *t) {
     e->last_commit = -1;
     if (!t->ps) layout_state(t, e); /* --mode ps has no flash slot: its servers write at the cut */
     int rc = 0;
-    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60};
+    /* under --mode ps the first ranks serve: replicas that take no samples and no part in the split */
+    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60, .idle_replicas = t->ps ? t->o.ps_servers : 0};
     int64_t B = t->o.batch, spe = t->train.count / B;
     e->job = (adt_ledger_job){.samples = t->train.count, .seed = t->o.seed, .shuffle = t->o.shuffle,
                               .global_batch = B, .shard_size = 4 * B, .epochs = (t->o.steps + spe - 1) / spe,
@@ -455,14 +456,16 @@ int train_elastic_start(trainer *t) {
 
 /* ---- a step's batch ------------------------------------------------------------------------------ */
 
-/* This rank's share of step `step`'s samples, leased into e->mine. */
-/* This rank's local batch at `step`: the split the master set (its data replies carry it), else
- * the runner's. */
+/* This rank's local batch at `step` (1-based): the split the master set (its data replies carry
+ * it), else the runner's. The master counts steps from 0 as the reports do (step - 1): a split
+ * from its step F is leased from our step F + 1, whose lease is asked for once the replies to
+ * reports up to F - 3 are in, which the master's margin (F = the highest reported + 4) is for. */
 static int64_t local_batch(trainer *t, train_elastic *e, long step) {
-    int64_t lb = t->o.bal.by_feed ? adt_elastic_pipe_local_batch(e->pipe, step) : 0;
+    int64_t lb = t->o.bal.by_feed ? adt_elastic_pipe_local_batch(e->pipe, step - 1) : 0;
     return lb > 0 ? lb : train_local_batch(t);
 }
 
+/* This rank's share of step `step`'s samples, leased into e->mine. */
 static int lease_share(trainer *t, train_elastic *e, long step, int64_t *got) {
     int64_t need = local_batch(t, e, step);
     e->n_mine = 0;
@@ -545,10 +548,15 @@ int train_elastic_batch(trainer *t, long step, int64_t *idx) {
         for (int64_t i = 0; i < blk[0]; i++) split[r] += blk[3 + 3 * i] - blk[2 + 3 * i];
     }
     /* the master's split: every rank leased its local batch, so the leases say the split */
-    if (t->o.bal.by_feed && t->bal && t->nranks <= ADT_STRAGGLER_MAX_RANKS) {
+    if (t->o.bal.by_feed && nd <= ADT_STRAGGLER_MAX_RANKS) {
         int64_t sum = 0;
-        for (int r = 0; r < t->nranks; r++) sum += split[r];
-        if (sum == t->o.batch) train_balance_set_split(t, split, step);
+        for (int r = 0; r < nd; r++) sum += split[r];
+        if (sum == t->o.batch && t->ps) rc = train_ps_set_split(t, split, nd, step);
+        else if (sum == t->o.batch && t->bal) train_balance_set_split(t, split, step);
+    }
+    if (rc) {
+        free(ranges);
+        return rc;
     }
     qsort(ranges, (size_t)n, 3 * sizeof *ranges, cmp_range);
     int64_t k = 0;
@@ -652,8 +660,12 @@ static int drain(train_elastic *e) {
 static int step_done(trainer *t, train_elastic *e, long step, int *stop) {
     *stop = 0;
     double t_rep = adt_now_s();
-    /* with this rank's compute time of the step: the master's straggler controller judges by it */
-    int st = e->n_mine ? adt_elastic_pipe_report_compute(e->pipe, step - 1, e->mine, e->n_mine, train_balance_compute_s(t))
+    /* with this rank's compute time of the step: the master's straggler controller judges by it;
+     * under --mode ps with each server's answer time to the step's pull, which its monitor compares */
+    double srv[ADT_ELASTIC_MAX_SERVERS];
+    int n_srv = t->ps ? train_ps_answer_s(t, srv, ADT_ELASTIC_MAX_SERVERS) : 0;
+    int st = e->n_mine ? adt_elastic_pipe_report_timed(e->pipe, step - 1, e->mine, e->n_mine, train_balance_compute_s(t),
+                                                       srv, n_srv <= ADT_ELASTIC_MAX_SERVERS ? n_srv : 0)
                        : adt_elastic_pipe_status(e->pipe);
     e->report_s = adt_now_s() - t_rep;
     if (st) return el_fail(st, "report");

@@ -69,8 +69,13 @@
  * Not run in this mode yet (refused at start): --init (a collective checkpoint's tables are not
  * loaded into shards), momentum and weight decay (their sparse forms are not defined here),
  * --straggler-policy nd, --split, --micro-batch, --straggler-config/-master; under adtrain agent
- * any straggler policy (dynamic sharding hands out samples apart from the ledger), rows pulled
- * ahead and --flash on.
+ * a straggler policy given to the trainer alone (dynamic sharding hands out samples apart from the
+ * ledger), --val with the master's policy, rows pulled ahead and --flash on.
+ *
+ * Under adtrain agent with the master's policy dd or nd, the master's controller splits each step's
+ * samples among the workers (the servers are idle replicas of its data job): a worker leases its
+ * local batch, reports its compute seconds, and remakes its model when its share changes
+ * (train_ps_set_split, from the gathered leases).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -100,6 +105,9 @@ struct train_ps {
     float *dense_in, *labels;
     long pulled;         /* steps (0-based) whose rows were asked for: [0, pulled) */
     int dynamic;         /* --straggler-policy dd: chunks from server 0's dispatcher */
+    int by_feed;         /* the elastic master's split sets Bw each step (buffers hold a batch) */
+    adt_exec_opts eo;    /* the executor's options: a new share of the batch remakes the model */
+    double last_compute_s; /* the last step's compute seconds (the master's monitor judges them) */
     int32_t *taken;      /* [n_taken] the chunks this worker trained, in its order */
     int64_t n_taken, cap_taken;
     double digest[2];    /* the samples trained: sums of two 20-bit hashes of their indices */
@@ -111,6 +119,12 @@ struct train_ps {
     int64_t steady;      /* samples since */
     adt_ps_server_stats served;
 };
+
+/* --straggler-policy dd under mpiexec: dynamic sharding. Under adtrain agent the master's
+ * controller splits each step's samples instead (elastic.c, train_ps_set_split). */
+static int ps_dynamic(const adt_train_opts *o) {
+    return o->bal.on && o->bal.policy == ADT_STRAGGLER_DD && !o->bal.by_feed;
+}
 
 /* What keeps --straggler-policy dd (dynamic sharding) from acting in this run, or NULL. */
 static const char *ps_check_dynamic(const adt_train_opts *o) {
@@ -140,10 +154,13 @@ static const char *ps_check_dynamic(const adt_train_opts *o) {
  * no dispatcher of its own. */
 static const char *ps_check_elastic(trainer *t) {
     const adt_train_opts *o = &t->o;
-    if (o->bal.on)
-        return "--straggler-policy: under adtrain agent the master's ledger hands out every step's samples (a "
-               "policy given to the trainer or to adtrain launch / master); expected none (dynamic sharding runs "
-               "under mpiexec)";
+    if (o->bal.on && o->bal.policy != ADT_STRAGGLER_OFF && !o->bal.by_feed)
+        return "--straggler-policy: under adtrain agent the workers' samples come from the master's ledger, so the "
+               "master's controller splits them; expected the policy on adtrain launch / master --straggler-policy dd "
+               "(dynamic sharding runs under mpiexec)";
+    if (o->bal.by_feed && o->val)
+        return "--val: with the master's straggler policy a worker's share of the batch changes, and evaluation "
+               "runs on even blocks; expected no --val";
     if (o->ps_prefetch > 0 && train_opts_given(o, "--ps-prefetch"))
         return "--ps-prefetch: under adtrain agent a step's samples are known when its leases come, so no rows are "
                "pulled ahead; expected --ps-prefetch 0 or none";
@@ -169,15 +186,16 @@ int train_ps_check(trainer *t) {
     else if (o->bal.split || o->bal.micro_batch || o->bal.config || o->bal.master)
         why = "--split, --micro-batch, --straggler-config, --straggler-master: not in --mode ps (its straggler "
               "mitigation is --straggler-policy dd: dynamic sharding)";
-    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_ND)
-        why = "--straggler-policy nd: not in --mode ps; expected dd (dynamic sharding) or off";
+    else if (o->bal.on && o->bal.policy == ADT_STRAGGLER_ND && !o->bal.by_feed)
+        why = "--straggler-policy nd: not in --mode ps under mpiexec (under adtrain launch the master's nd restarts a "
+              "slow worker elsewhere); expected dd (dynamic sharding) or off";
     else if (o->momentum_given && o->momentum != 0) why = "--momentum: the sparse optimizers have no momentum";
     else if (o->weight_decay != 0) why = "--weight-decay: the sparse optimizers have no weight decay";
     else if (o->init_path) why = "--init: a checkpoint's weights are not loaded into the servers' shards; expected "
                                  "--resume DIR of a run saved with --mode ps --save";
     else if (o->profile) why = "--profile: not in --mode ps yet";
     else if (getenv("ADT_MASTER")) why = ps_check_elastic(t);
-    if (!why && o->bal.on && o->bal.policy == ADT_STRAGGLER_DD) why = ps_check_dynamic(o);
+    if (!why && ps_dynamic(o)) why = ps_check_dynamic(o);
     if (why) return train_fail(EXIT_USAGE, "--mode ps: %s", why);
     if (t->nranks < o->ps_servers + 1 && getenv("ADT_MASTER"))
         return train_fail(EXIT_USAGE, "--ps-servers %d: the elastic world has %d rank%s; expected at least %d (%d "
@@ -188,13 +206,23 @@ int train_ps_check(trainer *t) {
                           "%d servers and one or more workers)", o->ps_servers, t->nranks, t->nranks == 1 ? "" : "s",
                           o->ps_servers + 1, o->ps_servers + 1, o->ps_servers);
     int W = t->nranks - o->ps_servers;
-    if (o->bal.slow_rank >= 0 && (o->bal.slow_rank < o->ps_servers || o->bal.slow_rank >= t->nranks))
-        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is not a worker; expected a rank in [%d, %d] (the "
-                          "first %d serve)", o->bal.slow_rank, o->ps_servers, t->nranks - 1, o->ps_servers);
-    if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD && o->batch % W)
+    if (o->bal.slow_rank >= t->nranks && getenv("ADT_MASTER")) { /* an elastic world of another size */
+        train_note(t, "--inject-slowdown: rank %d is not in this world of %d ranks: no rank is slowed", o->bal.slow_rank,
+                   t->nranks);
+        t->o.bal.slow_rank = -1;
+    } else if (o->bal.slow_rank >= t->nranks) {
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d, but the world has %d ranks", o->bal.slow_rank,
+                          t->nranks);
+    }
+    /* a server has no compute of its own to stretch: it pauses before each answer instead */
+    if (o->bal.slow_rank >= 0 && o->bal.slow_rank < o->ps_servers &&
+        (o->bal.slow_add_s <= 0 || o->bal.slow_first != 1 || o->bal.slow_last != INT32_MAX))
+        return train_fail(EXIT_USAGE, "--inject-slowdown: rank %d is a server, which pauses before each answer to a "
+                          "pull; expected %d:+SECONDS (no FACTOR, no @FIRST-LAST)", o->bal.slow_rank, o->bal.slow_rank);
+    if (ps_dynamic(o) && o->batch % W)
         return train_fail(EXIT_USAGE, "--mode ps: --straggler-policy dd: --batch %ld is not a multiple of the %d workers "
                           "(a chunk is a worker's batch)", o->batch, W);
-    if (o->bal.on && o->bal.policy == ADT_STRAGGLER_DD && o->steps > INT32_MAX / W)
+    if (ps_dynamic(o) && o->steps > INT32_MAX / W)
         return train_fail(EXIT_USAGE, "--mode ps: --straggler-policy dd: --steps %ld x %d workers chunks exceed 2^31",
                           o->steps, W);
     if (o->batch < t->nranks - o->ps_servers)
@@ -221,6 +249,7 @@ static int ps_build(trainer *t) {
     p->pc.prefetch = o->ps_prefetch;
     p->pc.seed = o->seed;
     p->pc.lr_at = ps_lr_at, p->pc.lr_ctx = &t->o;
+    if (o->bal.slow_rank == t->rank && t->rank < o->ps_servers) p->pc.answer_delay_s = o->bal.slow_add_s;
     if (adt_ps_sync_parse(o->ps_sync ? o->ps_sync : "sync", "--ps-sync", &p->pc.sync))
         return train_fail(EXIT_USAGE, "%s", adt_error_message());
     /* the sparse optimizer: --ps-optimizer, else the dense one's sparse form */
@@ -259,7 +288,7 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     if (adt_ps_world_init(&p->pw, t->world, p->pc.n_servers))
         return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
     p->pw_ready = 1;
-    if (t->o.bal.on && t->o.bal.policy == ADT_STRAGGLER_DD) p->pc.chunks = t->o.steps * p->pw.n_workers;
+    if (ps_dynamic(&t->o)) p->pc.chunks = t->o.steps * p->pw.n_workers;
     if (p->pw.is_server) {
         if (adt_ps_store_create(&p->store, p->pc.tables, p->pc.n_tables, &p->pc.optim, p->pc.seed))
             return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
@@ -267,19 +296,22 @@ static int ps_executor(trainer *t, const adt_exec_opts *eo) {
     }
     int W = p->pw.n_workers, w = p->pw.worker;
     int64_t B = t->o.batch;
-    p->dynamic = t->o.bal.on && t->o.bal.policy == ADT_STRAGGLER_DD;
+    p->dynamic = ps_dynamic(&t->o);
+    p->by_feed = t->o.bal.by_feed;
+    p->eo = *eo;
+    int64_t cap = p->by_feed ? B : B / W + (w < B % W); /* buffers for the largest share this worker can get */
     p->Bw = (int)(B / W + (w < B % W));
     p->off = (int64_t)w * (B / W) + (w < B % W ? w : B % W);
     p->counts = adt_malloc((size_t)W * sizeof *p->counts);
     for (int v = 0; v < W; v++) p->counts[v] = B / W + (v < B % W);
-    p->logits = adt_malloc((size_t)p->Bw * sizeof *p->logits);
+    p->logits = adt_malloc((size_t)cap * sizeof *p->logits);
     int read[2] = {t->io.logits, t->io.label}; /* the whole batch's, for the metric (train_read) */
     for (int i = 0; i < 2; i++) t->gathered[i] = adt_malloc((size_t)adt_value_bytes(t->g, read[i]));
     int T = t->model.dlrm.n_tables;
     p->idx = adt_malloc((size_t)B * sizeof *p->idx);
-    p->ids = adt_malloc((size_t)p->Bw * (size_t)T * sizeof *p->ids);
-    p->dense_in = adt_malloc((size_t)p->Bw * (size_t)t->model.dlrm.n_dense * sizeof *p->dense_in);
-    p->labels = adt_malloc((size_t)p->Bw * sizeof *p->labels);
+    p->ids = adt_malloc((size_t)cap * (size_t)T * sizeof *p->ids);
+    p->dense_in = adt_malloc((size_t)cap * (size_t)t->model.dlrm.n_dense * sizeof *p->dense_in);
+    p->labels = adt_malloc((size_t)cap * sizeof *p->labels);
     if (adt_ps_dlrm_create(&p->d, &t->model.dlrm, p->Bw, &p->dense, eo))
         return train_fail(EXIT_RUNTIME, "--mode ps: %s", adt_error_message());
     return 0;
@@ -296,13 +328,18 @@ static int ps_client(train_ps *p) {
 static int ps_compute(trainer *t, train_ps *p, long s, adt_comm *workers, float share, float *l) {
     adt_ps_worker_stats a, b;
     adt_ps_worker_get_stats(p->wk, &a);
-    double t0 = adt_now_s();
+    double t0 = adt_now_s(), sync0 = adt_ps_dlrm_sync_s(p->d);
     if (adt_ps_dlrm_step(p->d, p->wk, workers, s, p->dense_in, p->labels, share, l))
         return train_fail(EXIT_RUNTIME, "step %ld: %s", s + 1, adt_error_message());
     adt_ps_worker_get_stats(p->wk, &b);
-    double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s);
+    /* less the waits for rows, pushes and the other workers (the dense all-reduce): what this worker
+     * computed, which the straggler monitor compares */
+    double sync = adt_ps_dlrm_sync_s(p->d) - sync0;
+    double c = adt_now_s() - t0 - (b.wait_rows_s - a.wait_rows_s) - (b.push_s - a.push_s) - sync;
     c = train_slow_step(t, s + 1, c > 0 ? c : 0); /* --inject-slowdown: the sleep counts as compute */
-    if (p->samples) p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s);
+    p->last_compute_s = c;
+    if (p->samples)
+        p->compute_s += c, p->steady += p->Bw, p->wait_s += (b.wait_rows_s - a.wait_rows_s) + (b.push_s - a.push_s) + sync;
     else if (p->dynamic) p->warm_t = adt_now_s(); /* the fixed split's: after the step's loss sum */
     p->samples += p->Bw;
     return 0;
@@ -524,6 +561,34 @@ int train_ps_serves(const trainer *t) { return t->ps && t->ps->pw_ready && t->ps
 adt_comm *train_ps_workers(const trainer *t) { return t->ps && t->ps->pw_ready ? t->ps->pw.workers : NULL; }
 
 int64_t train_ps_local_batch(const trainer *t) { return train_ps_serves(t) ? 0 : t->ps->Bw; }
+
+double train_ps_compute_s(const trainer *t) { return train_ps_serves(t) || !t->ps->samples ? -1 : t->ps->last_compute_s; }
+
+int train_ps_answer_s(const trainer *t, double *s, int n) {
+    if (train_ps_serves(t) || !t->ps->wk || !t->ps->samples) return 0;
+    return adt_ps_worker_answer_s(t->ps->wk, s, n);
+}
+
+int train_ps_set_split(trainer *t, const int64_t *split, int n, long step) {
+    train_ps *p = t->ps;
+    if (train_ps_serves(t) || !p->by_feed || n != p->pw.n_workers) return 0;
+    int w = p->pw.worker;
+    int64_t off = 0;
+    for (int v = 0; v < w; v++) off += split[v];
+    p->off = off;
+    for (int v = 0; v < n; v++) p->counts[v] = split[v];
+    if (split[w] == p->Bw) return 0;
+    if (split[w] < 1 || split[w] > t->o.batch)
+        return train_fail(EXIT_RUNTIME, "step %ld: a local batch of %lld samples; expected 1..%ld", step,
+                          (long long)split[w], t->o.batch);
+    if (adt_ps_dlrm_resize(p->d, (int)split[w], &p->eo))
+        return train_fail(EXIT_RUNTIME, "step %ld: the model at a local batch of %lld: %s", step, (long long)split[w],
+                          adt_error_message());
+    train_note(t, "ps: worker %d takes %lld of every %ld samples from step %ld (the master's split)", w,
+               (long long)split[w], t->o.batch, step);
+    p->Bw = (int)split[w];
+    return 0;
+}
 
 const char *train_ps_sparse_optimizer(const trainer *t) {
     static const char *const name[] = {"sgd", "adagrad", "adam"};

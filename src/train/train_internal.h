@@ -133,6 +133,14 @@ int train_ps_resume(trainer *t, const char *dir, long step);
 int train_ps_serves(const trainer *t);
 adt_comm *train_ps_workers(const trainer *t);
 int64_t train_ps_local_batch(const trainer *t);
+/* The last step's compute seconds of a worker (-1 on a server, or before its first step). */
+double train_ps_compute_s(const trainer *t);
+/* A worker's last step's answer time per server (adt_ps_worker_answer_s) into s[0..n); returns
+ * the number of servers, 0 on a server or before the first step. */
+int train_ps_answer_s(const trainer *t, double *s, int n);
+/* Under the elastic master's split: the workers' local batches of `step` (the gathered leases);
+ * a worker whose share changed remakes its model at the new batch. */
+int train_ps_set_split(trainer *t, const int64_t *split, int n, long step);
 /* The rows' optimizer ("sgd", "adagrad", "adam"), saved with a checkpoint and checked on resume. */
 const char *train_ps_sparse_optimizer(const trainer *t);
 
