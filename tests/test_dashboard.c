@@ -140,6 +140,40 @@ static void test_idle_replicas(void) {
     adt_master_free(m);
 }
 
+/* The run's steps as the trainer declares them with the data job (run_steps, its --steps): the
+ * whole run the master shows and ND prices a restart's gain over, where it is below the ledger's
+ * job of whole epochs (640 samples of 32: 20 steps); above it, the ledger's; a negative count is
+ * refused naming the field. */
+static void test_run_steps(void) {
+    adt_master *m = NULL;
+    adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .join_wait_s = -1};
+    CHECK(adt_master_create(&m, &cfg) == 0, "%s", adt_error_message());
+    if (!m) return;
+    char *out = NULL;
+    CHECK(call(m, "POST", "/v1/agents", "{\"node\":\"n0\",\"host\":\"h0\",\"slots\":2,\"pid\":101}", &out) == 200,
+          "register: %s", out ? out : "");
+    free(out);
+    const char *job = "\"job\":{\"samples\":640,\"global_batch\":32,\"shard_size\":64,\"epochs\":1}";
+    char body[512];
+    snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"run_steps\":-3,%s}", job);
+    int st = call(m, "POST", "/v1/data/init", body, &out);
+    CHECK(st == 400 && out && strstr(out, "run_steps"), "run_steps -3: %d %s", st, out ? out : "");
+    free(out);
+    static const struct { int declared, shown; } cases[] = {{7, 7}, {50, 20}, {12, 12}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"run_steps\":%d,%s}", cases[i].declared, job);
+        st = call(m, "POST", "/v1/data/init", body, &out);
+        CHECK(st == 200, "run_steps %d: %d %s", cases[i].declared, st, out ? out : "");
+        free(out);
+        char want[64];
+        snprintf(want, sizeof want, "\"total_steps\":%d", cases[i].shown);
+        CHECK(call(m, "GET", "/v1/job", NULL, &out) == 200 && out && strstr(out, want),
+              "run_steps %d: expected %s in %s", cases[i].declared, want, out ? out : "");
+        free(out);
+    }
+    adt_master_free(m);
+}
+
 static void test_endpoints(void) {
     adt_master *m = NULL;
     adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .straggler_policy = "dd",
@@ -278,6 +312,7 @@ int main(void) {
     RUN(test_endpoints);
     RUN(test_nd_restart_in_a_world);
     RUN(test_idle_replicas);
+    RUN(test_run_steps);
     RUN(test_page_in_chromium);
     /* the temp directory stays: it holds the screenshot */
     return check_finish();

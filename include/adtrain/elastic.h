@@ -266,6 +266,9 @@ typedef struct adt_elastic_config {
     double timeout_s;     /* per call; 0 = 30 s                                                  */
     int idle_replicas;    /* declared with the data job: replicas [0, idle_replicas) take no
                              samples (parameter servers) and no part in the master's split     */
+    int64_t run_steps;    /* declared with the data job: the run stops after this many steps
+                             (the trainer's --steps), below the ledger's job of whole epochs;
+                             the master counts the steps left from it. 0: the ledger's        */
 } adt_elastic_config;
 
 typedef struct adt_elastic_info {

@@ -27,6 +27,7 @@ struct adt_elastic {
     int64_t generation;
     int replica;
     int idle;       /* replicas that take no samples, declared with the data job */
+    int64_t run_steps; /* the run's steps, declared with the data job; 0: the ledger's */
     double timeout_s;
     int64_t stop_at;
     int64_t held[HELD_MAX]; /* leases granted to this client, not yet reported to their end */
@@ -67,6 +68,7 @@ int adt_elastic_open(adt_elastic **out, const adt_elastic_config *cfg) {
     e->token = tok && *tok ? adt_strdup(tok) : NULL;
     e->generation = c.generation;
     e->idle = c.idle_replicas > 0 ? c.idle_replicas : 0;
+    e->run_steps = c.run_steps > 0 ? c.run_steps : 0;
     if (!e->generation) {
         const char *g = env_or("ADT_GENERATION", NULL);
         e->generation = g ? strtoll(g, NULL, 10) : 0;
@@ -215,6 +217,7 @@ int adt_elastic_data_init(adt_elastic *c, const adt_ledger_job *job, int ranks_p
     cJSON_AddItemToObject(b, "job", wj_job_to_json(job));
     cJSON_AddNumberToObject(b, "ranks_per_replica", ranks_per_replica > 0 ? ranks_per_replica : 1);
     if (c->idle > 0) cJSON_AddNumberToObject(b, "idle_replicas", c->idle);
+    if (c->run_steps > 0) cJSON_AddNumberToObject(b, "run_steps", (double)c->run_steps);
     int rc = call(c, "POST", "/v1/data/init", b, &r, "data init");
     if (rc) return rc;
     take_control(c, r);

@@ -124,12 +124,17 @@ static cJSON *plan_json(adt_master *m, const m_agent *a) {
     return o;
 }
 
+int64_t m_job_steps(const adt_master *m) {
+    int64_t steps = adt_ledger_job_steps(&m->job);
+    return m->run_steps > 0 && m->run_steps < steps ? m->run_steps : steps;
+}
+
 /* The ledger's status as /v1/job and /v1/shards show it. */
 static cJSON *ledger_status_json(adt_master *m, const adt_ledger_status *st) {
     cJSON *l = cJSON_CreateObject();
     cJSON_AddNumberToObject(l, "generation", (double)st->generation);
     cJSON_AddNumberToObject(l, "committed_steps", (double)st->committed_steps);
-    cJSON_AddNumberToObject(l, "total_steps", (double)adt_ledger_job_steps(&m->job));
+    cJSON_AddNumberToObject(l, "total_steps", (double)m_job_steps(m));
     cJSON_AddStringToObject(l, "checkpoint", st->checkpoint);
     cJSON_AddNumberToObject(l, "next_step", (double)st->next_step);
     cJSON_AddNumberToObject(l, "epochs_opened", (double)st->epochs_opened);
@@ -426,7 +431,7 @@ static void ep_metrics(adt_master *m, adt_http_reply *rp) {
         GAUGE("adtrain_ledger_committed_steps", "Steps in the committed checkpoint.", " %lld",
               (long long)st.committed_steps);
         GAUGE("adtrain_ledger_total_steps", "Steps of the whole job.", " %lld",
-              (long long)adt_ledger_job_steps(&m->job));
+              (long long)m_job_steps(m));
         GAUGE("adtrain_ledger_pool_samples", "Samples waiting to be leased.", " %lld", (long long)st.pool_samples);
         GAUGE("adtrain_ledger_leased_samples", "Samples leased, not yet consumed.", " %lld",
               (long long)st.leased_samples);
@@ -839,10 +844,11 @@ static void add_control(adt_master *m, cJSON *o) {
 
 static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
     adt_ledger_job job;
-    int64_t gen, rpr, idle;
+    int64_t gen, rpr, idle, run_steps;
     if (bad_field(rp, wj_int(b, "generation", 0, INT64_MAX, 0, 0, &gen) ||
                           wj_int(b, "ranks_per_replica", 1, 1 << 20, 1, 1, &rpr) ||
                           wj_int(b, "idle_replicas", 0, 1 << 20, 1, 0, &idle) ||
+                          wj_int(b, "run_steps", 0, INT64_MAX, 1, 0, &run_steps) ||
                           wj_job_from_json(cJSON_GetObjectItemCaseSensitive(b, "job"), &job)))
         return;
     if (job.global_batch > job.samples) {
@@ -881,6 +887,10 @@ static void ep_data_init(adt_master *m, const cJSON *b, adt_http_reply *rp) {
         m->replicas = m->world_size / m->rpr;
         ms_event(m, "data_job", m->gen, -1, -1, "%lld samples, batch %lld, shard %lld, %lld epochs",
                  (long long)job.samples, (long long)job.global_batch, (long long)job.shard_size, (long long)job.epochs);
+        ms_save(m);
+    }
+    if (run_steps > 0 && run_steps != m->run_steps) { /* a resumed run may stop elsewhere: the latest says */
+        m->run_steps = run_steps;
         ms_save(m);
     }
     if (!m->L && gen == m->gen && (m->gstate == G_RUNNING || m->gstate == G_STOPPING)) {

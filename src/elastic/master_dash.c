@@ -585,7 +585,7 @@ static void split_observe(adt_master *m, int k, int64_t step) {
     memcpy(split, s->sp.cur + lo, (size_t)n * sizeof *split);
     for (int r = 0; r < n; r++) s->compute_s[r] = c[r], s->samples[r] = smp[r], s->split[r] = split[r];
     s->step = (long)step;
-    int64_t total = adt_ledger_job_steps(&m->job);
+    int64_t total = m_job_steps(m);
     adt_straggler_action a;
     if (adt_straggler_observe(s->mon, (long)step, ADT_PHASE_TRAIN, c, smp, split, (long)(total - step - 1), &a)) {
         ms_event(m, "straggler", m->gen, -1, -1, "step %lld: the monitor refused the reports: %s", (long long)step,

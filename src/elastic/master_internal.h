@@ -95,6 +95,7 @@ struct adt_master {
     int have_job;            /* the data job is known (flags or a declaration)            */
     adt_ledger_job job;
     int rpr;                 /* ranks per replica                                         */
+    int64_t run_steps;       /* the run's steps as the trainer declared them; 0: the ledger's */
     int idle;                /* replicas [0, idle) take no samples (parameter servers): the
                                 split and the monitor are over the others               */
     int64_t ledger_offset;   /* ledger generation = gen - ledger_offset; -1: no ledger yet  */
@@ -187,6 +188,9 @@ void m_changed(adt_master *m);
 void m_end_generation(adt_master *m, const char *reason, int failure, int64_t agent);
 /* Opens the ledger (creating it if the job is known and none exists); aligns generations. */
 int m_ledger_ready(adt_master *m);
+/* The steps of the whole run: the ledger's job of whole epochs, or the trainer's --steps where it
+ * declared fewer (run_steps); what the dashboard shows and ND prices a restart's gain over. */
+int64_t m_job_steps(const adt_master *m);
 /* The ledger's generation for the current one. */
 int64_t m_ledger_gen(const adt_master *m);
 /* The job fails now, whatever the restart budget (a worker's usage error). */

@@ -394,7 +394,8 @@ int train_elastic_start(trainer *t) {
     if (!t->ps) layout_state(t, e); /* --mode ps has no flash slot: its servers write at the cut */
     int rc = 0;
     /* under --mode ps the first ranks serve: replicas that take no samples and no part in the split */
-    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60, .idle_replicas = t->ps ? t->o.ps_servers : 0};
+    adt_elastic_config cfg = {.replica = t->rank, .timeout_s = 60, .idle_replicas = t->ps ? t->o.ps_servers : 0,
+                               .run_steps = t->o.steps};
     int64_t B = t->o.batch, spe = t->train.count / B;
     e->job = (adt_ledger_job){.samples = t->train.count, .seed = t->o.seed, .shuffle = t->o.shuffle,
                               .global_batch = B, .shard_size = 4 * B, .epochs = (t->o.steps + spe - 1) / spe,
