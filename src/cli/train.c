@@ -238,7 +238,9 @@ int cli_train(int argc, char **argv) {
     o.note = print_note, o.note_ctx = &p;
     adt_trainer *t;
     if ((rc = adt_trainer_create(&t, &o))) {
-        if (adt_trainer_error_is_mine()) cli_fail("train", 1, "%s", adt_error_message());
+        /* under adtrain agent every rank says why: the agent stops the world at the first rank's
+         * exit, which may cut the one that would report the agreed error short */
+        if (adt_trainer_error_is_mine() || getenv("ADT_MASTER")) cli_fail("train", 1, "%s", adt_error_message());
         return exit_code(rc);
     }
     cli_set_rank(adt_trainer_rank(t), adt_trainer_nranks(t));

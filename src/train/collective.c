@@ -69,7 +69,15 @@ int train_group_agree(trainer *t, adt_comm *c, int first_rank, int rc) {
     train_error_mine(first == me || !common);
     /* agreed by a part of the world only (the workers of --mode ps): the others still need ending */
     if (c == t->world) g_error_agreed = common != 0;
-    if (common && first != me) adt_error(common, "rank %d failed", first_rank + first);
+    if (!common) return 0;
+    /* every rank learns why: under adtrain agent the first rank to exit may be any of them, and
+     * the agent stops the others before the reporting one may have said it */
+    int32_t why[128]; /* the failing rank's message, 511 bytes at most */
+    memset(why, 0, sizeof why);
+    if (first == me) snprintf((char *)why, sizeof why, "%s", adt_error_message());
+    int brc = adt_comm_bcast(c, why, (int64_t)(sizeof why / sizeof why[0]), ADT_I32, first);
+    ((char *)why)[sizeof why - 1] = 0;
+    if (first != me) adt_error(common, "rank %d failed: %s", first_rank + first, brc ? "(its message was lost)" : (char *)why);
     return common;
 }
 
