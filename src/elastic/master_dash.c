@@ -510,7 +510,7 @@ static void servers_observe(adt_master *m, int k, int64_t step) {
         if (!adt_straggler_restart_pays(s->srv_mon, (long)step, p, one, (long)(total - step - 1), &act)) continue;
         dash_action *d = &s->act[s->n_act++ % ACT_MAX];
         *d = (dash_action){.generation = m->gen, .a = act, .wall = adt_wall_s(), .server = 1};
-        snprintf(d->a.why, sizeof d->a.why, "server %d: %.140s", p, act.why); /* its node's event says so too */
+        snprintf(d->a.why, sizeof d->a.why, "server %d: %.130s", p, act.why); /* its node's event says so too */
         ms_event(m, "straggler_action", m->gen, -1, p, "restart server %d (replica %d) elsewhere at step %lld: %s", p, p,
                  (long long)step, act.why);
         adt_straggler_action wa = d->a;
