@@ -1672,6 +1672,7 @@ static void test_train_trials(void) {
 static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap);
 static size_t read_text(const char *path, char *buf, size_t cap);
 static int db_first_restart(const char *jobdir);
+static int db_events_like(const char *jobdir, const char *kind, const char *like, char *detail, size_t cap);
 static char g_dlrm_cfg[700];
 static const char *TRAIN_PS[] = {"--model", g_dlrm_cfg, "--data", "synthetic:dlrm", "--batch", "32", "--optimizer",
                                  "sgd", "--lr", "0.5", "--schedule", "constant", "--seed", "5", "--commit-every",
@@ -1917,7 +1918,7 @@ static void test_train_ps_straggler(void) {
  * commit and the next world forms on the other two agents (2 servers, 2 workers; rank 5 is not in
  * it, so nobody is slowed), restoring that commit.
  * Nothing is trained twice, the audit is clean, every step is logged once at mpiexec's loss
- * within 1e-5. */
+ * within 1e-5, and the healthy servers are never restarted. */
 static void test_train_ps_nd(void) {
     static const char *nd[] = {"--nnodes", "2:3", "--blacklist-cooldown", "600:600", "--straggler-policy", "nd",
                                "--straggler-config",
@@ -1935,6 +1936,65 @@ static void test_train_ps_nd(void) {
           db_first_restart(j.jobdir));
     CHECK(current_gen(&j) == 2, "generation %d: expected 2 (the restart elsewhere, then the node sits out)",
           current_gen(&j));
+    CHECK(db_events_like(j.jobdir, "straggler_action", "restart server%", detail, sizeof detail) == 0,
+          "healthy servers restarted under nd: %s", detail);
+    ps_end_once(&j, steps);
+}
+
+/* GET /v1/agents: at least *want agents registered */
+static int pred_agents(const cJSON *r, const void *arg) {
+    return cJSON_IsArray(r) && cJSON_GetArraySize(r) >= *(const int *)arg;
+}
+
+/* ND over a slow parameter server, the slowness bound to a node: agent n0 (1 slot) is started
+ * first with ADT_INJECT_SERVER_DELAY=0.1 in its environment, so it joins first and runs rank 0,
+ * server 0, which sleeps 100 ms before every answer; n1 and n2 (2 slots each) run server 1 and
+ * workers 2..4. The thresholds are test_train_ps_nd's. The servers' monitor turns server 0
+ * persistent, ND's rule finds its restart worth the cost, and n0 is left out (for 600 s): the
+ * generation stops with a commit and the next world forms on n1 and n2 (servers 0 and 1 on one,
+ * workers 2 and 3 on the other), whose processes have no delay. The restart is a server's (the
+ * event, the action's `server`); nothing is trained twice, the audit is clean, every step is
+ * logged once at mpiexec's loss within 1e-5. */
+static void test_train_ps_nd_server(void) {
+    static const char *nd[] = {"--nnodes", "2:3", "--blacklist-cooldown", "600:600", "--straggler-policy", "nd",
+                               "--straggler-config",
+                               "k=20,min_local=6,warmup=1,first=2,nd_after=3,cooldown=6,persist=3,restart_cost=0.01",
+                               NULL};
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsndsrv");
+    for (int k = 0; nd[k]; k++) j.master_extra[j.n_master_extra++] = nd[k];
+    job_start_master(&j);
+    j.n_agents = 3;
+    j.nproc[0] = 1, j.nproc[1] = j.nproc[2] = 2;
+    setenv("ADT_INJECT_SERVER_DELAY", "0.1", 1);
+    job_start_agent(&j, 0);
+    unsetenv("ADT_INJECT_SERVER_DELAY");
+    int one = 1;
+    CHECK(poll_until(&j, "/v1/agents", pred_agents, &one, 30), "agent n0 never registered");
+    job_start_agent(&j, 1);
+    job_start_agent(&j, 2);
+    expect_done(&j, 180);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    char act[4096] = "", left[4096] = "";
+    int acts = db_events_like(j.jobdir, "straggler_action", "restart server%", act, sizeof act);
+    int outs = db_events_like(j.jobdir, "straggler", "node n0 left out%", left, sizeof left);
+    CHECK(acts == 1 && strstr(act, "restart server 0 (replica 0) elsewhere") && outs == 1 && strstr(left, "server 0"),
+          "%d server restarts (%s), %d events leaving n0 out (%s): expected server 0 restarted, its node n0 left out",
+          acts, act, outs, left);
+    CHECK(db_events_like(j.jobdir, "straggler_action", "restart elsewhere%", NULL, 0) == 0,
+          "a worker was restarted elsewhere; only the slowed server should be");
+    CHECK(current_gen(&j) == 2, "generation %d: expected 2 (the restart elsewhere, then n0 sits out)", current_gen(&j));
+    cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
+    const cJSON *x, *srv = NULL; /* the workers' rebalances are actions too */
+    int n_srv = 0;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(r, "actions"))
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "server"))) srv = x, n_srv++;
+    CHECK(n_srv == 1 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(srv, "applied")) && jnum(srv, "rank") == 0 &&
+              !strcmp(jstr(srv, "kind"), "restart"),
+          "%d server actions in GET /v1/straggler; expected one, server 0's restart, applied", n_srv);
+    cJSON_Delete(r);
     ps_end_once(&j, steps);
 }
 
@@ -2319,25 +2379,35 @@ static void test_launch(void) {
     job_cleanup(&j, check_cur_failed);
 }
 
-/* Events of one kind in a job directory's master.db (read-only, after the master is gone);
- * -1 when it cannot be read. The first one's detail goes to detail (cap bytes) when given. */
-static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap) {
-    char path[700], sql[200];
+/* Events of `kind` whose detail is LIKE `like` (the least such detail in *detail); -1 on a
+ * database error. */
+static int db_events_like(const char *jobdir, const char *kind, const char *like, char *detail, size_t cap) {
+    char path[700];
     snprintf(path, sizeof path, "%s/%s", jobdir, ADT_MASTER_STATE_FILE);
     sqlite3 *db = NULL;
     int n = -1;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        snprintf(sql, sizeof sql, "SELECT COUNT(*), MIN(detail) FROM events WHERE kind = '%s'", kind);
         sqlite3_stmt *st;
-        if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
-            n = sqlite3_column_int(st, 0);
-            const unsigned char *t = sqlite3_column_text(st, 1);
-            if (detail) snprintf(detail, cap, "%s", t ? (const char *)t : "");
+        if (sqlite3_prepare_v2(db, "SELECT COUNT(*), MIN(detail) FROM events WHERE kind = ?1 AND detail LIKE ?2", -1,
+                               &st, NULL) == SQLITE_OK) {
+            sqlite3_bind_text(st, 1, kind, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 2, like, -1, SQLITE_STATIC);
+            if (sqlite3_step(st) == SQLITE_ROW) {
+                n = sqlite3_column_int(st, 0);
+                const unsigned char *t = sqlite3_column_text(st, 1);
+                if (detail) snprintf(detail, cap, "%s", t ? (const char *)t : "");
+            }
+            sqlite3_finalize(st);
         }
-        sqlite3_finalize(st);
     }
     sqlite3_close(db);
     return n;
+}
+
+/* Events of one kind in a job directory's master.db (read-only, after the master is gone);
+ * -1 when it cannot be read. The least detail goes to detail (cap bytes) when given. */
+static int db_events(const char *jobdir, const char *kind, char *detail, size_t cap) {
+    return db_events_like(jobdir, kind, "%", detail, cap);
 }
 
 /* The replica the first ND restart named (its straggler_action event's rank), -1 if none. */
@@ -2633,6 +2703,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_straggler);
     MAYBE(test_train_ps_slow_server);
     MAYBE(test_train_ps_nd);
+    MAYBE(test_train_ps_nd_server);
     MAYBE(test_train_straggler_losses);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);

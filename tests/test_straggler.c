@@ -6,7 +6,7 @@
  * What must hold: the proportional split (closed form), no action for a single 2 s pause, at most
  * one action for a load that alternates faster than the cooldown, persistent classification
  * within `persist` observations, DD's split converging to the speed ratio, ND restarting only when
- * the remaining run pays for it, evaluation and warmup steps never judged, bad configs refused.
+ * the remaining run pays for it (also for work that cannot move), evaluation and warmup steps never judged, bad configs refused.
  */
 #include "check.h"
 
@@ -298,6 +298,42 @@ static void test_nd_restart_only_when_it_pays(void) {
     }
 }
 
+/* ND's rule for work that cannot move (the master's parameter servers, each answering every pull
+ * of a step): 3 servers answering in 1 ms, server 2 in 10 ms from step 6, a monitor without a
+ * policy (as the master runs it). A step waits for the slowest answer, so healing server 2 gains
+ * 10 - 1 = 9 ms a step: with a 10 s cost the rule pays over 2000 remaining steps (18 s), not over
+ * 1000 (9 s); it names server 2 only once per persistent episode, never before it is persistent,
+ * and never a normal server. */
+static void test_restart_pays_fixed_work(void) {
+    adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_OFF);
+    cfg.restart_cost_s = 10;
+    long remaining[2] = {1000, 2000};
+    for (int c = 0; c < 2; c++) {
+        adt_straggler *m = adt_straggler_create(3, &cfg);
+        int64_t one[3] = {1, 1, 1};
+        int restarts = 0, early = 0;
+        double gain = 0;
+        for (long st = 1; st <= 40; st++) {
+            double t[3] = {1e-3, 1e-3, st >= 6 ? 10e-3 : 1e-3};
+            adt_straggler_action act;
+            CHECK(adt_straggler_observe(m, st, ADT_PHASE_TRAIN, t, one, one, remaining[c], &act) == 0 &&
+                      act.kind == ADT_ACTION_NONE, "observe without a policy: %s", adt_error_message());
+            for (int r = 0; r < 3; r++) {
+                if (!adt_straggler_restart_pays(m, st, r, one, remaining[c], &act)) continue;
+                CHECK(act.kind == ADT_ACTION_RESTART && act.rank == 2, "restart of server %d", act.rank);
+                if (adt_straggler_rank_info(m, 2)->state != ADT_STRAGGLER_PERSISTENT) early++;
+                restarts++, gain = act.gain;
+            }
+        }
+        int pays = remaining[c] * 9e-3 > cfg.restart_cost_s;
+        CHECK(restarts == pays && !early, "remaining %ld steps: %d restarts (%d early); expected %d", remaining[c],
+              restarts, early, pays);
+        CHECK(!pays || (gain > remaining[c] * 9e-3 * 0.999 && gain < remaining[c] * 9e-3 * 1.001),
+              "gain %.3f s; expected %.3f s", gain, remaining[c] * 9e-3);
+        adt_straggler_free(m);
+    }
+}
+
 static void test_phases_and_warmup_not_judged(void) {
     sim s;
     adt_straggler_cfg cfg = adt_straggler_defaults(ADT_STRAGGLER_ND);
@@ -347,6 +383,7 @@ int main(void) {
     RUN(test_off_never_acts);
     RUN(test_first_decision);
     RUN(test_nd_restart_only_when_it_pays);
+    RUN(test_restart_pays_fixed_work);
     RUN(test_phases_and_warmup_not_judged);
     RUN(test_config_parse);
     return check_finish();

@@ -149,6 +149,15 @@ const adt_straggler_cfg *adt_straggler_config(const adt_straggler *m);
 int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase, const double *compute_s,
                           const int64_t *samples, int64_t *split, long remaining_steps, adt_straggler_action *act);
 
+/* ND's restart rule on its own, for a monitor without a policy whose ranks' work cannot be moved
+ * (the master's parameter servers: each answers every pull, so a step waits for the slowest):
+ * 1 and a RESTART in *act when `rank` is persistent, not yet considered in this persistent
+ * episode, and remaining_steps x (the step time at `split` now - with the rank as fast as the
+ * median of its peers, by EWMA speeds) exceeds cfg.restart_cost_s; else 0 (kind NONE). The rule
+ * adt_straggler_observe applies under ND, there at the speed-proportional splits. */
+int adt_straggler_restart_pays(adt_straggler *m, long step, int rank, const int64_t *split, long remaining_steps,
+                               adt_straggler_action *act);
+
 const adt_straggler_rank *adt_straggler_rank_info(const adt_straggler *m, int rank);
 int64_t adt_straggler_actions(const adt_straggler *m); /* actions taken so far, refinements included */
 

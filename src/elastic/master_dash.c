@@ -16,7 +16,8 @@
  * blacklist's mechanism, without counting a failure) and the world is asked to stop at a step
  * boundary; the next generation forms without that node when others can run, and restores the
  * checkpoint of the stop, so nothing is lost. Without a world (a trainer under mpiexec reporting
- * here) the decision is recorded and the split returned.
+ * here) the decision is recorded and the split returned. A parameter server the servers' monitor
+ * finds persistently slow is restarted the same way, when ND's rule finds it pays.
  *
  * Everything runs under the master's mutex (adt_master_handle holds it).
  */
@@ -38,6 +39,7 @@ typedef struct dash_action {
     adt_straggler_action a;
     double wall;
     int applied; /* a restart that the master carried out */
+    int server;  /* the rank is a parameter server's (the servers' monitor's restart) */
 } dash_action;
 
 struct m_strag {
@@ -169,6 +171,7 @@ static cJSON *action_json(const dash_action *d) {
     cJSON_AddStringToObject(o, "why", d->a.why);
     cJSON_AddNumberToObject(o, "time", d->wall);
     cJSON_AddBoolToObject(o, "applied", d->applied);
+    cJSON_AddBoolToObject(o, "server", d->server);
     return o;
 }
 
@@ -458,6 +461,29 @@ static void servers_begin(m_strag *s, int nw, int lo) {
     for (int i = 0; i < lo; i++) s->srv_s[i] = 0, s->srv_state[i] = ADT_STRAGGLER_NORMAL;
 }
 
+/* A server turning persistent (or normal again) is a straggler_server event. */
+static void servers_log_states(adt_master *m, int64_t step) {
+    m_strag *s = m->strag;
+    int S = s->n_srv;
+    for (int p = 0; p < S; p++) {
+        const adt_straggler_rank *ri = adt_straggler_rank_info(s->srv_mon, p);
+        adt_straggler_state now = ri->state;
+        if (now == ADT_STRAGGLER_TRANSIENT || now == s->srv_state[p]) continue; /* persistent, or normal again */
+        s->srv_state[p] = now;
+        double others = 0;
+        int no = 0;
+        for (int q = 0; q < S; q++)
+            if (q != p) others += adt_straggler_rank_info(s->srv_mon, q)->ewma_s, no++;
+        ms_event(m, "straggler_server", m->gen, -1, p,
+                 now == ADT_STRAGGLER_PERSISTENT
+                     ? "step %lld: server %d (replica %d) answers persistently slower than the others: %.1f ms per "
+                       "pull (smoothed) against their mean %.1f ms"
+                     : "step %lld: server %d (replica %d) answers as fast as the others again: %.1f ms per pull "
+                       "(smoothed) against their mean %.1f ms",
+                 (long long)step, p, p, ri->ewma_s * 1e3, no ? others / no * 1e3 : 0.0);
+    }
+}
+
 /* Every replica reported step `step` (slot k): the servers' mean answer times to the monitor; a
  * server turning persistent (or back to normal) is an event. */
 static void servers_observe(adt_master *m, int k, int64_t step) {
@@ -476,22 +502,21 @@ static void servers_observe(adt_master *m, int k, int64_t step) {
     }
     adt_straggler_action act;
     if (adt_straggler_observe(s->srv_mon, (long)step, ADT_PHASE_TRAIN, s->srv_s, one, split, 0, &act)) return;
+    servers_log_states(m, step);
+    if (s->cfg.policy != ADT_STRAGGLER_ND) return;
+    /* ND restarts a persistent server elsewhere by the workers' rule: its answers hold every step */
+    int64_t total = adt_ledger_job_steps(&m->job);
     for (int p = 0; p < S; p++) {
-        const adt_straggler_rank *ri = adt_straggler_rank_info(s->srv_mon, p);
-        adt_straggler_state now = ri->state;
-        if (now == ADT_STRAGGLER_TRANSIENT || now == s->srv_state[p]) continue; /* persistent, or normal again */
-        s->srv_state[p] = now;
-        double others = 0;
-        int no = 0;
-        for (int q = 0; q < S; q++)
-            if (q != p) others += adt_straggler_rank_info(s->srv_mon, q)->ewma_s, no++;
-        ms_event(m, "straggler_server", m->gen, -1, p,
-                 now == ADT_STRAGGLER_PERSISTENT
-                     ? "step %lld: server %d (replica %d) answers persistently slower than the others: %.1f ms per "
-                       "pull (smoothed) against their mean %.1f ms"
-                     : "step %lld: server %d (replica %d) answers as fast as the others again: %.1f ms per pull "
-                       "(smoothed) against their mean %.1f ms",
-                 (long long)step, p, p, ri->ewma_s * 1e3, no ? others / no * 1e3 : 0.0);
+        if (!adt_straggler_restart_pays(s->srv_mon, (long)step, p, one, (long)(total - step - 1), &act)) continue;
+        dash_action *d = &s->act[s->n_act++ % ACT_MAX];
+        *d = (dash_action){.generation = m->gen, .a = act, .wall = adt_wall_s(), .server = 1};
+        snprintf(d->a.why, sizeof d->a.why, "server %d: %.130s", p, act.why); /* its node's event says so too */
+        ms_event(m, "straggler_action", m->gen, -1, p, "restart server %d (replica %d) elsewhere at step %lld: %s", p, p,
+                 (long long)step, act.why);
+        adt_straggler_action wa = d->a;
+        wa.rank = p * m->rpr; /* the server's (idle replica's) first rank */
+        d->applied = restart_elsewhere(m, &wa);
+        return;
     }
 }
 

@@ -339,6 +339,44 @@ static int try_refine(adt_straggler *m, long step, int64_t *split, adt_straggler
     return 1;
 }
 
+/* ND's restart rule: rank i, persistent and not yet considered in this episode, is worth a
+ * restart elsewhere when the remaining run gains more than a restart costs; the gain is the step
+ * time now minus the step time with the rank as fast as the median of its peers (by EWMA speeds),
+ * each at the speed-proportional split of `split` (rebalance) or at `split` itself (work that
+ * cannot move: servers each answering every pull). Fills act's rank, step, gain (seconds) and why;
+ * cur gets the split the step time now was priced at. */
+static int restart_rule(adt_straggler *m, long step, int i, const int64_t *split, int rebalance, long remaining_steps,
+                        adt_straggler_action *act, int64_t *cur) {
+    const adt_straggler_cfg *c = &m->cfg;
+    if (i < 0 || i >= m->n || m->r[i].state != ADT_STRAGGLER_PERSISTENT || m->restart_considered[i]) return 0;
+    m->restart_considered[i] = 1;
+    double e[ADT_STRAGGLER_MAX_RANKS];
+    for (int j = 0; j < m->n; j++) e[j] = m->r[j].ewma_s;
+    int64_t healed[ADT_STRAGGLER_MAX_RANKS];
+    memcpy(cur, split, (size_t)m->n * sizeof *cur);
+    memcpy(healed, split, (size_t)m->n * sizeof *healed);
+    if (rebalance) split_gain(m, e, split, cur);
+    double t_now = adt_straggler_step_time(m->n, e, cur);
+    e[i] = median_of_peers(m, e, i);
+    if (rebalance) split_gain(m, e, split, healed);
+    double t_healed = adt_straggler_step_time(m->n, e, healed);
+    double gain_s = (double)remaining_steps * (t_now - t_healed);
+    if (!(gain_s > c->restart_cost_s)) return 0;
+    act->kind = ADT_ACTION_RESTART, act->step = step, act->rank = i, act->gain = gain_s;
+    snprintf(act->why, sizeof act->why, "rank %d persistent at %.2fx its peers; restart gains %.1f s over %ld steps > "
+             "cost %.1f s", i, m->r[i].ewma_s / e[i], gain_s, remaining_steps, c->restart_cost_s);
+    return 1;
+}
+
+int adt_straggler_restart_pays(adt_straggler *m, long step, int rank, const int64_t *split, long remaining_steps,
+                               adt_straggler_action *act) {
+    int64_t cur[ADT_STRAGGLER_MAX_RANKS];
+    act->kind = ADT_ACTION_NONE;
+    if (!restart_rule(m, step, rank, split, 0, remaining_steps, act, cur)) return 0;
+    m->n_actions++;
+    return 1;
+}
+
 int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase, const double *compute_s,
                           const int64_t *samples, int64_t *split, long remaining_steps, adt_straggler_action *act) {
     const adt_straggler_cfg *c = &m->cfg;
@@ -364,28 +402,13 @@ int adt_straggler_observe(adt_straggler *m, long step, adt_straggler_phase phase
     if (!cooled) return 0;
 
     /* ND: a persistent straggler is worth a restart when the remaining run gains more than a
-     * restart costs; the gain is the step time now (after any rebalance, by EWMA speeds) minus
-     * the step time with the straggler as fast as the median of its peers. */
+     * restart costs (restart_rule); the split becomes the one the EWMA speeds give */
     if (c->policy == ADT_STRAGGLER_ND) {
         for (int i = 0; i < m->n; i++) {
-            if (m->r[i].state != ADT_STRAGGLER_PERSISTENT || m->restart_considered[i]) continue;
-            m->restart_considered[i] = 1;
-            double e[ADT_STRAGGLER_MAX_RANKS];
-            for (int j = 0; j < m->n; j++) e[j] = m->r[j].ewma_s;
-            int64_t cur[ADT_STRAGGLER_MAX_RANKS], healed[ADT_STRAGGLER_MAX_RANKS];
-            split_gain(m, e, split, cur);
-            double t_now = adt_straggler_step_time(m->n, e, cur);
-            e[i] = median_of_peers(m, e, i);
-            split_gain(m, e, split, healed);
-            double t_healed = adt_straggler_step_time(m->n, e, healed);
-            double gain_s = (double)remaining_steps * (t_now - t_healed);
-            if (gain_s > c->restart_cost_s) {
-                act_set(m, act, ADT_ACTION_RESTART, step, i, gain_s, 0, split, cur);
-                snprintf(act->why, sizeof act->why, "rank %d persistent at %.2fx its peers; restart gains %.1f s "
-                         "over %ld steps > cost %.1f s", i, m->r[i].ewma_s / e[i], gain_s, remaining_steps,
-                         c->restart_cost_s);
-                return 0;
-            }
+            int64_t cur[ADT_STRAGGLER_MAX_RANKS];
+            if (!restart_rule(m, step, i, split, 1, remaining_steps, act, cur)) continue;
+            act_set(m, act, ADT_ACTION_RESTART, step, i, act->gain, 0, split, cur);
+            return 0;
         }
     }
     int after = c->policy == ADT_STRAGGLER_DD ? c->dd_after : c->nd_after;

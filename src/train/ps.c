@@ -250,6 +250,17 @@ static int ps_build(trainer *t) {
     p->pc.seed = o->seed;
     p->pc.lr_at = ps_lr_at, p->pc.lr_ctx = &t->o;
     if (o->bal.slow_rank == t->rank && t->rank < o->ps_servers) p->pc.answer_delay_s = o->bal.slow_add_s;
+    /* ADT_INJECT_SERVER_DELAY=SECONDS, a test's and a benchmark's hook: a server whose process has
+     * it pauses that long before every answer too. Set for one agent's processes, the slowness
+     * belongs to that node, not to a rank number: ND moving the server leaves it behind. */
+    const char *sd = getenv("ADT_INJECT_SERVER_DELAY");
+    if (sd && *sd) {
+        char *end = NULL;
+        double d = strtod(sd, &end);
+        if (*end || !(d >= 0 && d <= 60))
+            return train_fail(EXIT_USAGE, "ADT_INJECT_SERVER_DELAY: expected seconds in [0, 60], got '%.40s'", sd);
+        if (t->rank < o->ps_servers) p->pc.answer_delay_s += d;
+    }
     if (adt_ps_sync_parse(o->ps_sync ? o->ps_sync : "sync", "--ps-sync", &p->pc.sync))
         return train_fail(EXIT_USAGE, "%s", adt_error_message());
     /* the sparse optimizer: --ps-optimizer, else the dense one's sparse form */
