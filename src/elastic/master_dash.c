@@ -136,6 +136,22 @@ static int restart_elsewhere(adt_master *m, const adt_straggler_action *a) {
         if (a->rank < sl->rank_offset || a->rank >= sl->rank_offset + sl->local_size) continue;
         m_agent *ag = m_agent_find(m, sl->agent);
         if (!ag) return 0;
+        /* a job with idle replicas (--mode ps: its servers) needs them and one working replica:
+         * a node whose leaving would form a smaller world stays (that world would refuse to run) */
+        if (m->idle > 0) {
+            int others = 0, need = (m->idle + 1) * m->rpr;
+            double now = adt_wall_s();
+            for (int k = 0; k < m->n_agents; k++) {
+                const m_agent *o = &m->agents[k];
+                if (o != ag && o->alive && !o->leaving && o->cooldown_until <= now) others += o->slots;
+            }
+            if (others < need) {
+                ms_event(m, "straggler", m->gen, ag->id, a->rank, "node %s not left out: the other nodes hold %d "
+                         "ranks, fewer than the %d its %d idle replicas and one working replica need", ag->node,
+                         others, need, m->idle);
+                return 0;
+            }
+        }
         /* the blacklist's cooldown for the node's failures so far (no failure is counted) */
         double cool = m->cfg.cooldown_min_s * pow(2.0, ag->failures > 0 ? ag->failures - 1 : 0);
         if (cool > m->cfg.cooldown_max_s) cool = m->cfg.cooldown_max_s;
