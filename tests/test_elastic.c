@@ -1998,6 +1998,39 @@ static void test_train_ps_nd_server(void) {
     ps_end_once(&j, steps);
 }
 
+/* ND stands down where leaving the slow server's node out would leave the next world too small to
+ * run the job (its 2 servers and a worker): n0 (1 slot, server 0 slowed) and n1 (2 slots) only.
+ * The master says why and leaves n0 in; the run finishes in its first world, audited. */
+static void test_train_ps_nd_too_small(void) {
+    static const char *nd[] = {"--nnodes", "1:2", "--blacklist-cooldown", "600:600", "--straggler-policy", "nd",
+                               "--straggler-config",
+                               "k=20,min_local=6,warmup=1,first=2,nd_after=3,cooldown=6,persist=3,restart_cost=0.01",
+                               NULL};
+    if (ps_refs()) return;
+    ejob j;
+    ps_job_init(&j, "tpsndsmall");
+    for (int k = 0; nd[k]; k++) j.master_extra[j.n_master_extra++] = nd[k];
+    job_start_master(&j);
+    j.n_agents = 2;
+    j.nproc[0] = 1, j.nproc[1] = 2;
+    setenv("ADT_INJECT_SERVER_DELAY", "0.05", 1);
+    job_start_agent(&j, 0);
+    unsetenv("ADT_INJECT_SERVER_DELAY");
+    int one = 1;
+    CHECK(poll_until(&j, "/v1/agents", pred_agents, &one, 30), "agent n0 never registered");
+    job_start_agent(&j, 1);
+    expect_done(&j, 180);
+    int steps = flags_steps((const char *const *)TRAIN_PS);
+    train_audit(&j, steps);
+    char why[4096] = "";
+    int kept = db_events_like(j.jobdir, "straggler", "node n0 not left out%", why, sizeof why);
+    CHECK(kept >= 1 && strstr(why, "fewer than the 3"), "%d events keeping n0 (%s): expected the master to say why",
+          kept, why);
+    CHECK(db_events_like(j.jobdir, "straggler", "node n0 left out%", NULL, 0) == 0, "n0 was left out");
+    CHECK(current_gen(&j) == 1, "generation %d: expected the first world to finish", current_gen(&j));
+    ps_end_once(&j, steps);
+}
+
 /* The same split in a collective job (adtrain train, 2 ranks, the master's dd, rank 1 pausing 10 ms a
  * step): the split moves, every sample is trained once, and every step's loss is mpiexec's within
  * 1e-4: each step trains the sampler's batch, also at the step a new split starts (a rank leasing
@@ -2704,6 +2737,7 @@ int main(int argc, char **argv) {
     MAYBE(test_train_ps_slow_server);
     MAYBE(test_train_ps_nd);
     MAYBE(test_train_ps_nd_server);
+    MAYBE(test_train_ps_nd_too_small);
     MAYBE(test_train_straggler_losses);
     MAYBE(test_train_ps_trials);
     MAYBE(test_train_hosts);
