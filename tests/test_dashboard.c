@@ -106,19 +106,28 @@ static void test_nd_restart_in_a_world(void) {
     adt_master_free(m);
 }
 
+/* A master of cfg with one agent of `slots` registered (node n0): its world forms; NULL (a
+ * failed check) if it could not be made. */
+static adt_master *master_one_agent(const adt_master_config *cfg, int slots) {
+    adt_master *m = NULL;
+    CHECK(adt_master_create(&m, cfg) == 0, "%s", adt_error_message());
+    if (!m) return NULL;
+    char body[128], *out = NULL;
+    snprintf(body, sizeof body, "{\"node\":\"n0\",\"host\":\"h0\",\"slots\":%d,\"pid\":101}", slots);
+    CHECK(call(m, "POST", "/v1/agents", body, &out) == 200, "register: %s", out ? out : "");
+    free(out);
+    return m;
+}
+
 /* Idle replicas (a --mode ps job's servers) through adt_master_handle: a world of 4 ranks whose
  * data job declares 2 idle replicas gets a split [0, 0, b, b]; as many idle replicas as replicas
  * are refused naming idle_replicas (422), a later declaration that differs too, and a report's
  * malformed server_s names the field (400). */
 static void test_idle_replicas(void) {
-    adt_master *m = NULL;
     adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .join_wait_s = -1, .straggler_policy = "dd"};
-    CHECK(adt_master_create(&m, &cfg) == 0, "%s", adt_error_message());
+    adt_master *m = master_one_agent(&cfg, 4);
     if (!m) return;
     char *out = NULL;
-    CHECK(call(m, "POST", "/v1/agents", "{\"node\":\"n0\",\"host\":\"h0\",\"slots\":4,\"pid\":101}", &out) == 200,
-          "register: %s", out ? out : "");
-    free(out);
     const char *job = "\"job\":{\"samples\":640,\"global_batch\":32,\"shard_size\":64,\"epochs\":1}";
     char body[512];
     snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"idle_replicas\":4,%s}", job);
@@ -145,14 +154,10 @@ static void test_idle_replicas(void) {
  * job of whole epochs (640 samples of 32: 20 steps); above it, the ledger's; a negative count is
  * refused naming the field. */
 static void test_run_steps(void) {
-    adt_master *m = NULL;
     adt_master_config cfg = {.job_dir = ":memory:", .max_wait_ms = 100, .join_wait_s = -1};
-    CHECK(adt_master_create(&m, &cfg) == 0, "%s", adt_error_message());
+    adt_master *m = master_one_agent(&cfg, 2);
     if (!m) return;
     char *out = NULL;
-    CHECK(call(m, "POST", "/v1/agents", "{\"node\":\"n0\",\"host\":\"h0\",\"slots\":2,\"pid\":101}", &out) == 200,
-          "register: %s", out ? out : "");
-    free(out);
     const char *job = "\"job\":{\"samples\":640,\"global_batch\":32,\"shard_size\":64,\"epochs\":1}";
     char body[512];
     snprintf(body, sizeof body, "{\"generation\":1,\"replica\":0,\"run_steps\":-3,%s}", job);

@@ -100,6 +100,7 @@ int adt_file_write_atomic(const char *path, const void *data, size_t n);
  */
 double adt_now_s(void);  /* monotonic seconds */
 double adt_wall_s(void); /* seconds since the epoch (for logs and events) */
+void adt_sleep_s(double s); /* sleeps s seconds through interruptions; s <= 0: returns at once */
 
 /* The calling thread at the lowest CPU priority (nice 19): a helper thread of a training rank
  * (requests to the master, checkpoint persisting) whose work has a whole step or more to finish

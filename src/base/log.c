@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "adtrain/base.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,13 @@ double adt_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void adt_sleep_s(double s) {
+    if (!(s > 0)) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {
+    }
 }
 
 double adt_wall_s(void) {

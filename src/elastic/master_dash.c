@@ -521,7 +521,7 @@ static void servers_observe(adt_master *m, int k, int64_t step) {
     servers_log_states(m, step);
     if (s->cfg.policy != ADT_STRAGGLER_ND) return;
     /* ND restarts a persistent server elsewhere by the workers' rule: its answers hold every step */
-    int64_t total = adt_ledger_job_steps(&m->job);
+    int64_t total = m_job_steps(m);
     for (int p = 0; p < S; p++) {
         if (!adt_straggler_restart_pays(s->srv_mon, (long)step, p, one, (long)(total - step - 1), &act)) continue;
         dash_action *d = &s->act[s->n_act++ % ACT_MAX];

@@ -7,7 +7,6 @@
  * know neither). Nothing blocks without a deadline: the loop probes, and a server that hears
  * nothing from a worker that has not said it is done for the timeout fails naming it.
  */
-#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,12 +163,7 @@ static void reap_sends(srv *s, int last) {
 
 /* Answers a pull (the rows created and stamped with its step) or a peek (rows as they are). */
 static int serve_pull(srv *s, int w, pend_msg *m, int peek) {
-    if (!peek && s->cfg->answer_delay_s > 0) { /* a slower server (a test's) */
-        double d = s->cfg->answer_delay_s;
-        struct timespec ts = {.tv_sec = (time_t)d, .tv_nsec = (long)((d - (double)(time_t)d) * 1e9)};
-        while (nanosleep(&ts, &ts) && errno == EINTR) {
-        }
-    }
+    if (!peek) adt_sleep_s(s->cfg->answer_delay_s); /* a slower server (a test's); 0: none */
     int64_t floats;
     int64_t rows = msg_rows(s, m->hdr, &floats);
     float *out = adt_malloc((size_t)(floats ? floats : 1) * sizeof *out);

@@ -134,8 +134,8 @@ void adt_ps_worker_free(adt_ps_worker *w) {
     free(w);
 }
 
-/* Waits for n requests within the deadline; `what` and `step` name them in the error. */
-/* Waits for rq[0..n); done_at (or NULL) gets when each was seen complete. */
+/* Waits for rq[0..n) within the deadline; `what` and `step` name them in the error; done_at (or
+ * NULL) gets when each was seen complete. */
 static int wait_seen(adt_ps_worker *w, MPI_Request *rq, int n, const char *what, int64_t step, double *done_at) {
     double t0 = adt_now_s();
     int idle = 0;

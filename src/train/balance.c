@@ -253,7 +253,7 @@ static void bal_after_node(void *ctx, int node) {
         double now = adt_now_s();
         b->slow_debt += (t->o.bal.slow_factor - 1) * (now - b->slow_mark);
         if (b->slow_debt >= 1e-3) { /* shorter sleeps would overshoot */
-            train_sleep_s(b->slow_debt);
+            adt_sleep_s(b->slow_debt);
             double woke = adt_now_s();
             b->slow_debt -= woke - now, b->slept += woke - now;
             now = woke;
@@ -598,7 +598,7 @@ int train_balance_step(trainer *t, long step, int64_t *idx, double *loss) {
     if (rc) return rc;
     double compute = adt_now_s() - t0 - b->make_s;
     if (slow) { /* the rest of FACTOR x the work (and what ran outside the nodes), then any pause */
-        train_sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
+        adt_sleep_s((o->slow_factor - 1) * (compute - b->slept) - b->slept + o->slow_add_s);
         compute = adt_now_s() - t0 - b->make_s;
     }
     b->last_compute_s = compute;

@@ -172,8 +172,6 @@ int train_psplit_after_step(trainer *t, long step);
 void train_psplit_banner(const trainer *t, FILE *f);
 void train_psplit_free(trainer *t);
 
-/* Sleeps s seconds (an injected slowdown), through interruptions. */
-void train_sleep_s(double s);
 /* --inject-slowdown on a whole step: on the slowed rank, within its steps, sleeps FACTOR - 1 times
  * `compute` plus any pause (as a slower device would take) and returns compute with the sleep in
  * it; elsewhere returns compute. step: the rank's own 1-based step. */

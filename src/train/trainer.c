@@ -36,18 +36,11 @@ void train_note(const trainer *t, const char *fmt, ...) {
     t->o.note(t->o.note_ctx, line);
 }
 
-void train_sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) && errno == EINTR) {
-    }
-}
-
 double train_slow_step(const trainer *t, long step, double compute) {
     const adt_train_balance_opts *o = &t->o.bal;
     if (t->rank != o->slow_rank || step < o->slow_first || step > o->slow_last) return compute;
     double extra = (o->slow_factor - 1) * compute + o->slow_add_s;
-    train_sleep_s(extra);
+    adt_sleep_s(extra);
     return compute + extra;
 }
 
