@@ -20,9 +20,10 @@
  * that line, so measure one model per process to compare it with the peer's).
  *
  * In the same process it then replays every GEMM the step performs - each matmul node's exact
- * M, N, K and transposes, and the per-(batch, head) products of the fused attention ops at the
- * full T x T size that the FLOP count assumes - through adt_gemm (the GEMM layer's chosen backend)
- * on private buffers. The
+ * M, N, K and transposes, in the form the executor runs it (plain, or accumulating onto its
+ * folded bias rows or momentum buffer), and the per-(batch, head) products of the fused
+ * attention ops at the full T x T size that the FLOP count assumes - through adt_gemm (the GEMM
+ * layer's chosen backend) on private buffers. The
  * replay's FLOP rate (median over --gemm-reps repetitions) gives a GEMM-bound floor for the
  * step, matmul_flops_per_step / rate: the time the step would take if it did nothing but its
  * matrix products, at the speed the GEMM backend reaches on those shapes on this machine right now.
@@ -259,6 +260,7 @@ static double replay_gemms(gemm_list *l, int reps, double *cpu_rate) {
     float *Cm = adt_alloc_aligned((size_t)mc * sizeof(float));
     fill_small(A, ma, 1);
     fill_small(B, mb, 2);
+    fill_small(Cm, mc, 3); /* what an accumulating product adds onto */
     double *per = calloc((size_t)(l->n * reps), sizeof *per); /* [shape][rep] seconds */
     double *total = calloc((size_t)reps, sizeof *total), *total_cpu = calloc((size_t)reps, sizeof *total_cpu);
     double flops = 0;
@@ -269,8 +271,8 @@ static double replay_gemms(gemm_list *l, int reps, double *cpu_rate) {
             const gemm_shape *s = &l->s[i];
             double t0 = adt_now_s();
             for (int64_t c = 0; c < s->count; c++)
-                adt_gemm(s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N, 0.0f,
-                         Cm, s->N);
+                adt_gemm(s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N,
+                         s->acc ? 1.0f : 0.0f, Cm, s->N);
             double dt = adt_now_s() - t0;
             if (r >= 0) {
                 per[i * reps + r] = dt;
@@ -325,7 +327,7 @@ static void track_node_minima(adt_exec *ex, int n_nodes, int i, int warmup, doub
 /* `sec` holds each node's seconds over the timed steps only (warmup subtracted), `sec_min` its
  * fastest single step; step_ms is the mean step time, so that node times and step time add up
  * over the same steps. */
-static void print_profile(const adt_graph *g, const model_spec *spec, const double *sec,
+static void print_profile(const adt_graph *g, const adt_exec *ex, const model_spec *spec, const double *sec,
                           const double *sec_min, int steps, double step_ms, const gemm_list *gl) {
     prof_row *rows = calloc((size_t)g->n_nodes + 1, sizeof *rows);
     if (!rows) abort();
@@ -363,8 +365,8 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
     /* matmul nodes by shape, next to the rate the replay reached on the same shape: a node much
      * slower than its replay points at layout or cache effects rather than at OpenBLAS */
     fprintf(stderr, "  matmul nodes by shape (C[M,N] = op(A) op(B), K inner):\n");
-    fprintf(stderr, "    %-9s %6s %6s %6s %-2s %5s %9s %9s %9s  %s\n", "phase", "M", "N", "K", "tr", "nodes", "ms/step",
-            "GFLOP/s", "replay", "backend");
+    fprintf(stderr, "    %-9s %6s %6s %6s %-2s %-4s %5s %9s %9s %9s  %s\n", "phase", "M", "N", "K", "tr", "form", "nodes",
+            "ms/step", "GFLOP/s", "replay", "backend");
     for (int si = 0; si < gl->n; si++) {
         const gemm_shape *s = &gl->s[si];
         double t = 0;
@@ -374,15 +376,18 @@ static void print_profile(const adt_graph *g, const model_spec *spec, const doub
             if (n->op != ADT_OP_MATMUL || (n->is_backward ? 1 : 0) != s->phase) continue;
             int64_t M, N, K, batch;
             adt_matmul_dims(g, n, &M, &N, &K, &batch);
-            if (M != s->M || N != s->N || K != s->K || n->a.i[0] != s->ta || n->a.i[1] != s->tb) continue;
+            if (M != s->M || N != s->N || K != s->K || n->a.i[0] != s->ta || n->a.i[1] != s->tb ||
+                adt_exec_matmul_accumulates(ex, i) != s->acc)
+                continue;
             t += sec[i];
             cnt++;
         }
         if (!cnt) continue; /* attention-internal shapes have no matmul node of their own */
         double fl = 2.0 * (double)(s->count * s->M * s->N * s->K);
         int route = adt_gemm_route(s->ta, s->tb, s->M, s->N, s->K);
-        fprintf(stderr, "    %-9s %6lld %6lld %6lld %c%c %5d %9.3f %9.2f %9.2f  %s\n", s->phase ? "backward" : "forward",
-                (long long)s->M, (long long)s->N, (long long)s->K, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', cnt,
+        fprintf(stderr, "    %-9s %6lld %6lld %6lld %c%c %-4s %5d %9.3f %9.2f %9.2f  %s\n",
+                s->phase ? "backward" : "forward", (long long)s->M, (long long)s->N, (long long)s->K, s->ta ? 'T' : 'N',
+                s->tb ? 'T' : 'N', s->acc ? "acc" : "set", cnt,
                 t * per, t > 0 ? fl * steps / t / 1e9 : 0, s->med_s > 0 ? fl / s->med_s / 1e9 : 0,
                 route < 0 ? "-" : adt_gemm_backend_str((adt_gemm_backend)route));
     }
@@ -454,7 +459,7 @@ static int bench_model(const char *name, const opts *o) {
     double mm_flops = adt_graph_matmul_flops(g);
     /* vgg and dlrm: convolutions and the interaction are not replayed, so there is no floor */
     int reps = spec.peer_flops >= 0 ? o->gemm_reps : 0;
-    double replay_flops = reps ? collect_gemms(g, &gl) : mm_flops;
+    double replay_flops = reps ? collect_gemms(g, ex, &gl) : mm_flops;
     if (fabs(replay_flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_core: %s: note: replayed GEMMs hold %.0f FLOPs, adt_graph_matmul_flops %.0f\n", name,
                 replay_flops, mm_flops);
@@ -468,7 +473,7 @@ static int bench_model(const char *name, const opts *o) {
     if (o->profile) {
         const double *s = adt_exec_node_seconds(ex);
         for (int i = 0; i < g->n_nodes; i++) sec[i] = s[i] - sec0[i];
-        print_profile(g, &spec, sec, sec_min, o->steps, mean, &gl);
+        print_profile(g, ex, &spec, sec, sec_min, o->steps, mean, &gl);
     }
 
     cJSON *j = cJSON_CreateObject();
@@ -634,7 +639,7 @@ static int bench_model_dp(const char *name, const opts *o) {
         if (!sec) abort();
         for (int i = 0; i < nn; i++) sec[i] = s[i] - sec0[i];
         gemm_list none = {0};
-        print_profile(loc.g, &spec, sec, smin, n, sum_ms / n, &none);
+        print_profile(loc.g, ex, &spec, sec, smin, n, sum_ms / n, &none);
         free(sec);
     }
     free(sec0);

@@ -63,7 +63,7 @@ static int bench_model(const char *name, int rounds, int threads) {
     adt_model_cfg cfg;
     gemm_list l = {0};
     if (build_model(g, name, 1, &spec, &io, &cfg)) return -1;
-    double flops = collect_gemms(g, &l), mm_flops = adt_graph_matmul_flops(g);
+    double flops = collect_gemms(g, NULL, &l), mm_flops = adt_graph_matmul_flops(g);
     if (fabs(flops - mm_flops) > 1e-9 * mm_flops)
         fprintf(stderr, "bench_gemm: %s: note: collected GEMMs hold %.0f FLOPs, adt_graph_matmul_flops %.0f\n", name,
                 flops, mm_flops);

@@ -89,6 +89,7 @@ typedef struct gemm_shape {
     int64_t M, N, K;
     int ta, tb;
     int phase; /* 0 forward, 1 backward (for the profile's shape table) */
+    int acc;   /* 1: the step accumulates the product onto C (adt_gemm's beta = 1), 0: plain */
     int64_t count;
     double med_s; /* replay: median seconds for all `count` calls */
 } gemm_shape;
@@ -98,11 +99,12 @@ typedef struct gemm_list {
     int n, cap;
 } gemm_list;
 
-static inline void gemm_add(gemm_list *l, int64_t M, int64_t N, int64_t K, int ta, int tb, int phase,
-                     int64_t count) {
+static inline void gemm_add(gemm_list *l, int64_t M, int64_t N, int64_t K, int ta, int tb, int phase, int acc,
+                            int64_t count) {
     for (int i = 0; i < l->n; i++) {
         gemm_shape *s = &l->s[i];
-        if (s->M == M && s->N == N && s->K == K && s->ta == ta && s->tb == tb && s->phase == phase) {
+        if (s->M == M && s->N == N && s->K == K && s->ta == ta && s->tb == tb && s->phase == phase &&
+            s->acc == acc) {
             s->count += count;
             return;
         }
@@ -112,14 +114,16 @@ static inline void gemm_add(gemm_list *l, int64_t M, int64_t N, int64_t K, int t
         l->s = realloc(l->s, (size_t)l->cap * sizeof *l->s);
         if (!l->s) abort();
     }
-    l->s[l->n++] = (gemm_shape){M, N, K, ta, tb, phase, count, 0};
+    l->s[l->n++] = (gemm_shape){M, N, K, ta, tb, phase, acc, count, 0};
 }
 
 /* Collects every GEMM of the step. The fused attention ops become their per-(batch, head)
  * products at the full T x T size, which is what their FLOP count (and the peer's) assumes;
- * the kernel itself skips the masked blocks, so it does somewhat less work than that. Returns
- * the FLOPs of the collected GEMMs, which should equal adt_graph_matmul_flops. */
-static inline double collect_gemms(const adt_graph *g, gemm_list *l) {
+ * the kernel itself skips the masked blocks, so it does somewhat less work than that. With an
+ * executor (else NULL: every product plain) each matmul is taken in the form that executor runs
+ * it, plain or accumulating (adt_exec_matmul_accumulates). Returns the FLOPs of the collected
+ * GEMMs, which should equal adt_graph_matmul_flops. */
+static inline double collect_gemms(const adt_graph *g, const adt_exec *ex, gemm_list *l) {
     double flops = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const adt_node *n = &g->nodes[i];
@@ -127,15 +131,16 @@ static inline double collect_gemms(const adt_graph *g, gemm_list *l) {
         if (n->op == ADT_OP_MATMUL) {
             int64_t M, N, K, batch;
             adt_matmul_dims(g, n, &M, &N, &K, &batch);
-            gemm_add(l, M, N, K, (int)n->a.i[0], (int)n->a.i[1], phase, batch);
+            int acc = ex ? adt_exec_matmul_accumulates(ex, i) : 0;
+            gemm_add(l, M, N, K, (int)n->a.i[0], (int)n->a.i[1], phase, acc, batch);
             flops += 2.0 * (double)(batch * M * N * K);
         } else if (n->op == ADT_OP_ATTENTION || n->op == ADT_OP_ATTENTION_BWD) {
             const adt_shape *q = &g->values[n->in[n->op == ADT_OP_ATTENTION ? 0 : 1]].shape;
             int64_t B = q->dim[0], T = q->dim[1], C = q->dim[3], H = n->a.i[0], D = C / H; /* qkv [B,T,3,C] */
             int64_t bh = B * H;
-            gemm_add(l, T, T, D, 0, 1, phase, bh); /* q k^T, or dout v^T */
-            gemm_add(l, T, D, T, 0, 0, phase, bh); /* P v, or dS k        */
-            if (n->op == ADT_OP_ATTENTION_BWD) gemm_add(l, T, D, T, 1, 0, phase, 2 * bh); /* dS^T q, P^T dout */
+            gemm_add(l, T, T, D, 0, 1, phase, 0, bh); /* q k^T, or dout v^T */
+            gemm_add(l, T, D, T, 0, 0, phase, 0, bh); /* P v, or dS k        */
+            if (n->op == ADT_OP_ATTENTION_BWD) gemm_add(l, T, D, T, 1, 0, phase, 0, 2 * bh); /* dS^T q, P^T dout */
             flops += (n->op == ADT_OP_ATTENTION ? 4.0 : 8.0) * (double)(bh * T * T * D);
         } else if (adt_op_get(n->op)->is_matmul) {
             fprintf(stderr, "note: GEMM op %s (node %s) is not replayed\n", adt_op_name(n->op), n->name);

@@ -1000,7 +1000,25 @@ static void test_momentum_fold(void) {
             CHECK(!untouched, "%s [%lld x %lld, K = %d]: folded, but %s's accumulation is not exact there", wn[l],
                   (long long)fan_out, (long long)fan_in, B, adt_gemm_backend_name());
         CHECK(written, "%s: the kept gradient was not (wholly) written", wn[l]);
+        /* what the executor says of the weight gradient's product: accumulating where folded */
+        int mm0 = gr[0]->values[gr[0]->values[adt_graph_find_value(gr[0], wn[l])].grad].producer;
+        int mm1 = gr[1]->values[gr[1]->values[adt_graph_find_value(gr[1], wn[l])].grad].producer;
+        CHECK(gr[0]->nodes[mm0].op == ADT_OP_MATMUL && adt_exec_matmul_accumulates(ex[0], mm0) == untouched,
+              "%s: adt_exec_matmul_accumulates says %d, the fold %s", wn[l], adt_exec_matmul_accumulates(ex[0], mm0),
+              untouched ? "happened" : "did not happen");
+        CHECK(!adt_exec_matmul_accumulates(ex[1], mm1), "%s: kept gradient, but its product said accumulating", wn[l]);
     }
+    /* the forward products add onto their folded biases; no other node is a product */
+    int acc_fwd = 0, acc_other = 0;
+    for (int i = 0; i < gr[1]->n_nodes; i++) {
+        const adt_node *nd = &gr[1]->nodes[i];
+        if (nd->op == ADT_OP_MATMUL && !nd->is_backward) acc_fwd += adt_exec_matmul_accumulates(ex[1], i);
+        else if (nd->op != ADT_OP_MATMUL) acc_other += adt_exec_matmul_accumulates(ex[1], i);
+    }
+    CHECK(acc_fwd == 2 && acc_other == 0 && !adt_exec_matmul_accumulates(ex[1], -1) &&
+              !adt_exec_matmul_accumulates(ex[1], gr[1]->n_nodes),
+          "%d forward products accumulating (expected both, onto their biases), %d other nodes said so", acc_fwd,
+          acc_other);
     for (int k = 0; k < 2; k++) {
         adt_exec_free(ex[k]);
         adt_graph_free(gr[k]);

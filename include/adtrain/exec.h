@@ -188,6 +188,9 @@ char *adt_exec_schedule_str(const adt_exec *ex);
 const double *adt_exec_node_seconds(const adt_exec *ex);
 /* The graph the executor runs. */
 const adt_graph *adt_exec_graph(const adt_exec *ex);
+/* Whether matmul node `node` runs as an accumulating product in this executor (adt_gemm with
+ * beta = 1: onto its folded bias rows, or into its SGD momentum buffer), not as a plain one. */
+int adt_exec_matmul_accumulates(const adt_exec *ex, int node);
 
 /* ---- a partitioned graph over a communicator ---------------------------------------------------
  * adt_mesh_comm: this rank's place in a device mesh, the communicator along each mesh axis

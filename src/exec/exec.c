@@ -855,6 +855,11 @@ const adt_graph *adt_exec_graph(const adt_exec *ex) { return ex->g; }
 
 int adt_exec_overlaps(const adt_exec *ex) { return ex->split; }
 
+int adt_exec_matmul_accumulates(const adt_exec *ex, int node) {
+    if (node < 0 || node >= ex->g->n_nodes || ex->g->nodes[node].op != ADT_OP_MATMUL) return 0;
+    return ex->bias_of[node] >= 0 || ex->momentum_of[node] >= 0;
+}
+
 char *adt_exec_schedule_str(const adt_exec *ex) {
     if (!ex->split) return NULL;
     static const char *const kind[] = {"run", "start", "wait"};
