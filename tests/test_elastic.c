@@ -1983,14 +1983,21 @@ static void test_train_ps_nd_server(void) {
     CHECK(acts == 1 && strstr(act, "restart server 0 (replica 0) elsewhere") && outs == 1 && strstr(left, "server 0"),
           "%d server restarts (%s), %d events leaving n0 out (%s): expected server 0 restarted, its node n0 left out",
           acts, act, outs, left);
-    CHECK(db_events_like(j.jobdir, "straggler_action", "restart elsewhere%", NULL, 0) == 0,
-          "a worker was restarted elsewhere; only the slowed server should be");
     CHECK(current_gen(&j) == 2, "generation %d: expected 2 (the restart elsewhere, then n0 sits out)", current_gen(&j));
     cJSON *r = api(&j, "GET", "/v1/straggler", NULL, NULL);
     const cJSON *x, *srv = NULL; /* the workers' rebalances are actions too */
-    int n_srv = 0;
-    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(r, "actions"))
+    int n_srv = 0, n_wrk = 0;
+    /* While server 0 is slowed (generation 1) no worker may be blamed. In the next world, 4
+     * ranks time-sharing 2 cores can make a worker look slow; ND may then propose a restart, but
+     * it may not apply one (the guard keeps a world that could not run, and the generation
+     * count above says no further world formed). */
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(r, "actions")) {
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "server"))) srv = x, n_srv++;
+        else if (!strcmp(jstr(x, "kind"), "restart") &&
+                 (jnum(x, "generation") == 1 || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "applied"))))
+            n_wrk++;
+    }
+    CHECK(n_wrk == 0, "%d worker restarts in generation 1 or applied; only the slowed server should be moved", n_wrk);
     CHECK(n_srv == 1 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(srv, "applied")) && jnum(srv, "rank") == 0 &&
               !strcmp(jstr(srv, "kind"), "restart"),
           "%d server actions in GET /v1/straggler; expected one, server 0's restart, applied", n_srv);
