@@ -6,7 +6,8 @@
 #   CLI elsewhere in the tree cannot stop a measurement); sets and exports OPENBLAS_CORETYPE
 #   (CORE_FROM says who chose it, INHERITED_CORETYPE what the environment had); creates
 #   bench/results (untracked) and sets OUT, the results file
-#   bench/results/PREFIX-<UTC date-time>.jsonl, and TMP, a scratch file removed at exit.
+#   bench/results/PREFIX-<UTC date-time>.jsonl, and TMP, a scratch file removed at exit; keeps
+#   glibc's malloc from returning freed pages to the kernel (PEER_MALLOC, below).
 bench_setup() {
     ${MAKE:-make} --no-print-directory "$BIN" >&2
 
@@ -26,6 +27,19 @@ bench_setup() {
         CORE_FROM=bench_core
     fi
     export OPENBLAS_CORETYPE
+
+    # glibc's malloc hands large freed blocks back to the kernel (mmap above a threshold, trim
+    # of the heap's top), so a PyTorch step that frees and reallocates its activations faults
+    # their pages in again: its GPT-S step moves between 175 and 500 ms from step to step. Raising
+    # both thresholds keeps the pages, as jemalloc or tcmalloc would (PyTorch's CPU tuning
+    # advice); the peer's step then stays at 175-220 ms. Both frameworks get it (adtrain
+    # allocates its memory plan once, so it changes nothing there); PEER_MALLOC=default keeps
+    # glibc's defaults for both.
+    if [ "${PEER_MALLOC-}" != default ]; then
+        MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_-1099511627776}
+        MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_-1099511627776}
+        export MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_
+    fi
 
     mkdir -p bench/results
     [ -f bench/results/.gitignore ] || printf '*\n!.gitignore\n' > bench/results/.gitignore

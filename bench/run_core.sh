@@ -19,6 +19,7 @@
 #   BLAS_CORE          the OpenBLAS kernel family for both frameworks (they load the same
 #                      libopenblas); unset: the one adtrain picks for this CPU on its own, whatever
 #                      OPENBLAS_CORETYPE the environment holds (bench/bench_env.sh)
+#   PEER_MALLOC=default  glibc's malloc thresholds left as they are (bench/bench_env.sh)
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -49,14 +50,16 @@ CPU=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)
 OBLAS=$(dpkg-query -W -f '${Version}' libopenblas0-pthread 2>/dev/null || echo unknown)
 TORCHPKG=$(dpkg-query -W -f '${Version}' python3-torch 2>/dev/null || echo unknown)
 LOAD=$(cut -d ' ' -f 1-3 /proc/loadavg 2>/dev/null || echo unknown)
-"$PYTHON" - "$CPU" "$NCPU" "$OBLAS" "$LOAD" "$TORCHPKG" "$OPENBLAS_CORETYPE" "$CORE_FROM" "$ROUNDS" "$STEPS" "$WARMUP" "$THREADS" > "$OUT" <<'EOF'
+"$PYTHON" - "$CPU" "$NCPU" "$OBLAS" "$LOAD" "$TORCHPKG" "$OPENBLAS_CORETYPE" "$CORE_FROM" "$ROUNDS" "$STEPS" "$WARMUP" "$THREADS" \
+    "${MALLOC_MMAP_THRESHOLD_-default}" > "$OUT" <<'EOF'
 import datetime, json, sys
 a = sys.argv[1:]
 print(json.dumps({"meta": {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "cpu": a[0], "cpus": a[1], "openblas_package": a[2], "loadavg_at_start": a[3],
     "torch_package": a[4], "openblas_coretype": a[5], "openblas_coretype_from": a[6],
-    "rounds": int(a[7]), "steps": int(a[8]), "warmup": int(a[9]), "threads": int(a[10])}}))
+    "rounds": int(a[7]), "steps": int(a[8]), "warmup": int(a[9]), "threads": int(a[10]),
+    "malloc_mmap_threshold": a[11]}}))
 EOF
 
 # run ROUND FRAMEWORK MODEL: one run, its JSON line tagged with the round and appended.
@@ -124,7 +127,8 @@ blas_cfg = next((r.get("blas_config") for r in rows if r["framework"] == "adtrai
 print(f"date {meta.get('date')}  cpu {meta.get('cpu')} ({meta.get('cpus')} cpus)  "
       f"load at start {meta.get('loadavg_at_start')}")
 print(f"OpenBLAS package {meta.get('openblas_package')}: {blas_cfg}  "
-      f"OPENBLAS_CORETYPE={meta.get('openblas_coretype')} (from {meta.get('openblas_coretype_from')})")
+      f"OPENBLAS_CORETYPE={meta.get('openblas_coretype')} (from {meta.get('openblas_coretype_from')})  "
+      f"MALLOC_MMAP_THRESHOLD_={meta.get('malloc_mmap_threshold', 'default')}")
 print(f"PyTorch {torch_v} (package {meta.get('torch_package')}); threads {meta.get('threads')}; "
       f"{meta.get('rounds')} rounds x ({meta.get('warmup')} warmup + {meta.get('steps')} timed steps) per run")
 for m in models:

@@ -28,6 +28,7 @@
 #   BIND="-bind-to core"   mpiexec's binding of the adtrain ranks (set BIND= for none)
 #   BLAS_CORE              the OpenBLAS kernel family for both frameworks; unset: the one
 #                          adtrain picks for this CPU on its own (as run_core.sh)
+#   PEER_MALLOC=default    glibc's malloc thresholds left as they are (bench/bench_env.sh)
 set -eu
 
 cd "$(dirname "$0")/.."
