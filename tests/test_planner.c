@@ -1481,7 +1481,7 @@ static void test_cli(void) {
     }
     /* two ranks of ncores threads each outnumber the cores (cores_per_node 1): the slowdown of 2
      * busy ranks with the cost of a blocked collective inside a step and the relays */
-    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 2 --threads %ld -o %s 2>&1", ncores, cal);
+    snprintf(args, sizeof args, "calibrate --procs 1 --ranks 2 --repeat 1 --threads %ld -o %s 2>&1", ncores, cal);
     rc = run_adtrain(args, out, sizeof out);
     CHECK(rc == 0 && contains(out, "a blocked collective inside a step") && contains(out, "data-parallel step's"),
           "calibrate --ranks 2: exit %d: %s", rc, out);
