@@ -143,15 +143,18 @@ static int run_cmd(const char *log, const char *const *argv, double timeout) {
     return exit_code(p);
 }
 
-static int free_port(void) {
+/* A TCP port free on IPv4 address `ip` (host order) right now: the kernel's pick for port 0. */
+static int free_port_at(uint32_t ip) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(ip)};
     socklen_t len = sizeof sa;
     bind(fd, (struct sockaddr *)&sa, sizeof sa);
     getsockname(fd, (struct sockaddr *)&sa, &len);
     close(fd);
     return ntohs(sa.sin_port);
 }
+
+static int free_port(void) { return free_port_at(INADDR_LOOPBACK); }
 
 /* ---------------------------------------------------------------------------------------------
  * A job: a master, agents, the worker's parameters
@@ -1566,7 +1569,9 @@ static void hosts_run(int cut) {
     ejob j;
     train_job_init(&j, cut ? "hcut" : "hkill", flags);
     j.token = "netns-test-token";
-    snprintf(j.addr, sizeof j.addr, "10.99.0.254:%d", 20000 + (int)(adt_rng_mix64(g_seed) % 20000));
+    /* a port the kernel says is free on the bridge now: each run's own (the first run's master may
+     * still hold its port when the second starts) */
+    snprintf(j.addr, sizeof j.addr, "10.99.0.254:%d", free_port_at(0x0a6300feu));
     j.master_extra[j.n_master_extra++] = "--token";
     j.master_extra[j.n_master_extra++] = j.token;
     const char *extra[] = {"--token", j.token, "--master-grace", "4", "--master-timeout", "8"};
