@@ -146,12 +146,12 @@ test-portable:
 	@BUILD=build/portable sh tests/run.sh $(PORTABLE_TESTS)
 
 # CI: the suite in the optimised build and again under ASan+UBSan, the kernels' portable path,
-# each fuzz target briefly (6 s; scripts/fuzz.sh runs them longer), then one closing line for the suites.
+# each fuzz target briefly (4 s; scripts/fuzz.sh runs them longer), then one closing line for the suites.
 .PHONY: test-all
 test-all:
 	$(MAKE) tests
 	$(MAKE) tests SANITIZE=1
 	$(MAKE) NATIVE=0 BUILD=build/portable $(PORTABLE_TESTS)
-	$(MAKE) fuzz-smoke FUZZ_SECONDS=6
+	$(MAKE) fuzz-smoke FUZZ_SECONDS=4
 	@sh tests/run.sh $(TEST_BIN) $(TEST_SRC:tests/%.c=build/san/tests/%) $(call GEMM_RUNS,build) \
 	    $(call GEMM_RUNS,build/san) $(PORTABLE_TESTS)
