@@ -698,14 +698,15 @@ static int pred_gen_ended(const cJSON *r, const void *arg) {
     return jnum(r, "generation") > *gen || !strcmp(jstr(r, "state"), "ending");
 }
 
-/* Starts the job on one agent of 2 ranks (a kill grace of 30 s, so that a stopped rank outlives
- * its generation) and, after a random step up to `hi`, makes rank 1 a zombie: SIGSTOPped while
+/* Starts the job on one agent of 2 ranks (a kill grace of 10 s, so that a stopped rank outlives
+ * its generation long enough to send its late request; a trainer rank continued after its peer
+ * left can sit in MPI until the grace ends, so more only lengthens the test) and, after a random step up to `hi`, makes rank 1 a zombie: SIGSTOPped while
  * it holds a lease it has not reported (most of a step: its compute; a report already on its way
  * may still land, so look again once it is stopped), left stopped until the generation ends,
  * then continued. Returns the seconds from SIGSTOP to the end of the generation. */
 static double zombie(ejob *j, double hi, double timeout, int tries, double poll_s) {
     j->agent_extra[j->n_agent_extra++] = "--kill-grace";
-    j->agent_extra[j->n_agent_extra++] = "30";
+    j->agent_extra[j->n_agent_extra++] = "10";
     job_start(j, 1, 2);
     CHECK(wait_progress(j, 1, rnd(3, hi), timeout), "no progress");
     pid_t z = worker_pid(j, 1);
