@@ -143,10 +143,11 @@ static int run_cmd(const char *log, const char *const *argv, double timeout) {
     return exit_code(p);
 }
 
-/* A TCP port free on IPv4 address `ip` (host order) right now: the kernel's pick for port 0. */
-static int free_port_at(uint32_t ip) {
+/* A TCP port free on IPv4 address `ip` (dotted) right now: the kernel's pick for port 0. */
+static int free_port_at(const char *ip) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(ip)};
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, ip, &sa.sin_addr);
     socklen_t len = sizeof sa;
     bind(fd, (struct sockaddr *)&sa, sizeof sa);
     getsockname(fd, (struct sockaddr *)&sa, &len);
@@ -154,7 +155,7 @@ static int free_port_at(uint32_t ip) {
     return ntohs(sa.sin_port);
 }
 
-static int free_port(void) { return free_port_at(INADDR_LOOPBACK); }
+static int free_port(void) { return free_port_at("127.0.0.1"); }
 
 /* ---------------------------------------------------------------------------------------------
  * A job: a master, agents, the worker's parameters
@@ -700,10 +701,11 @@ static int pred_gen_ended(const cJSON *r, const void *arg) {
 
 /* Starts the job on one agent of 2 ranks (a kill grace of 10 s, so that a stopped rank outlives
  * its generation long enough to send its late request; a trainer rank continued after its peer
- * left can sit in MPI until the grace ends, so more only lengthens the test) and, after a random step up to `hi`, makes rank 1 a zombie: SIGSTOPped while
- * it holds a lease it has not reported (most of a step: its compute; a report already on its way
- * may still land, so look again once it is stopped), left stopped until the generation ends,
- * then continued. Returns the seconds from SIGSTOP to the end of the generation. */
+ * left can sit in MPI until the grace ends, so more only lengthens the test) and, after a random
+ * step up to `hi`, makes rank 1 a zombie: SIGSTOPped while it holds a lease it has not reported
+ * (most of a step: its compute; a report already on its way may still land, so look again once
+ * it is stopped), left stopped until the generation ends, then continued. Returns the seconds
+ * from SIGSTOP to the end of the generation. */
 static double zombie(ejob *j, double hi, double timeout, int tries, double poll_s) {
     j->agent_extra[j->n_agent_extra++] = "--kill-grace";
     j->agent_extra[j->n_agent_extra++] = "10";
@@ -1489,6 +1491,7 @@ static void test_adaptive_job(void) {
  * the bridge, 10.99.0.254, with a token). This process enters the switch namespace for the
  * test, so that it reaches the master, and leaves it afterwards.
  */
+#define HOSTS_BRIDGE_IP "10.99.0.254" /* the switch namespace's bridge: where the master listens */
 static char g_ns_prefix[16];
 static int g_root_ns = -1;
 
@@ -1517,7 +1520,7 @@ static const char *hosts_setup(void) {
     const char *P = g_ns_prefix, *ip = g_ip;
     hosts_teardown();
     if (sh_quiet("%s netns add %ssw && %s -n %ssw link set lo up && %s -n %ssw link add br0 type bridge && "
-                 "%s -n %ssw link set br0 up && %s -n %ssw addr add 10.99.0.254/24 dev br0",
+                 "%s -n %ssw link set br0 up && %s -n %ssw addr add " HOSTS_BRIDGE_IP "/24 dev br0",
                  ip, P, ip, P, ip, P, ip, P, ip, P))
         return "creating the switch namespace and its bridge";
     for (int i = 1; i <= 3; i++)
@@ -1572,7 +1575,7 @@ static void hosts_run(int cut) {
     j.token = "netns-test-token";
     /* a port the kernel says is free on the bridge now: each run's own (the first run's master may
      * still hold its port when the second starts) */
-    snprintf(j.addr, sizeof j.addr, "10.99.0.254:%d", free_port_at(0x0a6300feu));
+    snprintf(j.addr, sizeof j.addr, "%s:%d", HOSTS_BRIDGE_IP, free_port_at(HOSTS_BRIDGE_IP));
     j.master_extra[j.n_master_extra++] = "--token";
     j.master_extra[j.n_master_extra++] = j.token;
     const char *extra[] = {"--token", j.token, "--master-grace", "4", "--master-timeout", "8"};
