@@ -95,7 +95,7 @@ bench: $(BENCH_BIN) $(BUILD)/adtrain
 # (kernels, PyTorch parity, the executor's fusions, the layer itself) run again under each
 # backend forced, so every backend is held to the same tolerances.
 GEMM_TESTS := test_gemm test_kernels_nn test_kernels_cv test_models_torch test_gpt_torch test_graph
-GEMM_RUNS = $(foreach b,openblas onednn onednn-matmul tune,ADT_GEMM=$(b) $(GEMM_TESTS:%=$(1)/tests/%))
+GEMM_RUNS = $(foreach b,openblas onednn onednn-matmul,ADT_GEMM=$(b) $(GEMM_TESTS:%=$(1)/tests/%))
 test: tests
 	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(call GEMM_RUNS,$(BUILD))
 

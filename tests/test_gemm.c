@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "adtrain/base.h"
@@ -192,10 +193,10 @@ static void test_matmul_threads(void) {
         CHECK(memcmp(sg, there, sizeof sg), "the other thread ran dnnl_sgemm, not the primitive");
 }
 
-/* Under ADT_GEMM=tune each shape runs the backend its first product chose (adt_gemm_route): a
- * backend that passed its check, the same one for every later product of the shape whatever
- * beta, and its result is that backend's, bit for bit. Otherwise (auto, forced) the route of every
- * shape is the chosen backend. */
+/* Under auto each shape runs the backend its routes entry names (adt_gemm_route): a backend that
+ * passed its check, the same one for every later product of the shape whatever beta, and its
+ * result is that backend's, bit for bit; a shape too small to time runs the probe's backend.
+ * Forced, the route of every shape is the forced backend. */
 static void test_routes(void) {
     const adt_gemm_info *info = adt_gemm_get_info();
     for (int c = 0; c < 12; c++) {
@@ -224,6 +225,8 @@ static void test_routes(void) {
     }
     CHECK(adt_gemm_route(0, 0, 3, 3, 100003) == (info->per_shape ? -1 : (int)info->backend),
           "a shape never run: route %d", adt_gemm_route(0, 0, 3, 3, 100003));
+    CHECK(adt_gemm_route(1, 0, 7, 9, 11) == (int)info->backend, "a shape too small to time: route %d, backend %d",
+          adt_gemm_route(1, 0, 7, 9, 11), info->backend);
 }
 
 /* the entry point the kernels call, through whichever backend the layer chose */
@@ -534,17 +537,16 @@ static void test_env(void) {
     env_set("ADT_GEMM", "openblas");
     CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_OPENBLAS, "forced openblas: %d %d",
           a.forced, a.backend);
+    CHECK(!a.per_shape, "a forced backend runs every shape");
     env_set("ADT_GEMM", "auto");
-    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && !a.per_shape, "auto is not forcing, nor per shape");
-    env_set("ADT_GEMM", "tune");
-    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && a.per_shape, "tune: forced %d, per shape %d", a.forced,
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && a.per_shape, "auto: forced %d, per shape %d", a.forced,
           a.per_shape);
     env_set("ADT_GEMM", "");
-    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced, "empty is auto");
+    CHECK(adt_gemm_select(&a, 1) == 0 && !a.forced && a.per_shape, "empty is auto");
     env_set("ADT_GEMM", "onednn-matmul");
     CHECK(adt_gemm_select(&a, 1) == 0 && a.forced && a.backend == ADT_GEMM_ONEDNN_MATMUL, "forced onednn-matmul: %d %d",
           a.forced, a.backend);
-    const char *bad[] = {"mkl", "OneDNN", "openblas ", "1", "onednn-"};
+    const char *bad[] = {"mkl", "OneDNN", "openblas ", "1", "onednn-", "tune"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         env_set("ADT_GEMM", bad[i]);
         int forced = 5, per_shape = 5;
@@ -558,6 +560,181 @@ static void test_env(void) {
     free(old_gemm);
 }
 
+/* ---- the routes file: one choice per shape for every process of the machine ---------------- */
+
+static char g_self[1024]; /* this binary, for the child processes below */
+
+/* The child's part: `test_gemm --route M N K` runs one C = A B of that shape through adt_gemm
+ * and prints the backend it ran (adt_gemm_route). */
+static int child_route(char **argv) {
+    int64_t M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]);
+    float *A = calloc((size_t)(M * K), sizeof *A), *B = calloc((size_t)(K * N), sizeof *B),
+          *C = calloc((size_t)(M * N), sizeof *C);
+    if (!A || !B || !C) return 3;
+    adt_gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+    printf("%d\n", adt_gemm_route(0, 0, M, N, K));
+    free(A), free(B), free(C);
+    return 0;
+}
+
+/* The backend a child process ran for M x N x K (NN), or -2 if it failed. */
+static int route_in_child(int64_t M, int64_t N, int64_t K) {
+    char cmd[1400], out[256];
+    snprintf(cmd, sizeof cmd, "'%s' --route %lld %lld %lld", g_self, (long long)M, (long long)N, (long long)K);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t k = fread(out, 1, sizeof out - 1, p);
+    out[k] = 0;
+    int st = pclose(p), r = -2;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) || sscanf(out, "%d", &r) != 1) return -2;
+    return r;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *s = calloc(1, 1 << 20);
+    size_t n = s ? fread(s, 1, (1 << 20) - 1, f) : 0;
+    (void)n;
+    fclose(f);
+    return s;
+}
+
+/* How many lines of text are exactly `line` (without its newline). */
+static int count_lines(const char *text, const char *line) {
+    int n = 0;
+    size_t len = strlen(line);
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        if (l == len && !strncmp(p, line, len)) n++;
+        p = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
+static void test_route_parse(void) {
+    adt_gemm_route_entry e;
+    CHECK(adt_gemm_route_parse("1024 256 768 1 0 2 onednn-matmul", "f.routes:3", &e) == 0, "%s", adt_error_message());
+    CHECK(e.M == 1024 && e.N == 256 && e.K == 768 && e.ta == 1 && e.tb == 0 && e.threads == 2 &&
+              e.backend == ADT_GEMM_ONEDNN_MATMUL,
+          "parsed %lld %lld %lld %d %d %d %d", (long long)e.M, (long long)e.N, (long long)e.K, e.ta, e.tb, e.threads,
+          e.backend);
+    const char *bad[] = {"",
+                         "1024 256 768 1 0 2",
+                         "1024 256 768 1 0 2 cublas",
+                         "1024 256 768 2 0 2 onednn",
+                         "0 256 768 0 0 1 onednn",
+                         "1024 -1 768 0 0 1 onednn",
+                         "1024 256 768 0 0 -1 onednn",
+                         "1024 256 768 0 0 1 onednn extra",
+                         "1024 256 768 0 0 1 onednn ",
+                         "99999999999999 1 1 0 0 1 openblas",
+                         "1024 256 768.5 0 0 1 onednn"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = adt_gemm_route_parse(bad[i], "f.routes:3", &e);
+        CHECK(rc == ADT_ERR_FORMAT && !strncmp(adt_error_message(), "f.routes:3: ", 12), "\"%s\": rc %d, %s", bad[i], rc,
+              adt_error_message());
+    }
+    char path[1100];
+    CHECK(adt_gemm_routes_path(path, sizeof path, "/c/adtrain/gemm-0123.json") == 0 &&
+              !strcmp(path, "/c/adtrain/gemm-0123.routes"),
+          "routes path %s", path);
+    CHECK(adt_gemm_routes_path(path, sizeof path, "/c/adtrain/gemm") != 0, "a cache path without .json accepted");
+}
+
+/* Child processes (auto, this test's cache directory) run the backend the routes file names for
+ * a shape, the first valid line of it, whatever their own timing would say; they time a shape
+ * the file lacks and append it once, even when three of them meet it at once; a torn last line
+ * is passed over and closed so that it cannot read as valid; a file of another machine is
+ * begun anew. */
+static void test_route_file(void) {
+    char *old_gemm = getenv("ADT_GEMM") ? strdup(getenv("ADT_GEMM")) : NULL;
+    env_set("ADT_GEMM", NULL);
+    env_set("XDG_CACHE_HOME", g_cache_home);
+    adt_gemm_info info;
+    CHECK(adt_gemm_select(&info, 1) == 0 && info.per_shape && !info.forced, "auto: per shape %d", info.per_shape);
+    char path[1100], head[700], line[128];
+    CHECK(adt_gemm_routes_path(path, sizeof path, info.cache_path) == 0, "%s", adt_error_message());
+    snprintf(head, sizeof head, "adtrain-gemm-routes %d %s\n", ADT_GEMM_ROUTES_VERSION, info.key);
+
+    /* each passing backend named for a shape of its own; 70^3 named twice (the first decides) */
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f) goto out;
+    fputs(head, f);
+    fputs("garbage\n64 64 64 0 0 0 cublas\n\n", f);
+    int named[ADT_GEMM_N_BACKENDS], n_named = 0, second = -1;
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
+        if (info.check_ok[b]) {
+            fprintf(f, "64 %d 64 0 0 0 %s\n", 64 + b, adt_gemm_backend_str((adt_gemm_backend)b));
+            named[n_named++] = b;
+        }
+    CHECK(n_named >= 2, "only %d backends passed their check", n_named);
+    if (n_named >= 2) {
+        second = named[1];
+        fprintf(f, "70 70 70 0 0 0 %s\n70 70 70 0 0 0 %s\n", adt_gemm_backend_str((adt_gemm_backend)named[1]),
+                adt_gemm_backend_str((adt_gemm_backend)named[0]));
+    }
+    fputs("80 80 80 0 0 0 onednn", f); /* torn: no newline */
+    fclose(f);
+    for (int i = 0; i < n_named; i++) {
+        int r = route_in_child(64, 64 + named[i], 64);
+        CHECK(r == named[i], "64x%dx64: the child ran %d, the file names %d", 64 + named[i], r, named[i]);
+    }
+    if (second >= 0) CHECK(route_in_child(70, 70, 70) == second, "70^3: not the first line's backend");
+    int torn = route_in_child(80, 80, 80);
+    CHECK(torn >= 0 && torn < ADT_GEMM_N_BACKENDS && info.check_ok[torn], "80^3 (torn line): route %d", torn);
+    char *text = slurp(path);
+    CHECK(text && !strncmp(text, head, strlen(head)), "the header was not kept");
+    snprintf(line, sizeof line, "80 80 80 0 0 0 %s", adt_gemm_backend_str((adt_gemm_backend)torn));
+    CHECK(text && count_lines(text, line) == 1 && count_lines(text, "80 80 80 0 0 0 onednn torn") == 1,
+          "the torn line and the appended one: %s", text ? text : "(no file)");
+    CHECK(text && count_lines(text, "garbage") == 1, "a line that does not parse was removed");
+    free(text);
+
+    /* three processes meet a new shape at once: one times it, all run its choice, one line */
+    char cmd[4000];
+    snprintf(cmd, sizeof cmd,
+             "for i in 1 2 3; do '%s' --route 512 512 512 > '%s'/route.$i & done; wait", g_self, g_cache_home);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    int got[3] = {-2, -2, -2};
+    for (int i = 0; i < 3; i++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/route.%d", g_cache_home, i + 1);
+        char *s = slurp(p);
+        if (s && sscanf(s, "%d", &got[i]) != 1) got[i] = -2;
+        free(s);
+        unlink(p);
+    }
+    CHECK(got[0] >= 0 && got[0] == got[1] && got[1] == got[2], "concurrent routes %d %d %d", got[0], got[1], got[2]);
+    text = slurp(path);
+    int lines512 = 0;
+    for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++) {
+        snprintf(line, sizeof line, "512 512 512 0 0 0 %s", adt_gemm_backend_str((adt_gemm_backend)b));
+        lines512 += text ? count_lines(text, line) : 0;
+    }
+    CHECK(lines512 == 1, "512^3 has %d lines", lines512);
+    free(text);
+
+    /* another machine's file (its key in the header) is begun anew */
+    f = fopen(path, "w");
+    if (f) {
+        fputs("adtrain-gemm-routes 1 another machine\n96 96 96 0 0 0 openblas\n", f);
+        fclose(f);
+    }
+    int r = route_in_child(96, 96, 96);
+    text = slurp(path);
+    snprintf(line, sizeof line, "96 96 96 0 0 0 %s", r >= 0 ? adt_gemm_backend_str((adt_gemm_backend)r) : "?");
+    CHECK(r >= 0 && text && !strncmp(text, head, strlen(head)) && count_lines(text, line) == 1 &&
+              !strstr(text, "another machine"),
+          "a foreign file: route %d, %s", r, text ? text : "(none)");
+    free(text);
+out:
+    env_set("ADT_GEMM", old_gemm);
+    free(old_gemm);
+}
+
 /* The CLI refuses a bad ADT_GEMM for any command, and --version names the backend it runs. */
 static void test_cli(void) {
     char out[4096];
@@ -565,7 +742,7 @@ static void test_cli(void) {
     env_set("ADT_GEMM", "cublas");
     int rc = run_adtrain("--version", out, sizeof out);
     CHECK(rc == 2, "exit %d for ADT_GEMM=cublas: %s", rc, out);
-    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "openblas, onednn, onednn-matmul, tune"), "%s", out);
+    CHECK(contains(out, "ADT_GEMM=cublas") && contains(out, "auto (the default") && contains(out, "onednn-matmul"), "%s", out);
     rc = run_adtrain("status --help", out, sizeof out);
     CHECK(rc == 2 && contains(out, "ADT_GEMM"), "status with a bad ADT_GEMM: exit %d: %s", rc, out);
     const char *names[] = {"openblas", "onednn", "onednn-matmul"};
@@ -585,7 +762,10 @@ static void test_cli(void) {
     free(old_gemm);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--route")) return child_route(argv);
+    ssize_t self = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+    if (self > 0) g_self[self] = 0;
     const char *s = getenv("ADT_TEST_SEED");
     g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
     g_state = g_seed;
@@ -609,6 +789,8 @@ int main(void) {
     RUN(test_choose);
     RUN(test_cache);
     RUN(test_env);
+    RUN(test_route_parse);
+    RUN(test_route_file);
     RUN(test_cli);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_cache_home);

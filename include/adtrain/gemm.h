@@ -7,12 +7,14 @@
  * (openblas|onednn|onednn-matmul) runs every product; under auto (the default) each backend is
  * checked against a naive product on a few shapes (transposes, beta != 0, odd sizes, padded
  * leading dimensions) and a short speed probe on training shapes, each timed plain (beta = 0)
- * and accumulating (beta = 1) and weighted as the steps run them, names the one every product
- * runs; ADT_GEMM=tune runs each product shape on the backend that was fastest on its first
- * call (see gemm.c). The check
- * and probe are cached per machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...),
- * the key naming the CPU model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or
- * corrupt file is ignored and rewritten.
+ * and accumulating (beta = 1) and weighted as the steps run them, names a default; then each
+ * product shape runs the backend that was fastest on its first product on the machine (see
+ * gemm.c), the default where a shape is too small or too large to time. The check and probe are
+ * cached per machine in $XDG_CACHE_HOME/adtrain/gemm-<key>.json (or ~/.cache/...), the key naming
+ * the CPU model, both libraries' versions and OPENBLAS_CORETYPE; an unreadable or corrupt file is
+ * ignored and rewritten. The shapes' choices are kept beside it, in gemm-<key>.routes, one line
+ * each, read and appended under a file lock, so that every process of the machine runs a shape
+ * on the same backend.
  */
 #ifndef ADTRAIN_GEMM_H
 #define ADTRAIN_GEMM_H
@@ -43,6 +45,18 @@ typedef struct adt_gemm_shape {
 /* The cache file's format; a file of another (or none: the layers before it timed no
  * accumulating product) is measured again and rewritten. */
 #define ADT_GEMM_CACHE_VERSION 2
+/* The routes file's format (its first line: "adtrain-gemm-routes <version> <key>"); a file of
+ * another version or key is begun anew. */
+#define ADT_GEMM_ROUTES_VERSION 1
+
+/* One line of the routes file, "M N K ta tb threads backend": products C[M,N] = op(A) op(B) of
+ * inner size K, transposes ta, tb, at the layer's thread count `threads` (0: the libraries' own)
+ * run `backend`. */
+typedef struct adt_gemm_route_entry {
+    int64_t M, N, K;
+    int ta, tb, threads;
+    adt_gemm_backend backend;
+} adt_gemm_route_entry;
 
 /* The layer's decision and the evidence behind it (what a banner or a benchmark prints).
  * rate[b][s] is backend b's median GFLOP/s on probe shape s at one thread with beta = 0,
@@ -51,10 +65,9 @@ typedef struct adt_gemm_shape {
 typedef struct adt_gemm_info {
     adt_gemm_backend backend;              /* forced: the one adt_gemm runs; auto: the probe's default */
     int forced;                            /* 1: ADT_GEMM named it */
-    int per_shape;                         /* 1: ADT_GEMM=tune: each shape's first product times
-                                            * every backend and the shape keeps the fastest, so
-                                            * two processes may round differently (as
-                                            * cudnn.benchmark); 0: `backend` runs every shape */
+    int per_shape;                         /* 1 (auto): each shape runs the backend its first
+                                            * product on the machine timed fastest (the routes
+                                            * file); 0 (forced): `backend` runs every shape */
     int from_cache;                        /* 1: the check and probe came from the cache file */
     int check_ok[ADT_GEMM_N_BACKENDS];     /* 1: passed the correctness check */
     double rate[ADT_GEMM_N_BACKENDS][ADT_GEMM_PROBE_SHAPES];
@@ -85,16 +98,22 @@ int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K);
 /* The same rule for backend b alone. */
 int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K);
 
-/* The backend adt_gemm runs for this shape at the layer's thread count: the chosen one, or under
- * ADT_GEMM=tune the one its first product chose (-1 for a shape not yet run); tests, benchmarks. */
+/* The backend adt_gemm runs for this shape at the layer's thread count: the forced one, the
+ * default for a shape too small or large to time, or the one the shape's routes entry names (-1
+ * for a shape this process has not run yet); tests, benchmarks. */
 int adt_gemm_route(int transA, int transB, int64_t M, int64_t N, int64_t K);
+/* One line of a routes file (no newline) into *out: 0, or ADT_ERR_FORMAT with a message that
+ * begins with `where` and says what was expected. */
+int adt_gemm_route_parse(const char *line, const char *where, adt_gemm_route_entry *out);
+/* The routes file beside the cache file cache_path (gemm-<hash>.json -> gemm-<hash>.routes). */
+int adt_gemm_routes_path(char *buf, size_t n, const char *cache_path);
 /* Chooses the backend once (idempotent, thread-safe). ADT_ERR_ARG naming ADT_GEMM and the
  * accepted values when the variable holds anything else, or when the backend it names fails the
  * correctness check; the layer then runs OpenBLAS. adt_gemm calls it on first use and logs such
  * an error, so programs that can report errors (the CLI, adt_exec_create) call it first. */
 int adt_gemm_init(void);
 /* Reads ADT_GEMM only (cheap: no check, no probe): *forced = the backend it names, or -1 for
- * auto, tune or unset; *per_shape = 1 for tune. ADT_ERR_ARG naming ADT_GEMM and the accepted
+ * auto or unset; *per_shape = 1 unless forced. ADT_ERR_ARG naming ADT_GEMM and the accepted
  * values otherwise. */
 int adt_gemm_env(int *forced, int *per_shape);
 /* The decision without touching the layer's state: reads ADT_GEMM and the cache (unless

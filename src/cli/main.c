@@ -53,7 +53,11 @@ int main(int argc, char **argv) {
         const adt_gemm_info *gi = adt_gemm_get_info();
         printf("gemm %s: %s (%s%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
                adt_gemm_reason(),
-               gi->per_shape ? "; ADT_GEMM=tune: each shape runs the backend its first product times fastest" : "");
+               gi->per_shape ? "; the default of shapes too small or large to time" : "");
+        char routes[1100];
+        if (gi->per_shape && gi->cache_path[0] && !adt_gemm_routes_path(routes, sizeof routes, gi->cache_path))
+            printf("gemm routes: %s (each other product shape runs the backend its first product on this machine "
+                   "timed fastest)\n", routes);
         if (!gi->forced) { /* the probe's evidence: its estimate of each backend on the two steps */
             printf("gemm probe: ms per GFLOP of the GPT-S and MLP steps' products (plain and accumulating as the "
                    "steps run them), summed:");

@@ -7,11 +7,12 @@
  * AVX-512. Neither wins on every CPU, nor on every shape of one CPU, so the layer measures: a
  * correctness check against a naive double product (a backend that is wrong is never chosen,
  * however fast), a speed probe on training shapes at one thread, each timed plain and
- * accumulating and weighted as the steps run them (the default backend; both cached per
- * machine) that names the backend every product runs. ADT_GEMM=tune adds each product
- * shape's own timing on its first call, which picks the backend that shape runs: faster where
- * backends split the shapes, but a near tie may fall either way in another process, so runs that
- * resume or compare bit for bit keep the default (as PyTorch keeps cudnn.benchmark off).
+ * accumulating and weighted as the steps run them (both cached per machine), which names the
+ * backend of the shapes not timed on their own; and each product shape's own timing on its
+ * first product on the machine, which picks the backend that shape runs and is kept in a routes
+ * file beside the cache, so that every process of the machine runs a shape alike (a near tie
+ * timed afresh in each process would fall either way, and a resumed run would not repeat the
+ * uninterrupted one bit for bit).
  * ADT_GEMM=openblas|onednn|onednn-matmul skips the choice.
  *
  * Threads: OpenBLAS (pthread build) has one global pool, sized by openblas_set_num_threads.
@@ -22,6 +23,7 @@
 #include <cJSON.h>
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -30,8 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "adtrain/base.h"
 #include "adtrain/gemm.h"
@@ -276,6 +280,7 @@ int adt_gemm_with(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int6
 }
 
 static void init_once(void);
+static int mkdir_p(const char *path);
 static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
@@ -307,7 +312,7 @@ int adt_gemm_acc_exact_with(adt_gemm_backend b, int64_t M, int64_t N, int64_t K)
     return 1;
 }
 
-/* Under tune any backend that passed its check may run a shape (route_of), so the rule must
+/* Per shape any backend that passed its check may run a shape (route_of), so the rule must
  * hold for each of them. */
 int adt_gemm_acc_exact(int64_t M, int64_t N, int64_t K) {
     const adt_gemm_info *info = adt_gemm_get_info();
@@ -503,23 +508,35 @@ static void probe(adt_gemm_info *info) {
 /* Under auto the backend is chosen per product shape, not once: on this kind of machine
  * (AVX-512, one thread) no backend is fastest on every shape of one training step (the MLP's:
  * the matmul primitive on x W^T, dnnl_sgemm on the 1024-square weight gradient, OpenBLAS on
- * the 1024 x 784 one; bench/run_gemm.sh). A shape's first product times every backend that
- * passed its check on the caller's own operands (ROUTE_REPS interleaved rounds after a warm-up
- * one, each backend first in turn; thread CPU time at one thread, where the product runs on the
- * calling thread, wall time above) and keeps the one of least best time for the process's life:
- * the best of several is what the kernel costs, where a median still carries the bursts of other
- * work on a shared machine. About twenty products' time, once per shape and process. The product is timed in the form of the shape's first call (beta = 0, or
- * accumulating with beta = 1), the form a training step repeats: an accumulating product costs
- * some backends more than others (the matmul primitive's sum post-op, 30% on the MLP's weight
- * gradients). Once chosen, the backend depends on the shape alone (sizes, transposes, thread
- * count), never on beta: a process runs a shape's accumulating product and its beta = 0 form
- * through the same backend, which the momentum fold relies on (adt_gemm_acc_exact). Products of more than ROUTE_MAX_WORK
- * multiply-adds (a measurement would take seconds) and shapes past the table run the probe's
- * choice. The timing runs write C where beta = 0 (the product then writes it again), else a
- * zeroed scratch matrix of C's size. */
+ * the 1024 x 784 one; GPT-S's 1024 x 256 x 1024 weight gradient 8-13% faster in the primitive,
+ * its other shapes in dnnl_sgemm; bench/run_gemm.sh). The first product of a shape on the
+ * machine times every backend that passed its check on the caller's own operands (ROUTE_REPS
+ * interleaved rounds after a warm-up one, each backend first in turn; thread CPU time at one
+ * thread, where the product runs on the calling thread, wall time above), keeps the one of least
+ * best time (what the kernel costs, where a median still carries the bursts of other work), and
+ * appends it to the machine's routes file (beside the probe's cache, the same key): every later
+ * product of the shape, in this process or any other on the machine, runs that backend. A
+ * resumed run therefore repeats the uninterrupted one bit for bit, which a choice timed afresh
+ * in each process would not (a near tie falls either way). The file is read and appended under
+ * an exclusive flock, the measuring included, so two processes that meet a new shape at once
+ * agree (the second waits and reads the first one's line). The product is timed in the form of
+ * the shape's first call (beta = 0, or accumulating with beta = 1), the form a training step
+ * repeats: an accumulating product costs some backends more (the matmul primitive's sum
+ * post-op, 30% on the MLP's weight gradients). The backend depends on the shape alone (sizes,
+ * transposes, thread count), never on beta: a shape's accumulating product and its plain form
+ * run the same backend, which the momentum fold relies on (adt_gemm_acc_exact). The probe's
+ * backend runs: products under ROUTE_MIN_WORK multiply-adds (their choice is worth less than
+ * its timing) or over ROUTE_MAX_WORK (a measurement would take seconds), shapes past the
+ * process's table or the file's, and every shape when the file cannot be opened, locked or
+ * appended to (so processes still agree). The timing runs write C where beta = 0 (the product
+ * then writes it again), else a zeroed scratch matrix of C's size. */
 #define ROUTES 512
 #define ROUTE_REPS 6
+#define ROUTE_MIN_WORK 65536.0
 #define ROUTE_MAX_WORK 4e9
+#define ROUTE_FILE_MAX 4096
+#define ROUTE_FILE_BYTES (1 << 20)
+#define ROUTE_FILE_MAGIC "adtrain-gemm-routes"
 
 typedef struct gemm_route {
     int64_t M, N, K;
@@ -533,6 +550,58 @@ static pthread_mutex_t route_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int route_same(const gemm_route *r, int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
     return r->M == M && r->N == N && r->K == K && r->ta == ta && r->tb == tb && r->threads == threads;
+}
+
+static int route_routed(int64_t M, int64_t N, int64_t K) {
+    double work = (double)M * (double)N * (double)K;
+    return work >= ROUTE_MIN_WORK && work <= ROUTE_MAX_WORK;
+}
+
+/* A decimal of 1-13 digits (no sign: every field is a count or a flag) into *v; NULL if none. */
+static const char *take_count(const char *p, long long *v) {
+    long long x = 0;
+    int n = 0;
+    for (; p[n] >= '0' && p[n] <= '9'; n++) {
+        if (n == 13) return NULL;
+        x = x * 10 + (p[n] - '0');
+    }
+    if (!n) return NULL;
+    *v = x;
+    return p + n;
+}
+
+int adt_gemm_route_parse(const char *line, const char *where, adt_gemm_route_entry *out) {
+    long long v[6]; /* M N K ta tb threads */
+    const char *p = line;
+    for (int i = 0; i < 6 && p; i++) {
+        p = take_count(p, &v[i]);
+        p = p && *p == ' ' ? p + 1 : NULL;
+    }
+    if (!p)
+        return adt_error(ADT_ERR_FORMAT, "%s: expected \"M N K ta tb threads backend\" (counts one space apart), "
+                         "got \"%.80s\"", where, line);
+    if (v[0] < 1 || v[1] < 1 || v[2] < 1 || v[0] > (1ll << 40) || v[1] > (1ll << 40) || v[2] > (1ll << 40))
+        return adt_error(ADT_ERR_FORMAT, "%s: sizes %lld %lld %lld: expected each in 1..2^40", where, v[0], v[1], v[2]);
+    if (v[3] > 1 || v[4] > 1)
+        return adt_error(ADT_ERR_FORMAT, "%s: transposes %lld %lld: expected 0 or 1", where, v[3], v[4]);
+    if (v[5] > 4096) return adt_error(ADT_ERR_FORMAT, "%s: threads %lld: expected 0..4096", where, v[5]);
+    int b = -1;
+    for (int i = 0; i < ADT_GEMM_N_BACKENDS; i++)
+        if (!strcmp(p, backend_names[i])) b = i;
+    if (b < 0)
+        return adt_error(ADT_ERR_FORMAT, "%s: backend \"%.40s\": expected openblas, onednn or onednn-matmul", where, p);
+    *out = (adt_gemm_route_entry){.M = v[0], .N = v[1], .K = v[2], .ta = (int)v[3], .tb = (int)v[4],
+                                  .threads = (int)v[5], .backend = (adt_gemm_backend)b};
+    return 0;
+}
+
+int adt_gemm_routes_path(char *buf, size_t n, const char *cache_path) {
+    size_t len = strlen(cache_path);
+    if (len < 5 || strcmp(cache_path + len - 5, ".json"))
+        return adt_error(ADT_ERR_ARG, "gemm routes: the cache path \"%s\" does not end in .json", cache_path);
+    if ((size_t)snprintf(buf, n, "%.*s.routes", (int)(len - 5), cache_path) >= n)
+        return adt_error(ADT_ERR_IO, "gemm routes: the path beside %s is too long", cache_path);
+    return 0;
 }
 
 static adt_gemm_backend route_measure(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
@@ -559,13 +628,102 @@ static adt_gemm_backend route_measure(int ta, int tb, int64_t M, int64_t N, int6
     return best;
 }
 
+static int write_all(int fd, const char *s, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        s += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The routes file's lines, read whole (fd at any offset): a NUL-terminated copy, or NULL. */
+static char *routes_slurp(int fd, size_t *n) {
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size > ROUTE_FILE_BYTES) return NULL;
+    char *text = malloc((size_t)st.st_size + 1);
+    size_t got = 0;
+    while (text && got < (size_t)st.st_size) {
+        ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (text) text[got] = 0, *n = got;
+    return text;
+}
+
+/* A decision for one shape through the routes file (see above): 0 and *out, or -1 when the file
+ * cannot be used (the caller then runs the probe's backend). Called under route_lock. */
+static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int threads, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                           adt_gemm_backend *out) {
+    char path[1100], header[640];
+    if (!g_info.cache_path[0] || adt_gemm_routes_path(path, sizeof path, g_info.cache_path)) return -1;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    if (slash && mkdir_p(dir)) return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX)) {
+        close(fd);
+        return -1;
+    }
+    snprintf(header, sizeof header, ROUTE_FILE_MAGIC " %d %s\n", ADT_GEMM_ROUTES_VERSION, g_info.key);
+    size_t n = 0, hlen = strlen(header);
+    char *text = routes_slurp(fd, &n);
+    int rc = text ? 0 : -1, found = 0, entries = 0, torn = 0;
+    if (!rc && (n < hlen || memcmp(text, header, hlen))) { /* new, foreign or of another version: begun anew */
+        n = 0, text[0] = 0;
+        rc = ftruncate(fd, 0) || pwrite(fd, header, hlen, 0) != (ssize_t)hlen ? -1 : 0;
+        if (!rc) n = hlen;
+    }
+    /* a last line without its newline (a writer died mid-line) is closed as " torn", which no
+     * line parses with, before the next is appended: closed bare, it might read as valid */
+    if (!rc && n > hlen) torn = text[n - 1] != '\n'; /* before the lines are cut in place */
+    /* the first valid line of a shape decides; a torn last line (no newline) and lines naming a
+     * backend that failed its check are passed over, as every process passes over them */
+    for (char *line = n ? text + hlen : NULL; !rc && !found && line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl) break;
+        *nl = 0;
+        adt_gemm_route_entry e;
+        if (adt_gemm_route_parse(line, "gemm routes", &e) == 0 && g_info.check_ok[e.backend]) {
+            entries++;
+            if (e.M == M && e.N == N && e.K == K && e.ta == ta && e.tb == tb && e.threads == threads)
+                found = 1, *out = e.backend;
+        }
+        line = nl + 1;
+    }
+    adt_error_clear();
+    if (!rc && !found && entries < ROUTE_FILE_MAX) {
+        int one_thread = threads == 1 ||
+                         (threads == 0 && openblas_get_num_threads() == 1 && omp_get_max_threads() == 1);
+        adt_gemm_backend b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, one_thread);
+        char line[160];
+        int len = snprintf(line, sizeof line, "%s%lld %lld %lld %d %d %d %s\n",
+                           torn ? " torn\n" : "", (long long)M, (long long)N, (long long)K,
+                           ta, tb, threads, adt_gemm_backend_str(b));
+        rc = lseek(fd, 0, SEEK_END) < 0 || write_all(fd, line, (size_t)len) ? -1 : 0;
+        if (!rc) *out = b;
+    } else if (!rc && !found)
+        rc = -1; /* the file is full: the probe's backend */
+    free(text);
+    flock(fd, LOCK_UN);
+    close(fd);
+    return rc;
+}
+
 static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
     int n = atomic_load_explicit(&route_count, memory_order_acquire);
     for (int i = 0; i < n; i++)
         if (route_same(&routes[i], ta, tb, M, N, K, threads)) return routes[i].b;
-    if ((double)M * (double)N * (double)K > ROUTE_MAX_WORK) return g_info.backend;
+    if (!route_routed(M, N, K)) return g_info.backend;
     pthread_mutex_lock(&route_lock);
     adt_gemm_backend b = g_info.backend;
     n = atomic_load_explicit(&route_count, memory_order_relaxed);
@@ -575,9 +733,9 @@ static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K
     else if (n < ROUTES) {
         float *scratch = beta == 0.0f ? C : calloc((size_t)(M * ldc), sizeof *scratch);
         if (scratch) {
-            int one_thread = threads == 1 ||
-                             (threads == 0 && openblas_get_num_threads() == 1 && omp_get_max_threads() == 1);
-            b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc, one_thread);
+            if (route_from_file(ta, tb, M, N, K, threads, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc,
+                                &b))
+                b = g_info.backend;
             if (scratch != C) free(scratch);
             routes[n] = (gemm_route){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .threads = threads, .b = b};
             atomic_store_explicit(&route_count, n + 1, memory_order_release);
@@ -589,7 +747,7 @@ static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K
 
 int adt_gemm_route(int ta, int tb, int64_t M, int64_t N, int64_t K) {
     const adt_gemm_info *info = adt_gemm_get_info();
-    if (!info->per_shape) return (int)info->backend;
+    if (!info->per_shape || !route_routed(M, N, K)) return (int)info->backend;
     int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
     int n = atomic_load_explicit(&route_count, memory_order_acquire);
     for (int i = 0; i < n; i++)
@@ -763,13 +921,12 @@ int adt_gemm_cache_read(const char *path, const char *key, adt_gemm_info *out) {
 int adt_gemm_env(int *forced, int *per_shape) {
     const char *env = getenv("ADT_GEMM");
     *forced = -1, *per_shape = 0;
-    if (!env || !*env || !strcmp(env, "auto")) return 0;
-    if (!strcmp(env, "tune")) return *per_shape = 1, 0;
+    if (!env || !*env || !strcmp(env, "auto")) return *per_shape = 1, 0;
     for (int b = 0; b < ADT_GEMM_N_BACKENDS; b++)
         if (!strcmp(env, backend_names[b])) *forced = b;
     if (*forced < 0)
-        return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected openblas, onednn, onednn-matmul, tune (a backend per "
-                         "shape, timed) or auto (the default)", env);
+        return adt_error(ADT_ERR_ARG, "ADT_GEMM=%s: expected auto (the default: a backend per shape, timed once "
+                         "per machine), openblas, onednn or onednn-matmul (that one for every product)", env);
     return 0;
 }
 
@@ -825,8 +982,6 @@ static void init_once(void) {
     } else
         adt_log(ADT_LOG_DEBUG, "gemm: %s (%s)", adt_gemm_backend_str(g_info.backend),
                 g_info.forced ? "ADT_GEMM" : g_info.from_cache ? "cached choice" : "measured");
-    if (!g_init_status && g_info.per_shape)
-        adt_log(ADT_LOG_DEBUG, "gemm: ADT_GEMM=tune: each shape runs the backend its first product times fastest");
 }
 
 int adt_gemm_init(void) {
