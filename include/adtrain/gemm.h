@@ -139,8 +139,8 @@ const adt_gemm_shape *adt_gemm_probe_shapes(void);
  * passed. score (may be NULL) receives each backend's score (INFINITY for one that failed). */
 adt_gemm_backend adt_gemm_choose(const adt_gemm_info *info, const adt_gemm_shape shapes[ADT_GEMM_PROBE_SHAPES],
                                  double score[ADT_GEMM_N_BACKENDS]);
-/* Why the layer runs its backend, for banners: "ADT_GEMM", "chosen by the probe" or "chosen by
- * the cached probe" (inits). */
+/* Why the layer runs its backend, for banners: "ADT_GEMM", or "chosen by the (cached) probe for
+ * the shapes not timed on their own; the rest per shape" (inits). */
 const char *adt_gemm_reason(void);
 
 const adt_gemm_info *adt_gemm_get_info(void);      /* the layer's decision (inits) */

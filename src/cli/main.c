@@ -51,9 +51,8 @@ int main(int argc, char **argv) {
             return 2;
         }
         const adt_gemm_info *gi = adt_gemm_get_info();
-        printf("gemm %s: %s (%s%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
-               adt_gemm_reason(),
-               gi->per_shape ? "; the default of shapes too small or large to time" : "");
+        printf("gemm %s: %s (%s)\n", adt_gemm_backend_name(), adt_gemm_backend_version(gi->backend),
+               adt_gemm_reason());
         char routes[1100];
         if (gi->per_shape && gi->cache_path[0] && !adt_gemm_routes_path(routes, sizeof routes, gi->cache_path))
             printf("gemm routes: %s (each other product shape runs the backend its first product on this machine "

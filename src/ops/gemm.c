@@ -1000,5 +1000,7 @@ const char *adt_gemm_backend_name(void) { return adt_gemm_backend_str(adt_gemm_g
 
 const char *adt_gemm_reason(void) {
     const adt_gemm_info *info = adt_gemm_get_info();
-    return info->forced ? "ADT_GEMM" : info->from_cache ? "chosen by the cached probe" : "chosen by the probe";
+    if (info->forced) return "ADT_GEMM";
+    return info->from_cache ? "chosen by the cached probe for the shapes not timed on their own; the rest per shape"
+                            : "chosen by the probe for the shapes not timed on their own; the rest per shape";
 }
