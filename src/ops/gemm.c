@@ -677,16 +677,15 @@ static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int 
     char *text = routes_slurp(fd, &n);
     int rc = text ? 0 : -1, found = 0, entries = 0, torn = 0;
     if (!rc && (n < hlen || memcmp(text, header, hlen))) { /* new, foreign or of another version: begun anew */
-        n = 0, text[0] = 0;
+        n = 0; /* no lines to read: text holds the old file, shorter than the header maybe */
         rc = ftruncate(fd, 0) || pwrite(fd, header, hlen, 0) != (ssize_t)hlen ? -1 : 0;
-        if (!rc) n = hlen;
     }
     /* a last line without its newline (a writer died mid-line) is closed as " torn", which no
      * line parses with, before the next is appended: closed bare, it might read as valid */
     if (!rc && n > hlen) torn = text[n - 1] != '\n'; /* before the lines are cut in place */
     /* the first valid line of a shape decides; a torn last line (no newline) and lines naming a
      * backend that failed its check are passed over, as every process passes over them */
-    for (char *line = n ? text + hlen : NULL; !rc && !found && line && *line;) {
+    for (char *line = n > hlen ? text + hlen : NULL; !rc && !found && line && *line;) {
         char *nl = strchr(line, '\n');
         if (!nl) break;
         *nl = 0;
