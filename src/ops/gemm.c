@@ -280,7 +280,7 @@ int adt_gemm_with(adt_gemm_backend b, int ta, int tb, int64_t M, int64_t N, int6
 }
 
 static void init_once(void);
-static int mkdir_p(const char *path);
+static int mkdir_parent(const char *path, char dir[1024]);
 static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
@@ -528,8 +528,7 @@ static void probe(adt_gemm_info *info) {
  * backend runs: products under ROUTE_MIN_WORK multiply-adds (their choice is worth less than
  * its timing) or over ROUTE_MAX_WORK (a measurement would take seconds), shapes past the
  * process's table or the file's, and every shape when the file cannot be opened, locked or
- * appended to (so processes still agree). The timing runs write C where beta = 0 (the product
- * then writes it again), else a zeroed scratch matrix of C's size. */
+ * appended to (so processes still agree). */
 #define ROUTES 512
 #define ROUTE_REPS 6
 #define ROUTE_MIN_WORK 65536.0
@@ -538,17 +537,11 @@ static void probe(adt_gemm_info *info) {
 #define ROUTE_FILE_BYTES (1 << 20)
 #define ROUTE_FILE_MAGIC "adtrain-gemm-routes"
 
-typedef struct gemm_route {
-    int64_t M, N, K;
-    int ta, tb, threads;
-    adt_gemm_backend b;
-} gemm_route;
-
-static gemm_route routes[ROUTES];
+static adt_gemm_route_entry routes[ROUTES];
 static atomic_int route_count;
 static pthread_mutex_t route_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int route_same(const gemm_route *r, int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
+static int route_same(const adt_gemm_route_entry *r, int ta, int tb, int64_t M, int64_t N, int64_t K, int threads) {
     return r->M == M && r->N == N && r->K == K && r->ta == ta && r->tb == tb && r->threads == threads;
 }
 
@@ -638,22 +631,6 @@ static int write_all(int fd, const char *s, size_t n) {
     return 0;
 }
 
-/* The routes file's lines, read whole (fd at any offset): a NUL-terminated copy, or NULL. */
-static char *routes_slurp(int fd, size_t *n) {
-    struct stat st;
-    if (fstat(fd, &st) || st.st_size > ROUTE_FILE_BYTES) return NULL;
-    char *text = malloc((size_t)st.st_size + 1);
-    size_t got = 0;
-    while (text && got < (size_t)st.st_size) {
-        ssize_t r = pread(fd, text + got, (size_t)st.st_size - got, (off_t)got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    if (text) text[got] = 0, *n = got;
-    return text;
-}
-
 /* A decision for one shape through the routes file (see above): 0 and *out, or -1 when the file
  * cannot be used (the caller then runs the probe's backend). Called under route_lock. */
 static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int threads, const float *A,
@@ -661,11 +638,7 @@ static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int 
                            adt_gemm_backend *out) {
     char path[1100], header[640];
     if (!g_info.cache_path[0] || adt_gemm_routes_path(path, sizeof path, g_info.cache_path)) return -1;
-    char dir[1100];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    if (slash && mkdir_p(dir)) return -1;
+    if (mkdir_parent(path, NULL)) return -1;
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return -1;
     if (flock(fd, LOCK_EX)) {
@@ -674,8 +647,9 @@ static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int 
     }
     snprintf(header, sizeof header, ROUTE_FILE_MAGIC " %d %s\n", ADT_GEMM_ROUTES_VERSION, g_info.key);
     size_t n = 0, hlen = strlen(header);
-    char *text = routes_slurp(fd, &n);
-    int rc = text ? 0 : -1, found = 0, entries = 0, torn = 0;
+    char *text = NULL; /* read by path: the lock is on the inode, and the file is never replaced */
+    int rc = adt_file_read(path, ROUTE_FILE_BYTES, "gemm routes", &text, &n) ? -1 : 0, found = 0, entries = 0,
+        torn = 0;
     if (!rc && (n < hlen || memcmp(text, header, hlen))) { /* new, foreign or of another version: begun anew */
         n = 0; /* no lines to read: text holds the old file, shorter than the header maybe */
         rc = ftruncate(fd, 0) || pwrite(fd, header, hlen, 0) != (ssize_t)hlen ? -1 : 0;
@@ -692,16 +666,22 @@ static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int 
         adt_gemm_route_entry e;
         if (adt_gemm_route_parse(line, "gemm routes", &e) == 0 && g_info.check_ok[e.backend]) {
             entries++;
-            if (e.M == M && e.N == N && e.K == K && e.ta == ta && e.tb == tb && e.threads == threads)
-                found = 1, *out = e.backend;
+            if (route_same(&e, ta, tb, M, N, K, threads)) found = 1, *out = e.backend;
         }
         line = nl + 1;
     }
     adt_error_clear();
-    if (!rc && !found && entries < ROUTE_FILE_MAX) {
+    /* the timing writes C where beta = 0 (the product then writes it again), else a zeroed
+     * scratch matrix of C's size, timed accumulating as the call is */
+    float *scratch = !rc && !found && entries < ROUTE_FILE_MAX
+                         ? (beta == 0.0f ? C : calloc((size_t)(M * ldc), sizeof *scratch))
+                         : NULL;
+    if (scratch) {
         int one_thread = threads == 1 ||
                          (threads == 0 && openblas_get_num_threads() == 1 && omp_get_max_threads() == 1);
-        adt_gemm_backend b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, one_thread);
+        adt_gemm_backend b = route_measure(ta, tb, M, N, K, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc,
+                                           one_thread);
+        if (scratch != C) free(scratch);
         char line[160];
         int len = snprintf(line, sizeof line, "%s%lld %lld %lld %d %d %d %s\n",
                            torn ? " torn\n" : "", (long long)M, (long long)N, (long long)K,
@@ -709,7 +689,7 @@ static int route_from_file(int ta, int tb, int64_t M, int64_t N, int64_t K, int 
         rc = lseek(fd, 0, SEEK_END) < 0 || write_all(fd, line, (size_t)len) ? -1 : 0;
         if (!rc) *out = b;
     } else if (!rc && !found)
-        rc = -1; /* the file is full: the probe's backend */
+        rc = -1; /* the file is full, or no scratch: the probe's backend */
     free(text);
     flock(fd, LOCK_UN);
     close(fd);
@@ -721,24 +701,19 @@ static adt_gemm_backend route_of(int ta, int tb, int64_t M, int64_t N, int64_t K
     int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
     int n = atomic_load_explicit(&route_count, memory_order_acquire);
     for (int i = 0; i < n; i++)
-        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return routes[i].b;
+        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return routes[i].backend;
     if (!route_routed(M, N, K)) return g_info.backend;
     pthread_mutex_lock(&route_lock);
     adt_gemm_backend b = g_info.backend;
     n = atomic_load_explicit(&route_count, memory_order_relaxed);
     int i = 0;
     while (i < n && !route_same(&routes[i], ta, tb, M, N, K, threads)) i++;
-    if (i < n) b = routes[i].b;
+    if (i < n) b = routes[i].backend;
     else if (n < ROUTES) {
-        float *scratch = beta == 0.0f ? C : calloc((size_t)(M * ldc), sizeof *scratch);
-        if (scratch) {
-            if (route_from_file(ta, tb, M, N, K, threads, A, lda, B, ldb, beta == 0.0f ? 0.0f : 1.0f, scratch, ldc,
-                                &b))
-                b = g_info.backend;
-            if (scratch != C) free(scratch);
-            routes[n] = (gemm_route){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .threads = threads, .b = b};
-            atomic_store_explicit(&route_count, n + 1, memory_order_release);
-        }
+        if (route_from_file(ta, tb, M, N, K, threads, A, lda, B, ldb, beta, C, ldc, &b)) b = g_info.backend;
+        routes[n] = (adt_gemm_route_entry){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .threads = threads,
+                                           .backend = b};
+        atomic_store_explicit(&route_count, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&route_lock);
     return b;
@@ -750,7 +725,7 @@ int adt_gemm_route(int ta, int tb, int64_t M, int64_t N, int64_t K) {
     int threads = atomic_load_explicit(&g_threads, memory_order_relaxed);
     int n = atomic_load_explicit(&route_count, memory_order_acquire);
     for (int i = 0; i < n; i++)
-        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return (int)routes[i].b;
+        if (route_same(&routes[i], ta, tb, M, N, K, threads)) return (int)routes[i].backend;
     return -1;
 }
 
@@ -824,9 +799,15 @@ int adt_gemm_cache_path(char *buf, size_t n, const char *key) {
     return 0;
 }
 
-static int mkdir_p(const char *path) {
+/* Creates the directories above the file `path` (mkdir -p of its dirname): 0, or -1 with errno;
+ * dir (may be NULL) receives that directory, for messages. */
+static int mkdir_parent(const char *path, char dir[1024]) {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", path);
+    char *slash = strrchr(tmp, '/');
+    if (!slash || slash == tmp) return 0;
+    *slash = 0;
+    if (dir) snprintf(dir, 1024, "%s", tmp);
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
@@ -838,10 +819,7 @@ static int mkdir_p(const char *path) {
 
 int adt_gemm_cache_write(const char *path, const adt_gemm_info *info) {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    if (slash && mkdir_p(dir)) return adt_error(ADT_ERR_IO, "gemm cache: cannot create %s: %s", dir, strerror(errno));
+    if (mkdir_parent(path, dir)) return adt_error(ADT_ERR_IO, "gemm cache: cannot create %s: %s", dir, strerror(errno));
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "version", ADT_GEMM_CACHE_VERSION);
     cJSON_AddStringToObject(j, "key", info->key);
