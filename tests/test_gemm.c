@@ -38,6 +38,8 @@ static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((double
 
 #define PAD_MARK 777.0f
 
+static char g_self[1024]; /* this binary, for the child processes of some cases */
+
 /* One product through backend b (b < 0: the layer's adt_gemm) against the double reference.
  * A's and B's row padding holds NaN (read past a row: fails), C's padding a mark that must
  * survive, and with beta = 0 C starts as NaN (read: fails). Returns the worst error relative to
@@ -294,6 +296,48 @@ static void test_acc_exact(void) {
               adt_gemm_backend_str((adt_gemm_backend)b));
     }
     CHECK(!adt_gemm_acc_exact(8, 8, 257), "past one block of the inner dimension it cannot hold");
+}
+
+/* The matmul primitive's table fills up (256 entries); a shape past it runs dnnl_sgemm. Its plain
+ * and accumulating forms must still run the same kernel, or C + AB stops being C + (AB) bitwise
+ * for a shape whose plain form took the last slot. In a fresh process (`test_gemm --table-full`,
+ * its table empty): 300 shapes' plain products first (the table fills among them), then their
+ * accumulating ones; it prints how many shapes differ. */
+static int child_table_full(void) {
+    enum { SHAPES = 300, N = 190, K = 33 }; /* x W^T, where the two kernels round apart */
+    const size_t stride = (size_t)(SHAPES + 1) * N;
+    float *A = malloc((SHAPES + 1) * K * sizeof *A), *B = malloc(N * K * sizeof *B), *C = malloc(stride * sizeof *C),
+          *P = malloc(SHAPES * stride * sizeof *P), *F = malloc(stride * sizeof *F);
+    if (!A || !B || !C || !P || !F) return 3;
+    for (int i = 0; i < (SHAPES + 1) * K; i++) A[i] = urand(-1, 1);
+    for (int i = 0; i < N * K; i++) B[i] = urand(-1, 1);
+    for (size_t i = 0; i < stride; i++) C[i] = urand(-3, 3);
+    for (int s = 0; s < SHAPES; s++) /* M = s + 2 rows: a shape of its own */
+        adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 1, s + 2, N, K, 1.0f, A, K, B, K, 0.0f, P + s * stride, N);
+    int bad = 0;
+    for (int s = 0; s < SHAPES; s++) {
+        memcpy(F, C, (size_t)(s + 2) * N * sizeof *F);
+        adt_gemm_with(ADT_GEMM_ONEDNN_MATMUL, 0, 1, s + 2, N, K, 1.0f, A, K, B, K, 1.0f, F, N);
+        for (int i = 0; i < (s + 2) * N; i++)
+            if (F[i] != C[i] + P[s * stride + i]) {
+                bad++;
+                break;
+            }
+    }
+    printf("%d\n", bad);
+    free(A), free(B), free(C), free(P), free(F);
+    return 0;
+}
+
+static void test_matmul_table_full(void) {
+    char cmd[1100], out[64] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --table-full", g_self);
+    FILE *p = popen(cmd, "r");
+    size_t k = p ? fread(out, 1, sizeof out - 1, p) : 0;
+    out[k] = 0;
+    int st = p ? pclose(p) : -1, bad = -1;
+    CHECK(st == 0 && sscanf(out, "%d", &bad) == 1 && bad == 0,
+          "%s shapes' accumulating products are not C + (their plain ones) bitwise (exit %d)", out, st);
 }
 
 /* adt_gemm_set_threads reaches the OpenMP team oneDNN sizes by, on this thread and on one that
@@ -562,7 +606,6 @@ static void test_env(void) {
 
 /* ---- the routes file: one choice per shape for every process of the machine ---------------- */
 
-static char g_self[1024]; /* this binary, for the child processes below */
 
 /* The child's part: `test_gemm --route M N K` runs one C = A B of that shape through adt_gemm
  * and prints the backend it ran (adt_gemm_route). */
@@ -764,6 +807,7 @@ static void test_cli(void) {
 
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--route")) return child_route(argv);
+    if (argc == 2 && !strcmp(argv[1], "--table-full")) return child_table_full();
     ssize_t self = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
     if (self > 0) g_self[self] = 0;
     const char *s = getenv("ADT_TEST_SEED");
@@ -785,6 +829,7 @@ int main(int argc, char **argv) {
     RUN(test_layer);
     RUN(test_reference_catches);
     RUN(test_acc_exact);
+    RUN(test_matmul_table_full);
     RUN(test_threads);
     RUN(test_choose);
     RUN(test_cache);

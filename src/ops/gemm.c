@@ -111,7 +111,8 @@ static int run_onednn(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
  * dnnl_sgemm does. A primitive is made for one shape (sizes, transposes as strides, leading
  * dimensions, alpha as its output scale, beta as a sum post-op, the thread count) and kept:
  * MM_PRIMS of them, published through an atomic count so that a lookup takes no lock; a shape
- * past the table, or one oneDNN cannot make, runs dnnl_sgemm instead. Each calling thread has a
+ * past the table, or one oneDNN cannot make, runs dnnl_sgemm instead (a shape's beta = 0 and
+ * beta = 1 forms both, see mm_find). Each calling thread has a
  * stream of its own (oneDNN streams are not shared between threads), kept on a list so that
  * none is lost when its thread ends. */
 #define MM_PRIMS 256
@@ -190,13 +191,20 @@ static const mm_prim *mm_find(int ta, int tb, int64_t M, int64_t N, int64_t K, f
     n = atomic_load_explicit(&mm_count, memory_order_relaxed);
     for (int i = 0; i < n && !found; i++)
         if (mm_same(&mm_prims[i], ta, tb, M, N, K, alpha, lda, ldb, beta, ldc, threads)) found = &mm_prims[i];
-    if (!found && n < MM_PRIMS) {
-        mm_prim *p = &mm_prims[n];
-        *p = (mm_prim){.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb,
-                       .threads = threads, .alpha = alpha, .beta = beta};
-        mm_make(p);
-        atomic_store_explicit(&mm_count, n + 1, memory_order_release);
-        found = p;
+    /* a plain (beta 0) and an accumulating (beta 1) product of one shape are made as a pair:
+     * were the table to fill between them, one form would run dnnl_sgemm and the other the
+     * primitive, and the accumulating form would no longer be C + (the plain one) bitwise,
+     * which the momentum fold relies on (adt_gemm_acc_exact) */
+    int pair = beta == 0.0f || beta == 1.0f;
+    if (!found && n + 1 + pair <= MM_PRIMS) {
+        for (int k = 0; k <= pair; k++) {
+            mm_prim *p = &mm_prims[n + k];
+            *p = (mm_prim){.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .ta = ta, .tb = tb,
+                           .threads = threads, .alpha = alpha, .beta = k ? 1.0f - beta : beta};
+            mm_make(p);
+        }
+        atomic_store_explicit(&mm_count, n + 1 + pair, memory_order_release);
+        found = &mm_prims[n];
     }
     pthread_mutex_unlock(&mm_lock);
     return found;
